@@ -1,0 +1,62 @@
+//! candle building blocks for training next to frozen weights, with exact and fast
+//! backward passes.
+//!
+//! Two facts about candle 0.11 shape this crate (both measured, see the project's
+//! REFERENCE notes):
+//! - candle's backprop computes the gradient of *both* matmul operands, even when one is
+//!   a plain tensor that nobody will update. [`ops::frozen_linear`] is a custom op whose
+//!   backward returns only the input gradient, so a frozen weight never gets one and never
+//!   appears in a `GradStore`.
+//! - `candle_nn::LayerNorm` and `candle_nn::ops::softmax_last_dim` have no backward:
+//!   gradients silently stop there. [`ops::layer_norm`], [`ops::masked_softmax`] and
+//!   [`ops::gelu_new`] are fused CPU kernels with hand-written backward passes; on other
+//!   devices they fall back to compositions of candle ops (the `*_composed` functions, also
+//!   the reference the fused kernels are tested against).
+//!
+//! Frozen weights are plain tensors, trainable ones are `Var`s: see [`Param`].
+
+pub mod init;
+pub mod layers;
+pub mod ops;
+mod param;
+mod rng;
+
+pub use layers::{Embedding, LayerNorm, Linear};
+pub use param::Param;
+pub use rng::Rng;
+
+/// Forward-pass context: training mode (dropout on) and the random stream dropout draws
+/// from. One `Ctx` per run keeps dropout masks reproducible from the seed.
+#[derive(Debug, Clone)]
+pub struct Ctx {
+    /// Dropout is applied only when `train` is true.
+    pub train: bool,
+    /// The stream dropout masks are drawn from.
+    pub rng: Rng,
+}
+
+impl Ctx {
+    /// A training context seeded with `seed`.
+    pub fn train(seed: u64) -> Self {
+        Self {
+            train: true,
+            rng: Rng::new(seed),
+        }
+    }
+
+    /// An evaluation context (no dropout).
+    pub fn eval() -> Self {
+        Self {
+            train: false,
+            rng: Rng::new(0),
+        }
+    }
+
+    /// Inverted dropout with probability `p` when training; identity otherwise.
+    pub fn dropout(&mut self, x: &candle_core::Tensor, p: f64) -> candle_core::Result<candle_core::Tensor> {
+        if !self.train || p <= 0.0 {
+            return Ok(x.clone());
+        }
+        ops::dropout(x, p, &mut self.rng)
+    }
+}

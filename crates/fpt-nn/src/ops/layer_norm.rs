@@ -1,0 +1,165 @@
+//! LayerNorm over the last dimension with a fused CPU forward and backward.
+//!
+//! y = (x - mean) / sqrt(var + eps) * gamma + beta, var biased (PyTorch `nn.LayerNorm`).
+//! Backward, with xhat = (x - mean) * rstd and g = dy * gamma:
+//! dx = rstd * (g - mean(g) - xhat * mean(g * xhat)); dgamma = sum(dy * xhat); dbeta = sum(dy).
+
+use super::{cpu_slice, rows_per_task, tracks, unsupported, with_cpu_slice, Float};
+use candle_core::backend::BackendStorage as _;
+use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor, D};
+use rayon::prelude::*;
+
+struct LayerNormOp {
+    eps: f64,
+}
+
+fn fwd_kernel<T: Float>(x: &[T], g: &[T], b: &[T], eps: f64) -> Vec<T> {
+    let d = g.len();
+    let mut y = vec![T::zero(); x.len()];
+    let eps = T::from(eps).unwrap();
+    let inv_d = T::one() / T::from(d).unwrap();
+    y.par_chunks_mut(d * rows_per_task(d))
+        .zip(x.par_chunks(d * rows_per_task(d)))
+        .for_each(|(yc, xc)| {
+            for (yr, xr) in yc.chunks_mut(d).zip(xc.chunks(d)) {
+                let mean = xr.iter().copied().sum::<T>() * inv_d;
+                let var = xr.iter().map(|&v| (v - mean) * (v - mean)).sum::<T>() * inv_d;
+                let rstd = T::one() / (var + eps).sqrt();
+                for i in 0..d {
+                    yr[i] = (xr[i] - mean) * rstd * g[i] + b[i];
+                }
+            }
+        });
+    y
+}
+
+/// Returns (dx, dgamma, dbeta).
+fn bwd_kernel<T: Float>(x: &[T], g: &[T], dy: &[T], eps: f64) -> (Vec<T>, Vec<T>, Vec<T>) {
+    let d = g.len();
+    let eps = T::from(eps).unwrap();
+    let inv_d = T::one() / T::from(d).unwrap();
+    let mut dx = vec![T::zero(); x.len()];
+    let chunk = d * rows_per_task(d);
+    let partials: Vec<(Vec<T>, Vec<T>)> = dx
+        .par_chunks_mut(chunk)
+        .zip(x.par_chunks(chunk).zip(dy.par_chunks(chunk)))
+        .map(|(dxc, (xc, dyc))| {
+            let mut dg = vec![T::zero(); d];
+            let mut db = vec![T::zero(); d];
+            let mut xhat = vec![T::zero(); d];
+            for ((dxr, xr), dyr) in dxc.chunks_mut(d).zip(xc.chunks(d)).zip(dyc.chunks(d)) {
+                let mean = xr.iter().copied().sum::<T>() * inv_d;
+                let var = xr.iter().map(|&v| (v - mean) * (v - mean)).sum::<T>() * inv_d;
+                let rstd = T::one() / (var + eps).sqrt();
+                let mut mg = T::zero();
+                let mut mgx = T::zero();
+                for i in 0..d {
+                    xhat[i] = (xr[i] - mean) * rstd;
+                    let gi = dyr[i] * g[i];
+                    mg = mg + gi;
+                    mgx = mgx + gi * xhat[i];
+                    dg[i] = dg[i] + dyr[i] * xhat[i];
+                    db[i] = db[i] + dyr[i];
+                }
+                mg = mg * inv_d;
+                mgx = mgx * inv_d;
+                for i in 0..d {
+                    dxr[i] = rstd * (dyr[i] * g[i] - mg - xhat[i] * mgx);
+                }
+            }
+            (dg, db)
+        })
+        .collect();
+    let mut dg = vec![T::zero(); d];
+    let mut db = vec![T::zero(); d];
+    for (pg, pb) in partials {
+        for i in 0..d {
+            dg[i] = dg[i] + pg[i];
+            db[i] = db[i] + pb[i];
+        }
+    }
+    (dx, dg, db)
+}
+
+impl CustomOp3 for LayerNormOp {
+    fn name(&self) -> &'static str {
+        "fpt-layer-norm"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        fn run<T: Float>(op: &LayerNormOp, s: [(&CpuStorage, &Layout); 3]) -> Result<CpuStorage> {
+            let x = cpu_slice::<T>(s[0].0, s[0].1, "layer_norm")?;
+            let g = cpu_slice::<T>(s[1].0, s[1].1, "layer_norm")?;
+            let b = cpu_slice::<T>(s[2].0, s[2].1, "layer_norm")?;
+            Ok(T::to_cpu_storage_owned(fwd_kernel(x, g, b, op.eps)))
+        }
+        let args = [(s1, l1), (s2, l2), (s3, l3)];
+        let out = match s1.dtype() {
+            DType::F32 => run::<f32>(self, args)?,
+            DType::F64 => run::<f64>(self, args)?,
+            dt => return Err(unsupported("layer_norm", dt)),
+        };
+        Ok((out, l1.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        g: &Tensor,
+        b: &Tensor,
+        _res: &Tensor,
+        dy: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        fn run<T: Float>(op: &LayerNormOp, x: &Tensor, g: &Tensor, dy: &Tensor) -> Result<(Vec<T>, Vec<T>, Vec<T>)> {
+            with_cpu_slice::<T, _>(x, "layer_norm", |xs| {
+                with_cpu_slice::<T, _>(g, "layer_norm", |gs| {
+                    with_cpu_slice::<T, _>(dy, "layer_norm", |dys| Ok(bwd_kernel(xs, gs, dys, op.eps)))
+                })
+            })
+        }
+        let dev = x.device();
+        let (dx, dg, db) = match x.dtype() {
+            DType::F32 => {
+                let (a, b, c) = run::<f32>(self, x, g, dy)?;
+                (Tensor::from_vec(a, x.shape(), dev)?, Tensor::from_vec(b, g.shape(), dev)?, Tensor::from_vec(c, g.shape(), dev)?)
+            }
+            DType::F64 => {
+                let (a, b, c) = run::<f64>(self, x, g, dy)?;
+                (Tensor::from_vec(a, x.shape(), dev)?, Tensor::from_vec(b, g.shape(), dev)?, Tensor::from_vec(c, g.shape(), dev)?)
+            }
+            dt => return Err(unsupported("layer_norm", dt)),
+        };
+        Ok((
+            tracks(x).then_some(dx),
+            tracks(g).then_some(dg),
+            tracks(b).then_some(db),
+        ))
+    }
+}
+
+/// LayerNorm over the last dimension; `gamma` and `beta` have shape `[d]`. Fused with a
+/// hand-written backward on CPU, composed of candle ops elsewhere.
+pub fn layer_norm(x: &Tensor, gamma: &Tensor, beta: &Tensor, eps: f64) -> Result<Tensor> {
+    if !x.device().is_cpu() {
+        return layer_norm_composed(x, gamma, beta, eps);
+    }
+    let x = x.contiguous()?;
+    x.apply_op3(&gamma.contiguous()?, &beta.contiguous()?, LayerNormOp { eps })
+}
+
+/// LayerNorm composed of stock candle ops (correct gradients on every device; slower).
+pub fn layer_norm_composed(x: &Tensor, gamma: &Tensor, beta: &Tensor, eps: f64) -> Result<Tensor> {
+    let mean = x.mean_keepdim(D::Minus1)?;
+    let xc = x.broadcast_sub(&mean)?;
+    let var = xc.sqr()?.mean_keepdim(D::Minus1)?;
+    let xhat = xc.broadcast_div(&(var + eps)?.sqrt()?)?;
+    xhat.broadcast_mul(gamma)?.broadcast_add(beta)
+}

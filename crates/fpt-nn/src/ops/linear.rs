@@ -1,0 +1,198 @@
+//! A linear layer over a frozen weight whose backward computes the input gradient only.
+//!
+//! `y = x W^T + b` with `W: [out, in]` (PyTorch `nn.Linear` layout) and optional `b: [out]`.
+//! candle's own matmul backward always computes the gradient of both operands; this op's
+//! backward returns `None` for `W` and `b`, so for a frozen weight no gradient is computed
+//! and none is stored. On CPU the forward and backward call `gemm` directly (the bias is
+//! written first and accumulated into); on other devices the forward uses the backend's
+//! matmul and the backward a candle matmul.
+
+use super::{cpu_slice, unsupported, with_cpu_slice};
+use candle_core::backend::BackendStorage;
+use candle_core::{CpuStorage, CudaStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor, WithDType};
+
+struct FrozenLinear {
+    /// Leading dims of x, i.e. of y without its last dim.
+    lead: Vec<usize>,
+}
+
+/// `dst[m, n] (+)= lhs[m, k] @ rhs`, where rhs is `[k, n]` given by strides.
+#[allow(clippy::too_many_arguments)]
+fn gemm_into<T: WithDType>(dst: &mut [T], accumulate: bool, lhs: &[T], m: usize, k: usize, rhs: &[T], n: usize, rhs_rs: usize, rhs_cs: usize) {
+    debug_assert!(dst.len() >= m * n && lhs.len() >= m * k);
+    let threads = candle_core::utils::get_num_threads();
+    let par = if threads > 1 && m * n * k > 32_768 {
+        gemm::Parallelism::Rayon(threads)
+    } else {
+        gemm::Parallelism::None
+    };
+    // SAFETY: the slices hold m*n, m*k and k*n elements at the given strides (checked by
+    // the callers' shape checks); gemm reads and writes only inside them.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            n as isize,
+            accumulate,
+            lhs.as_ptr(),
+            1,
+            k as isize,
+            rhs.as_ptr(),
+            rhs_cs as isize,
+            rhs_rs as isize,
+            T::one(),
+            T::one(),
+            false,
+            false,
+            false,
+            par,
+        )
+    }
+}
+
+fn cpu_forward<T: WithDType>(x: &[T], w: &[T], b: Option<&[T]>, n: usize) -> Vec<T> {
+    let k = w.len() / n;
+    let m = x.len() / k;
+    let mut y = match b {
+        Some(b) => {
+            let mut y = Vec::with_capacity(m * n);
+            for _ in 0..m {
+                y.extend_from_slice(b);
+            }
+            y
+        }
+        None => vec![T::zero(); m * n],
+    };
+    // rhs = W^T: element (kk, j) = w[j * k + kk] -> row stride 1, column stride k.
+    gemm_into(&mut y, b.is_some(), x, m, k, w, n, 1, k);
+    y
+}
+
+impl FrozenLinear {
+    fn out_shape(&self, n: usize) -> Shape {
+        let mut d = self.lead.clone();
+        d.push(n);
+        Shape::from(d)
+    }
+
+    fn check(&self, lx: &Layout, lw: &Layout) -> Result<(usize, usize)> {
+        let (n, k) = lw.shape().dims2()?;
+        if lx.dims().last() != Some(&k) {
+            candle_core::bail!("frozen_linear: input {:?} does not match weight {:?}", lx.shape(), lw.shape())
+        }
+        Ok((n, k))
+    }
+
+    fn cpu(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout, b: Option<(&CpuStorage, &Layout)>) -> Result<(CpuStorage, Shape)> {
+        let (n, _k) = self.check(l1, l2)?;
+        let out = match s1.dtype() {
+            DType::F32 => {
+                let bias = b.map(|(s, l)| cpu_slice::<f32>(s, l, "frozen_linear")).transpose()?;
+                CpuStorage::F32(cpu_forward(cpu_slice::<f32>(s1, l1, "frozen_linear")?, cpu_slice::<f32>(s2, l2, "frozen_linear")?, bias, n))
+            }
+            DType::F64 => {
+                let bias = b.map(|(s, l)| cpu_slice::<f64>(s, l, "frozen_linear")).transpose()?;
+                CpuStorage::F64(cpu_forward(cpu_slice::<f64>(s1, l1, "frozen_linear")?, cpu_slice::<f64>(s2, l2, "frozen_linear")?, bias, n))
+            }
+            dt => return Err(unsupported("frozen_linear", dt)),
+        };
+        Ok((out, self.out_shape(n)))
+    }
+
+    /// Any backend: the backend's matmul (and broadcast add for the bias).
+    fn generic<S: BackendStorage>(&self, s1: &S, l1: &Layout, s2: &S, l2: &Layout, b: Option<(&S, &Layout)>) -> Result<(S, Shape)> {
+        let (n, k) = self.check(l1, l2)?;
+        let m = l1.shape().elem_count() / k;
+        let lx = Layout::new(Shape::from((m, k)), vec![k, 1], l1.start_offset());
+        let lwt = l2.transpose(0, 1)?;
+        let y = s1.matmul(s2, (1, m, n, k), &lx, &lwt)?;
+        let y = match b {
+            Some((sb, lb)) => {
+                let ly = Layout::contiguous((m, n));
+                y.binary_impl::<candle_core::op::Add>(sb, &ly, &lb.broadcast_as((m, n))?)?
+            }
+            None => y,
+        };
+        Ok((y, self.out_shape(n)))
+    }
+
+    /// dx = dy @ W, on CPU with gemm, elsewhere with a candle matmul.
+    fn grad_input(&self, x: &Tensor, w: &Tensor, dy: &Tensor) -> Result<Tensor> {
+        let (n, k) = w.dims2()?;
+        if !dy.device().is_cpu() {
+            return dy.reshape(((), n))?.matmul(w)?.reshape(x.shape());
+        }
+        fn run<T: WithDType>(w: &Tensor, dy: &Tensor, n: usize, k: usize) -> Result<Vec<T>> {
+            with_cpu_slice::<T, _>(w, "frozen_linear", |ws| {
+                with_cpu_slice::<T, _>(dy, "frozen_linear", |g| {
+                    let m = g.len() / n;
+                    let mut dx = vec![T::zero(); m * k];
+                    // rhs = W: [n, k] row-major -> row stride k, column stride 1.
+                    gemm_into(&mut dx, false, g, m, n, ws, k, k, 1);
+                    Ok(dx)
+                })
+            })
+        }
+        match dy.dtype() {
+            DType::F32 => Tensor::from_vec(run::<f32>(w, dy, n, k)?, x.shape(), x.device()),
+            DType::F64 => Tensor::from_vec(run::<f64>(w, dy, n, k)?, x.shape(), x.device()),
+            dt => Err(unsupported("frozen_linear", dt)),
+        }
+    }
+}
+
+impl CustomOp2 for FrozenLinear {
+    fn name(&self) -> &'static str {
+        "fpt-frozen-linear"
+    }
+    fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> Result<(CpuStorage, Shape)> {
+        self.cpu(s1, l1, s2, l2, None)
+    }
+    fn cuda_fwd(&self, s1: &CudaStorage, l1: &Layout, s2: &CudaStorage, l2: &Layout) -> Result<(CudaStorage, Shape)> {
+        self.generic(s1, l1, s2, l2, None)
+    }
+    fn bwd(&self, x: &Tensor, w: &Tensor, _res: &Tensor, dy: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        Ok((Some(self.grad_input(x, w, dy)?), None))
+    }
+}
+
+impl CustomOp3 for FrozenLinear {
+    fn name(&self) -> &'static str {
+        "fpt-frozen-linear-bias"
+    }
+    fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout, s3: &CpuStorage, l3: &Layout) -> Result<(CpuStorage, Shape)> {
+        self.cpu(s1, l1, s2, l2, Some((s3, l3)))
+    }
+    fn cuda_fwd(&self, s1: &CudaStorage, l1: &Layout, s2: &CudaStorage, l2: &Layout, s3: &CudaStorage, l3: &Layout) -> Result<(CudaStorage, Shape)> {
+        self.generic(s1, l1, s2, l2, Some((s3, l3)))
+    }
+    fn bwd(&self, x: &Tensor, w: &Tensor, _b: &Tensor, _res: &Tensor, dy: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        Ok((Some(self.grad_input(x, w, dy)?), None, None))
+    }
+}
+
+/// `x W^T (+ b)` for a frozen `W: [out, in]` and frozen `b: [out]`: gradients flow to `x`
+/// only. `x: [.., in]`.
+pub fn frozen_linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
+    let x = x.contiguous()?;
+    let w = w.contiguous()?;
+    let lead = x.dims()[..x.rank().saturating_sub(1)].to_vec();
+    let op = FrozenLinear { lead };
+    match b {
+        Some(b) => x.apply_op3(&w, &b.contiguous()?, op),
+        None => x.apply_op2(&w, op),
+    }
+}
+
+/// `x W^T (+ b)` with stock candle ops: every operand gets a gradient (used for trainable
+/// weights, and as the reference in tests).
+pub fn linear_composed(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
+    let y = x.broadcast_matmul(&w.t()?)?;
+    match b {
+        Some(b) => y.broadcast_add(b),
+        None => Ok(y),
+    }
+}

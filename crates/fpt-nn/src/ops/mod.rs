@@ -1,0 +1,61 @@
+//! Custom candle ops with hand-written backward passes.
+//!
+//! Each public function picks the fused CPU kernel when its input lives on the CPU and a
+//! composition of stock candle ops otherwise (the `*_composed` twin, which has correct
+//! gradients on every device and is the reference the fused kernel is tested against).
+//! [`frozen_linear`] is a custom op on every device: its forward uses the backend's own
+//! matmul, its backward returns only the input gradient.
+
+mod dropout;
+mod gelu;
+mod layer_norm;
+mod linear;
+mod softmax;
+
+pub use dropout::dropout;
+pub use gelu::{gelu_new, gelu_new_composed};
+pub use layer_norm::{layer_norm, layer_norm_composed};
+pub use linear::{frozen_linear, linear_composed};
+pub use softmax::{masked_softmax, masked_softmax_composed};
+
+use candle_core::{CpuStorage, DType, Error, Layout, Result, Storage, Tensor, WithDType};
+
+/// Float types the fused CPU kernels support.
+pub(crate) trait Float: WithDType + num_traits::Float + Send + Sync + std::iter::Sum {}
+impl Float for f32 {}
+impl Float for f64 {}
+
+/// Number of rows per rayon task: enough work (~32k elements) to amortise scheduling.
+pub(crate) fn rows_per_task(row_len: usize) -> usize {
+    (32_768 / row_len.max(1)).max(1)
+}
+
+/// The contiguous slice a CPU storage + layout describes.
+pub(crate) fn cpu_slice<'a, T: WithDType>(s: &'a CpuStorage, l: &Layout, op: &'static str) -> Result<&'a [T]> {
+    let data = T::cpu_storage_as_slice(s)?;
+    match l.contiguous_offsets() {
+        Some((a, b)) => Ok(&data[a..b]),
+        None => Err(Error::Msg(format!("{op}: input must be contiguous")).bt()),
+    }
+}
+
+/// Runs `f` on the contiguous CPU data of `t`.
+pub(crate) fn with_cpu_slice<T: WithDType, R>(t: &Tensor, op: &'static str, f: impl FnOnce(&[T]) -> Result<R>) -> Result<R> {
+    let t = t.contiguous()?;
+    let (st, l) = t.storage_and_layout();
+    match &*st {
+        Storage::Cpu(cs) => f(cpu_slice::<T>(cs, l, op)?),
+        _ => Err(Error::Msg(format!("{op}: expected a CPU tensor")).bt()),
+    }
+}
+
+/// Whether `t` takes part in backprop (a `Var` or computed from one). Custom-op backward
+/// passes return `None` for arguments that do not, so no gradient of a frozen tensor is
+/// ever computed or stored.
+pub(crate) fn tracks(t: &Tensor) -> bool {
+    t.track_op()
+}
+
+pub(crate) fn unsupported(op: &'static str, dtype: DType) -> Error {
+    Error::Msg(format!("{op}: unsupported dtype {dtype:?} (the fused kernels take f32 or f64)")).bt()
+}

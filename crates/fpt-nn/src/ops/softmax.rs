@@ -1,0 +1,141 @@
+//! Scaled, optionally causal softmax over the last dimension, fused on CPU.
+//!
+//! y = softmax(scale * s) with entries j > i (+ Tk - Tq) dropped when causal (they get
+//! probability exactly 0, as GPT-2's large negative mask gives in f32). Backward:
+//! ds = scale * y * (dy - sum(dy * y)).
+
+use super::{cpu_slice, rows_per_task, unsupported, with_cpu_slice, Float};
+use candle_core::backend::BackendStorage as _;
+use candle_core::{CpuStorage, CustomOp1, DType, Layout, Result, Shape, Tensor, D};
+use rayon::prelude::*;
+
+struct SoftmaxOp {
+    scale: f64,
+    causal: bool,
+}
+
+/// For row `r` of a `[.., tq, tk]` tensor, how many leading entries are visible.
+fn visible(r: usize, tq: usize, tk: usize, causal: bool) -> usize {
+    if causal {
+        ((r % tq) + 1 + tk.saturating_sub(tq)).min(tk)
+    } else {
+        tk
+    }
+}
+
+fn fwd_kernel<T: Float>(s: &[T], tq: usize, tk: usize, scale: f64, causal: bool) -> Vec<T> {
+    let scale = T::from(scale).unwrap();
+    let mut y = vec![T::zero(); s.len()];
+    let rows = rows_per_task(tk);
+    y.par_chunks_mut(tk * rows)
+        .zip(s.par_chunks(tk * rows))
+        .enumerate()
+        .for_each(|(ci, (yc, sc))| {
+            for (ri, (yr, sr)) in yc.chunks_mut(tk).zip(sc.chunks(tk)).enumerate() {
+                let n = visible(ci * rows + ri, tq, tk, causal);
+                let mut max = T::neg_infinity();
+                for &v in &sr[..n] {
+                    max = num_traits::Float::max(max, v * scale);
+                }
+                let mut sum = T::zero();
+                for j in 0..n {
+                    let e = (sr[j] * scale - max).exp();
+                    yr[j] = e;
+                    sum = sum + e;
+                }
+                let inv = T::one() / sum;
+                for v in &mut yr[..n] {
+                    *v = *v * inv;
+                }
+            }
+        });
+    y
+}
+
+fn bwd_kernel<T: Float>(y: &[T], dy: &[T], tq: usize, tk: usize, scale: f64, causal: bool) -> Vec<T> {
+    let scale = T::from(scale).unwrap();
+    let mut ds = vec![T::zero(); y.len()];
+    let rows = rows_per_task(tk);
+    ds.par_chunks_mut(tk * rows)
+        .zip(y.par_chunks(tk * rows).zip(dy.par_chunks(tk * rows)))
+        .enumerate()
+        .for_each(|(ci, (dc, (yc, gc)))| {
+            for (ri, ((dr, yr), gr)) in dc.chunks_mut(tk).zip(yc.chunks(tk)).zip(gc.chunks(tk)).enumerate() {
+                let n = visible(ci * rows + ri, tq, tk, causal);
+                let dot: T = (0..n).map(|j| yr[j] * gr[j]).sum();
+                for j in 0..n {
+                    dr[j] = scale * yr[j] * (gr[j] - dot);
+                }
+            }
+        });
+    ds
+}
+
+fn dims(shape: &Shape) -> Result<(usize, usize)> {
+    let d = shape.dims();
+    if d.len() < 2 {
+        candle_core::bail!("masked_softmax: expected at least 2 dims, got {shape:?}")
+    }
+    Ok((d[d.len() - 2], d[d.len() - 1]))
+}
+
+impl CustomOp1 for SoftmaxOp {
+    fn name(&self) -> &'static str {
+        "fpt-masked-softmax"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let (tq, tk) = dims(l.shape())?;
+        let out = match s.dtype() {
+            DType::F32 => CpuStorage::F32(fwd_kernel(cpu_slice::<f32>(s, l, "masked_softmax")?, tq, tk, self.scale, self.causal)),
+            DType::F64 => CpuStorage::F64(fwd_kernel(cpu_slice::<f64>(s, l, "masked_softmax")?, tq, tk, self.scale, self.causal)),
+            dt => return Err(unsupported("masked_softmax", dt)),
+        };
+        Ok((out, l.shape().clone()))
+    }
+
+    fn bwd(&self, _arg: &Tensor, res: &Tensor, dy: &Tensor) -> Result<Option<Tensor>> {
+        let (tq, tk) = dims(res.shape())?;
+        let ds = match res.dtype() {
+            DType::F32 => {
+                let v = with_cpu_slice::<f32, _>(res, "masked_softmax", |y| {
+                    with_cpu_slice::<f32, _>(dy, "masked_softmax", |g| Ok(bwd_kernel(y, g, tq, tk, self.scale, self.causal)))
+                })?;
+                Tensor::from_vec(v, res.shape(), res.device())?
+            }
+            DType::F64 => {
+                let v = with_cpu_slice::<f64, _>(res, "masked_softmax", |y| {
+                    with_cpu_slice::<f64, _>(dy, "masked_softmax", |g| Ok(bwd_kernel(y, g, tq, tk, self.scale, self.causal)))
+                })?;
+                Tensor::from_vec(v, res.shape(), res.device())?
+            }
+            dt => return Err(unsupported("masked_softmax", dt)),
+        };
+        Ok(Some(ds))
+    }
+}
+
+/// `softmax(scale * s)` over the last dimension of `s: [.., tq, tk]`; with `causal`, query
+/// `i` sees keys `0..=i + tk - tq` only (the rest get probability 0). Fused on CPU.
+pub fn masked_softmax(s: &Tensor, scale: f64, causal: bool) -> Result<Tensor> {
+    if !s.device().is_cpu() {
+        return masked_softmax_composed(s, scale, causal);
+    }
+    s.contiguous()?.apply_op1(SoftmaxOp { scale, causal })
+}
+
+/// The same function composed of stock candle ops (reference; every device).
+pub fn masked_softmax_composed(s: &Tensor, scale: f64, causal: bool) -> Result<Tensor> {
+    let (tq, tk) = dims(s.shape())?;
+    let mut s = s.affine(scale, 0.0)?;
+    if causal {
+        let off = tk.saturating_sub(tq);
+        let mask: Vec<u8> = (0..tq).flat_map(|i| (0..tk).map(move |j| u8::from(j > i + off))).collect();
+        let mask = Tensor::from_vec(mask, (tq, tk), s.device())?.broadcast_as(s.shape())?;
+        let neg = Tensor::new(f32::NEG_INFINITY, s.device())?.to_dtype(s.dtype())?.broadcast_as(s.shape())?;
+        s = mask.where_cond(&neg, &s)?;
+    }
+    let max = s.max_keepdim(D::Minus1)?.detach();
+    let e = s.broadcast_sub(&max)?.exp()?;
+    e.broadcast_div(&e.sum_keepdim(D::Minus1)?)
+}

@@ -1,0 +1,550 @@
+//! Serde types that describe an fpt run: which task, which backbone and how it is
+//! initialised, which parameter groups train, and how the trainer runs.
+//!
+//! This crate has no candle dependency: the CLI, the trainer and (later) the ablation
+//! harness all speak these types, and a [`RunSpec`] serialised to JSON is the effective
+//! config saved next to every result. Names follow the paper (Lu et al. 2021, §2.2 and
+//! App. C): `TrainGroups { input, output, layer_norm, positions, attention, feed_forward }`.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::str::FromStr;
+
+/// Errors from parsing spec values given as text (CLI flags, table files).
+#[derive(Debug, thiserror::Error)]
+pub enum SpecError {
+    /// A `--train` list named a group that does not exist.
+    #[error("unknown parameter group `{0}` (expected a comma-separated list of: in, out, ln, pos, attn, ff, or `all` / `fpt` / `none`)")]
+    UnknownGroup(String),
+    /// An unknown task name.
+    #[error("unknown task `{0}` (known tasks: {known})", known = TaskName::ALL.iter().map(|t| t.as_str()).collect::<Vec<_>>().join(", "))]
+    UnknownTask(String),
+    /// An unknown init mode.
+    #[error("unknown init `{0}` (expected `pretrained` or `random`)")]
+    UnknownInit(String),
+    /// A value that is out of its valid range.
+    #[error("invalid value for `{field}`: {msg}")]
+    Invalid {
+        /// The field (or flag) name.
+        field: &'static str,
+        /// What is wrong.
+        msg: String,
+    },
+}
+
+/// Result alias for this crate.
+pub type Result<T> = std::result::Result<T, SpecError>;
+
+/// The role of a parameter tensor in the FPT recipe (paper §2.2). Every backbone tensor
+/// has exactly one role; the input and output layers have their own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// The new input layer (Linear or Embedding).
+    Input,
+    /// The new output layer.
+    Output,
+    /// LayerNorm scales and biases.
+    LayerNorm,
+    /// Learned positional embeddings.
+    Positions,
+    /// Self-attention weights and biases.
+    Attention,
+    /// Feed-forward (MLP) weights and biases.
+    FeedForward,
+    /// Anything else (e.g. GPT-2's token embedding `wte`, unused with input embeddings);
+    /// always frozen.
+    Other,
+}
+
+impl Role {
+    /// All roles, in report order.
+    pub const ALL: [Role; 7] = [
+        Role::Input,
+        Role::Output,
+        Role::LayerNorm,
+        Role::Positions,
+        Role::Attention,
+        Role::FeedForward,
+        Role::Other,
+    ];
+
+    /// The short name used in `--train` lists and reports.
+    pub fn short(self) -> &'static str {
+        match self {
+            Role::Input => "in",
+            Role::Output => "out",
+            Role::LayerNorm => "ln",
+            Role::Positions => "pos",
+            Role::Attention => "attn",
+            Role::FeedForward => "ff",
+            Role::Other => "other",
+        }
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = match self {
+            Role::Input => "input",
+            Role::Output => "output",
+            Role::LayerNorm => "layer_norm",
+            Role::Positions => "positions",
+            Role::Attention => "attention",
+            Role::FeedForward => "feed_forward",
+            Role::Other => "other",
+        };
+        f.write_str(s)
+    }
+}
+
+/// Which parameter groups are trained; everything else is frozen (plain tensors, never
+/// `Var`s). The default is the paper's FPT setting: input, output, LayerNorm, positions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct TrainGroups {
+    /// Train the input layer.
+    pub input: bool,
+    /// Train the output layer.
+    pub output: bool,
+    /// Train the LayerNorm parameters.
+    pub layer_norm: bool,
+    /// Train the positional embeddings.
+    pub positions: bool,
+    /// Train the self-attention weights.
+    pub attention: bool,
+    /// Train the feed-forward weights.
+    pub feed_forward: bool,
+}
+
+impl Default for TrainGroups {
+    fn default() -> Self {
+        Self::fpt()
+    }
+}
+
+impl TrainGroups {
+    /// The paper's frozen pretrained transformer: in, out, ln, pos.
+    pub fn fpt() -> Self {
+        Self {
+            input: true,
+            output: true,
+            layer_norm: true,
+            positions: true,
+            attention: false,
+            feed_forward: false,
+        }
+    }
+
+    /// Every group trains (full training / fine-tuning).
+    pub fn all() -> Self {
+        Self {
+            input: true,
+            output: true,
+            layer_norm: true,
+            positions: true,
+            attention: true,
+            feed_forward: true,
+        }
+    }
+
+    /// Nothing trains.
+    pub fn none() -> Self {
+        Self {
+            input: false,
+            output: false,
+            layer_norm: false,
+            positions: false,
+            attention: false,
+            feed_forward: false,
+        }
+    }
+
+    /// Whether tensors of `role` train. [`Role::Other`] never does.
+    pub fn trains(&self, role: Role) -> bool {
+        match role {
+            Role::Input => self.input,
+            Role::Output => self.output,
+            Role::LayerNorm => self.layer_norm,
+            Role::Positions => self.positions,
+            Role::Attention => self.attention,
+            Role::FeedForward => self.feed_forward,
+            Role::Other => false,
+        }
+    }
+
+    fn set(&mut self, role: Role, on: bool) {
+        match role {
+            Role::Input => self.input = on,
+            Role::Output => self.output = on,
+            Role::LayerNorm => self.layer_norm = on,
+            Role::Positions => self.positions = on,
+            Role::Attention => self.attention = on,
+            Role::FeedForward => self.feed_forward = on,
+            Role::Other => {}
+        }
+    }
+}
+
+impl FromStr for TrainGroups {
+    type Err = SpecError;
+
+    /// Parses `in,out,ln,pos,attn,ff` (any subset, any order), `all`, `fpt` or `none`.
+    /// Long names (`input`, `layer_norm`, `feed_forward`, ...) are accepted too.
+    fn from_str(s: &str) -> Result<Self> {
+        let s = s.trim();
+        match s {
+            "all" => return Ok(Self::all()),
+            "fpt" | "default" => return Ok(Self::fpt()),
+            "none" | "" => return Ok(Self::none()),
+            _ => {}
+        }
+        let mut g = Self::none();
+        for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let role = match part {
+                "in" | "input" => Role::Input,
+                "out" | "output" => Role::Output,
+                "ln" | "layer_norm" | "layernorm" => Role::LayerNorm,
+                "pos" | "positions" => Role::Positions,
+                "attn" | "attention" => Role::Attention,
+                "ff" | "mlp" | "feed_forward" => Role::FeedForward,
+                other => return Err(SpecError::UnknownGroup(other.to_string())),
+            };
+            g.set(role, true);
+        }
+        Ok(g)
+    }
+}
+
+impl fmt::Display for TrainGroups {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names: Vec<&str> = Role::ALL
+            .iter()
+            .filter(|r| self.trains(**r))
+            .map(|r| r.short())
+            .collect();
+        if names.is_empty() {
+            f.write_str("none")
+        } else {
+            f.write_str(&names.join(","))
+        }
+    }
+}
+
+/// The tasks fpt knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TaskName {
+    /// Bit XOR (paper §2.1): XOR of two n-bit strings, one bit per token.
+    BitXor,
+    /// Bit Memory (paper §2.1): recall one of five 1000-bit strings from a masked copy.
+    BitMemory,
+}
+
+impl TaskName {
+    /// Every task, in the order the CLI lists them.
+    pub const ALL: [TaskName; 2] = [TaskName::BitXor, TaskName::BitMemory];
+
+    /// The name used on the command line and in files.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskName::BitXor => "bit-xor",
+            TaskName::BitMemory => "bit-memory",
+        }
+    }
+}
+
+impl FromStr for TaskName {
+    type Err = SpecError;
+    fn from_str(s: &str) -> Result<Self> {
+        TaskName::ALL
+            .iter()
+            .copied()
+            .find(|t| t.as_str() == s || t.as_str().replace('-', "_") == s)
+            .ok_or_else(|| SpecError::UnknownTask(s.to_string()))
+    }
+}
+
+impl fmt::Display for TaskName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A task and its size parameters.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskSpec {
+    /// Which task.
+    pub name: TaskName,
+    /// Bits per string (bit tasks). `None` = the paper's value (XOR 5, Memory 1000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub n_bits: Option<usize>,
+    /// Bits per input token (bit tasks). `None` = the paper's value (XOR 1, Memory 50).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub patch: Option<usize>,
+    /// Number of held-out examples evaluated (bit tasks draw them once per seed).
+    pub eval_examples: usize,
+}
+
+impl TaskSpec {
+    /// The paper's task with default sizes and 512 held-out examples.
+    pub fn new(name: TaskName) -> Self {
+        Self {
+            name,
+            n_bits: None,
+            patch: None,
+            eval_examples: 512,
+        }
+    }
+}
+
+/// How the backbone's weights are initialised.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Init {
+    /// Load the pretrained checkpoint.
+    Pretrained,
+    /// The architecture's default random initialisation (GPT-2: N(0, 0.02) weights, zero
+    /// biases, unit LayerNorm).
+    Random,
+}
+
+impl FromStr for Init {
+    type Err = SpecError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "pretrained" => Ok(Init::Pretrained),
+            "random" => Ok(Init::Random),
+            other => Err(SpecError::UnknownInit(other.to_string())),
+        }
+    }
+}
+
+impl fmt::Display for Init {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Init::Pretrained => "pretrained",
+            Init::Random => "random",
+        })
+    }
+}
+
+/// GPT-2's residual-projection init for random backbones. Current `transformers` draws
+/// every `c_proj.weight` from N(0, 0.02 / sqrt(2 * n_layer)); transformers 4.1.1, which the
+/// paper used, drew them from N(0, 0.02) like every other weight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum ResidualInit {
+    /// `c_proj` weights scaled by 1/sqrt(2 * n_layer) (GPT-2 paper, current transformers).
+    #[default]
+    Scaled,
+    /// All weights N(0, 0.02) (transformers 4.1.1, the FPT paper's random rows).
+    Unscaled,
+}
+
+impl FromStr for ResidualInit {
+    type Err = SpecError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "scaled" => Ok(Self::Scaled),
+            "unscaled" => Ok(Self::Unscaled),
+            other => Err(SpecError::Invalid {
+                field: "residual_init",
+                msg: format!("`{other}` (expected `scaled` or `unscaled`)"),
+            }),
+        }
+    }
+}
+
+/// Shape overrides for a randomly initialised backbone, so that small models train on a CPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+pub struct ShapeOverrides {
+    /// Number of transformer blocks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layers: Option<usize>,
+    /// Hidden (model) width.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hidden: Option<usize>,
+    /// Attention heads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heads: Option<usize>,
+    /// Maximum positions (size of the learned position table).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub positions: Option<usize>,
+}
+
+impl ShapeOverrides {
+    /// Whether any override is set.
+    pub fn any(&self) -> bool {
+        self.layers.is_some() || self.hidden.is_some() || self.heads.is_some() || self.positions.is_some()
+    }
+}
+
+/// Which backbone, and how it is initialised.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BackboneSpec {
+    /// A known name (`gpt2`, `gpt2-medium`, ...), a Hugging Face model id, or a local
+    /// directory holding `config.json` and `model.safetensors`.
+    pub source: String,
+    /// Pretrained or random weights.
+    pub init: Init,
+    /// Shape overrides (random init only).
+    #[serde(default)]
+    pub shape: ShapeOverrides,
+    /// Residual-projection init for random GPT-2 backbones.
+    #[serde(default)]
+    pub residual_init: ResidualInit,
+}
+
+/// Trainer settings (paper App. C defaults: Adam 1e-3, no weight decay, constant LR,
+/// gradient-norm clipping at 1.0).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrainSpec {
+    /// Optimizer steps.
+    pub steps: usize,
+    /// Examples per optimizer step.
+    pub batch_size: usize,
+    /// Examples per forward/backward pass; `batch_size` must be a multiple of it. Gradients
+    /// of the micro-batches are averaged (gradient accumulation).
+    pub micro_batch_size: usize,
+    /// Adam learning rate (constant).
+    pub lr: f64,
+    /// Maximum global gradient norm (PyTorch `clip_grad_norm_`); `None` = no clipping.
+    pub clip_norm: Option<f64>,
+    /// Evaluate every this many steps (and at the end).
+    pub eval_every: usize,
+    /// Seed for every random number in the run (init, data, dropout).
+    pub seed: u64,
+}
+
+impl Default for TrainSpec {
+    fn default() -> Self {
+        Self {
+            steps: 1000,
+            batch_size: 32,
+            micro_batch_size: 32,
+            lr: 1e-3,
+            clip_norm: Some(1.0),
+            eval_every: 250,
+            seed: 0,
+        }
+    }
+}
+
+/// Everything that defines a run. Serialised as the run's `spec.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunSpec {
+    /// The task.
+    pub task: TaskSpec,
+    /// The backbone.
+    pub backbone: BackboneSpec,
+    /// Which parameter groups train.
+    pub train_groups: TrainGroups,
+    /// Trainer settings.
+    pub train: TrainSpec,
+    /// Dropout after the input layer (the reference code's 0.1).
+    pub input_dropout: f64,
+    /// Gain of the orthogonal init of the input layer (the reference code's 1.41).
+    pub orth_gain: f64,
+    /// Whether the backbone's own dropouts (GPT-2: embd/attn/resid 0.1) are on in training.
+    pub backbone_dropout: bool,
+}
+
+impl RunSpec {
+    /// Checks value ranges; returns the first problem with the field it is in.
+    pub fn validate(&self) -> Result<()> {
+        let t = &self.train;
+        let bad = |field: &'static str, msg: &str| {
+            Err(SpecError::Invalid {
+                field,
+                msg: msg.to_string(),
+            })
+        };
+        if t.batch_size == 0 {
+            return bad("batch_size", "must be at least 1");
+        }
+        if t.micro_batch_size == 0 || t.batch_size % t.micro_batch_size != 0 {
+            return Err(SpecError::Invalid {
+                field: "micro_batch_size",
+                msg: format!(
+                    "{} does not divide batch_size {}",
+                    t.micro_batch_size, t.batch_size
+                ),
+            });
+        }
+        if !(t.lr.is_finite() && t.lr > 0.0) {
+            return bad("lr", "must be a positive finite number");
+        }
+        if let Some(c) = t.clip_norm {
+            if !(c.is_finite() && c > 0.0) {
+                return bad("clip_norm", "must be a positive finite number");
+            }
+        }
+        if t.eval_every == 0 {
+            return bad("eval_every", "must be at least 1");
+        }
+        if !(0.0..1.0).contains(&self.input_dropout) {
+            return bad("input_dropout", "must be in [0, 1)");
+        }
+        if self.task.eval_examples == 0 {
+            return bad("eval_examples", "must be at least 1");
+        }
+        if self.backbone.init == Init::Pretrained && self.backbone.shape.any() {
+            return bad(
+                "shape",
+                "--layers/--hidden/--heads/--positions only apply to --init random (a pretrained checkpoint fixes its shape)",
+            );
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn train_groups_parse_and_print() {
+        let g: TrainGroups = "in,out,ln,pos".parse().unwrap();
+        assert_eq!(g, TrainGroups::fpt());
+        assert_eq!(g.to_string(), "in,out,ln,pos");
+        let g: TrainGroups = "attn, ff".parse().unwrap();
+        assert!(g.attention && g.feed_forward && !g.input);
+        assert_eq!("all".parse::<TrainGroups>().unwrap(), TrainGroups::all());
+        let e = "in,bogus".parse::<TrainGroups>().unwrap_err().to_string();
+        assert!(e.contains("`bogus`"), "{e}");
+    }
+
+    #[test]
+    fn task_names_round_trip() {
+        for t in TaskName::ALL {
+            assert_eq!(t.as_str().parse::<TaskName>().unwrap(), t);
+        }
+        let e = "mnsit".parse::<TaskName>().unwrap_err().to_string();
+        assert!(e.contains("mnsit") && e.contains("bit-xor"), "{e}");
+    }
+
+    #[test]
+    fn validate_names_the_field() {
+        let mut spec = RunSpec {
+            task: TaskSpec::new(TaskName::BitXor),
+            backbone: BackboneSpec {
+                source: "gpt2".into(),
+                init: Init::Random,
+                shape: ShapeOverrides::default(),
+                residual_init: ResidualInit::Scaled,
+            },
+            train_groups: TrainGroups::fpt(),
+            train: TrainSpec::default(),
+            input_dropout: 0.1,
+            orth_gain: 1.41,
+            backbone_dropout: true,
+        };
+        spec.validate().unwrap();
+        spec.train.micro_batch_size = 5;
+        let e = spec.validate().unwrap_err().to_string();
+        assert!(e.contains("micro_batch_size"), "{e}");
+        let json = serde_json::to_string(&spec).unwrap();
+        let back: RunSpec = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, spec);
+    }
+}
