@@ -1,0 +1,480 @@
+//! GPT-2 (Radford et al. 2019) as an FPT backbone: learned positions added to the input
+//! embeddings, pre-LayerNorm blocks of causal self-attention and a `gelu_new` MLP, the
+//! three GPT-2 dropouts (embedding, attention, residual), and the final `ln_f`.
+//!
+//! Follows Hugging Face `transformers`' `modeling_gpt2.py` (`GPT2Model` called with
+//! `inputs_embeds` and no attention mask, as the FPT reference code does). Checkpoints use
+//! the Hub's tensor names (`wte`, `wpe`, `h.N.{ln_1, attn.c_attn, attn.c_proj, ln_2,
+//! mlp.c_fc, mlp.c_proj}`, `ln_f`), with or without a `transformer.` prefix; their Conv1D
+//! weights are `[in, out]` and are transposed to `[out, in]` on load (and back on save).
+
+use crate::{role_by_rules, Backbone, BackboneError, ParamSpec, Result};
+use candle_core::{DType, Device, Tensor};
+use fpt_nn::{ops, Ctx, LayerNorm, Linear, Param, Rng};
+use fpt_spec::{ResidualInit, Role, ShapeOverrides, TrainGroups};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+/// The reference code's freezing rule for GPT-2 names, first match wins.
+pub const ROLE_RULES: &[(&str, Role)] = &[
+    ("ln", Role::LayerNorm),
+    ("wpe", Role::Positions),
+    ("mlp", Role::FeedForward),
+    ("attn", Role::Attention),
+];
+
+fn default_true() -> bool {
+    true
+}
+fn default_act() -> String {
+    "gelu_new".into()
+}
+fn default_pdrop() -> f64 {
+    0.1
+}
+
+/// A GPT-2 `config.json` (the fields this implementation reads).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Gpt2Config {
+    /// Token vocabulary size (the `wte` table; unused with input embeddings).
+    pub vocab_size: usize,
+    /// Size of the learned position table.
+    pub n_positions: usize,
+    /// Hidden width.
+    pub n_embd: usize,
+    /// Number of blocks.
+    pub n_layer: usize,
+    /// Attention heads.
+    pub n_head: usize,
+    /// MLP width; `null` means 4 * n_embd.
+    #[serde(default)]
+    pub n_inner: Option<usize>,
+    /// MLP activation; only `gelu_new` (alias `gelu_pytorch_tanh`) is supported.
+    #[serde(default = "default_act")]
+    pub activation_function: String,
+    /// Residual dropout.
+    #[serde(default = "default_pdrop")]
+    pub resid_pdrop: f64,
+    /// Embedding dropout.
+    #[serde(default = "default_pdrop")]
+    pub embd_pdrop: f64,
+    /// Attention-probability dropout.
+    #[serde(default = "default_pdrop")]
+    pub attn_pdrop: f64,
+    /// LayerNorm epsilon.
+    pub layer_norm_epsilon: f64,
+    /// Divide attention scores by sqrt(head_dim).
+    #[serde(default = "default_true")]
+    pub scale_attn_weights: bool,
+    /// Also divide attention scores by (layer index + 1).
+    #[serde(default)]
+    pub scale_attn_by_inverse_layer_idx: bool,
+    /// Always `gpt2`.
+    #[serde(default)]
+    pub model_type: Option<String>,
+}
+
+impl Gpt2Config {
+    /// The config of a Hub GPT-2 size (`gpt2`, `gpt2-medium`, `gpt2-large`, `gpt2-xl`),
+    /// built in so random-init runs need no files.
+    pub fn builtin(name: &str) -> Option<Self> {
+        let (n_layer, n_embd, n_head) = match name {
+            "gpt2" | "openai-community/gpt2" => (12, 768, 12),
+            "gpt2-medium" | "openai-community/gpt2-medium" => (24, 1024, 16),
+            "gpt2-large" | "openai-community/gpt2-large" => (36, 1280, 20),
+            "gpt2-xl" | "openai-community/gpt2-xl" => (48, 1600, 25),
+            _ => return None,
+        };
+        Some(Self {
+            vocab_size: 50257,
+            n_positions: 1024,
+            n_embd,
+            n_layer,
+            n_head,
+            n_inner: None,
+            activation_function: "gelu_new".into(),
+            resid_pdrop: 0.1,
+            embd_pdrop: 0.1,
+            attn_pdrop: 0.1,
+            layer_norm_epsilon: 1e-5,
+            scale_attn_weights: true,
+            scale_attn_by_inverse_layer_idx: false,
+            model_type: Some("gpt2".into()),
+        })
+    }
+
+    /// Reads and checks a `config.json`.
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|source| BackboneError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let cfg: Self = serde_json::from_str(&text).map_err(|e| BackboneError::Config {
+            path: path.to_path_buf(),
+            msg: e.to_string(),
+        })?;
+        cfg.validate().map_err(|msg| BackboneError::Config {
+            path: path.to_path_buf(),
+            msg,
+        })?;
+        Ok(cfg)
+    }
+
+    fn validate(&self) -> std::result::Result<(), String> {
+        if let Some(t) = &self.model_type {
+            if t != "gpt2" {
+                return Err(format!("model_type is `{t}`, this loader reads `gpt2`"));
+            }
+        }
+        if self.n_embd == 0 || self.n_layer == 0 || self.n_head == 0 || self.n_positions == 0 {
+            return Err("n_embd, n_layer, n_head and n_positions must be positive".into());
+        }
+        if self.n_embd % self.n_head != 0 {
+            return Err(format!("n_embd {} is not divisible by n_head {}", self.n_embd, self.n_head));
+        }
+        if !matches!(self.activation_function.as_str(), "gelu_new" | "gelu_pytorch_tanh") {
+            return Err(format!(
+                "activation_function `{}` is not supported (gelu_new only)",
+                self.activation_function
+            ));
+        }
+        Ok(())
+    }
+
+    /// Applies shape overrides (random init).
+    pub fn with_overrides(mut self, o: &ShapeOverrides) -> Result<Self> {
+        if let Some(l) = o.layers {
+            self.n_layer = l;
+        }
+        if let Some(h) = o.hidden {
+            self.n_embd = h;
+            self.n_inner = None;
+        }
+        if let Some(h) = o.heads {
+            self.n_head = h;
+        }
+        if let Some(p) = o.positions {
+            self.n_positions = p;
+        }
+        self.validate().map_err(|m| BackboneError::Unsupported(format!("invalid GPT-2 shape: {m}")))?;
+        Ok(self)
+    }
+
+    /// MLP width.
+    pub fn inner(&self) -> usize {
+        self.n_inner.unwrap_or(4 * self.n_embd)
+    }
+
+    /// Every parameter, in checkpoint order, with our `[out, in]` shapes.
+    pub fn param_specs(&self) -> Vec<ParamSpec> {
+        let (c, f) = (self.n_embd, self.inner());
+        let mut v = Vec::new();
+        let mut push = |name: String, shape: Vec<usize>, used: bool| {
+            let role = role_by_rules(&name, ROLE_RULES);
+            v.push(ParamSpec { name, shape, role, used });
+        };
+        push("wte.weight".into(), vec![self.vocab_size, c], false);
+        push("wpe.weight".into(), vec![self.n_positions, c], true);
+        for i in 0..self.n_layer {
+            let p = format!("h.{i}.");
+            push(format!("{p}ln_1.weight"), vec![c], true);
+            push(format!("{p}ln_1.bias"), vec![c], true);
+            push(format!("{p}attn.c_attn.weight"), vec![3 * c, c], true);
+            push(format!("{p}attn.c_attn.bias"), vec![3 * c], true);
+            push(format!("{p}attn.c_proj.weight"), vec![c, c], true);
+            push(format!("{p}attn.c_proj.bias"), vec![c], true);
+            push(format!("{p}ln_2.weight"), vec![c], true);
+            push(format!("{p}ln_2.bias"), vec![c], true);
+            push(format!("{p}mlp.c_fc.weight"), vec![f, c], true);
+            push(format!("{p}mlp.c_fc.bias"), vec![f], true);
+            push(format!("{p}mlp.c_proj.weight"), vec![c, f], true);
+            push(format!("{p}mlp.c_proj.bias"), vec![c], true);
+        }
+        push("ln_f.weight".into(), vec![c], true);
+        push("ln_f.bias".into(), vec![c], true);
+        v
+    }
+}
+
+/// Whether a checkpoint tensor is a Conv1D weight stored `[in, out]`.
+fn is_conv1d_weight(name: &str) -> bool {
+    name.ends_with(".weight") && (name.contains(".c_attn.") || name.contains(".c_proj.") || name.contains(".c_fc."))
+}
+
+struct Block {
+    ln_1: LayerNorm,
+    c_attn: Linear,
+    attn_proj: Linear,
+    ln_2: LayerNorm,
+    c_fc: Linear,
+    mlp_proj: Linear,
+}
+
+/// A GPT-2 backbone.
+pub struct Gpt2 {
+    config: Gpt2Config,
+    wpe: Param,
+    blocks: Vec<Block>,
+    ln_f: LayerNorm,
+    /// Dropouts on (the reference keeps GPT-2's dropouts on during training).
+    dropout: bool,
+    named: Vec<(String, Role, Param)>,
+}
+
+impl Gpt2 {
+    fn assemble(config: &Gpt2Config, mut tensors: HashMap<String, Tensor>, groups: &TrainGroups) -> candle_core::Result<Self> {
+        let mut named = Vec::new();
+        let mut take = |name: String| -> candle_core::Result<Param> {
+            let t = tensors.remove(&name).expect("tensor checked by the caller");
+            let role = role_by_rules(&name, ROLE_RULES);
+            let p = Param::new(t, groups.trains(role))?;
+            named.push((name, role, p.clone()));
+            Ok(p)
+        };
+        let eps = config.layer_norm_epsilon;
+        let wpe = take("wpe.weight".into())?;
+        let mut blocks = Vec::with_capacity(config.n_layer);
+        for i in 0..config.n_layer {
+            let p = format!("h.{i}.");
+            let mut ln = |n: &str| -> candle_core::Result<LayerNorm> {
+                Ok(LayerNorm {
+                    weight: take(format!("{p}{n}.weight"))?,
+                    bias: take(format!("{p}{n}.bias"))?,
+                    eps,
+                })
+            };
+            let ln_1 = ln("ln_1")?;
+            let ln_2 = ln("ln_2")?;
+            let mut lin = |n: &str| -> candle_core::Result<Linear> {
+                Ok(Linear::new(take(format!("{p}{n}.weight"))?, Some(take(format!("{p}{n}.bias"))?)))
+            };
+            blocks.push(Block {
+                ln_1,
+                c_attn: lin("attn.c_attn")?,
+                attn_proj: lin("attn.c_proj")?,
+                ln_2,
+                c_fc: lin("mlp.c_fc")?,
+                mlp_proj: lin("mlp.c_proj")?,
+            });
+        }
+        let ln_f = LayerNorm {
+            weight: take("ln_f.weight".into())?,
+            bias: take("ln_f.bias".into())?,
+            eps,
+        };
+        Ok(Self {
+            config: config.clone(),
+            wpe,
+            blocks,
+            ln_f,
+            dropout: true,
+            named,
+        })
+    }
+
+    /// Loads `model.safetensors` (f32, f16 or bf16; converted to f32), checking that every
+    /// tensor the config implies is present with its shape. `wte` is shape-checked but not
+    /// loaded (FPT feeds input embeddings).
+    pub fn load(config: &Gpt2Config, weights: &Path, groups: &TrainGroups, device: &Device) -> Result<Self> {
+        let st_err = |msg: String| BackboneError::Safetensors {
+            path: weights.to_path_buf(),
+            msg,
+        };
+        // SAFETY: the file is mapped read-only; fpt never writes checkpoints in place
+        // (writes go to a temporary file that is renamed), so it does not change under us.
+        let st = unsafe { candle_core::safetensors::MmapedSafetensors::new(weights) }.map_err(|e| st_err(e.to_string()))?;
+        let names: Vec<String> = st.tensors().into_iter().map(|(n, _)| n).collect();
+        let prefix = if names.iter().any(|n| n.starts_with("transformer.")) {
+            "transformer."
+        } else {
+            ""
+        };
+        let mut tensors = HashMap::new();
+        for spec in config.param_specs() {
+            let full = format!("{prefix}{}", spec.name);
+            let view = st.get(&full).map_err(|_| BackboneError::MissingTensor {
+                path: weights.to_path_buf(),
+                tensor: full.clone(),
+            })?;
+            let mut file_shape: Vec<usize> = view.shape().to_vec();
+            let conv = is_conv1d_weight(&spec.name);
+            if conv {
+                file_shape.reverse();
+            }
+            if file_shape != spec.shape {
+                let mut expected = spec.shape.clone();
+                if conv {
+                    expected.reverse();
+                    file_shape.reverse();
+                }
+                return Err(BackboneError::Shape {
+                    path: weights.to_path_buf(),
+                    tensor: full,
+                    expected,
+                    found: file_shape,
+                });
+            }
+            if !spec.used {
+                continue;
+            }
+            let t = st.load(&full, device).map_err(|e| st_err(format!("tensor `{full}`: {e}")))?;
+            let t = t.to_dtype(DType::F32)?;
+            let t = if conv { t.t()?.contiguous()? } else { t };
+            tensors.insert(spec.name.clone(), t);
+        }
+        let known: std::collections::HashSet<String> =
+            config.param_specs().into_iter().map(|s| format!("{prefix}{}", s.name)).collect();
+        let ignored: Vec<&String> = names
+            .iter()
+            .filter(|n| !known.contains(*n) && !n.ends_with(".attn.bias") && !n.ends_with(".attn.masked_bias") && !n.starts_with("lm_head."))
+            .collect();
+        if !ignored.is_empty() {
+            tracing::warn!(file = %weights.display(), "ignoring {} tensors GPT-2 does not use, e.g. `{}`", ignored.len(), ignored[0]);
+        }
+        Ok(Self::assemble(config, tensors, groups)?)
+    }
+
+    /// GPT-2's default random init: weights N(0, 0.02), biases 0, LayerNorm 1/0; with
+    /// [`ResidualInit::Scaled`] the `c_proj` weights use std 0.02 / sqrt(2 * n_layer).
+    pub fn random(config: &Gpt2Config, residual: ResidualInit, groups: &TrainGroups, device: &Device, rng: &mut Rng) -> Result<Self> {
+        let mut tensors = HashMap::new();
+        let proj_std = match residual {
+            ResidualInit::Scaled => 0.02 / (2.0 * config.n_layer as f64).sqrt(),
+            ResidualInit::Unscaled => 0.02,
+        };
+        for spec in config.param_specs() {
+            if !spec.used {
+                continue;
+            }
+            let n = &spec.name;
+            let t = if n.contains("ln_") {
+                if n.ends_with(".weight") {
+                    Tensor::ones(spec.shape.as_slice(), DType::F32, device)?
+                } else {
+                    Tensor::zeros(spec.shape.as_slice(), DType::F32, device)?
+                }
+            } else if n.ends_with(".bias") {
+                Tensor::zeros(spec.shape.as_slice(), DType::F32, device)?
+            } else {
+                let std = if n.ends_with("c_proj.weight") { proj_std } else { 0.02 };
+                fpt_nn::init::normal(&spec.shape, 0.0, std, rng, device)?
+            };
+            tensors.insert(spec.name.clone(), t);
+        }
+        Ok(Self::assemble(config, tensors, groups)?)
+    }
+
+    /// Writes `config.json` and `model.safetensors` in the Hub's format (Conv1D weights
+    /// `[in, out]`, no prefix); `wte` is drawn from N(0, 0.02) with `rng` since FPT never
+    /// trains it. Files are written to temporary names and renamed.
+    pub fn save_pretrained(&self, dir: &Path, rng: &mut Rng) -> Result<()> {
+        let io = |path: PathBuf| move |source| BackboneError::Io { path, source };
+        std::fs::create_dir_all(dir).map_err(io(dir.to_path_buf()))?;
+        let mut out: HashMap<String, Tensor> = HashMap::new();
+        for (name, _, p) in &self.named {
+            let t = p.tensor().to_device(&Device::Cpu)?;
+            let t = if is_conv1d_weight(name) { t.t()?.contiguous()? } else { t };
+            out.insert(name.clone(), t);
+        }
+        let c = &self.config;
+        out.insert(
+            "wte.weight".into(),
+            fpt_nn::init::normal(&[c.vocab_size, c.n_embd], 0.0, 0.02, rng, &Device::Cpu)?,
+        );
+        let w_tmp = dir.join("model.safetensors.tmp");
+        candle_core::safetensors::save(&out, &w_tmp)?;
+        std::fs::rename(&w_tmp, dir.join("model.safetensors")).map_err(io(w_tmp))?;
+        let mut cfg = serde_json::to_value(c).expect("config serialises");
+        cfg["model_type"] = "gpt2".into();
+        cfg["architectures"] = serde_json::json!(["GPT2Model"]);
+        let c_tmp = dir.join("config.json.tmp");
+        std::fs::write(&c_tmp, serde_json::to_string_pretty(&cfg).expect("json")).map_err(io(c_tmp.clone()))?;
+        std::fs::rename(&c_tmp, dir.join("config.json")).map_err(io(c_tmp))?;
+        Ok(())
+    }
+
+    /// The config this model was built from.
+    pub fn config(&self) -> &Gpt2Config {
+        &self.config
+    }
+
+    /// Turns GPT-2's own dropouts on or off for training (evaluation never drops).
+    pub fn set_dropout(&mut self, on: bool) {
+        self.dropout = on;
+    }
+
+    fn block_forward(&self, i: usize, b: &Block, h: &Tensor, ctx: &mut Ctx) -> candle_core::Result<Tensor> {
+        let c = &self.config;
+        let (bsz, t, width) = h.dims3()?;
+        let (nh, hd) = (c.n_head, width / c.n_head);
+        let drop = |ctx: &mut Ctx, x: &Tensor, p: f64| if self.dropout { ctx.dropout(x, p) } else { Ok(x.clone()) };
+
+        let a = b.ln_1.forward(h)?;
+        let qkv = b.c_attn.forward(&a)?; // [b, t, 3c]
+        let heads = |k: usize| -> candle_core::Result<Tensor> {
+            qkv.narrow(2, k * width, width)?.reshape((bsz, t, nh, hd))?.transpose(1, 2)?.contiguous()
+        };
+        let (q, k, v) = (heads(0)?, heads(1)?, heads(2)?);
+        let scores = q.matmul(&k.t()?)?; // [b, nh, t, t]
+        let mut scale = if c.scale_attn_weights { 1.0 / (hd as f64).sqrt() } else { 1.0 };
+        if c.scale_attn_by_inverse_layer_idx {
+            scale /= (i + 1) as f64;
+        }
+        let probs = ops::masked_softmax(&scores, scale, true)?;
+        let probs = drop(ctx, &probs, c.attn_pdrop)?;
+        let o = probs.matmul(&v)?.transpose(1, 2)?.reshape((bsz, t, width))?;
+        let o = b.attn_proj.forward(&o)?;
+        let h = (h + drop(ctx, &o, c.resid_pdrop)?)?;
+
+        let m = b.ln_2.forward(&h)?;
+        let m = ops::gelu_new(&b.c_fc.forward(&m)?)?;
+        let m = b.mlp_proj.forward(&m)?;
+        h + drop(ctx, &m, c.resid_pdrop)?
+    }
+}
+
+impl Backbone for Gpt2 {
+    fn architecture(&self) -> &'static str {
+        "gpt2"
+    }
+    fn hidden_size(&self) -> usize {
+        self.config.n_embd
+    }
+    fn max_positions(&self) -> usize {
+        self.config.n_positions
+    }
+    fn num_layers(&self) -> usize {
+        self.config.n_layer
+    }
+    fn is_causal(&self) -> bool {
+        true
+    }
+
+    fn forward(&self, embeds: &Tensor, ctx: &mut Ctx) -> candle_core::Result<Tensor> {
+        let (_, t, width) = embeds.dims3()?;
+        if width != self.config.n_embd {
+            candle_core::bail!("gpt2: input width {width} does not match n_embd {}", self.config.n_embd)
+        }
+        if t > self.config.n_positions {
+            candle_core::bail!("gpt2: {t} tokens exceed the {} learned positions", self.config.n_positions)
+        }
+        let pos = self.wpe.tensor().narrow(0, 0, t)?;
+        let mut h = embeds.broadcast_add(&pos)?;
+        if self.dropout {
+            h = ctx.dropout(&h, self.config.embd_pdrop)?;
+        }
+        for (i, b) in self.blocks.iter().enumerate() {
+            h = self.block_forward(i, b, &h, ctx)?;
+        }
+        self.ln_f.forward(&h)
+    }
+
+    fn params(&self) -> Vec<(String, Role, &Param)> {
+        self.named.iter().map(|(n, r, p)| (n.clone(), *r, p)).collect()
+    }
+
+    fn param_specs(&self) -> Vec<ParamSpec> {
+        self.config.param_specs()
+    }
+}

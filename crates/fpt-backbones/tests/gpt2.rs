@@ -1,0 +1,187 @@
+//! GPT-2 against golden outputs and gradients from Hugging Face `transformers`
+//! (`tools/make_fixtures.py`), plus loading errors and init statistics.
+
+use candle_core::{safetensors, DType, Device, Tensor, Var};
+use fpt_backbones::gpt2::{Gpt2, Gpt2Config};
+use fpt_backbones::{Backbone, BackboneError};
+use fpt_nn::{Ctx, Rng};
+use fpt_spec::{ResidualInit, Role, TrainGroups};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+fn fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/fixtures/gpt2-tiny")
+}
+
+fn golden() -> HashMap<String, Tensor> {
+    safetensors::load(fixture().join("golden.safetensors"), &Device::Cpu).unwrap()
+}
+
+fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
+    (a - b).unwrap().abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap()
+}
+
+fn load_tiny(dir: &Path) -> Result<Gpt2, BackboneError> {
+    let cfg = Gpt2Config::from_file(&dir.join("config.json"))?;
+    Gpt2::load(&cfg, &dir.join("model.safetensors"), &TrainGroups::fpt(), &Device::Cpu)
+}
+
+#[test]
+fn forward_and_backward_match_transformers() {
+    let model = load_tiny(&fixture()).unwrap();
+    let g = golden();
+    let x = Var::from_tensor(&g["inputs_embeds"]).unwrap();
+    let out = model.forward(x.as_tensor(), &mut Ctx::eval()).unwrap();
+    let d = max_diff(&out, &g["last_hidden_state"]);
+    assert!(d <= 1e-4, "last_hidden_state differs by {d}");
+
+    let loss = (out * &g["loss_weights"]).unwrap().sum_all().unwrap();
+    let grads = loss.backward().unwrap();
+    let gx = grads.get(&x).expect("input gradient");
+    let d = max_diff(gx, &g["grad.inputs_embeds"]);
+    assert!(d <= 1e-4, "input gradient differs by {d}");
+    let params: HashMap<String, _> = model.params().into_iter().map(|(n, _, p)| (n, p.clone())).collect();
+    for name in ["wpe.weight", "h.0.ln_1.weight", "h.1.ln_2.bias", "ln_f.weight"] {
+        let var = params[name].var().unwrap_or_else(|| panic!("{name} should be trainable under FPT groups"));
+        let ours = grads.get(var.as_tensor()).unwrap_or_else(|| panic!("no gradient for {name}"));
+        let d = max_diff(ours, &g[&format!("grad.{name}")]);
+        assert!(d <= 1e-4, "gradient of {name} differs by {d}");
+    }
+    // Frozen by construction: attention and MLP weights are not Vars and got no gradient.
+    for (name, role, p) in model.params() {
+        let frozen = matches!(role, Role::Attention | Role::FeedForward);
+        assert_eq!(p.is_trainable(), !frozen, "{name}");
+        if frozen {
+            assert!(grads.get(p.tensor()).is_none(), "{name} got a gradient");
+        }
+    }
+}
+
+#[test]
+fn loads_a_transformer_prefixed_checkpoint() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut tensors = safetensors::load(fixture().join("model.safetensors"), &Device::Cpu).unwrap();
+    let renamed: HashMap<String, Tensor> = tensors.drain().map(|(k, v)| (format!("transformer.{k}"), v)).collect();
+    safetensors::save(&renamed, tmp.path().join("model.safetensors")).unwrap();
+    std::fs::copy(fixture().join("config.json"), tmp.path().join("config.json")).unwrap();
+    let model = load_tiny(tmp.path()).unwrap();
+    let g = golden();
+    let out = model.forward(&g["inputs_embeds"], &mut Ctx::eval()).unwrap();
+    assert!(max_diff(&out, &g["last_hidden_state"]) <= 1e-4);
+}
+
+#[test]
+fn save_pretrained_round_trips() {
+    let cfg = Gpt2Config::from_file(&fixture().join("config.json")).unwrap();
+    let a = Gpt2::random(&cfg, ResidualInit::Scaled, &TrainGroups::fpt(), &Device::Cpu, &mut Rng::new(3)).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    a.save_pretrained(tmp.path(), &mut Rng::new(4)).unwrap();
+    let b = load_tiny(tmp.path()).unwrap();
+    let x = Tensor::randn(0f32, 1.0, (2, 5, 32), &Device::Cpu).unwrap();
+    let (ya, yb) = (a.forward(&x, &mut Ctx::eval()).unwrap(), b.forward(&x, &mut Ctx::eval()).unwrap());
+    assert_eq!(max_diff(&ya, &yb), 0.0);
+}
+
+fn copy_fixture(tmp: &Path) {
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(fixture().join(f), tmp.join(f)).unwrap();
+    }
+}
+
+#[test]
+fn truncated_weights_name_the_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    copy_fixture(tmp.path());
+    let w = tmp.path().join("model.safetensors");
+    let bytes = std::fs::read(&w).unwrap();
+    std::fs::write(&w, &bytes[..bytes.len() / 2]).unwrap();
+    let e = load_tiny(tmp.path()).err().expect("truncated file must fail").to_string();
+    assert!(e.contains("model.safetensors") && e.contains("not a valid safetensors"), "{e}");
+}
+
+#[test]
+fn missing_config_field_names_file_and_field() {
+    let tmp = tempfile::tempdir().unwrap();
+    copy_fixture(tmp.path());
+    let c = tmp.path().join("config.json");
+    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&c).unwrap()).unwrap();
+    v.as_object_mut().unwrap().remove("n_head");
+    std::fs::write(&c, v.to_string()).unwrap();
+    let e = load_tiny(tmp.path()).err().expect("must fail").to_string();
+    assert!(e.contains("config.json") && e.contains("n_head"), "{e}");
+}
+
+#[test]
+fn wrong_shape_and_missing_tensor_name_the_tensor() {
+    let tmp = tempfile::tempdir().unwrap();
+    copy_fixture(tmp.path());
+    let w = tmp.path().join("model.safetensors");
+    let mut t = safetensors::load(&w, &Device::Cpu).unwrap();
+    t.insert("h.1.mlp.c_fc.weight".into(), Tensor::zeros((32, 100), DType::F32, &Device::Cpu).unwrap());
+    safetensors::save(&t, &w).unwrap();
+    let e = load_tiny(tmp.path()).err().expect("must fail").to_string();
+    assert!(e.contains("`h.1.mlp.c_fc.weight`") && e.contains("[32, 100]") && e.contains("[32, 128]"), "{e}");
+    t.remove("h.1.mlp.c_fc.weight");
+    safetensors::save(&t, &w).unwrap();
+    let e = load_tiny(tmp.path()).err().expect("must fail").to_string();
+    assert!(e.contains("missing tensor `h.1.mlp.c_fc.weight`"), "{e}");
+}
+
+#[test]
+fn pytorch_bin_only_is_refused_clearly() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::copy(fixture().join("config.json"), tmp.path().join("config.json")).unwrap();
+    std::fs::write(tmp.path().join("pytorch_model.bin"), b"not read").unwrap();
+    let e = fpt_backbones::hub::resolve(tmp.path().to_str().unwrap(), true).unwrap_err().to_string();
+    assert!(e.contains("pytorch_model.bin") && e.contains("safetensors"), "{e}");
+}
+
+#[test]
+fn random_init_follows_gpt2_defaults() {
+    let cfg = Gpt2Config::builtin("gpt2").unwrap().with_overrides(&fpt_spec::ShapeOverrides {
+        layers: Some(2),
+        hidden: Some(256),
+        heads: Some(4),
+        positions: Some(64),
+    }).unwrap();
+    let m = Gpt2::random(&cfg, ResidualInit::Scaled, &TrainGroups::fpt(), &Device::Cpu, &mut Rng::new(0)).unwrap();
+    let std = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / t.elem_count() as f64;
+    for (name, _, p) in m.params() {
+        let t = p.tensor();
+        let s = std(t).sqrt();
+        if name.contains("ln_") {
+            let want = if name.ends_with("weight") { 1.0 } else { 0.0 };
+            assert!(t.flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().all(|&v| v == want), "{name}");
+        } else if name.ends_with(".bias") {
+            assert_eq!(s, 0.0, "{name}");
+        } else if name.ends_with("c_proj.weight") {
+            assert!((s - 0.01).abs() < 0.0015, "{name}: std {s}"); // 0.02 / sqrt(2 * 2)
+        } else {
+            assert!((s - 0.02).abs() < 0.002, "{name}: std {s}");
+        }
+    }
+}
+
+#[test]
+fn base_config_counts_match_the_paper_code() {
+    let specs = Gpt2Config::builtin("gpt2").unwrap().param_specs();
+    let total: usize = specs.iter().map(|s| s.numel()).sum();
+    let groups = TrainGroups::fpt();
+    let trainable: usize = specs.iter().filter(|s| groups.trains(s.role)).map(|s| s.numel()).sum();
+    assert_eq!(total, 124_439_808);
+    assert_eq!(trainable, 824_832);
+    let by = |r: Role| specs.iter().filter(|s| s.role == r).map(|s| s.numel()).sum::<usize>();
+    assert_eq!(by(Role::LayerNorm), 38_400);
+    assert_eq!(by(Role::Positions), 786_432);
+    assert_eq!(by(Role::Other), 50257 * 768);
+}
+
+#[test]
+fn offline_and_uncached_names_model_and_fetch_command() {
+    let tmp = tempfile::tempdir().unwrap();
+    // Only this test touches these variables in this test binary's process.
+    std::env::set_var("HF_HUB_CACHE", tmp.path());
+    std::env::set_var("HF_HUB_OFFLINE", "1");
+    let e = fpt_backbones::hub::resolve("someone/not-cached-model", true).unwrap_err().to_string();
+    assert!(e.contains("someone/not-cached-model") && e.contains("fpt fetch") && e.contains("HF_HUB_OFFLINE"), "{e}");
+}
