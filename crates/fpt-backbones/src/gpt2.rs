@@ -399,11 +399,6 @@ impl Gpt2 {
         &self.config
     }
 
-    /// Turns GPT-2's own dropouts on or off for training (evaluation never drops).
-    pub fn set_dropout(&mut self, on: bool) {
-        self.dropout = on;
-    }
-
     fn block_forward(&self, i: usize, b: &Block, h: &Tensor, ctx: &mut Ctx) -> candle_core::Result<Tensor> {
         let c = &self.config;
         let (bsz, t, width) = h.dims3()?;
@@ -476,5 +471,9 @@ impl Backbone for Gpt2 {
 
     fn param_specs(&self) -> Vec<ParamSpec> {
         self.config.param_specs()
+    }
+
+    fn set_dropout(&mut self, on: bool) {
+        self.dropout = on;
     }
 }

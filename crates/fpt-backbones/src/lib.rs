@@ -141,6 +141,9 @@ pub trait Backbone: Send + Sync {
     fn params(&self) -> Vec<(String, Role, &Param)>;
     /// Every parameter of the architecture (materialised or not) from the config.
     fn param_specs(&self) -> Vec<ParamSpec>;
+    /// Turns the backbone's own dropouts on or off during training (evaluation never
+    /// drops). The reference code keeps them on.
+    fn set_dropout(&mut self, on: bool);
 }
 
 /// Builds the backbone a spec names: a known architecture name (`gpt2`, `gpt2-medium`,

@@ -1,1 +1,224 @@
-//! placeholder
+//! The frozen pretrained transformer (Lu et al. 2021, §2.2, reference `fpt.py`): a new
+//! input layer, a backbone whose attention and feed-forward weights stay frozen, and a new
+//! output layer read from the last token(s).
+//!
+//! - Input layer: `Linear(width, hidden)` with an orthogonal init of gain 1.41 and zero
+//!   bias, then dropout 0.1; or `Embedding(vocab, hidden)` with N(0, 1) init for token tasks.
+//! - Output layer: `Linear(hidden, output_dim)` with PyTorch's default init, applied to the
+//!   last `readout_tokens` hidden states (the reference code's `ratio`), whose logits are
+//!   laid out as `[labels_per_example, classes]`.
+//! - Parameter groups by [`Role`]; which train is a [`TrainGroups`]. Frozen tensors are
+//!   plain tensors, trainable ones `Var`s; [`Fpt::trainable`] lists the `Var`s only.
+
+use candle_core::{Device, Tensor, Var};
+use fpt_backbones::{Backbone, ParamSpec};
+use fpt_nn::{Ctx, Embedding, Linear, Param, Rng};
+use fpt_spec::{Role, TrainGroups};
+use fpt_tasks::{InputKind, Inputs, TaskDims};
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// Errors from building or running the model.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// The task does not fit the backbone.
+    #[error("{0}")]
+    Mismatch(String),
+    /// An error inside candle.
+    #[error(transparent)]
+    Candle(#[from] candle_core::Error),
+}
+
+/// Result alias for this crate.
+pub type Result<T> = std::result::Result<T, ModelError>;
+
+/// Settings of the layers around the backbone.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct HeadConfig {
+    /// Dropout after the input layer.
+    pub input_dropout: f64,
+    /// Gain of the orthogonal init of a Linear input layer.
+    pub orth_gain: f64,
+}
+
+impl Default for HeadConfig {
+    fn default() -> Self {
+        Self {
+            input_dropout: 0.1,
+            orth_gain: 1.41,
+        }
+    }
+}
+
+enum InputLayer {
+    Linear(Linear),
+    Embedding(Embedding),
+}
+
+/// Total and trainable parameter counts per role.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct ParamCounts {
+    /// Per role: (total, trainable).
+    pub by_role: BTreeMap<Role, (usize, usize)>,
+    /// All parameters, including ones the forward pass does not use (GPT-2's `wte`).
+    pub total: usize,
+    /// Trained parameters.
+    pub trainable: usize,
+}
+
+impl ParamCounts {
+    fn add(&mut self, role: Role, n: usize, trains: bool) {
+        let e = self.by_role.entry(role).or_default();
+        e.0 += n;
+        self.total += n;
+        if trains {
+            e.1 += n;
+            self.trainable += n;
+        }
+    }
+}
+
+/// Shapes of the input and output layers for a task on a backbone of width `hidden`:
+/// (name, shape, role).
+fn head_specs(dims: &TaskDims, hidden: usize) -> Vec<(&'static str, Vec<usize>, Role)> {
+    let mut v = match dims.input {
+        InputKind::Vectors { width } => vec![
+            ("input.weight", vec![hidden, width], Role::Input),
+            ("input.bias", vec![hidden], Role::Input),
+        ],
+        InputKind::Tokens { vocab } => vec![("input.weight", vec![vocab, hidden], Role::Input)],
+    };
+    v.push(("output.weight", vec![dims.output_dim(), hidden], Role::Output));
+    v.push(("output.bias", vec![dims.output_dim()], Role::Output));
+    v
+}
+
+/// Parameter counts of an FPT from the backbone's specs alone (no weights needed), so any
+/// size can be inspected.
+pub fn count_params(backbone: &[ParamSpec], hidden: usize, dims: &TaskDims, groups: &TrainGroups) -> ParamCounts {
+    let mut c = ParamCounts::default();
+    for s in backbone {
+        c.add(s.role, s.numel(), groups.trains(s.role));
+    }
+    for (_, shape, role) in head_specs(dims, hidden) {
+        c.add(role, shape.iter().product(), groups.trains(role));
+    }
+    c
+}
+
+/// A frozen pretrained transformer for one task.
+pub struct Fpt {
+    input: InputLayer,
+    backbone: Box<dyn Backbone>,
+    output: Linear,
+    dims: TaskDims,
+    groups: TrainGroups,
+    head: HeadConfig,
+}
+
+impl Fpt {
+    /// Wraps `backbone` for a task of shape `dims`, drawing the new layers' init from `rng`.
+    pub fn new(backbone: Box<dyn Backbone>, dims: TaskDims, groups: TrainGroups, head: HeadConfig, device: &Device, rng: &mut Rng) -> Result<Self> {
+        let hidden = backbone.hidden_size();
+        if dims.seq_len > backbone.max_positions() {
+            return Err(ModelError::Mismatch(format!(
+                "the task has {} tokens per example but the backbone has {} positions",
+                dims.seq_len,
+                backbone.max_positions()
+            )));
+        }
+        if dims.readout_tokens == 0 || (dims.labels_per_example * dims.classes) % dims.readout_tokens != 0 {
+            return Err(ModelError::Mismatch(format!(
+                "{} labels x {} classes cannot be spread over {} read-out tokens",
+                dims.labels_per_example, dims.classes, dims.readout_tokens
+            )));
+        }
+        let input = match dims.input {
+            InputKind::Vectors { width } => {
+                let w = fpt_nn::init::orthogonal(hidden, width, head.orth_gain, rng, device)?;
+                let b = Tensor::zeros(hidden, candle_core::DType::F32, device)?;
+                InputLayer::Linear(Linear::new(Param::new(w, groups.input)?, Some(Param::new(b, groups.input)?)))
+            }
+            InputKind::Tokens { vocab } => {
+                let w = fpt_nn::init::normal(&[vocab, hidden], 0.0, 1.0, rng, device)?;
+                InputLayer::Embedding(Embedding { weight: Param::new(w, groups.input)? })
+            }
+        };
+        // PyTorch's nn.Linear default: U(-1/sqrt(in), 1/sqrt(in)) for weight and bias.
+        let out_dim = dims.output_dim();
+        let bound = 1.0 / (hidden as f64).sqrt();
+        let mut uniform = |n: usize| -> Vec<f32> { (0..n).map(|_| ((rng.uniform() * 2.0 - 1.0) * bound) as f32).collect() };
+        let w = Tensor::from_vec(uniform(out_dim * hidden), (out_dim, hidden), device)?;
+        let b = Tensor::from_vec(uniform(out_dim), out_dim, device)?;
+        let output = Linear::new(Param::new(w, groups.output)?, Some(Param::new(b, groups.output)?));
+        Ok(Self {
+            input,
+            backbone,
+            output,
+            dims,
+            groups,
+            head,
+        })
+    }
+
+    /// Logits `[batch, labels_per_example, classes]`.
+    pub fn forward(&self, inputs: &Inputs, ctx: &mut Ctx) -> Result<Tensor> {
+        let x = match (&self.input, inputs) {
+            (InputLayer::Linear(l), Inputs::Vectors(x)) => {
+                let h = l.forward(x)?;
+                ctx.dropout(&h, self.head.input_dropout)?
+            }
+            (InputLayer::Embedding(e), Inputs::Tokens(ids)) => e.forward(ids)?,
+            _ => return Err(ModelError::Mismatch("input kind does not match the model's input layer".into())),
+        };
+        let h = self.backbone.forward(&x, ctx)?;
+        let (b, t, _) = h.dims3()?;
+        let r = self.dims.readout_tokens;
+        let last = h.narrow(1, t - r, r)?;
+        let out = self.output.forward(&last)?; // [b, r, output_dim]
+        Ok(out.reshape((b, self.dims.labels_per_example, self.dims.classes))?)
+    }
+
+    /// Every parameter with its name and role (backbone tensors by checkpoint name).
+    pub fn params(&self) -> Vec<(String, Role, &Param)> {
+        let mut v: Vec<(String, Role, &Param)> = Vec::new();
+        match &self.input {
+            InputLayer::Linear(l) => {
+                v.push(("input.weight".into(), Role::Input, &l.weight));
+                if let Some(b) = &l.bias {
+                    v.push(("input.bias".into(), Role::Input, b));
+                }
+            }
+            InputLayer::Embedding(e) => v.push(("input.weight".into(), Role::Input, &e.weight)),
+        }
+        v.extend(self.backbone.params());
+        v.push(("output.weight".into(), Role::Output, &self.output.weight));
+        if let Some(b) = &self.output.bias {
+            v.push(("output.bias".into(), Role::Output, b));
+        }
+        v
+    }
+
+    /// The trainable parameters (name, `Var`), in a fixed order.
+    pub fn trainable(&self) -> Vec<(String, Var)> {
+        self.params()
+            .into_iter()
+            .filter_map(|(n, _, p)| p.var().map(|v| (n, v.clone())))
+            .collect()
+    }
+
+    /// Parameter counts per role (total includes unused tensors such as GPT-2's `wte`).
+    pub fn param_counts(&self) -> ParamCounts {
+        count_params(&self.backbone.param_specs(), self.backbone.hidden_size(), &self.dims, &self.groups)
+    }
+
+    /// The backbone.
+    pub fn backbone(&self) -> &dyn Backbone {
+        self.backbone.as_ref()
+    }
+
+    /// The task shapes this model was built for.
+    pub fn dims(&self) -> &TaskDims {
+        &self.dims
+    }
+}

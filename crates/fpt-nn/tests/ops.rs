@@ -174,3 +174,20 @@ fn dropout_is_seeded_and_inverted() -> Result<()> {
     assert_eq!(g.get(&xv).unwrap().to_vec2::<f32>()?, a.to_vec2::<f32>()?);
     Ok(())
 }
+
+#[test]
+fn cross_entropy_matches_closed_form() -> Result<()> {
+    let logits = Tensor::new(&[[2.0f32, 0.0], [0.0, 1.0], [1.0, 1.0]], &Device::Cpu)?;
+    let targets = Tensor::new(&[0u32, 0, 1], &Device::Cpu)?;
+    let l = ops::cross_entropy(&logits, &targets)?.to_scalar::<f32>()?;
+    let want = ((1.0 + (-2.0f32).exp()).ln() + (1.0 + 1.0f32.exp()).ln() + 2.0f32.ln()) / 3.0;
+    assert!((l - want).abs() < 1e-6, "{l} vs {want}");
+    assert_eq!(ops::correct(&logits, &targets)?, 1);
+    let v = Var::from_tensor(&logits)?;
+    let g = ops::cross_entropy(v.as_tensor(), &targets)?.backward()?;
+    let g = g.get(&v).unwrap().to_vec2::<f32>()?;
+    // d/dlogits = (softmax - onehot) / n
+    let p0 = 1.0 / (1.0 + (-2.0f32).exp());
+    assert!((g[0][0] - (p0 - 1.0) / 3.0).abs() < 1e-6);
+    Ok(())
+}

@@ -1,1 +1,133 @@
-//! placeholder
+//! Task datasets for fpt. A [`Task`] knows its input kind and width, its sequence length,
+//! how many read-out tokens and labels an example has, and produces [`Batch`]es; it has no
+//! model code.
+//!
+//! Every example's labels are a `[labels_per_example]` row of class ids: 1 label for
+//! sequence classification, one per bit for the bit tasks (whose loss is a 2-way
+//! cross-entropy per bit, paper §2.1 and the reference code's `loss_fn`).
+
+pub mod bits;
+
+use candle_core::{Device, Tensor};
+use fpt_nn::Rng;
+use fpt_spec::{TaskName, TaskSpec};
+
+pub use bits::{BitMemory, BitXor};
+
+/// Errors from building tasks and batches.
+#[derive(Debug, thiserror::Error)]
+pub enum TaskError {
+    /// A size parameter is invalid.
+    #[error("task `{task}`: {msg}")]
+    Invalid {
+        /// The task.
+        task: &'static str,
+        /// What is wrong.
+        msg: String,
+    },
+    /// An error inside candle.
+    #[error(transparent)]
+    Candle(#[from] candle_core::Error),
+}
+
+/// Result alias for this crate.
+pub type Result<T> = std::result::Result<T, TaskError>;
+
+/// What a token is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum InputKind {
+    /// A real vector of this width per token (through a Linear input layer).
+    Vectors {
+        /// Width of each token vector.
+        width: usize,
+    },
+    /// A token id below `vocab` (through an Embedding input layer).
+    Tokens {
+        /// Vocabulary size, padding included.
+        vocab: usize,
+    },
+}
+
+/// The shapes a task implies for the model around the backbone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TaskDims {
+    /// Input kind and width.
+    pub input: InputKind,
+    /// Tokens per example.
+    pub seq_len: usize,
+    /// How many final tokens the output layer reads (the reference code's `ratio`).
+    pub readout_tokens: usize,
+    /// Labels per example.
+    pub labels_per_example: usize,
+    /// Classes per label.
+    pub classes: usize,
+}
+
+impl TaskDims {
+    /// Width of the output layer: the logits of all labels, spread over the read-out
+    /// tokens (`readout_tokens * output_dim = labels_per_example * classes`).
+    pub fn output_dim(&self) -> usize {
+        self.labels_per_example * self.classes / self.readout_tokens
+    }
+}
+
+/// The inputs of a batch.
+#[derive(Debug, Clone)]
+pub enum Inputs {
+    /// `[batch, tokens, width]` f32.
+    Vectors(Tensor),
+    /// `[batch, tokens]` u32.
+    Tokens(Tensor),
+}
+
+impl Inputs {
+    /// Number of examples.
+    pub fn batch_size(&self) -> usize {
+        match self {
+            Inputs::Vectors(t) | Inputs::Tokens(t) => t.dims()[0],
+        }
+    }
+}
+
+/// A batch of examples.
+#[derive(Debug, Clone)]
+pub struct Batch {
+    /// Model inputs.
+    pub inputs: Inputs,
+    /// `[batch, labels_per_example]` u32 class ids.
+    pub labels: Tensor,
+}
+
+/// A task: shapes, fresh training batches, and a fixed evaluation set.
+pub trait Task: Send {
+    /// The task's name.
+    fn name(&self) -> TaskName;
+    /// Its shapes.
+    fn dims(&self) -> TaskDims;
+    /// A training batch of `n` examples drawn with `rng`.
+    fn train_batch(&mut self, n: usize, rng: &mut Rng, device: &Device) -> Result<Batch>;
+    /// Number of evaluation examples.
+    fn eval_len(&self) -> usize;
+    /// Evaluation examples `start..start + n` (clamped to the set) as a batch.
+    fn eval_batch(&self, start: usize, n: usize, device: &Device) -> Result<Batch>;
+    /// A trivial baseline's accuracy and its description, where one is known (Bit Memory:
+    /// copying the visible bits and guessing the masked ones gives 75%).
+    fn baseline(&self) -> Option<(f64, &'static str)> {
+        None
+    }
+}
+
+/// Builds the task a spec names. `seed` fixes the evaluation set.
+pub fn build(spec: &TaskSpec, seed: u64) -> Result<Box<dyn Task>> {
+    Ok(match spec.name {
+        TaskName::BitXor => Box::new(BitXor::new(spec.n_bits.unwrap_or(5), spec.patch.unwrap_or(1), spec.eval_examples, seed)?),
+        TaskName::BitMemory => Box::new(BitMemory::new(
+            spec.n_bits.unwrap_or(1000),
+            5,
+            spec.patch.unwrap_or(50),
+            spec.eval_examples,
+            seed,
+        )?),
+    })
+}

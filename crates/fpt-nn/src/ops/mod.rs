@@ -10,12 +10,14 @@ mod dropout;
 mod gelu;
 mod layer_norm;
 mod linear;
+mod loss;
 mod softmax;
 
 pub use dropout::dropout;
 pub use gelu::{gelu_new, gelu_new_composed};
 pub use layer_norm::{layer_norm, layer_norm_composed};
 pub use linear::{frozen_linear, linear_composed};
+pub use loss::{correct, cross_entropy};
 pub use softmax::{masked_softmax, masked_softmax_composed};
 
 use candle_core::{CpuStorage, DType, Error, Layout, Result, Storage, Tensor, WithDType};
