@@ -131,7 +131,10 @@ impl Gpt2Config {
             return Err("n_embd, n_layer, n_head and n_positions must be positive".into());
         }
         if self.n_embd % self.n_head != 0 {
-            return Err(format!("n_embd {} is not divisible by n_head {}", self.n_embd, self.n_head));
+            return Err(format!(
+                "n_embd {} is not divisible by n_head {}",
+                self.n_embd, self.n_head
+            ));
         }
         if !matches!(self.activation_function.as_str(), "gelu_new" | "gelu_pytorch_tanh") {
             return Err(format!(
@@ -157,7 +160,8 @@ impl Gpt2Config {
         if let Some(p) = o.positions {
             self.n_positions = p;
         }
-        self.validate().map_err(|m| BackboneError::Unsupported(format!("invalid GPT-2 shape: {m}")))?;
+        self.validate()
+            .map_err(|m| BackboneError::Unsupported(format!("invalid GPT-2 shape: {m}")))?;
         Ok(self)
     }
 
@@ -172,7 +176,12 @@ impl Gpt2Config {
         let mut v = Vec::new();
         let mut push = |name: String, shape: Vec<usize>, used: bool| {
             let role = role_by_rules(&name, ROLE_RULES);
-            v.push(ParamSpec { name, shape, role, used });
+            v.push(ParamSpec {
+                name,
+                shape,
+                role,
+                used,
+            });
         };
         push("wte.weight".into(), vec![self.vocab_size, c], false);
         push("wpe.weight".into(), vec![self.n_positions, c], true);
@@ -220,10 +229,15 @@ pub struct Gpt2 {
     /// Dropouts on (the reference keeps GPT-2's dropouts on during training).
     dropout: bool,
     named: Vec<(String, Role, Param)>,
+    origin: String,
 }
 
 impl Gpt2 {
-    fn assemble(config: &Gpt2Config, mut tensors: HashMap<String, Tensor>, groups: &TrainGroups) -> candle_core::Result<Self> {
+    fn assemble(
+        config: &Gpt2Config,
+        mut tensors: HashMap<String, Tensor>,
+        groups: &TrainGroups,
+    ) -> candle_core::Result<Self> {
         let mut named = Vec::new();
         let mut take = |name: String| -> candle_core::Result<Param> {
             let t = tensors.remove(&name).expect("tensor checked by the caller");
@@ -247,7 +261,10 @@ impl Gpt2 {
             let ln_1 = ln("ln_1")?;
             let ln_2 = ln("ln_2")?;
             let mut lin = |n: &str| -> candle_core::Result<Linear> {
-                Ok(Linear::new(take(format!("{p}{n}.weight"))?, Some(take(format!("{p}{n}.bias"))?)))
+                Ok(Linear::new(
+                    take(format!("{p}{n}.weight"))?,
+                    Some(take(format!("{p}{n}.bias"))?),
+                ))
             };
             blocks.push(Block {
                 ln_1,
@@ -270,6 +287,7 @@ impl Gpt2 {
             ln_f,
             dropout: true,
             named,
+            origin: String::new(),
         })
     }
 
@@ -283,7 +301,8 @@ impl Gpt2 {
         };
         // SAFETY: the file is mapped read-only; fpt never writes checkpoints in place
         // (writes go to a temporary file that is renamed), so it does not change under us.
-        let st = unsafe { candle_core::safetensors::MmapedSafetensors::new(weights) }.map_err(|e| st_err(e.to_string()))?;
+        let st =
+            unsafe { candle_core::safetensors::MmapedSafetensors::new(weights) }.map_err(|e| st_err(e.to_string()))?;
         let names: Vec<String> = st.tensors().into_iter().map(|(n, _)| n).collect();
         let prefix = if names.iter().any(|n| n.starts_with("transformer.")) {
             "transformer."
@@ -318,26 +337,44 @@ impl Gpt2 {
             if !spec.used {
                 continue;
             }
-            let t = st.load(&full, device).map_err(|e| st_err(format!("tensor `{full}`: {e}")))?;
+            let t = st
+                .load(&full, device)
+                .map_err(|e| st_err(format!("tensor `{full}`: {e}")))?;
             let t = t.to_dtype(DType::F32)?;
             let t = if conv { t.t()?.contiguous()? } else { t };
             tensors.insert(spec.name.clone(), t);
         }
-        let known: std::collections::HashSet<String> =
-            config.param_specs().into_iter().map(|s| format!("{prefix}{}", s.name)).collect();
+        let known: std::collections::HashSet<String> = config
+            .param_specs()
+            .into_iter()
+            .map(|s| format!("{prefix}{}", s.name))
+            .collect();
         let ignored: Vec<&String> = names
             .iter()
-            .filter(|n| !known.contains(*n) && !n.ends_with(".attn.bias") && !n.ends_with(".attn.masked_bias") && !n.starts_with("lm_head."))
+            .filter(|n| {
+                !known.contains(*n)
+                    && !n.ends_with(".attn.bias")
+                    && !n.ends_with(".attn.masked_bias")
+                    && !n.starts_with("lm_head.")
+            })
             .collect();
         if !ignored.is_empty() {
             tracing::warn!(file = %weights.display(), "ignoring {} tensors GPT-2 does not use, e.g. `{}`", ignored.len(), ignored[0]);
         }
-        Ok(Self::assemble(config, tensors, groups)?)
+        let mut m = Self::assemble(config, tensors, groups)?;
+        m.origin = weights.display().to_string();
+        Ok(m)
     }
 
     /// GPT-2's default random init: weights N(0, 0.02), biases 0, LayerNorm 1/0; with
     /// [`ResidualInit::Scaled`] the `c_proj` weights use std 0.02 / sqrt(2 * n_layer).
-    pub fn random(config: &Gpt2Config, residual: ResidualInit, groups: &TrainGroups, device: &Device, rng: &mut Rng) -> Result<Self> {
+    pub fn random(
+        config: &Gpt2Config,
+        residual: ResidualInit,
+        groups: &TrainGroups,
+        device: &Device,
+        rng: &mut Rng,
+    ) -> Result<Self> {
         let mut tensors = HashMap::new();
         let proj_std = match residual {
             ResidualInit::Scaled => 0.02 / (2.0 * config.n_layer as f64).sqrt(),
@@ -362,7 +399,18 @@ impl Gpt2 {
             };
             tensors.insert(spec.name.clone(), t);
         }
-        Ok(Self::assemble(config, tensors, groups)?)
+        let mut m = Self::assemble(config, tensors, groups)?;
+        m.origin = format!(
+            "random init ({} c_proj, {} layers x {} wide x {} heads)",
+            match residual {
+                ResidualInit::Scaled => "scaled",
+                ResidualInit::Unscaled => "unscaled",
+            },
+            config.n_layer,
+            config.n_embd,
+            config.n_head
+        );
+        Ok(m)
     }
 
     /// Writes `config.json` and `model.safetensors` in the Hub's format (Conv1D weights
@@ -374,7 +422,11 @@ impl Gpt2 {
         let mut out: HashMap<String, Tensor> = HashMap::new();
         for (name, _, p) in &self.named {
             let t = p.tensor().to_device(&Device::Cpu)?;
-            let t = if is_conv1d_weight(name) { t.t()?.contiguous()? } else { t };
+            let t = if is_conv1d_weight(name) {
+                t.t()?.contiguous()?
+            } else {
+                t
+            };
             out.insert(name.clone(), t);
         }
         let c = &self.config;
@@ -408,11 +460,18 @@ impl Gpt2 {
         let a = b.ln_1.forward(h)?;
         let qkv = b.c_attn.forward(&a)?; // [b, t, 3c]
         let heads = |k: usize| -> candle_core::Result<Tensor> {
-            qkv.narrow(2, k * width, width)?.reshape((bsz, t, nh, hd))?.transpose(1, 2)?.contiguous()
+            qkv.narrow(2, k * width, width)?
+                .reshape((bsz, t, nh, hd))?
+                .transpose(1, 2)?
+                .contiguous()
         };
         let (q, k, v) = (heads(0)?, heads(1)?, heads(2)?);
         let scores = q.matmul(&k.t()?)?; // [b, nh, t, t]
-        let mut scale = if c.scale_attn_weights { 1.0 / (hd as f64).sqrt() } else { 1.0 };
+        let mut scale = if c.scale_attn_weights {
+            1.0 / (hd as f64).sqrt()
+        } else {
+            1.0
+        };
         if c.scale_attn_by_inverse_layer_idx {
             scale /= (i + 1) as f64;
         }
@@ -452,7 +511,10 @@ impl Backbone for Gpt2 {
             candle_core::bail!("gpt2: input width {width} does not match n_embd {}", self.config.n_embd)
         }
         if t > self.config.n_positions {
-            candle_core::bail!("gpt2: {t} tokens exceed the {} learned positions", self.config.n_positions)
+            candle_core::bail!(
+                "gpt2: {t} tokens exceed the {} learned positions",
+                self.config.n_positions
+            )
         }
         let pos = self.wpe.tensor().narrow(0, 0, t)?;
         let mut h = embeds.broadcast_add(&pos)?;
@@ -475,5 +537,9 @@ impl Backbone for Gpt2 {
 
     fn set_dropout(&mut self, on: bool) {
         self.dropout = on;
+    }
+
+    fn origin(&self) -> &str {
+        &self.origin
     }
 }

@@ -22,14 +22,18 @@ pub fn cache_dir() -> PathBuf {
     if let Some(p) = std::env::var_os("HF_HOME") {
         return PathBuf::from(p).join("hub");
     }
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."));
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("."));
     home.join(".cache").join("huggingface").join("hub")
 }
 
 /// Whether `HF_HUB_OFFLINE` is set to a true value.
 pub fn offline() -> bool {
     matches!(
-        std::env::var("HF_HUB_OFFLINE").map(|v| v.to_ascii_lowercase()).as_deref(),
+        std::env::var("HF_HUB_OFFLINE")
+            .map(|v| v.to_ascii_lowercase())
+            .as_deref(),
         Ok("1" | "true" | "yes" | "on")
     )
 }
@@ -89,7 +93,10 @@ pub fn resolve(source: &str, want_weights: bool) -> Result<ModelFiles> {
     }
     let mut found: Vec<Option<PathBuf>> = names.iter().map(|n| cached.get(n)).collect();
     if found.iter().any(Option::is_none) {
-        let hint = format!("`fpt fetch {source}` on a machine that reaches the Hub, or copy its cache folder to {}", cache_dir().display());
+        let hint = format!(
+            "`fpt fetch {source}` on a machine that reaches the Hub, or copy its cache folder to {}",
+            cache_dir().display()
+        );
         if offline() {
             return Err(BackboneError::NotCached {
                 model: source.to_string(),

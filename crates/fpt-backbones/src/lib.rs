@@ -144,6 +144,8 @@ pub trait Backbone: Send + Sync {
     /// Turns the backbone's own dropouts on or off during training (evaluation never
     /// drops). The reference code keeps them on.
     fn set_dropout(&mut self, on: bool);
+    /// Where the weights came from: a checkpoint path, or a description of the random init.
+    fn origin(&self) -> &str;
 }
 
 /// Builds the backbone a spec names: a known architecture name (`gpt2`, `gpt2-medium`,
@@ -163,7 +165,13 @@ pub fn load(spec: &BackboneSpec, groups: &TrainGroups, device: &Device, rng: &mu
         }
     };
     let config = config.with_overrides(&spec.shape)?;
-    Ok(Box::new(gpt2::Gpt2::random(&config, spec.residual_init, groups, device, rng)?))
+    Ok(Box::new(gpt2::Gpt2::random(
+        &config,
+        spec.residual_init,
+        groups,
+        device,
+        rng,
+    )?))
 }
 
 /// The parameter specs of the backbone a spec names, without materialising weights

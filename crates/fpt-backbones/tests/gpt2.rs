@@ -18,7 +18,16 @@ fn golden() -> HashMap<String, Tensor> {
 }
 
 fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
-    (a - b).unwrap().abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap()
+    (a - b)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .max(0)
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap()
 }
 
 fn load_tiny(dir: &Path) -> Result<Gpt2, BackboneError> {
@@ -42,8 +51,12 @@ fn forward_and_backward_match_transformers() {
     assert!(d <= 1e-4, "input gradient differs by {d}");
     let params: HashMap<String, _> = model.params().into_iter().map(|(n, _, p)| (n, p.clone())).collect();
     for name in ["wpe.weight", "h.0.ln_1.weight", "h.1.ln_2.bias", "ln_f.weight"] {
-        let var = params[name].var().unwrap_or_else(|| panic!("{name} should be trainable under FPT groups"));
-        let ours = grads.get(var.as_tensor()).unwrap_or_else(|| panic!("no gradient for {name}"));
+        let var = params[name]
+            .var()
+            .unwrap_or_else(|| panic!("{name} should be trainable under FPT groups"));
+        let ours = grads
+            .get(var.as_tensor())
+            .unwrap_or_else(|| panic!("no gradient for {name}"));
         let d = max_diff(ours, &g[&format!("grad.{name}")]);
         assert!(d <= 1e-4, "gradient of {name} differs by {d}");
     }
@@ -73,12 +86,22 @@ fn loads_a_transformer_prefixed_checkpoint() {
 #[test]
 fn save_pretrained_round_trips() {
     let cfg = Gpt2Config::from_file(&fixture().join("config.json")).unwrap();
-    let a = Gpt2::random(&cfg, ResidualInit::Scaled, &TrainGroups::fpt(), &Device::Cpu, &mut Rng::new(3)).unwrap();
+    let a = Gpt2::random(
+        &cfg,
+        ResidualInit::Scaled,
+        &TrainGroups::fpt(),
+        &Device::Cpu,
+        &mut Rng::new(3),
+    )
+    .unwrap();
     let tmp = tempfile::tempdir().unwrap();
     a.save_pretrained(tmp.path(), &mut Rng::new(4)).unwrap();
     let b = load_tiny(tmp.path()).unwrap();
     let x = Tensor::randn(0f32, 1.0, (2, 5, 32), &Device::Cpu).unwrap();
-    let (ya, yb) = (a.forward(&x, &mut Ctx::eval()).unwrap(), b.forward(&x, &mut Ctx::eval()).unwrap());
+    let (ya, yb) = (
+        a.forward(&x, &mut Ctx::eval()).unwrap(),
+        b.forward(&x, &mut Ctx::eval()).unwrap(),
+    );
     assert_eq!(max_diff(&ya, &yb), 0.0);
 }
 
@@ -95,8 +118,14 @@ fn truncated_weights_name_the_file() {
     let w = tmp.path().join("model.safetensors");
     let bytes = std::fs::read(&w).unwrap();
     std::fs::write(&w, &bytes[..bytes.len() / 2]).unwrap();
-    let e = load_tiny(tmp.path()).err().expect("truncated file must fail").to_string();
-    assert!(e.contains("model.safetensors") && e.contains("not a valid safetensors"), "{e}");
+    let e = load_tiny(tmp.path())
+        .err()
+        .expect("truncated file must fail")
+        .to_string();
+    assert!(
+        e.contains("model.safetensors") && e.contains("not a valid safetensors"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -117,10 +146,16 @@ fn wrong_shape_and_missing_tensor_name_the_tensor() {
     copy_fixture(tmp.path());
     let w = tmp.path().join("model.safetensors");
     let mut t = safetensors::load(&w, &Device::Cpu).unwrap();
-    t.insert("h.1.mlp.c_fc.weight".into(), Tensor::zeros((32, 100), DType::F32, &Device::Cpu).unwrap());
+    t.insert(
+        "h.1.mlp.c_fc.weight".into(),
+        Tensor::zeros((32, 100), DType::F32, &Device::Cpu).unwrap(),
+    );
     safetensors::save(&t, &w).unwrap();
     let e = load_tiny(tmp.path()).err().expect("must fail").to_string();
-    assert!(e.contains("`h.1.mlp.c_fc.weight`") && e.contains("[32, 100]") && e.contains("[32, 128]"), "{e}");
+    assert!(
+        e.contains("`h.1.mlp.c_fc.weight`") && e.contains("[32, 100]") && e.contains("[32, 128]"),
+        "{e}"
+    );
     t.remove("h.1.mlp.c_fc.weight");
     safetensors::save(&t, &w).unwrap();
     let e = load_tiny(tmp.path()).err().expect("must fail").to_string();
@@ -132,26 +167,55 @@ fn pytorch_bin_only_is_refused_clearly() {
     let tmp = tempfile::tempdir().unwrap();
     std::fs::copy(fixture().join("config.json"), tmp.path().join("config.json")).unwrap();
     std::fs::write(tmp.path().join("pytorch_model.bin"), b"not read").unwrap();
-    let e = fpt_backbones::hub::resolve(tmp.path().to_str().unwrap(), true).unwrap_err().to_string();
+    let e = fpt_backbones::hub::resolve(tmp.path().to_str().unwrap(), true)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("pytorch_model.bin") && e.contains("safetensors"), "{e}");
 }
 
 #[test]
 fn random_init_follows_gpt2_defaults() {
-    let cfg = Gpt2Config::builtin("gpt2").unwrap().with_overrides(&fpt_spec::ShapeOverrides {
-        layers: Some(2),
-        hidden: Some(256),
-        heads: Some(4),
-        positions: Some(64),
-    }).unwrap();
-    let m = Gpt2::random(&cfg, ResidualInit::Scaled, &TrainGroups::fpt(), &Device::Cpu, &mut Rng::new(0)).unwrap();
-    let std = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / t.elem_count() as f64;
+    let cfg = Gpt2Config::builtin("gpt2")
+        .unwrap()
+        .with_overrides(&fpt_spec::ShapeOverrides {
+            layers: Some(2),
+            hidden: Some(256),
+            heads: Some(4),
+            positions: Some(64),
+        })
+        .unwrap();
+    let m = Gpt2::random(
+        &cfg,
+        ResidualInit::Scaled,
+        &TrainGroups::fpt(),
+        &Device::Cpu,
+        &mut Rng::new(0),
+    )
+    .unwrap();
+    let std = |t: &Tensor| {
+        t.flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap()
+            .iter()
+            .map(|&v| (v as f64).powi(2))
+            .sum::<f64>()
+            / t.elem_count() as f64
+    };
     for (name, _, p) in m.params() {
         let t = p.tensor();
         let s = std(t).sqrt();
         if name.contains("ln_") {
             let want = if name.ends_with("weight") { 1.0 } else { 0.0 };
-            assert!(t.flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().all(|&v| v == want), "{name}");
+            assert!(
+                t.flatten_all()
+                    .unwrap()
+                    .to_vec1::<f32>()
+                    .unwrap()
+                    .iter()
+                    .all(|&v| v == want),
+                "{name}"
+            );
         } else if name.ends_with(".bias") {
             assert_eq!(s, 0.0, "{name}");
         } else if name.ends_with("c_proj.weight") {
@@ -182,6 +246,11 @@ fn offline_and_uncached_names_model_and_fetch_command() {
     // Only this test touches these variables in this test binary's process.
     std::env::set_var("HF_HUB_CACHE", tmp.path());
     std::env::set_var("HF_HUB_OFFLINE", "1");
-    let e = fpt_backbones::hub::resolve("someone/not-cached-model", true).unwrap_err().to_string();
-    assert!(e.contains("someone/not-cached-model") && e.contains("fpt fetch") && e.contains("HF_HUB_OFFLINE"), "{e}");
+    let e = fpt_backbones::hub::resolve("someone/not-cached-model", true)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("someone/not-cached-model") && e.contains("fpt fetch") && e.contains("HF_HUB_OFFLINE"),
+        "{e}"
+    );
 }

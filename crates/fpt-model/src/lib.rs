@@ -118,7 +118,14 @@ pub struct Fpt {
 
 impl Fpt {
     /// Wraps `backbone` for a task of shape `dims`, drawing the new layers' init from `rng`.
-    pub fn new(backbone: Box<dyn Backbone>, dims: TaskDims, groups: TrainGroups, head: HeadConfig, device: &Device, rng: &mut Rng) -> Result<Self> {
+    pub fn new(
+        backbone: Box<dyn Backbone>,
+        dims: TaskDims,
+        groups: TrainGroups,
+        head: HeadConfig,
+        device: &Device,
+        rng: &mut Rng,
+    ) -> Result<Self> {
         let hidden = backbone.hidden_size();
         if dims.seq_len > backbone.max_positions() {
             return Err(ModelError::Mismatch(format!(
@@ -137,17 +144,23 @@ impl Fpt {
             InputKind::Vectors { width } => {
                 let w = fpt_nn::init::orthogonal(hidden, width, head.orth_gain, rng, device)?;
                 let b = Tensor::zeros(hidden, candle_core::DType::F32, device)?;
-                InputLayer::Linear(Linear::new(Param::new(w, groups.input)?, Some(Param::new(b, groups.input)?)))
+                InputLayer::Linear(Linear::new(
+                    Param::new(w, groups.input)?,
+                    Some(Param::new(b, groups.input)?),
+                ))
             }
             InputKind::Tokens { vocab } => {
                 let w = fpt_nn::init::normal(&[vocab, hidden], 0.0, 1.0, rng, device)?;
-                InputLayer::Embedding(Embedding { weight: Param::new(w, groups.input)? })
+                InputLayer::Embedding(Embedding {
+                    weight: Param::new(w, groups.input)?,
+                })
             }
         };
         // PyTorch's nn.Linear default: U(-1/sqrt(in), 1/sqrt(in)) for weight and bias.
         let out_dim = dims.output_dim();
         let bound = 1.0 / (hidden as f64).sqrt();
-        let mut uniform = |n: usize| -> Vec<f32> { (0..n).map(|_| ((rng.uniform() * 2.0 - 1.0) * bound) as f32).collect() };
+        let mut uniform =
+            |n: usize| -> Vec<f32> { (0..n).map(|_| ((rng.uniform() * 2.0 - 1.0) * bound) as f32).collect() };
         let w = Tensor::from_vec(uniform(out_dim * hidden), (out_dim, hidden), device)?;
         let b = Tensor::from_vec(uniform(out_dim), out_dim, device)?;
         let output = Linear::new(Param::new(w, groups.output)?, Some(Param::new(b, groups.output)?));
@@ -169,7 +182,11 @@ impl Fpt {
                 ctx.dropout(&h, self.head.input_dropout)?
             }
             (InputLayer::Embedding(e), Inputs::Tokens(ids)) => e.forward(ids)?,
-            _ => return Err(ModelError::Mismatch("input kind does not match the model's input layer".into())),
+            _ => {
+                return Err(ModelError::Mismatch(
+                    "input kind does not match the model's input layer".into(),
+                ))
+            }
         };
         let h = self.backbone.forward(&x, ctx)?;
         let (b, t, _) = h.dims3()?;
@@ -209,7 +226,12 @@ impl Fpt {
 
     /// Parameter counts per role (total includes unused tensors such as GPT-2's `wte`).
     pub fn param_counts(&self) -> ParamCounts {
-        count_params(&self.backbone.param_specs(), self.backbone.hidden_size(), &self.dims, &self.groups)
+        count_params(
+            &self.backbone.param_specs(),
+            self.backbone.hidden_size(),
+            &self.dims,
+            &self.groups,
+        )
     }
 
     /// The backbone.

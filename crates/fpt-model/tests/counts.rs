@@ -37,7 +37,11 @@ fn gpt2_base_trainable_counts_per_task() {
     for (name, d, want) in cases {
         let c = count_params(&specs, 768, &d, &g);
         assert_eq!(c.trainable, want, "{name}");
-        assert_eq!(c.by_role[&Role::LayerNorm].1 + c.by_role[&Role::Positions].1, 824_832, "{name}");
+        assert_eq!(
+            c.by_role[&Role::LayerNorm].1 + c.by_role[&Role::Positions].1,
+            824_832,
+            "{name}"
+        );
         assert_eq!(c.by_role[&Role::Attention].1, 0);
     }
     let c = count_params(&specs, 768, &cases[1].1, &TrainGroups::all());
@@ -74,16 +78,29 @@ fn materialised_vars_match_the_spec_count() {
 
 #[test]
 fn too_long_inputs_are_refused() {
-    let cfg = Gpt2Config::builtin("gpt2").unwrap().with_overrides(&fpt_spec::ShapeOverrides {
-        layers: Some(1),
-        hidden: Some(16),
-        heads: Some(2),
-        positions: Some(8),
-    }).unwrap();
+    let cfg = Gpt2Config::builtin("gpt2")
+        .unwrap()
+        .with_overrides(&fpt_spec::ShapeOverrides {
+            layers: Some(1),
+            hidden: Some(16),
+            heads: Some(2),
+            positions: Some(8),
+        })
+        .unwrap();
     let dev = Device::Cpu;
     let mut rng = Rng::new(0);
     let bb = Gpt2::random(&cfg, ResidualInit::Scaled, &TrainGroups::fpt(), &dev, &mut rng).unwrap();
     let d = dims(InputKind::Vectors { width: 1 }, 10, 5, 5, 2);
-    let e = Fpt::new(Box::new(bb), d, TrainGroups::fpt(), HeadConfig::default(), &dev, &mut rng).err().unwrap().to_string();
+    let e = Fpt::new(
+        Box::new(bb),
+        d,
+        TrainGroups::fpt(),
+        HeadConfig::default(),
+        &dev,
+        &mut rng,
+    )
+    .err()
+    .unwrap()
+    .to_string();
     assert!(e.contains("10 tokens") && e.contains("8 positions"), "{e}");
 }

@@ -1,6 +1,7 @@
 //! Layers over [`Param`]s: each picks the op that computes no gradient for what is frozen.
 
 use crate::{ops, Param};
+
 use candle_core::{Result, Tensor};
 
 /// `y = x W^T + b`, `W: [out, in]`.
@@ -18,15 +19,10 @@ impl Linear {
         Self { weight, bias }
     }
 
-    /// Applies the layer to `x: [.., in]`.
+    /// Applies the layer to `x: [.., in]`. The op computes gradients only for what takes
+    /// part in backprop: a frozen weight gets none.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let w = self.weight.tensor();
-        match (&self.weight, &self.bias) {
-            (Param::Frozen(_), None) => ops::frozen_linear(x, w, None),
-            (Param::Frozen(_), Some(Param::Frozen(b))) => ops::frozen_linear(x, w, Some(b)),
-            (Param::Frozen(_), Some(b @ Param::Trainable(_))) => ops::frozen_linear(x, w, None)?.broadcast_add(b.tensor()),
-            (Param::Trainable(_), b) => ops::linear_composed(x, w, b.as_ref().map(|b| b.tensor())),
-        }
+        ops::linear(x, self.weight.tensor(), self.bias.as_ref().map(|b| b.tensor()))
     }
 }
 
@@ -60,6 +56,9 @@ impl Embedding {
     pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
         let (b, t) = ids.dims2()?;
         let d = self.weight.tensor().dim(1)?;
-        self.weight.tensor().index_select(&ids.flatten_all()?, 0)?.reshape((b, t, d))
+        self.weight
+            .tensor()
+            .index_select(&ids.flatten_all()?, 0)?
+            .reshape((b, t, d))
     }
 }

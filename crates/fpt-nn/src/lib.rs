@@ -4,9 +4,9 @@
 //! Two facts about candle 0.11 shape this crate (both measured, see the project's
 //! REFERENCE notes):
 //! - candle's backprop computes the gradient of *both* matmul operands, even when one is
-//!   a plain tensor that nobody will update. [`ops::frozen_linear`] is a custom op whose
-//!   backward returns only the input gradient, so a frozen weight never gets one and never
-//!   appears in a `GradStore`.
+//!   a plain tensor that nobody will update. [`ops::linear`] is a custom op whose backward
+//!   computes only the gradients of arguments that take part in backprop, so a frozen
+//!   weight never gets one and never appears in a `GradStore`.
 //! - `candle_nn::LayerNorm` and `candle_nn::ops::softmax_last_dim` have no backward:
 //!   gradients silently stop there. [`ops::layer_norm`], [`ops::masked_softmax`] and
 //!   [`ops::gelu_new`] are fused CPU kernels with hand-written backward passes; on other
@@ -24,6 +24,20 @@ mod rng;
 pub use layers::{Embedding, LayerNorm, Linear};
 pub use param::Param;
 pub use rng::Rng;
+
+/// Worker threads for fpt's kernels: `RAYON_NUM_THREADS` if set, else the available
+/// parallelism; read once. (candle's own `get_num_threads` re-reads `/proc/cpuinfo` on
+/// every matmul unless `RAYON_NUM_THREADS` is set; the `fpt` binary sets it at start-up.)
+pub fn num_threads() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| {
+        std::env::var("RAYON_NUM_THREADS")
+            .ok()
+            .and_then(|s| s.parse::<usize>().ok())
+            .filter(|&n| n > 0)
+            .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1))
+    })
+}
 
 /// Forward-pass context: training mode (dropout on) and the random stream dropout draws
 /// from. One `Ctx` per run keeps dropout masks reproducible from the seed.

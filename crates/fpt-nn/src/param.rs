@@ -4,7 +4,7 @@ use candle_core::{Tensor, Var};
 
 /// A parameter tensor. Frozen parameters are plain tensors: backprop never tracks them, the
 /// optimizer never sees them, and layers route them through ops that compute no gradient
-/// for them (see [`crate::ops::frozen_linear`]).
+/// for them (see [`crate::ops::linear`]).
 #[derive(Debug, Clone)]
 pub enum Param {
     /// Not trained: a constant tensor.

@@ -9,7 +9,12 @@ fn randn(shape: &[usize], seed: u64, dtype: DType) -> Result<Tensor> {
 }
 
 fn max_abs_diff(a: &Tensor, b: &Tensor) -> Result<f64> {
-    (a - b)?.abs()?.flatten_all()?.max(0)?.to_dtype(DType::F64)?.to_scalar::<f64>()
+    (a - b)?
+        .abs()?
+        .flatten_all()?
+        .max(0)?
+        .to_dtype(DType::F64)?
+        .to_scalar::<f64>()
 }
 
 /// loss = sum(f(inputs) * r) for a fixed random r.
@@ -40,7 +45,9 @@ where
     let gc = loss(&yc, 99)?.backward()?;
     for (i, v) in vars.iter().enumerate() {
         let a = gf.get(v).unwrap_or_else(|| panic!("fused: no gradient for input {i}"));
-        let b = gc.get(v).unwrap_or_else(|| panic!("composed: no gradient for input {i}"));
+        let b = gc
+            .get(v)
+            .unwrap_or_else(|| panic!("composed: no gradient for input {i}"));
         let d = max_abs_diff(a, b)?;
         assert!(d < tol * 10.0, "gradient of input {i} differs by {d}");
     }
@@ -114,7 +121,12 @@ fn causal_softmax_gives_zero_to_the_future() -> Result<()> {
 
 #[test]
 fn gelu_new_matches_reference_and_finite_differences() -> Result<()> {
-    check(&[&[4, 33]], |t| ops::gelu_new(&t[0]), |t| ops::gelu_new_composed(&t[0]), 1e-6)?;
+    check(
+        &[&[4, 33]],
+        |t| ops::gelu_new(&t[0]),
+        |t| ops::gelu_new_composed(&t[0]),
+        1e-6,
+    )?;
     // Far tails: no NaN from exp overflow.
     let x = Tensor::new(&[-100f32, -20.0, 0.0, 20.0, 100.0], &Device::Cpu)?;
     let y = ops::gelu_new(&x)?.to_vec1::<f32>()?;
@@ -123,19 +135,26 @@ fn gelu_new_matches_reference_and_finite_differences() -> Result<()> {
 }
 
 #[test]
-fn frozen_linear_matches_reference_and_finite_differences() -> Result<()> {
+fn linear_matches_reference_and_finite_differences() -> Result<()> {
+    // All three arguments trainable.
+    check(
+        &[&[2, 3, 5], &[7, 5], &[7]],
+        |t| ops::linear(&t[0], &t[1], Some(&t[2])),
+        |t| ops::linear_composed(&t[0], &t[1], Some(&t[2])),
+        1e-5,
+    )?;
     // Only x is an input here: W and b are frozen constants captured by the closures.
     let w = randn(&[7, 5], 3, DType::F32)?;
     let b = randn(&[7], 4, DType::F32)?;
     check(
         &[&[2, 3, 5]],
-        |t| ops::frozen_linear(&t[0], &w.to_dtype(t[0].dtype())?, Some(&b.to_dtype(t[0].dtype())?)),
+        |t| ops::linear(&t[0], &w.to_dtype(t[0].dtype())?, Some(&b.to_dtype(t[0].dtype())?)),
         |t| ops::linear_composed(&t[0], &w.to_dtype(t[0].dtype())?, Some(&b.to_dtype(t[0].dtype())?)),
         1e-5,
     )?;
     check(
         &[&[4, 5]],
-        |t| ops::frozen_linear(&t[0], &w.to_dtype(t[0].dtype())?, None),
+        |t| ops::linear(&t[0], &w.to_dtype(t[0].dtype())?, None),
         |t| ops::linear_composed(&t[0], &w.to_dtype(t[0].dtype())?, None),
         1e-5,
     )
@@ -148,12 +167,26 @@ fn frozen_linear_never_puts_the_weight_in_the_grad_store() -> Result<()> {
     let b = randn(&[6], 3, DType::F32)?;
     // The stock matmul computes and stores gradients for the plain tensors too (under the
     // id of the transposed view of `w`, and for `b`): the store holds more than x ...
-    let g = ops::linear_composed(x.as_tensor(), &w, Some(&b))?.sum_all()?.backward()?;
-    assert!(g.get_ids().count() > 1, "candle's matmul is expected to store frozen gradients");
+    let g = ops::linear_composed(x.as_tensor(), &w, Some(&b))?
+        .sum_all()?
+        .backward()?;
+    assert!(
+        g.get_ids().count() > 1,
+        "candle's matmul is expected to store frozen gradients"
+    );
     // ... the frozen op stores the gradient of x and nothing else.
-    let g = ops::frozen_linear(x.as_tensor(), &w, Some(&b))?.sum_all()?.backward()?;
+    let g = ops::linear(x.as_tensor(), &w, Some(&b))?.sum_all()?.backward()?;
     assert_eq!(g.get_ids().collect::<Vec<_>>(), vec![&x.as_tensor().id()]);
     assert!(g.get(&w).is_none() && g.get(&b).is_none());
+    // Data in, trainable weight: the data gets no gradient, the weight and bias do.
+    let data = randn(&[4, 8], 5, DType::F32)?;
+    let (wv, bv) = (Var::from_tensor(&w)?, Var::from_tensor(&b)?);
+    let g = ops::linear(&data, wv.as_tensor(), Some(bv.as_tensor()))?
+        .sum_all()?
+        .backward()?;
+    let ids: std::collections::HashSet<_> = g.get_ids().copied().collect();
+    let want: std::collections::HashSet<_> = [wv.as_tensor().id(), bv.as_tensor().id()].into_iter().collect();
+    assert_eq!(ids, want);
     Ok(())
 }
 
@@ -189,5 +222,22 @@ fn cross_entropy_matches_closed_form() -> Result<()> {
     // d/dlogits = (softmax - onehot) / n
     let p0 = 1.0 / (1.0 + (-2.0f32).exp());
     assert!((g[0][0] - (p0 - 1.0) / 3.0).abs() < 1e-6);
+    Ok(())
+}
+
+#[test]
+fn fused_cross_entropy_matches_reference_and_finite_differences() -> Result<()> {
+    let targets = Tensor::new(&[3u32, 0, 2, 1, 4], &Device::Cpu)?;
+    check(
+        &[&[5, 5]],
+        |t| ops::cross_entropy(&t[0], &targets),
+        |t| ops::cross_entropy_composed(&t[0], &targets),
+        1e-6,
+    )?;
+    let bad = Tensor::new(&[7u32, 0, 0, 0, 0], &Device::Cpu)?;
+    let e = ops::cross_entropy(&randn(&[5, 5], 1, DType::F32)?, &bad)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("target 7"), "{e}");
     Ok(())
 }

@@ -465,10 +465,7 @@ impl RunSpec {
         if t.micro_batch_size == 0 || t.batch_size % t.micro_batch_size != 0 {
             return Err(SpecError::Invalid {
                 field: "micro_batch_size",
-                msg: format!(
-                    "{} does not divide batch_size {}",
-                    t.micro_batch_size, t.batch_size
-                ),
+                msg: format!("{} does not divide batch_size {}", t.micro_batch_size, t.batch_size),
             });
         }
         if !(t.lr.is_finite() && t.lr > 0.0) {

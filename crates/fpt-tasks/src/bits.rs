@@ -208,7 +208,10 @@ mod tests {
     fn xor_labels_are_the_xor_of_the_two_strings() {
         let mut t = BitXor::new(5, 1, 8, 0).unwrap();
         let d = t.dims();
-        assert_eq!((d.seq_len, d.readout_tokens, d.labels_per_example, d.output_dim()), (10, 5, 5, 2));
+        assert_eq!(
+            (d.seq_len, d.readout_tokens, d.labels_per_example, d.output_dim()),
+            (10, 5, 5, 2)
+        );
         let b = t.train_batch(64, &mut Rng::new(1), &Device::Cpu).unwrap();
         let Inputs::Vectors(x) = &b.inputs else { panic!() };
         let x = x.squeeze(2).unwrap().to_vec2::<f32>().unwrap();
@@ -233,7 +236,9 @@ mod tests {
         for (xr, yr) in x.iter().zip(&y) {
             let query = &xr[500..];
             // The label is one of the five patterns, and every visible query bit agrees with it.
-            let matches = (0..5).filter(|p| (0..100).all(|i| (xr[p * 100 + i] > 0.0) as u32 == yr[i])).count();
+            let matches = (0..5)
+                .filter(|p| (0..100).all(|i| (xr[p * 100 + i] > 0.0) as u32 == yr[i]))
+                .count();
             assert!(matches >= 1);
             for i in 0..100 {
                 if query[i] != 0.0 {
@@ -248,9 +253,18 @@ mod tests {
 
     #[test]
     fn eval_set_is_fixed_by_the_seed() {
-        let a = BitXor::new(5, 1, 16, 7).unwrap().eval_batch(0, 16, &Device::Cpu).unwrap();
-        let b = BitXor::new(5, 1, 16, 7).unwrap().eval_batch(0, 16, &Device::Cpu).unwrap();
-        let c = BitXor::new(5, 1, 16, 8).unwrap().eval_batch(0, 16, &Device::Cpu).unwrap();
+        let a = BitXor::new(5, 1, 16, 7)
+            .unwrap()
+            .eval_batch(0, 16, &Device::Cpu)
+            .unwrap();
+        let b = BitXor::new(5, 1, 16, 7)
+            .unwrap()
+            .eval_batch(0, 16, &Device::Cpu)
+            .unwrap();
+        let c = BitXor::new(5, 1, 16, 8)
+            .unwrap()
+            .eval_batch(0, 16, &Device::Cpu)
+            .unwrap();
         assert_eq!(a.labels.to_vec2::<u32>().unwrap(), b.labels.to_vec2::<u32>().unwrap());
         assert_ne!(a.labels.to_vec2::<u32>().unwrap(), c.labels.to_vec2::<u32>().unwrap());
         assert!(BitXor::new(5, 2, 4, 0).is_err());

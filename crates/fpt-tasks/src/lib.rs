@@ -121,7 +121,12 @@ pub trait Task: Send {
 /// Builds the task a spec names. `seed` fixes the evaluation set.
 pub fn build(spec: &TaskSpec, seed: u64) -> Result<Box<dyn Task>> {
     Ok(match spec.name {
-        TaskName::BitXor => Box::new(BitXor::new(spec.n_bits.unwrap_or(5), spec.patch.unwrap_or(1), spec.eval_examples, seed)?),
+        TaskName::BitXor => Box::new(BitXor::new(
+            spec.n_bits.unwrap_or(5),
+            spec.patch.unwrap_or(1),
+            spec.eval_examples,
+            seed,
+        )?),
         TaskName::BitMemory => Box::new(BitMemory::new(
             spec.n_bits.unwrap_or(1000),
             5,

@@ -17,11 +17,17 @@ impl CustomOp2 for MaskMul {
     fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> Result<(CpuStorage, Shape)> {
         let out = match s1.dtype() {
             DType::F32 => {
-                let (x, m) = (cpu_slice::<f32>(s1, l1, "dropout")?, cpu_slice::<f32>(s2, l2, "dropout")?);
+                let (x, m) = (
+                    cpu_slice::<f32>(s1, l1, "dropout")?,
+                    cpu_slice::<f32>(s2, l2, "dropout")?,
+                );
                 CpuStorage::F32(x.iter().zip(m).map(|(a, b)| a * b).collect())
             }
             DType::F64 => {
-                let (x, m) = (cpu_slice::<f64>(s1, l1, "dropout")?, cpu_slice::<f64>(s2, l2, "dropout")?);
+                let (x, m) = (
+                    cpu_slice::<f64>(s1, l1, "dropout")?,
+                    cpu_slice::<f64>(s2, l2, "dropout")?,
+                );
                 CpuStorage::F64(x.iter().zip(m).map(|(a, b)| a * b).collect())
             }
             dt => return Err(unsupported("dropout", dt)),

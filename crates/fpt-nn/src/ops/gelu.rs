@@ -2,7 +2,7 @@
 //! y = 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3);
 //! dy/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2), t = tanh(u).
 
-use super::{cpu_slice, unsupported, with_cpu_slice, Float};
+use super::{cpu_slice, unsupported, use_par, with_cpu_slice, Float};
 use candle_core::backend::BackendStorage as _;
 use candle_core::{CpuStorage, CustomOp1, DType, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
@@ -21,11 +21,16 @@ fn tanh<T: Float>(u: T) -> T {
 fn fwd_kernel<T: Float>(x: &[T]) -> Vec<T> {
     let (c, a, half) = (T::from(C).unwrap(), T::from(A).unwrap(), T::from(0.5).unwrap());
     let mut y = vec![T::zero(); x.len()];
-    y.par_chunks_mut(CHUNK).zip(x.par_chunks(CHUNK)).for_each(|(yc, xc)| {
+    let body = |(yc, xc): (&mut [T], &[T])| {
         for (yv, &v) in yc.iter_mut().zip(xc) {
             *yv = half * v * (T::one() + tanh(c * (v + a * v * v * v)));
         }
-    });
+    };
+    if use_par(x.len()) {
+        y.par_chunks_mut(CHUNK).zip(x.par_chunks(CHUNK)).for_each(body);
+    } else {
+        y.chunks_mut(CHUNK).zip(x.chunks(CHUNK)).for_each(body);
+    }
     y
 }
 
@@ -33,15 +38,22 @@ fn bwd_kernel<T: Float>(x: &[T], dy: &[T]) -> Vec<T> {
     let (c, a, half) = (T::from(C).unwrap(), T::from(A).unwrap(), T::from(0.5).unwrap());
     let three_a = T::from(3.0 * A).unwrap();
     let mut dx = vec![T::zero(); x.len()];
-    dx.par_chunks_mut(CHUNK)
-        .zip(x.par_chunks(CHUNK).zip(dy.par_chunks(CHUNK)))
-        .for_each(|(dc, (xc, gc))| {
-            for ((d, &v), &g) in dc.iter_mut().zip(xc).zip(gc) {
-                let t = tanh(c * (v + a * v * v * v));
-                let dt = (T::one() - t * t) * c * (T::one() + three_a * v * v);
-                *d = g * (half * (T::one() + t) + half * v * dt);
-            }
-        });
+    let body = |(dc, (xc, gc)): (&mut [T], (&[T], &[T]))| {
+        for ((d, &v), &g) in dc.iter_mut().zip(xc).zip(gc) {
+            let t = tanh(c * (v + a * v * v * v));
+            let dt = (T::one() - t * t) * c * (T::one() + three_a * v * v);
+            *d = g * (half * (T::one() + t) + half * v * dt);
+        }
+    };
+    if use_par(x.len()) {
+        dx.par_chunks_mut(CHUNK)
+            .zip(x.par_chunks(CHUNK).zip(dy.par_chunks(CHUNK)))
+            .for_each(body);
+    } else {
+        dx.chunks_mut(CHUNK)
+            .zip(x.chunks(CHUNK).zip(dy.chunks(CHUNK)))
+            .for_each(body);
+    }
     dx
 }
 
@@ -64,11 +76,15 @@ impl CustomOp1 for GeluNew {
     fn bwd(&self, x: &Tensor, _res: &Tensor, dy: &Tensor) -> Result<Option<Tensor>> {
         let dx = match x.dtype() {
             DType::F32 => {
-                let v = with_cpu_slice::<f32, _>(x, "gelu_new", |xs| with_cpu_slice::<f32, _>(dy, "gelu_new", |g| Ok(bwd_kernel(xs, g))))?;
+                let v = with_cpu_slice::<f32, _>(x, "gelu_new", |xs| {
+                    with_cpu_slice::<f32, _>(dy, "gelu_new", |g| Ok(bwd_kernel(xs, g)))
+                })?;
                 Tensor::from_vec(v, x.shape(), x.device())?
             }
             DType::F64 => {
-                let v = with_cpu_slice::<f64, _>(x, "gelu_new", |xs| with_cpu_slice::<f64, _>(dy, "gelu_new", |g| Ok(bwd_kernel(xs, g))))?;
+                let v = with_cpu_slice::<f64, _>(x, "gelu_new", |xs| {
+                    with_cpu_slice::<f64, _>(dy, "gelu_new", |g| Ok(bwd_kernel(xs, g)))
+                })?;
                 Tensor::from_vec(v, x.shape(), x.device())?
             }
             dt => return Err(unsupported("gelu_new", dt)),

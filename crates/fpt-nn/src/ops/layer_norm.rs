@@ -4,7 +4,7 @@
 //! Backward, with xhat = (x - mean) * rstd and g = dy * gamma:
 //! dx = rstd * (g - mean(g) - xhat * mean(g * xhat)); dgamma = sum(dy * xhat); dbeta = sum(dy).
 
-use super::{cpu_slice, rows_per_task, tracks, unsupported, with_cpu_slice, Float};
+use super::{cpu_slice, rows_per_task, tracks, unsupported, use_par, with_cpu_slice, Float};
 use candle_core::backend::BackendStorage as _;
 use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor, D};
 use rayon::prelude::*;
@@ -18,18 +18,22 @@ fn fwd_kernel<T: Float>(x: &[T], g: &[T], b: &[T], eps: f64) -> Vec<T> {
     let mut y = vec![T::zero(); x.len()];
     let eps = T::from(eps).unwrap();
     let inv_d = T::one() / T::from(d).unwrap();
-    y.par_chunks_mut(d * rows_per_task(d))
-        .zip(x.par_chunks(d * rows_per_task(d)))
-        .for_each(|(yc, xc)| {
-            for (yr, xr) in yc.chunks_mut(d).zip(xc.chunks(d)) {
-                let mean = xr.iter().copied().sum::<T>() * inv_d;
-                let var = xr.iter().map(|&v| (v - mean) * (v - mean)).sum::<T>() * inv_d;
-                let rstd = T::one() / (var + eps).sqrt();
-                for i in 0..d {
-                    yr[i] = (xr[i] - mean) * rstd * g[i] + b[i];
-                }
+    let chunk = d * rows_per_task(d);
+    let body = |(yc, xc): (&mut [T], &[T])| {
+        for (yr, xr) in yc.chunks_mut(d).zip(xc.chunks(d)) {
+            let mean = xr.iter().copied().sum::<T>() * inv_d;
+            let var = xr.iter().map(|&v| (v - mean) * (v - mean)).sum::<T>() * inv_d;
+            let rstd = T::one() / (var + eps).sqrt();
+            for i in 0..d {
+                yr[i] = (xr[i] - mean) * rstd * g[i] + b[i];
             }
-        });
+        }
+    };
+    if use_par(x.len()) {
+        y.par_chunks_mut(chunk).zip(x.par_chunks(chunk)).for_each(body);
+    } else {
+        y.chunks_mut(chunk).zip(x.chunks(chunk)).for_each(body);
+    }
     y
 }
 
@@ -40,42 +44,49 @@ fn bwd_kernel<T: Float>(x: &[T], g: &[T], dy: &[T], eps: f64) -> (Vec<T>, Vec<T>
     let inv_d = T::one() / T::from(d).unwrap();
     let mut dx = vec![T::zero(); x.len()];
     let chunk = d * rows_per_task(d);
-    let partials: Vec<(Vec<T>, Vec<T>)> = dx
-        .par_chunks_mut(chunk)
-        .zip(x.par_chunks(chunk).zip(dy.par_chunks(chunk)))
-        .map(|(dxc, (xc, dyc))| {
-            let mut dg = vec![T::zero(); d];
-            let mut db = vec![T::zero(); d];
-            let mut xhat = vec![T::zero(); d];
-            for ((dxr, xr), dyr) in dxc.chunks_mut(d).zip(xc.chunks(d)).zip(dyc.chunks(d)) {
-                let mean = xr.iter().copied().sum::<T>() * inv_d;
-                let var = xr.iter().map(|&v| (v - mean) * (v - mean)).sum::<T>() * inv_d;
-                let rstd = T::one() / (var + eps).sqrt();
-                let mut mg = T::zero();
-                let mut mgx = T::zero();
-                for i in 0..d {
-                    xhat[i] = (xr[i] - mean) * rstd;
-                    let gi = dyr[i] * g[i];
-                    mg = mg + gi;
-                    mgx = mgx + gi * xhat[i];
-                    dg[i] = dg[i] + dyr[i] * xhat[i];
-                    db[i] = db[i] + dyr[i];
-                }
-                mg = mg * inv_d;
-                mgx = mgx * inv_d;
-                for i in 0..d {
-                    dxr[i] = rstd * (dyr[i] * g[i] - mg - xhat[i] * mgx);
-                }
+    let body = |(dxc, (xc, dyc)): (&mut [T], (&[T], &[T]))| {
+        let mut dg = vec![T::zero(); d];
+        let mut db = vec![T::zero(); d];
+        let mut xhat = vec![T::zero(); d];
+        for ((dxr, xr), dyr) in dxc.chunks_mut(d).zip(xc.chunks(d)).zip(dyc.chunks(d)) {
+            let mean = xr.iter().copied().sum::<T>() * inv_d;
+            let var = xr.iter().map(|&v| (v - mean) * (v - mean)).sum::<T>() * inv_d;
+            let rstd = T::one() / (var + eps).sqrt();
+            let mut mg = T::zero();
+            let mut mgx = T::zero();
+            for i in 0..d {
+                xhat[i] = (xr[i] - mean) * rstd;
+                let gi = dyr[i] * g[i];
+                mg += gi;
+                mgx += gi * xhat[i];
+                dg[i] += dyr[i] * xhat[i];
+                db[i] += dyr[i];
             }
-            (dg, db)
-        })
-        .collect();
+            mg *= inv_d;
+            mgx *= inv_d;
+            for i in 0..d {
+                dxr[i] = rstd * (dyr[i] * g[i] - mg - xhat[i] * mgx);
+            }
+        }
+        (dg, db)
+    };
+    let partials: Vec<(Vec<T>, Vec<T>)> = if use_par(x.len()) {
+        dx.par_chunks_mut(chunk)
+            .zip(x.par_chunks(chunk).zip(dy.par_chunks(chunk)))
+            .map(body)
+            .collect()
+    } else {
+        dx.chunks_mut(chunk)
+            .zip(x.chunks(chunk).zip(dy.chunks(chunk)))
+            .map(body)
+            .collect()
+    };
     let mut dg = vec![T::zero(); d];
     let mut db = vec![T::zero(); d];
     for (pg, pb) in partials {
         for i in 0..d {
-            dg[i] = dg[i] + pg[i];
-            db[i] = db[i] + pb[i];
+            dg[i] += pg[i];
+            db[i] += pb[i];
         }
     }
     (dx, dg, db)
@@ -129,11 +140,19 @@ impl CustomOp3 for LayerNormOp {
         let (dx, dg, db) = match x.dtype() {
             DType::F32 => {
                 let (a, b, c) = run::<f32>(self, x, g, dy)?;
-                (Tensor::from_vec(a, x.shape(), dev)?, Tensor::from_vec(b, g.shape(), dev)?, Tensor::from_vec(c, g.shape(), dev)?)
+                (
+                    Tensor::from_vec(a, x.shape(), dev)?,
+                    Tensor::from_vec(b, g.shape(), dev)?,
+                    Tensor::from_vec(c, g.shape(), dev)?,
+                )
             }
             DType::F64 => {
                 let (a, b, c) = run::<f64>(self, x, g, dy)?;
-                (Tensor::from_vec(a, x.shape(), dev)?, Tensor::from_vec(b, g.shape(), dev)?, Tensor::from_vec(c, g.shape(), dev)?)
+                (
+                    Tensor::from_vec(a, x.shape(), dev)?,
+                    Tensor::from_vec(b, g.shape(), dev)?,
+                    Tensor::from_vec(c, g.shape(), dev)?,
+                )
             }
             dt => return Err(unsupported("layer_norm", dt)),
         };

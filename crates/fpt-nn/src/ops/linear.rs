@@ -1,27 +1,42 @@
-//! A linear layer over a frozen weight whose backward computes the input gradient only.
+//! A linear layer whose backward computes only the gradients that are needed.
 //!
 //! `y = x W^T + b` with `W: [out, in]` (PyTorch `nn.Linear` layout) and optional `b: [out]`.
-//! candle's own matmul backward always computes the gradient of both operands; this op's
-//! backward returns `None` for `W` and `b`, so for a frozen weight no gradient is computed
+//! candle's own matmul backward always computes the gradient of both operands, and stores
+//! one even for plain tensors (a frozen weight, or the data fed to the input layer). This
+//! op's backward computes the gradient of an argument only when that argument takes part
+//! in backprop (a `Var` or derived from one): for a frozen weight no gradient is computed
 //! and none is stored. On CPU the forward and backward call `gemm` directly (the bias is
 //! written first and accumulated into); on other devices the forward uses the backend's
-//! matmul and the backward a candle matmul.
+//! matmul and the backward candle ops.
 
-use super::{cpu_slice, unsupported, with_cpu_slice};
+use super::{cpu_slice, tracks, unsupported, with_cpu_slice};
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CudaStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor, WithDType};
 
-struct FrozenLinear {
+struct LinearOp {
     /// Leading dims of x, i.e. of y without its last dim.
     lead: Vec<usize>,
 }
 
-/// `dst[m, n] (+)= lhs[m, k] @ rhs`, where rhs is `[k, n]` given by strides.
+/// `dst[m, n] (+)= lhs @ rhs` for `lhs: [m, k]` and `rhs: [k, n]` given by (row, column)
+/// strides; `dst` is row-major.
 #[allow(clippy::too_many_arguments)]
-fn gemm_into<T: WithDType>(dst: &mut [T], accumulate: bool, lhs: &[T], m: usize, k: usize, rhs: &[T], n: usize, rhs_rs: usize, rhs_cs: usize) {
-    debug_assert!(dst.len() >= m * n && lhs.len() >= m * k);
-    let threads = candle_core::utils::get_num_threads();
-    let par = if threads > 1 && m * n * k > 32_768 {
+fn gemm_into<T: WithDType>(
+    dst: &mut [T],
+    accumulate: bool,
+    m: usize,
+    n: usize,
+    k: usize,
+    lhs: &[T],
+    lhs_rs: usize,
+    lhs_cs: usize,
+    rhs: &[T],
+    rhs_rs: usize,
+    rhs_cs: usize,
+) {
+    debug_assert!(dst.len() >= m * n && lhs.len() >= m * k && rhs.len() >= k * n);
+    let threads = crate::num_threads();
+    let par = if threads > 1 && m * n * k >= 1 << 21 {
         gemm::Parallelism::Rayon(threads)
     } else {
         gemm::Parallelism::None
@@ -38,8 +53,8 @@ fn gemm_into<T: WithDType>(dst: &mut [T], accumulate: bool, lhs: &[T], m: usize,
             n as isize,
             accumulate,
             lhs.as_ptr(),
-            1,
-            k as isize,
+            lhs_cs as isize,
+            lhs_rs as isize,
             rhs.as_ptr(),
             rhs_cs as isize,
             rhs_rs as isize,
@@ -67,11 +82,11 @@ fn cpu_forward<T: WithDType>(x: &[T], w: &[T], b: Option<&[T]>, n: usize) -> Vec
         None => vec![T::zero(); m * n],
     };
     // rhs = W^T: element (kk, j) = w[j * k + kk] -> row stride 1, column stride k.
-    gemm_into(&mut y, b.is_some(), x, m, k, w, n, 1, k);
+    gemm_into(&mut y, b.is_some(), m, n, k, x, k, 1, w, 1, k);
     y
 }
 
-impl FrozenLinear {
+impl LinearOp {
     fn out_shape(&self, n: usize) -> Shape {
         let mut d = self.lead.clone();
         d.push(n);
@@ -81,29 +96,53 @@ impl FrozenLinear {
     fn check(&self, lx: &Layout, lw: &Layout) -> Result<(usize, usize)> {
         let (n, k) = lw.shape().dims2()?;
         if lx.dims().last() != Some(&k) {
-            candle_core::bail!("frozen_linear: input {:?} does not match weight {:?}", lx.shape(), lw.shape())
+            candle_core::bail!("linear: input {:?} does not match weight {:?}", lx.shape(), lw.shape())
         }
         Ok((n, k))
     }
 
-    fn cpu(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout, b: Option<(&CpuStorage, &Layout)>) -> Result<(CpuStorage, Shape)> {
+    fn cpu(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        b: Option<(&CpuStorage, &Layout)>,
+    ) -> Result<(CpuStorage, Shape)> {
         let (n, _k) = self.check(l1, l2)?;
         let out = match s1.dtype() {
             DType::F32 => {
-                let bias = b.map(|(s, l)| cpu_slice::<f32>(s, l, "frozen_linear")).transpose()?;
-                CpuStorage::F32(cpu_forward(cpu_slice::<f32>(s1, l1, "frozen_linear")?, cpu_slice::<f32>(s2, l2, "frozen_linear")?, bias, n))
+                let bias = b.map(|(s, l)| cpu_slice::<f32>(s, l, "linear")).transpose()?;
+                CpuStorage::F32(cpu_forward(
+                    cpu_slice::<f32>(s1, l1, "linear")?,
+                    cpu_slice::<f32>(s2, l2, "linear")?,
+                    bias,
+                    n,
+                ))
             }
             DType::F64 => {
-                let bias = b.map(|(s, l)| cpu_slice::<f64>(s, l, "frozen_linear")).transpose()?;
-                CpuStorage::F64(cpu_forward(cpu_slice::<f64>(s1, l1, "frozen_linear")?, cpu_slice::<f64>(s2, l2, "frozen_linear")?, bias, n))
+                let bias = b.map(|(s, l)| cpu_slice::<f64>(s, l, "linear")).transpose()?;
+                CpuStorage::F64(cpu_forward(
+                    cpu_slice::<f64>(s1, l1, "linear")?,
+                    cpu_slice::<f64>(s2, l2, "linear")?,
+                    bias,
+                    n,
+                ))
             }
-            dt => return Err(unsupported("frozen_linear", dt)),
+            dt => return Err(unsupported("linear", dt)),
         };
         Ok((out, self.out_shape(n)))
     }
 
     /// Any backend: the backend's matmul (and broadcast add for the bias).
-    fn generic<S: BackendStorage>(&self, s1: &S, l1: &Layout, s2: &S, l2: &Layout, b: Option<(&S, &Layout)>) -> Result<(S, Shape)> {
+    fn generic<S: BackendStorage>(
+        &self,
+        s1: &S,
+        l1: &Layout,
+        s2: &S,
+        l2: &Layout,
+        b: Option<(&S, &Layout)>,
+    ) -> Result<(S, Shape)> {
         let (n, k) = self.check(l1, l2)?;
         let m = l1.shape().elem_count() / k;
         let lx = Layout::new(Shape::from((m, k)), vec![k, 1], l1.start_offset());
@@ -126,12 +165,12 @@ impl FrozenLinear {
             return dy.reshape(((), n))?.matmul(w)?.reshape(x.shape());
         }
         fn run<T: WithDType>(w: &Tensor, dy: &Tensor, n: usize, k: usize) -> Result<Vec<T>> {
-            with_cpu_slice::<T, _>(w, "frozen_linear", |ws| {
-                with_cpu_slice::<T, _>(dy, "frozen_linear", |g| {
+            with_cpu_slice::<T, _>(w, "linear", |ws| {
+                with_cpu_slice::<T, _>(dy, "linear", |g| {
                     let m = g.len() / n;
                     let mut dx = vec![T::zero(); m * k];
                     // rhs = W: [n, k] row-major -> row stride k, column stride 1.
-                    gemm_into(&mut dx, false, g, m, n, ws, k, k, 1);
+                    gemm_into(&mut dx, false, m, k, n, g, n, 1, ws, k, 1);
                     Ok(dx)
                 })
             })
@@ -139,14 +178,66 @@ impl FrozenLinear {
         match dy.dtype() {
             DType::F32 => Tensor::from_vec(run::<f32>(w, dy, n, k)?, x.shape(), x.device()),
             DType::F64 => Tensor::from_vec(run::<f64>(w, dy, n, k)?, x.shape(), x.device()),
-            dt => Err(unsupported("frozen_linear", dt)),
+            dt => Err(unsupported("linear", dt)),
         }
+    }
+
+    /// dW = dy^T @ x (`[n, k]`), on CPU with gemm, elsewhere with a candle matmul.
+    fn grad_weight(&self, x: &Tensor, w: &Tensor, dy: &Tensor) -> Result<Tensor> {
+        let (n, k) = w.dims2()?;
+        if !dy.device().is_cpu() {
+            return dy.reshape(((), n))?.t()?.matmul(&x.reshape(((), k))?);
+        }
+        fn run<T: WithDType>(x: &Tensor, dy: &Tensor, n: usize, k: usize) -> Result<Vec<T>> {
+            with_cpu_slice::<T, _>(x, "linear", |xs| {
+                with_cpu_slice::<T, _>(dy, "linear", |g| {
+                    let m = g.len() / n;
+                    let mut dw = vec![T::zero(); n * k];
+                    // lhs = dy^T: element (j, i) = g[i * n + j] -> row stride 1, column stride n.
+                    gemm_into(&mut dw, false, n, k, m, g, 1, n, xs, k, 1);
+                    Ok(dw)
+                })
+            })
+        }
+        match dy.dtype() {
+            DType::F32 => Tensor::from_vec(run::<f32>(x, dy, n, k)?, (n, k), w.device()),
+            DType::F64 => Tensor::from_vec(run::<f64>(x, dy, n, k)?, (n, k), w.device()),
+            dt => Err(unsupported("linear", dt)),
+        }
+    }
+
+    /// The gradients of whichever of (x, W, b) take part in backprop.
+    fn grads(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        b: Option<&Tensor>,
+        dy: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let dx = if tracks(x) {
+            Some(self.grad_input(x, w, dy)?)
+        } else {
+            None
+        };
+        let dw = if tracks(w) {
+            Some(self.grad_weight(x, w, dy)?)
+        } else {
+            None
+        };
+        let db = match b {
+            Some(b) if tracks(b) => {
+                let n = b.elem_count();
+                Some(dy.reshape(((), n))?.sum(0)?)
+            }
+            _ => None,
+        };
+        Ok((dx, dw, db))
     }
 }
 
-impl CustomOp2 for FrozenLinear {
+impl CustomOp2 for LinearOp {
     fn name(&self) -> &'static str {
-        "fpt-frozen-linear"
+        "fpt-linear"
     }
     fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> Result<(CpuStorage, Shape)> {
         self.cpu(s1, l1, s2, l2, None)
@@ -155,32 +246,57 @@ impl CustomOp2 for FrozenLinear {
         self.generic(s1, l1, s2, l2, None)
     }
     fn bwd(&self, x: &Tensor, w: &Tensor, _res: &Tensor, dy: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        Ok((Some(self.grad_input(x, w, dy)?), None))
+        let (dx, dw, _) = self.grads(x, w, None, dy)?;
+        Ok((dx, dw))
     }
 }
 
-impl CustomOp3 for FrozenLinear {
+impl CustomOp3 for LinearOp {
     fn name(&self) -> &'static str {
-        "fpt-frozen-linear-bias"
+        "fpt-linear-bias"
     }
-    fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout, s3: &CpuStorage, l3: &Layout) -> Result<(CpuStorage, Shape)> {
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
         self.cpu(s1, l1, s2, l2, Some((s3, l3)))
     }
-    fn cuda_fwd(&self, s1: &CudaStorage, l1: &Layout, s2: &CudaStorage, l2: &Layout, s3: &CudaStorage, l3: &Layout) -> Result<(CudaStorage, Shape)> {
+    fn cuda_fwd(
+        &self,
+        s1: &CudaStorage,
+        l1: &Layout,
+        s2: &CudaStorage,
+        l2: &Layout,
+        s3: &CudaStorage,
+        l3: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
         self.generic(s1, l1, s2, l2, Some((s3, l3)))
     }
-    fn bwd(&self, x: &Tensor, w: &Tensor, _b: &Tensor, _res: &Tensor, dy: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        Ok((Some(self.grad_input(x, w, dy)?), None, None))
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        b: &Tensor,
+        _res: &Tensor,
+        dy: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        self.grads(x, w, Some(b), dy)
     }
 }
 
-/// `x W^T (+ b)` for a frozen `W: [out, in]` and frozen `b: [out]`: gradients flow to `x`
-/// only. `x: [.., in]`.
-pub fn frozen_linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
+/// `x W^T (+ b)` for `x: [.., in]`, `W: [out, in]`, `b: [out]`. Backward computes the
+/// gradient of an argument only if it takes part in backprop: with a frozen (plain) `W` and
+/// `b`, only `x` gets one; with data `x`, only `W` and `b` do.
+pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
     let x = x.contiguous()?;
     let w = w.contiguous()?;
     let lead = x.dims()[..x.rank().saturating_sub(1)].to_vec();
-    let op = FrozenLinear { lead };
+    let op = LinearOp { lead };
     match b {
         Some(b) => x.apply_op3(&w, &b.contiguous()?, op),
         None => x.apply_op2(&w, op),

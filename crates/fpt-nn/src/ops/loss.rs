@@ -1,10 +1,121 @@
-//! Cross-entropy from logits, composed of candle ops (all with backward).
+//! Cross-entropy from logits: a fused CPU op (log-softmax, pick, mean; backward
+//! `(softmax - onehot) / n`) and a composition of candle ops for other devices.
 
-use candle_core::{Result, Tensor, D};
+use super::{cpu_slice, unsupported, with_cpu_slice, Float};
+use candle_core::backend::BackendStorage as _;
+use candle_core::{CpuStorage, CustomOp2, DType, Layout, Result, Shape, Tensor, D};
+
+struct CrossEntropy;
+
+fn targets_vec(s: &CpuStorage, l: &Layout) -> Result<Vec<usize>> {
+    Ok(match s.dtype() {
+        DType::U32 => cpu_slice::<u32>(s, l, "cross_entropy")?
+            .iter()
+            .map(|&t| t as usize)
+            .collect(),
+        DType::I64 => cpu_slice::<i64>(s, l, "cross_entropy")?
+            .iter()
+            .map(|&t| t as usize)
+            .collect(),
+        DType::U8 => cpu_slice::<u8>(s, l, "cross_entropy")?
+            .iter()
+            .map(|&t| t as usize)
+            .collect(),
+        dt => return Err(unsupported("cross_entropy targets", dt)),
+    })
+}
+
+fn check_targets(t: &[usize], classes: usize) -> Result<()> {
+    if let Some(bad) = t.iter().find(|&&v| v >= classes) {
+        candle_core::bail!("cross_entropy: target {bad} is not below the number of classes {classes}")
+    }
+    Ok(())
+}
+
+fn fwd_kernel<T: Float>(x: &[T], t: &[usize], c: usize) -> T {
+    let mut total = 0f64;
+    for (row, &k) in x.chunks(c).zip(t) {
+        let max = row.iter().copied().fold(T::neg_infinity(), num_traits::Float::max);
+        let lse = row.iter().map(|&v| (v - max).exp()).sum::<T>().ln() + max;
+        total += num_traits::ToPrimitive::to_f64(&(lse - row[k])).unwrap_or(f64::NAN);
+    }
+    T::from(total / t.len() as f64).unwrap()
+}
+
+fn bwd_kernel<T: Float>(x: &[T], t: &[usize], c: usize, g: T) -> Vec<T> {
+    let scale = g / T::from(t.len()).unwrap();
+    let mut dx = vec![T::zero(); x.len()];
+    for ((row, drow), &k) in x.chunks(c).zip(dx.chunks_mut(c)).zip(t) {
+        let max = row.iter().copied().fold(T::neg_infinity(), num_traits::Float::max);
+        let sum = row.iter().map(|&v| (v - max).exp()).sum::<T>();
+        for (d, &v) in drow.iter_mut().zip(row) {
+            *d = (v - max).exp() / sum * scale;
+        }
+        drow[k] -= scale;
+    }
+    dx
+}
+
+impl CustomOp2 for CrossEntropy {
+    fn name(&self) -> &'static str {
+        "fpt-cross-entropy"
+    }
+
+    fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> Result<(CpuStorage, Shape)> {
+        let (_, c) = l1.shape().dims2()?;
+        let t = targets_vec(s2, l2)?;
+        check_targets(&t, c)?;
+        let out = match s1.dtype() {
+            DType::F32 => CpuStorage::F32(vec![fwd_kernel(cpu_slice::<f32>(s1, l1, "cross_entropy")?, &t, c)]),
+            DType::F64 => CpuStorage::F64(vec![fwd_kernel(cpu_slice::<f64>(s1, l1, "cross_entropy")?, &t, c)]),
+            dt => return Err(unsupported("cross_entropy", dt)),
+        };
+        Ok((out, Shape::from(())))
+    }
+
+    fn bwd(&self, x: &Tensor, targets: &Tensor, _res: &Tensor, g: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let (_, c) = x.dims2()?;
+        let t: Vec<usize> = targets
+            .to_dtype(DType::U32)?
+            .to_vec1::<u32>()?
+            .into_iter()
+            .map(|v| v as usize)
+            .collect();
+        let dx = match x.dtype() {
+            DType::F32 => {
+                let g = g.to_scalar::<f32>()?;
+                Tensor::from_vec(
+                    with_cpu_slice::<f32, _>(x, "cross_entropy", |xs| Ok(bwd_kernel(xs, &t, c, g)))?,
+                    x.shape(),
+                    x.device(),
+                )?
+            }
+            DType::F64 => {
+                let g = g.to_scalar::<f64>()?;
+                Tensor::from_vec(
+                    with_cpu_slice::<f64, _>(x, "cross_entropy", |xs| Ok(bwd_kernel(xs, &t, c, g)))?,
+                    x.shape(),
+                    x.device(),
+                )?
+            }
+            dt => return Err(unsupported("cross_entropy", dt)),
+        };
+        Ok((Some(dx), None))
+    }
+}
 
 /// Mean cross-entropy of `logits: [n, classes]` against `targets: [n]` (u32), as PyTorch's
-/// `nn.CrossEntropyLoss` with mean reduction.
+/// `nn.CrossEntropyLoss` with mean reduction. Fused on CPU; its backward stores a gradient
+/// for `logits` only.
 pub fn cross_entropy(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
+    if !logits.device().is_cpu() {
+        return cross_entropy_composed(logits, targets);
+    }
+    logits.contiguous()?.apply_op2(&targets.contiguous()?, CrossEntropy)
+}
+
+/// The same loss composed of stock candle ops (reference; every device).
+pub fn cross_entropy_composed(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
     let max = logits.max_keepdim(D::Minus1)?.detach();
     let shifted = logits.broadcast_sub(&max)?;
     let lse = shifted.exp()?.sum_keepdim(D::Minus1)?.log()?; // [n, 1]
@@ -15,5 +126,5 @@ pub fn cross_entropy(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
 /// Number of rows whose arg-max equals the target.
 pub fn correct(logits: &Tensor, targets: &Tensor) -> Result<usize> {
     let pred = logits.argmax(D::Minus1)?;
-    Ok(pred.eq(targets)?.to_dtype(candle_core::DType::U32)?.sum_all()?.to_scalar::<u32>()? as usize)
+    Ok(pred.eq(targets)?.to_dtype(DType::U32)?.sum_all()?.to_scalar::<u32>()? as usize)
 }

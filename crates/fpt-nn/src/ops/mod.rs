@@ -3,8 +3,9 @@
 //! Each public function picks the fused CPU kernel when its input lives on the CPU and a
 //! composition of stock candle ops otherwise (the `*_composed` twin, which has correct
 //! gradients on every device and is the reference the fused kernel is tested against).
-//! [`frozen_linear`] is a custom op on every device: its forward uses the backend's own
-//! matmul, its backward returns only the input gradient.
+//! [`linear`] is a custom op on every device: its forward uses the backend's own
+//! matmul, its backward computes only the gradients of
+//! arguments that take part in backprop, so a frozen weight never gets one.
 
 mod dropout;
 mod gelu;
@@ -16,16 +17,29 @@ mod softmax;
 pub use dropout::dropout;
 pub use gelu::{gelu_new, gelu_new_composed};
 pub use layer_norm::{layer_norm, layer_norm_composed};
-pub use linear::{frozen_linear, linear_composed};
-pub use loss::{correct, cross_entropy};
+pub use linear::{linear, linear_composed};
+pub use loss::{correct, cross_entropy, cross_entropy_composed};
 pub use softmax::{masked_softmax, masked_softmax_composed};
 
 use candle_core::{CpuStorage, DType, Error, Layout, Result, Storage, Tensor, WithDType};
 
 /// Float types the fused CPU kernels support.
-pub(crate) trait Float: WithDType + num_traits::Float + Send + Sync + std::iter::Sum {}
+pub(crate) trait Float:
+    WithDType + num_traits::Float + num_traits::NumAssign + Send + Sync + std::iter::Sum
+{
+}
 impl Float for f32 {}
 impl Float for f64 {}
+
+/// Below this many elements a kernel runs on the calling thread: handing a job to the
+/// rayon pool costs a cross-thread wake-up (tens of microseconds), more than small
+/// kernels take.
+pub(crate) const PAR_MIN: usize = 1 << 15;
+
+/// Whether a kernel over `len` elements should run in parallel.
+pub(crate) fn use_par(len: usize) -> bool {
+    len >= PAR_MIN && crate::num_threads() > 1
+}
 
 /// Number of rows per rayon task: enough work (~32k elements) to amortise scheduling.
 pub(crate) fn rows_per_task(row_len: usize) -> usize {
@@ -42,7 +56,11 @@ pub(crate) fn cpu_slice<'a, T: WithDType>(s: &'a CpuStorage, l: &Layout, op: &'s
 }
 
 /// Runs `f` on the contiguous CPU data of `t`.
-pub(crate) fn with_cpu_slice<T: WithDType, R>(t: &Tensor, op: &'static str, f: impl FnOnce(&[T]) -> Result<R>) -> Result<R> {
+pub(crate) fn with_cpu_slice<T: WithDType, R>(
+    t: &Tensor,
+    op: &'static str,
+    f: impl FnOnce(&[T]) -> Result<R>,
+) -> Result<R> {
     let t = t.contiguous()?;
     let (st, l) = t.storage_and_layout();
     match &*st {
@@ -59,5 +77,8 @@ pub(crate) fn tracks(t: &Tensor) -> bool {
 }
 
 pub(crate) fn unsupported(op: &'static str, dtype: DType) -> Error {
-    Error::Msg(format!("{op}: unsupported dtype {dtype:?} (the fused kernels take f32 or f64)")).bt()
+    Error::Msg(format!(
+        "{op}: unsupported dtype {dtype:?} (the fused kernels take f32 or f64)"
+    ))
+    .bt()
 }

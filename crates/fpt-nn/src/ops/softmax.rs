@@ -4,7 +4,7 @@
 //! probability exactly 0, as GPT-2's large negative mask gives in f32). Backward:
 //! ds = scale * y * (dy - sum(dy * y)).
 
-use super::{cpu_slice, rows_per_task, unsupported, with_cpu_slice, Float};
+use super::{cpu_slice, rows_per_task, unsupported, use_par, with_cpu_slice, Float};
 use candle_core::backend::BackendStorage as _;
 use candle_core::{CpuStorage, CustomOp1, DType, Layout, Result, Shape, Tensor, D};
 use rayon::prelude::*;
@@ -27,28 +27,36 @@ fn fwd_kernel<T: Float>(s: &[T], tq: usize, tk: usize, scale: f64, causal: bool)
     let scale = T::from(scale).unwrap();
     let mut y = vec![T::zero(); s.len()];
     let rows = rows_per_task(tk);
-    y.par_chunks_mut(tk * rows)
-        .zip(s.par_chunks(tk * rows))
-        .enumerate()
-        .for_each(|(ci, (yc, sc))| {
-            for (ri, (yr, sr)) in yc.chunks_mut(tk).zip(sc.chunks(tk)).enumerate() {
-                let n = visible(ci * rows + ri, tq, tk, causal);
-                let mut max = T::neg_infinity();
-                for &v in &sr[..n] {
-                    max = num_traits::Float::max(max, v * scale);
-                }
-                let mut sum = T::zero();
-                for j in 0..n {
-                    let e = (sr[j] * scale - max).exp();
-                    yr[j] = e;
-                    sum = sum + e;
-                }
-                let inv = T::one() / sum;
-                for v in &mut yr[..n] {
-                    *v = *v * inv;
-                }
+    let body = |(ci, (yc, sc)): (usize, (&mut [T], &[T]))| {
+        for (ri, (yr, sr)) in yc.chunks_mut(tk).zip(sc.chunks(tk)).enumerate() {
+            let n = visible(ci * rows + ri, tq, tk, causal);
+            let mut max = T::neg_infinity();
+            for &v in &sr[..n] {
+                max = num_traits::Float::max(max, v * scale);
             }
-        });
+            let mut sum = T::zero();
+            for j in 0..n {
+                let e = (sr[j] * scale - max).exp();
+                yr[j] = e;
+                sum += e;
+            }
+            let inv = T::one() / sum;
+            for v in &mut yr[..n] {
+                *v *= inv;
+            }
+        }
+    };
+    if use_par(s.len()) {
+        y.par_chunks_mut(tk * rows)
+            .zip(s.par_chunks(tk * rows))
+            .enumerate()
+            .for_each(body);
+    } else {
+        y.chunks_mut(tk * rows)
+            .zip(s.chunks(tk * rows))
+            .enumerate()
+            .for_each(body);
+    }
     y
 }
 
@@ -56,18 +64,28 @@ fn bwd_kernel<T: Float>(y: &[T], dy: &[T], tq: usize, tk: usize, scale: f64, cau
     let scale = T::from(scale).unwrap();
     let mut ds = vec![T::zero(); y.len()];
     let rows = rows_per_task(tk);
-    ds.par_chunks_mut(tk * rows)
-        .zip(y.par_chunks(tk * rows).zip(dy.par_chunks(tk * rows)))
-        .enumerate()
-        .for_each(|(ci, (dc, (yc, gc)))| {
-            for (ri, ((dr, yr), gr)) in dc.chunks_mut(tk).zip(yc.chunks(tk)).zip(gc.chunks(tk)).enumerate() {
-                let n = visible(ci * rows + ri, tq, tk, causal);
-                let dot: T = (0..n).map(|j| yr[j] * gr[j]).sum();
-                for j in 0..n {
-                    dr[j] = scale * yr[j] * (gr[j] - dot);
-                }
+    let c = tk * rows;
+    type Item<'a, T> = (usize, (&'a mut [T], (&'a [T], &'a [T])));
+    let body = |(ci, (dc, (yc, gc))): Item<T>| {
+        for (ri, ((dr, yr), gr)) in dc.chunks_mut(tk).zip(yc.chunks(tk)).zip(gc.chunks(tk)).enumerate() {
+            let n = visible(ci * rows + ri, tq, tk, causal);
+            let dot: T = (0..n).map(|j| yr[j] * gr[j]).sum();
+            for j in 0..n {
+                dr[j] = scale * yr[j] * (gr[j] - dot);
             }
-        });
+        }
+    };
+    if use_par(y.len()) {
+        ds.par_chunks_mut(c)
+            .zip(y.par_chunks(c).zip(dy.par_chunks(c)))
+            .enumerate()
+            .for_each(body);
+    } else {
+        ds.chunks_mut(c)
+            .zip(y.chunks(c).zip(dy.chunks(c)))
+            .enumerate()
+            .for_each(body);
+    }
     ds
 }
 
@@ -87,8 +105,20 @@ impl CustomOp1 for SoftmaxOp {
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
         let (tq, tk) = dims(l.shape())?;
         let out = match s.dtype() {
-            DType::F32 => CpuStorage::F32(fwd_kernel(cpu_slice::<f32>(s, l, "masked_softmax")?, tq, tk, self.scale, self.causal)),
-            DType::F64 => CpuStorage::F64(fwd_kernel(cpu_slice::<f64>(s, l, "masked_softmax")?, tq, tk, self.scale, self.causal)),
+            DType::F32 => CpuStorage::F32(fwd_kernel(
+                cpu_slice::<f32>(s, l, "masked_softmax")?,
+                tq,
+                tk,
+                self.scale,
+                self.causal,
+            )),
+            DType::F64 => CpuStorage::F64(fwd_kernel(
+                cpu_slice::<f64>(s, l, "masked_softmax")?,
+                tq,
+                tk,
+                self.scale,
+                self.causal,
+            )),
             dt => return Err(unsupported("masked_softmax", dt)),
         };
         Ok((out, l.shape().clone()))
@@ -99,13 +129,17 @@ impl CustomOp1 for SoftmaxOp {
         let ds = match res.dtype() {
             DType::F32 => {
                 let v = with_cpu_slice::<f32, _>(res, "masked_softmax", |y| {
-                    with_cpu_slice::<f32, _>(dy, "masked_softmax", |g| Ok(bwd_kernel(y, g, tq, tk, self.scale, self.causal)))
+                    with_cpu_slice::<f32, _>(dy, "masked_softmax", |g| {
+                        Ok(bwd_kernel(y, g, tq, tk, self.scale, self.causal))
+                    })
                 })?;
                 Tensor::from_vec(v, res.shape(), res.device())?
             }
             DType::F64 => {
                 let v = with_cpu_slice::<f64, _>(res, "masked_softmax", |y| {
-                    with_cpu_slice::<f64, _>(dy, "masked_softmax", |g| Ok(bwd_kernel(y, g, tq, tk, self.scale, self.causal)))
+                    with_cpu_slice::<f64, _>(dy, "masked_softmax", |g| {
+                        Ok(bwd_kernel(y, g, tq, tk, self.scale, self.causal))
+                    })
                 })?;
                 Tensor::from_vec(v, res.shape(), res.device())?
             }
@@ -130,9 +164,13 @@ pub fn masked_softmax_composed(s: &Tensor, scale: f64, causal: bool) -> Result<T
     let mut s = s.affine(scale, 0.0)?;
     if causal {
         let off = tk.saturating_sub(tq);
-        let mask: Vec<u8> = (0..tq).flat_map(|i| (0..tk).map(move |j| u8::from(j > i + off))).collect();
+        let mask: Vec<u8> = (0..tq)
+            .flat_map(|i| (0..tk).map(move |j| u8::from(j > i + off)))
+            .collect();
         let mask = Tensor::from_vec(mask, (tq, tk), s.device())?.broadcast_as(s.shape())?;
-        let neg = Tensor::new(f32::NEG_INFINITY, s.device())?.to_dtype(s.dtype())?.broadcast_as(s.shape())?;
+        let neg = Tensor::new(f32::NEG_INFINITY, s.device())?
+            .to_dtype(s.dtype())?
+            .broadcast_as(s.shape())?;
         s = mask.where_cond(&neg, &s)?;
     }
     let max = s.max_keepdim(D::Minus1)?.detach();

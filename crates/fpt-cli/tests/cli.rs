@@ -1,0 +1,190 @@
+//! The `fpt` binary end to end: inspect counts, a short training run's files, and clear
+//! errors for bad input.
+
+use std::process::{Command, Output};
+
+fn fpt(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_fpt"))
+        .args(args)
+        .env("HF_HUB_OFFLINE", "1")
+        .env(
+            "HF_HUB_CACHE",
+            std::env::temp_dir().join("fpt-cli-test-empty-hub-cache"),
+        )
+        .output()
+        .expect("run fpt")
+}
+
+fn json(out: &Output) -> serde_json::Value {
+    assert!(
+        out.status.success(),
+        "fpt failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("stdout is JSON")
+}
+
+#[test]
+fn inspect_gives_the_reference_counts() {
+    let v = json(&fpt(&[
+        "inspect",
+        "--backbone",
+        "gpt2",
+        "--init",
+        "random",
+        "--task",
+        "bit-xor",
+        "--json",
+    ]));
+    assert_eq!(v["trainable"], 827_906);
+    assert_eq!(v["backbone_trainable"], 824_832);
+    assert_eq!(v["backbone_total"], 124_439_808);
+    assert_eq!(v["by_role"]["layer_norm"]["trainable"], 38_400);
+    assert_eq!(v["by_role"]["positions"]["trainable"], 786_432);
+    let v = json(&fpt(&[
+        "inspect",
+        "--backbone",
+        "gpt2",
+        "--task",
+        "bit-memory",
+        "--json",
+    ]));
+    assert_eq!(v["trainable"], 940_900);
+    let v = json(&fpt(&[
+        "inspect",
+        "--backbone",
+        "gpt2-medium",
+        "--train",
+        "all",
+        "--json",
+    ]));
+    assert_eq!(v["backbone_total"], 354_823_168);
+    let text = fpt(&["inspect", "--backbone", "gpt2"]);
+    assert!(text.status.success());
+    assert!(String::from_utf8_lossy(&text.stdout).contains("824832"));
+}
+
+#[test]
+fn train_writes_result_and_metrics() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = fpt(&[
+        "train",
+        "--task",
+        "bit-memory",
+        "--backbone",
+        "gpt2",
+        "--init",
+        "random",
+        "--layers",
+        "1",
+        "--hidden",
+        "32",
+        "--heads",
+        "2",
+        "--n-bits",
+        "20",
+        "--patch",
+        "5",
+        "--steps",
+        "20",
+        "--batch-size",
+        "8",
+        "--micro-batch-size",
+        "4",
+        "--eval-every",
+        "10",
+        "--eval-examples",
+        "32",
+        "--seed",
+        "3",
+        "--out",
+    ]
+    .iter()
+    .copied()
+    .chain([dir.path().to_str().unwrap()])
+    .collect::<Vec<_>>());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("result.json")).unwrap()).unwrap();
+    for key in [
+        "task",
+        "backbone",
+        "init",
+        "test_accuracy",
+        "steps",
+        "trainable_params",
+        "total_params",
+        "wall_seconds",
+    ] {
+        assert!(!r[key].is_null(), "result.json lacks {key}: {r}");
+    }
+    assert_eq!(r["task"], "bit-memory");
+    assert_eq!(r["init"], "random");
+    assert_eq!(r["steps"], 20);
+    assert_eq!(r["baseline_accuracy"], 0.75);
+    let acc = r["test_accuracy"].as_f64().unwrap();
+    assert!((0.0..=1.0).contains(&acc));
+    let metrics = std::fs::read_to_string(dir.path().join("metrics.jsonl")).unwrap();
+    assert_eq!(metrics.lines().count(), 2);
+    assert!(dir.path().join("spec.json").is_file());
+}
+
+fn fails_with(args: &[&str], needles: &[&str]) {
+    let out = fpt(args);
+    assert!(!out.status.success(), "fpt {args:?} should fail");
+    let err = String::from_utf8_lossy(&out.stderr);
+    for n in needles {
+        assert!(err.contains(n), "stderr of fpt {args:?} lacks `{n}`:\n{err}");
+    }
+}
+
+#[test]
+fn bad_input_gets_clear_errors() {
+    let base = tempfile::tempdir().unwrap();
+    let d = base.path().join("never-written");
+    let d = d.to_str().unwrap();
+    fails_with(&["train", "--task", "mnsit", "--out", d], &["mnsit", "bit-xor"]);
+    fails_with(
+        &["train", "--task", "bit-xor", "--train", "in,bogus", "--out", d],
+        &["bogus"],
+    );
+    fails_with(
+        &["train", "--task", "bit-xor", "--init", "sorta", "--out", d],
+        &["sorta"],
+    );
+    fails_with(
+        &["train", "--task", "bit-xor", "--steps", "many", "--out", d],
+        &["many"],
+    );
+    fails_with(
+        &["train", "--task", "bit-xor", "--layers", "2", "--out", d],
+        &["--layers", "--init random"],
+    );
+    fails_with(
+        &[
+            "train",
+            "--task",
+            "bit-xor",
+            "--backbone",
+            "nobody/not-cached",
+            "--out",
+            d,
+        ],
+        &["nobody/not-cached", "fpt fetch", "HF_HUB_OFFLINE"],
+    );
+    fails_with(
+        &["train", "--task", "bit-xor", "--backbone", "./no/such/dir", "--out", d],
+        &["no/such/dir"],
+    );
+    fails_with(
+        &[
+            "train", "--task", "bit-xor", "--init", "random", "--hidden", "30", "--heads", "4", "--out", d,
+        ],
+        &["n_embd 30", "n_head 4"],
+    );
+    fails_with(&["train", "--task", "bit-xor", "--device", "tpu", "--out", d], &["tpu"]);
+    assert!(
+        !std::path::Path::new(d).exists(),
+        "a failed run must not leave a run directory"
+    );
+}

@@ -1,0 +1,140 @@
+//! The FPT forward pass: read-out layout, token inputs through the Embedding, and a
+//! finite-difference check of the whole model's gradients.
+
+use candle_core::{Device, Tensor};
+use fpt_backbones::gpt2::{Gpt2, Gpt2Config};
+use fpt_model::{Fpt, HeadConfig};
+use fpt_nn::{ops, Ctx, Rng};
+use fpt_spec::{ResidualInit, ShapeOverrides, TrainGroups};
+use fpt_tasks::{InputKind, Inputs, TaskDims};
+
+fn tiny_backbone(groups: &TrainGroups, rng: &mut Rng) -> Gpt2 {
+    let cfg = Gpt2Config::builtin("gpt2")
+        .unwrap()
+        .with_overrides(&ShapeOverrides {
+            layers: Some(2),
+            hidden: Some(16),
+            heads: Some(2),
+            positions: Some(12),
+        })
+        .unwrap();
+    Gpt2::random(&cfg, ResidualInit::Scaled, groups, &Device::Cpu, rng).unwrap()
+}
+
+#[test]
+fn token_inputs_go_through_the_embedding_and_train_it() {
+    let mut rng = Rng::new(1);
+    let groups = TrainGroups::fpt();
+    let dims = TaskDims {
+        input: InputKind::Tokens { vocab: 15 },
+        seq_len: 10,
+        readout_tokens: 1,
+        labels_per_example: 1,
+        classes: 10,
+    };
+    let m = Fpt::new(
+        Box::new(tiny_backbone(&groups, &mut rng)),
+        dims,
+        groups,
+        HeadConfig::default(),
+        &Device::Cpu,
+        &mut rng,
+    )
+    .unwrap();
+    let ids = Tensor::new(
+        &[[1u32, 2, 3, 4, 5, 6, 7, 8, 9, 0], [14, 13, 12, 11, 10, 9, 8, 7, 6, 5]],
+        &Device::Cpu,
+    )
+    .unwrap();
+    let logits = m.forward(&Inputs::Tokens(ids.clone()), &mut Ctx::eval()).unwrap();
+    assert_eq!(logits.dims(), &[2, 1, 10]);
+    let loss = ops::cross_entropy(
+        &logits.reshape((2, 10)).unwrap(),
+        &Tensor::new(&[3u32, 7], &Device::Cpu).unwrap(),
+    )
+    .unwrap();
+    let grads = loss.backward().unwrap();
+    let emb = m.trainable().into_iter().find(|(n, _)| n == "input.weight").unwrap().1;
+    let g = grads
+        .get(emb.as_tensor())
+        .expect("embedding gradient")
+        .to_vec2::<f32>()
+        .unwrap();
+    // Only the rows of ids that occur get a gradient (all of 0..15 occur here but row 0 once).
+    assert!(g.iter().all(|r| r.iter().all(|v| v.is_finite())));
+    assert!(g[1].iter().any(|&v| v != 0.0));
+    // Vectors into a token model are refused.
+    let e = m.forward(
+        &Inputs::Vectors(Tensor::zeros((1, 10, 3), candle_core::DType::F32, &Device::Cpu).unwrap()),
+        &mut Ctx::eval(),
+    );
+    assert!(e.is_err());
+}
+
+/// d loss / d theta by central differences (f32, h = 1e-2) against backprop, for a few
+/// LayerNorm and position entries of a tiny frozen GPT-2 inside the FPT.
+#[test]
+fn whole_model_gradients_match_finite_differences() {
+    let mut rng = Rng::new(2);
+    let groups = TrainGroups::fpt();
+    let dims = TaskDims {
+        input: InputKind::Vectors { width: 3 },
+        seq_len: 8,
+        readout_tokens: 2,
+        labels_per_example: 2,
+        classes: 2,
+    };
+    let m = Fpt::new(
+        Box::new(tiny_backbone(&groups, &mut rng)),
+        dims,
+        groups,
+        HeadConfig::default(),
+        &Device::Cpu,
+        &mut rng,
+    )
+    .unwrap();
+    let x = fpt_nn::init::normal(&[4, 8, 3], 0.0, 1.0, &mut rng, &Device::Cpu).unwrap();
+    let y = Tensor::new(&[0u32, 1, 1, 0, 1, 1, 0, 0], &Device::Cpu).unwrap();
+    let inputs = Inputs::Vectors(x);
+    let loss = |m: &Fpt| -> f64 {
+        let l = m.forward(&inputs, &mut Ctx::eval()).unwrap().reshape((8, 2)).unwrap();
+        ops::cross_entropy(&l, &y).unwrap().to_scalar::<f32>().unwrap() as f64
+    };
+    let l = m.forward(&inputs, &mut Ctx::eval()).unwrap().reshape((8, 2)).unwrap();
+    let grads = ops::cross_entropy(&l, &y).unwrap().backward().unwrap();
+    let mut checked = 0;
+    for (name, var) in m.trainable() {
+        if !(name.contains("ln_1") || name == "wpe.weight" || name == "ln_f.bias" || name == "input.weight") {
+            continue;
+        }
+        let g = grads
+            .get(var.as_tensor())
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap();
+        let base = var.as_tensor().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        for j in [0, base.len() / 2, base.len() - 1] {
+            let h = 1e-2f32;
+            let eval = |delta: f32| {
+                let mut p = base.clone();
+                p[j] += delta;
+                var.set(&Tensor::from_vec(p, var.shape(), &Device::Cpu).unwrap())
+                    .unwrap();
+                loss(&m)
+            };
+            let num = (eval(h) - eval(-h)) / (2.0 * h as f64);
+            var.set(&Tensor::from_vec(base.clone(), var.shape(), &Device::Cpu).unwrap())
+                .unwrap();
+            let err = (num - g[j] as f64).abs();
+            assert!(
+                err < 2e-3 + 2e-2 * num.abs(),
+                "{name}[{j}]: backprop {} vs numeric {num}",
+                g[j]
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked >= 12, "{checked}");
+}
