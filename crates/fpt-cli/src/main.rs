@@ -1,13 +1,16 @@
 //! `fpt`: train and inspect frozen pretrained transformers (Lu et al. 2021).
 //!
 //! - `fpt train --task bit-xor --backbone gpt2 --init random --layers 4 --hidden 128 --heads 4 --steps 4000 --out DIR`
+//! - `fpt train --resume DIR` continues a run from its latest checkpoint
+//! - `fpt eval DIR` evaluates a run's latest checkpoint again
 //! - `fpt inspect --backbone gpt2 --task bit-xor [--json]`
 
 use anyhow::{bail, Context, Result};
 use candle_core::Device;
 use clap::{Args, Parser, Subcommand};
 use fpt_spec::{
-    BackboneSpec, Init, ResidualInit, Role, RunSpec, ShapeOverrides, TaskName, TaskSpec, TrainGroups, TrainSpec,
+    BackboneSpec, Init, LrSchedule, ResidualInit, Role, RunSpec, ShapeOverrides, TaskName, TaskSpec, TrainEval,
+    TrainGroups, TrainSpec,
 };
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -26,9 +29,20 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Train the input/output layers (and chosen groups) of a frozen backbone on a task.
-    Train(TrainArgs),
+    Train(Box<TrainArgs>),
     /// Print a backbone's config summary and parameter counts per group.
     Inspect(InspectArgs),
+    /// Evaluate a run's latest checkpoint again (test and training splits).
+    Eval(EvalArgs),
+}
+
+#[derive(Args)]
+struct EvalArgs {
+    /// The run directory.
+    dir: PathBuf,
+    /// Device: `cpu`, or `cuda` / `cuda:N` when built with `--features cuda`.
+    #[arg(long, default_value = "cpu")]
+    device: String,
 }
 
 #[derive(Args, Clone)]
@@ -80,8 +94,12 @@ impl BackboneArgs {
 #[derive(Args)]
 struct TrainArgs {
     /// Task: bit-xor or bit-memory.
-    #[arg(long)]
-    task: TaskName,
+    #[arg(long, required_unless_present = "resume")]
+    task: Option<TaskName>,
+    /// Continue the run in this directory from its latest checkpoint (its spec.json gives
+    /// every setting; flags that would change it are refused).
+    #[arg(long, value_name = "DIR", conflicts_with = "out")]
+    resume: Option<PathBuf>,
     #[command(flatten)]
     backbone: BackboneArgs,
     /// Optimizer steps.
@@ -124,12 +142,27 @@ struct TrainArgs {
     /// Seed of every random number in the run.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Learning-rate schedule: constant, linear:WARMUP or cosine:WARMUP.
+    #[arg(long, default_value = "constant")]
+    lr_schedule: LrSchedule,
+    /// Accuracy on the training split: never, final or every (evaluation).
+    #[arg(long, default_value = "final")]
+    train_eval: TrainEval,
+    /// Write a checkpoint every N steps (one is always written at the end).
+    #[arg(long)]
+    checkpoint_every: Option<usize>,
+    /// Tolerance (absolute accuracy) for steps to convergence and early stopping.
+    #[arg(long, default_value_t = 0.01)]
+    convergence_tolerance: f64,
+    /// Stop after N evaluations without improvement.
+    #[arg(long)]
+    early_stop_patience: Option<usize>,
     /// Device: `cpu`, or `cuda` / `cuda:N` when built with `--features cuda`.
     #[arg(long, default_value = "cpu")]
     device: String,
-    /// Run directory for spec.json, metrics.jsonl and result.json.
-    #[arg(long)]
-    out: PathBuf,
+    /// Run directory for spec.json, metrics.jsonl, checkpoints/ and result.json.
+    #[arg(long, required_unless_present = "resume")]
+    out: Option<PathBuf>,
     /// Print only the final line.
     #[arg(long, short)]
     quiet: bool,
@@ -168,81 +201,253 @@ fn parse_device(s: &str) -> Result<Device> {
     }
 }
 
-fn train(a: TrainArgs) -> Result<()> {
-    let mut task = TaskSpec::new(a.task);
-    task.n_bits = a.n_bits;
-    task.patch = a.patch;
-    task.eval_examples = a.eval_examples;
-    let spec = RunSpec {
-        task,
-        backbone: a.backbone.spec(),
-        train_groups: a.backbone.train_groups,
-        train: TrainSpec {
-            steps: a.steps,
-            batch_size: a.batch_size,
-            micro_batch_size: a.micro_batch_size.unwrap_or(a.batch_size),
-            lr: a.lr,
-            clip_norm: (a.clip > 0.0).then_some(a.clip),
-            eval_every: a.eval_every,
-            seed: a.seed,
+/// The run spec the flags describe. With `base` (a resumed run's saved spec), only flags
+/// given on the command line replace its values.
+fn spec_from_args(a: &TrainArgs, given: &dyn Fn(&str) -> bool, base: Option<RunSpec>) -> Result<RunSpec> {
+    let fresh = base.is_none();
+    let mut s = match base {
+        Some(b) => b,
+        None => RunSpec {
+            task: TaskSpec::new(a.task.context("--task is required")?),
+            backbone: a.backbone.spec(),
+            train_groups: a.backbone.train_groups,
+            train: TrainSpec::default(),
+            input_dropout: a.input_dropout,
+            orth_gain: a.orth_gain,
+            backbone_dropout: !a.no_backbone_dropout,
         },
-        input_dropout: a.input_dropout,
-        orth_gain: a.orth_gain,
-        backbone_dropout: !a.no_backbone_dropout,
     };
-    let device = parse_device(&a.device)?;
-    let quiet = a.quiet;
-    let total_steps = a.steps;
-    let tty = std::io::stderr().is_terminal();
-    let mut on_event = |e: &fpt_train::Event| {
-        if quiet {
+    let set = |id: &str| fresh || given(id);
+    let b = a.backbone.spec();
+    if set("task") {
+        if let Some(t) = a.task {
+            s.task.name = t;
+        }
+    }
+    if set("n_bits") {
+        s.task.n_bits = a.n_bits;
+    }
+    if set("patch") {
+        s.task.patch = a.patch;
+    }
+    if set("eval_examples") {
+        s.task.eval_examples = a.eval_examples;
+    }
+    if set("backbone") {
+        s.backbone.source = b.source.clone();
+    }
+    if set("init") {
+        s.backbone.init = b.init;
+    }
+    if set("layers") {
+        s.backbone.shape.layers = b.shape.layers;
+    }
+    if set("hidden") {
+        s.backbone.shape.hidden = b.shape.hidden;
+    }
+    if set("heads") {
+        s.backbone.shape.heads = b.shape.heads;
+    }
+    if set("positions") {
+        s.backbone.shape.positions = b.shape.positions;
+    }
+    if set("residual_init") {
+        s.backbone.residual_init = b.residual_init;
+    }
+    if set("train_groups") {
+        s.train_groups = a.backbone.train_groups;
+    }
+    let t = &mut s.train;
+    if set("steps") {
+        t.steps = a.steps;
+    }
+    if set("batch_size") {
+        t.batch_size = a.batch_size;
+    }
+    if set("micro_batch_size") || (fresh || given("batch_size")) && a.micro_batch_size.is_none() {
+        t.micro_batch_size = a.micro_batch_size.unwrap_or(a.batch_size);
+    }
+    if set("lr") {
+        t.lr = a.lr;
+    }
+    if set("clip") {
+        t.clip_norm = (a.clip > 0.0).then_some(a.clip);
+    }
+    if set("eval_every") {
+        t.eval_every = a.eval_every;
+    }
+    if set("seed") {
+        t.seed = a.seed;
+    }
+    if set("lr_schedule") {
+        t.lr_schedule = a.lr_schedule;
+    }
+    if set("train_eval") {
+        t.train_eval = a.train_eval;
+    }
+    if set("checkpoint_every") {
+        t.checkpoint_every = a.checkpoint_every;
+    }
+    if set("convergence_tolerance") {
+        t.convergence_tolerance = a.convergence_tolerance;
+    }
+    if set("early_stop_patience") {
+        t.early_stop_patience = a.early_stop_patience;
+    }
+    if set("input_dropout") {
+        s.input_dropout = a.input_dropout;
+    }
+    if set("orth_gain") {
+        s.orth_gain = a.orth_gain;
+    }
+    if set("no_backbone_dropout") {
+        s.backbone_dropout = !a.no_backbone_dropout;
+    }
+    Ok(s)
+}
+
+/// Prints progress: a bar on a terminal, one line per evaluation otherwise.
+struct Progress {
+    quiet: bool,
+    bar: Option<indicatif::ProgressBar>,
+    steps: usize,
+    last_acc: Option<f64>,
+}
+
+impl Progress {
+    fn line(&self, msg: String) {
+        match &self.bar {
+            Some(b) => b.println(msg),
+            None => eprintln!("{msg}"),
+        }
+    }
+
+    fn on(&mut self, e: &fpt_train::Event) {
+        if self.quiet {
             return;
         }
+        use fpt_train::Event;
         match e {
-            fpt_train::Event::Started {
+            Event::Started {
                 trainable,
                 total,
                 weights,
+                from_step,
+                steps,
             } => {
-                eprintln!(
-                    "fpt: {} on {} [{}], training {} of {} parameters ({:.3}%)",
-                    spec.task.name,
-                    spec.backbone.source,
-                    weights,
-                    trainable,
-                    total,
-                    100.0 * *trainable as f64 / *total as f64
-                );
-            }
-            fpt_train::Event::Eval(r) => {
-                let rate = r.step as f64 / r.elapsed_s.max(1e-9);
-                let eta = (total_steps.saturating_sub(r.step)) as f64 / rate.max(1e-9);
-                let line = format!(
-                    "step {:>6}/{total_steps}  train_loss {:.4}  test_loss {:.4}  test_acc {:.4}  {:.1} steps/s  elapsed {:.0}s  eta {:.0}s",
-                    r.step, r.train_loss, r.test_loss, r.test_accuracy, rate, r.elapsed_s, eta
-                );
-                if tty {
-                    eprintln!("\x1b[2K{line}");
+                self.steps = *steps;
+                let from = if *from_step > 0 {
+                    format!(", resuming at step {from_step}")
                 } else {
-                    eprintln!("{line}");
+                    String::new()
+                };
+                eprintln!(
+                    "fpt: training {trainable} of {total} parameters ({:.3}%); backbone weights: {weights}{from}",
+                    100.0 * *trainable as f64 / (*total).max(1) as f64
+                );
+                if std::io::stderr().is_terminal() {
+                    let bar = indicatif::ProgressBar::new(*steps as u64);
+                    bar.set_style(
+                        indicatif::ProgressStyle::with_template(
+                            "{bar:30} {pos}/{len} steps  {msg}  {per_sec}  eta {eta}",
+                        )
+                        .expect("valid template"),
+                    );
+                    bar.set_position(*from_step as u64);
+                    bar.reset_eta();
+                    self.bar = Some(bar);
                 }
             }
-            fpt_train::Event::Diverged(step) => eprintln!(
+            Event::Step { step, loss } => {
+                if let Some(b) = &self.bar {
+                    b.set_position(*step as u64);
+                    let acc = self.last_acc.map(|a| format!("  test_acc {a:.4}")).unwrap_or_default();
+                    b.set_message(format!("loss {loss:.4}{acc}"));
+                }
+            }
+            Event::Eval(r) => {
+                self.last_acc = Some(r.test_accuracy);
+                let train = r
+                    .train_accuracy
+                    .map(|a| format!("  train_acc {a:.4}"))
+                    .unwrap_or_default();
+                let rate = r.step as f64 / r.elapsed_s.max(1e-9);
+                self.line(format!(
+                    "step {:>6}/{}  train_loss {:.4}  test_loss {:.4}  test_acc {:.4}{train}  {:.1} steps/s  elapsed {:.0}s",
+                    r.step, self.steps, r.train_loss, r.test_loss, r.test_accuracy, rate, r.elapsed_s
+                ));
+            }
+            Event::Checkpoint(p) => tracing::info!(path = %p.display(), "checkpoint written"),
+            Event::Diverged(step) => self.line(format!(
                 "fpt: diverged at step {step} (non-finite loss or gradient); reporting the last finite parameters"
-            ),
+            )),
+            Event::StoppedEarly(step) => self.line(format!("fpt: early stop at step {step} (no improvement)")),
+        }
+    }
+}
+
+fn train(a: TrainArgs, m: &clap::ArgMatches) -> Result<()> {
+    let given = |id: &str| {
+        m.try_get_raw(id).ok().flatten().is_some() && m.value_source(id) == Some(clap::parser::ValueSource::CommandLine)
+    };
+    let device = parse_device(&a.device)?;
+    let mut progress = Progress {
+        quiet: a.quiet,
+        bar: None,
+        steps: 0,
+        last_acc: None,
+    };
+    let mut on_event = |e: &fpt_train::Event| progress.on(e);
+    let (r, out) = match &a.resume {
+        Some(dir) => {
+            let saved = fpt_train::saved_spec(dir)?;
+            let wanted = spec_from_args(&a, &given, Some(saved))?;
+            (
+                fpt_train::resume(dir, Some(&wanted), &device, &mut on_event)?,
+                dir.clone(),
+            )
+        }
+        None => {
+            let spec = spec_from_args(&a, &given, None)?;
+            let out = a.out.clone().context("--out is required")?;
+            (fpt_train::train(&spec, &out, &device, &mut on_event)?, out)
         }
     };
-    let r = fpt_train::train(&spec, &a.out, &device, &mut on_event)?;
+    if let Some(b) = &progress.bar {
+        b.finish_and_clear();
+    }
+    let train_acc = r
+        .train_accuracy
+        .map(|a| format!(", train_accuracy {a:.4}"))
+        .unwrap_or_default();
+    let conv = r
+        .converged_step
+        .map(|s| format!(", converged at step {s}"))
+        .unwrap_or_default();
     println!(
-        "{}: test_accuracy {:.4} (best {:.4} at step {}), {} steps in {:.1}s -> {}",
+        "{}: test_accuracy {:.4} (best {:.4} at step {}{conv}){train_acc}, {} steps in {:.1}s -> {}",
         r.task,
         r.test_accuracy,
         r.best_accuracy,
         r.best_step,
         r.steps,
         r.wall_seconds,
-        a.out.join("result.json").display()
+        out.join("result.json").display()
     );
+    Ok(())
+}
+
+fn eval(a: EvalArgs) -> Result<()> {
+    let device = parse_device(&a.device)?;
+    let (test_loss, test_acc, train_acc, step) = fpt_train::evaluate_run(&a.dir, &device)?;
+    let v = serde_json::json!({
+        "run": a.dir.display().to_string(),
+        "step": step,
+        "test_loss": test_loss,
+        "test_accuracy": test_acc,
+        "train_accuracy": train_acc,
+    });
+    println!("{}", serde_json::to_string_pretty(&v)?);
     Ok(())
 }
 
@@ -344,10 +549,15 @@ fn main() {
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("FPT_LOG").unwrap_or_else(|_| "warn".into()))
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
+    let matches = <Cli as clap::CommandFactory>::command().get_matches();
+    let cli = match <Cli as clap::FromArgMatches>::from_arg_matches(&matches) {
+        Ok(c) => c,
+        Err(e) => e.exit(),
+    };
     let res = match cli.command {
-        Command::Train(a) => train(a),
+        Command::Train(a) => train(*a, matches.subcommand_matches("train").expect("train subcommand")),
         Command::Inspect(a) => inspect(a),
+        Command::Eval(a) => eval(a),
     };
     if let Err(e) = res {
         eprintln!("error: {e:#}");

@@ -395,6 +395,103 @@ pub struct BackboneSpec {
     pub residual_init: ResidualInit,
 }
 
+/// Learning-rate schedule. The paper uses a constant rate.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case", tag = "kind")]
+pub enum LrSchedule {
+    /// `lr` at every step (the paper's setting).
+    #[default]
+    Constant,
+    /// Linear warm-up from 0 over `warmup_steps`, then linear decay to 0 at the last step.
+    Linear {
+        /// Warm-up steps.
+        warmup_steps: usize,
+    },
+    /// Linear warm-up over `warmup_steps`, then cosine decay to 0 at the last step.
+    Cosine {
+        /// Warm-up steps.
+        warmup_steps: usize,
+    },
+}
+
+impl LrSchedule {
+    /// The learning rate at 1-based `step` of `total` for base rate `lr`.
+    pub fn lr_at(&self, lr: f64, step: usize, total: usize) -> f64 {
+        let warm = |w: usize| {
+            if w > 0 && step <= w {
+                Some(lr * step as f64 / w as f64)
+            } else {
+                None
+            }
+        };
+        match *self {
+            LrSchedule::Constant => lr,
+            LrSchedule::Linear { warmup_steps } => warm(warmup_steps).unwrap_or_else(|| {
+                let rest = total.saturating_sub(warmup_steps).max(1) as f64;
+                lr * (1.0 - (step - warmup_steps) as f64 / rest).max(0.0)
+            }),
+            LrSchedule::Cosine { warmup_steps } => warm(warmup_steps).unwrap_or_else(|| {
+                let rest = total.saturating_sub(warmup_steps).max(1) as f64;
+                let t = ((step - warmup_steps) as f64 / rest).min(1.0);
+                lr * 0.5 * (1.0 + (std::f64::consts::PI * t).cos())
+            }),
+        }
+    }
+}
+
+impl FromStr for LrSchedule {
+    type Err = SpecError;
+    /// `constant`, `linear:WARMUP` or `cosine:WARMUP` (warm-up steps, default 0).
+    fn from_str(s: &str) -> Result<Self> {
+        let (kind, warm) = s.split_once(':').unwrap_or((s, "0"));
+        let warmup_steps = warm.parse().map_err(|_| SpecError::Invalid {
+            field: "lr_schedule",
+            msg: format!("bad warm-up steps `{warm}` in `{s}`"),
+        })?;
+        match kind {
+            "constant" => Ok(LrSchedule::Constant),
+            "linear" => Ok(LrSchedule::Linear { warmup_steps }),
+            "cosine" => Ok(LrSchedule::Cosine { warmup_steps }),
+            _ => Err(SpecError::Invalid {
+                field: "lr_schedule",
+                msg: format!("`{s}` (expected constant, linear:WARMUP or cosine:WARMUP)"),
+            }),
+        }
+    }
+}
+
+/// When accuracy on the training split is measured (Table 7 of the paper reports it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum TrainEval {
+    /// Never.
+    Never,
+    /// At the final evaluation only.
+    #[default]
+    Final,
+    /// At every evaluation.
+    Every,
+}
+
+impl FromStr for TrainEval {
+    type Err = SpecError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "never" => Ok(Self::Never),
+            "final" => Ok(Self::Final),
+            "every" => Ok(Self::Every),
+            _ => Err(SpecError::Invalid {
+                field: "train_eval",
+                msg: format!("`{s}` (expected never, final or every)"),
+            }),
+        }
+    }
+}
+
+fn default_tolerance() -> f64 {
+    0.01
+}
+
 /// Trainer settings (paper App. C defaults: Adam 1e-3, no weight decay, constant LR,
 /// gradient-norm clipping at 1.0).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -414,6 +511,23 @@ pub struct TrainSpec {
     pub eval_every: usize,
     /// Seed for every random number in the run (init, data, dropout).
     pub seed: u64,
+    /// Learning-rate schedule.
+    #[serde(default)]
+    pub lr_schedule: LrSchedule,
+    /// When to measure accuracy on the training split.
+    #[serde(default)]
+    pub train_eval: TrainEval,
+    /// Write a checkpoint every this many steps (one is always written at the end).
+    #[serde(default)]
+    pub checkpoint_every: Option<usize>,
+    /// Steps to convergence: the first evaluation whose test accuracy is within this
+    /// (absolute) tolerance of the run's best and stays within it at every later evaluation.
+    #[serde(default = "default_tolerance")]
+    pub convergence_tolerance: f64,
+    /// Stop when this many consecutive evaluations fail to improve the best test accuracy
+    /// by more than `convergence_tolerance`; `None` = never stop early.
+    #[serde(default)]
+    pub early_stop_patience: Option<usize>,
 }
 
 impl Default for TrainSpec {
@@ -426,6 +540,11 @@ impl Default for TrainSpec {
             clip_norm: Some(1.0),
             eval_every: 250,
             seed: 0,
+            lr_schedule: LrSchedule::Constant,
+            train_eval: TrainEval::Final,
+            checkpoint_every: None,
+            convergence_tolerance: 0.01,
+            early_stop_patience: None,
         }
     }
 }
@@ -479,6 +598,15 @@ impl RunSpec {
         if t.eval_every == 0 {
             return bad("eval_every", "must be at least 1");
         }
+        if t.checkpoint_every == Some(0) {
+            return bad("checkpoint_every", "must be at least 1");
+        }
+        if t.early_stop_patience == Some(0) {
+            return bad("early_stop_patience", "must be at least 1");
+        }
+        if !(t.convergence_tolerance.is_finite() && t.convergence_tolerance >= 0.0) {
+            return bad("convergence_tolerance", "must be a non-negative finite number");
+        }
         if !(0.0..1.0).contains(&self.input_dropout) {
             return bad("input_dropout", "must be in [0, 1)");
         }
@@ -492,6 +620,37 @@ impl RunSpec {
             );
         }
         Ok(())
+    }
+}
+
+impl RunSpec {
+    /// The fields (as JSON paths) where `other` differs from `self`, e.g. `train.lr`.
+    pub fn differences(&self, other: &RunSpec) -> Vec<String> {
+        fn walk(prefix: &str, a: &serde_json::Value, b: &serde_json::Value, out: &mut Vec<String>) {
+            match (a, b) {
+                (serde_json::Value::Object(x), serde_json::Value::Object(y)) => {
+                    let mut keys: Vec<&String> = x.keys().chain(y.keys()).collect();
+                    keys.sort();
+                    keys.dedup();
+                    for k in keys {
+                        let p = if prefix.is_empty() {
+                            k.clone()
+                        } else {
+                            format!("{prefix}.{k}")
+                        };
+                        let null = serde_json::Value::Null;
+                        walk(&p, x.get(k).unwrap_or(&null), y.get(k).unwrap_or(&null), out);
+                    }
+                }
+                _ if a != b => out.push(format!("{prefix}: {a} -> {b}")),
+                _ => {}
+            }
+        }
+        let a = serde_json::to_value(self).expect("spec serialises");
+        let b = serde_json::to_value(other).expect("spec serialises");
+        let mut out = Vec::new();
+        walk("", &a, &b, &mut out);
+        out
     }
 }
 
@@ -543,5 +702,24 @@ mod tests {
         let json = serde_json::to_string(&spec).unwrap();
         let back: RunSpec = serde_json::from_str(&json).unwrap();
         assert_eq!(back, spec);
+        let mut other = spec.clone();
+        other.train.lr = 0.5;
+        other.train.lr_schedule = "cosine:10".parse().unwrap();
+        let d = spec.differences(&other);
+        assert_eq!(d.len(), 3, "{d:?}"); // lr, and the schedule's kind and warm-up
+        assert!(d[0].starts_with("train.lr: 0.001 -> 0.5"), "{d:?}");
+    }
+
+    #[test]
+    fn schedules() {
+        let c = LrSchedule::Cosine { warmup_steps: 10 };
+        assert!((c.lr_at(1.0, 5, 110) - 0.5).abs() < 1e-12);
+        assert!((c.lr_at(1.0, 10, 110) - 1.0).abs() < 1e-12);
+        assert!((c.lr_at(1.0, 60, 110) - 0.5).abs() < 1e-12);
+        assert!(c.lr_at(1.0, 110, 110).abs() < 1e-12);
+        let l: LrSchedule = "linear:0".parse().unwrap();
+        assert!((l.lr_at(2.0, 50, 100) - 1.0).abs() < 1e-12);
+        assert_eq!(LrSchedule::Constant.lr_at(0.3, 7, 9), 0.3);
+        assert!("warm".parse::<LrSchedule>().is_err());
     }
 }

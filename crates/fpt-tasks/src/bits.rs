@@ -10,9 +10,10 @@
 //!
 //! The output layer reads the last `n / patch` tokens, each giving 2 logits per bit of its
 //! patch; the loss is a 2-way cross-entropy over all `n` bits and the accuracy is bit-level.
-//! Training data is fresh for every batch; the evaluation set is fixed by the seed.
+//! Training data is fresh for every batch. Two fixed sets are drawn from the seed: the test
+//! set and a "train" sample (same distribution, own stream), for train-accuracy reports.
 
-use crate::{Batch, InputKind, Inputs, Result, Task, TaskDims, TaskError};
+use crate::{Batch, InputKind, Inputs, Result, Split, Task, TaskDims, TaskError};
 use candle_core::{Device, Tensor};
 use fpt_nn::Rng;
 use fpt_spec::TaskName;
@@ -62,7 +63,8 @@ fn check(task: &'static str, n: usize, patch: usize) -> Result<()> {
 pub struct BitXor {
     n: usize,
     patch: usize,
-    eval: Examples,
+    test: Examples,
+    train_sample: Examples,
     eval_len: usize,
 }
 
@@ -74,10 +76,12 @@ impl BitXor {
         let mut t = Self {
             n,
             patch,
-            eval: Examples { x: vec![], y: vec![] },
+            test: Examples { x: vec![], y: vec![] },
+            train_sample: Examples { x: vec![], y: vec![] },
             eval_len,
         };
-        t.eval = t.generate(eval_len, &mut Rng::new(seed).fork("bit-xor/eval"));
+        t.test = t.generate(eval_len, &mut Rng::new(seed).fork("bit-xor/eval"));
+        t.train_sample = t.generate(eval_len, &mut Rng::new(seed).fork("bit-xor/train-sample"));
         Ok(t)
     }
 
@@ -112,11 +116,15 @@ impl Task for BitXor {
         let e = self.generate(n, rng);
         to_batch(e.x, e.y, n, &self.dims(), device)
     }
-    fn eval_len(&self) -> usize {
+    fn eval_len(&self, _split: Split) -> usize {
         self.eval_len
     }
-    fn eval_batch(&self, start: usize, n: usize, device: &Device) -> Result<Batch> {
-        slice_batch(&self.eval, start, n, self.eval_len, &self.dims(), device)
+    fn eval_batch(&self, split: Split, start: usize, n: usize, device: &Device) -> Result<Batch> {
+        let set = match split {
+            Split::Test => &self.test,
+            Split::Train => &self.train_sample,
+        };
+        slice_batch(set, start, n, self.eval_len, &self.dims(), device)
     }
 }
 
@@ -125,7 +133,8 @@ pub struct BitMemory {
     n: usize,
     patterns: usize,
     patch: usize,
-    eval: Examples,
+    test: Examples,
+    train_sample: Examples,
     eval_len: usize,
 }
 
@@ -144,10 +153,12 @@ impl BitMemory {
             n,
             patterns,
             patch,
-            eval: Examples { x: vec![], y: vec![] },
+            test: Examples { x: vec![], y: vec![] },
+            train_sample: Examples { x: vec![], y: vec![] },
             eval_len,
         };
-        t.eval = t.generate(eval_len, &mut Rng::new(seed).fork("bit-memory/eval"));
+        t.test = t.generate(eval_len, &mut Rng::new(seed).fork("bit-memory/eval"));
+        t.train_sample = t.generate(eval_len, &mut Rng::new(seed).fork("bit-memory/train-sample"));
         Ok(t)
     }
 
@@ -189,11 +200,15 @@ impl Task for BitMemory {
         let e = self.generate(n, rng);
         to_batch(e.x, e.y, n, &self.dims(), device)
     }
-    fn eval_len(&self) -> usize {
+    fn eval_len(&self, _split: Split) -> usize {
         self.eval_len
     }
-    fn eval_batch(&self, start: usize, n: usize, device: &Device) -> Result<Batch> {
-        slice_batch(&self.eval, start, n, self.eval_len, &self.dims(), device)
+    fn eval_batch(&self, split: Split, start: usize, n: usize, device: &Device) -> Result<Batch> {
+        let set = match split {
+            Split::Test => &self.test,
+            Split::Train => &self.train_sample,
+        };
+        slice_batch(set, start, n, self.eval_len, &self.dims(), device)
     }
     fn baseline(&self) -> Option<(f64, &'static str)> {
         Some((0.75, "copy the visible bits, guess the masked ones"))
@@ -253,20 +268,16 @@ mod tests {
 
     #[test]
     fn eval_set_is_fixed_by_the_seed() {
-        let a = BitXor::new(5, 1, 16, 7)
-            .unwrap()
-            .eval_batch(0, 16, &Device::Cpu)
-            .unwrap();
-        let b = BitXor::new(5, 1, 16, 7)
-            .unwrap()
-            .eval_batch(0, 16, &Device::Cpu)
-            .unwrap();
-        let c = BitXor::new(5, 1, 16, 8)
-            .unwrap()
-            .eval_batch(0, 16, &Device::Cpu)
-            .unwrap();
-        assert_eq!(a.labels.to_vec2::<u32>().unwrap(), b.labels.to_vec2::<u32>().unwrap());
-        assert_ne!(a.labels.to_vec2::<u32>().unwrap(), c.labels.to_vec2::<u32>().unwrap());
+        let get = |seed: u64, split: Split| {
+            let b = BitXor::new(5, 1, 16, seed)
+                .unwrap()
+                .eval_batch(split, 0, 16, &Device::Cpu)
+                .unwrap();
+            b.labels.to_vec2::<u32>().unwrap()
+        };
+        assert_eq!(get(7, Split::Test), get(7, Split::Test));
+        assert_ne!(get(7, Split::Test), get(8, Split::Test));
+        assert_ne!(get(7, Split::Test), get(7, Split::Train));
         assert!(BitXor::new(5, 2, 4, 0).is_err());
     }
 }

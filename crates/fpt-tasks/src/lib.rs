@@ -99,7 +99,17 @@ pub struct Batch {
     pub labels: Tensor,
 }
 
-/// A task: shapes, fresh training batches, and a fixed evaluation set.
+/// Which fixed example set an evaluation runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Split {
+    /// The held-out (test) set.
+    Test,
+    /// The training set (for generated tasks: a fixed sample of the training distribution).
+    Train,
+}
+
+/// A task: shapes, fresh training batches, and fixed evaluation sets.
 pub trait Task: Send {
     /// The task's name.
     fn name(&self) -> TaskName;
@@ -107,10 +117,10 @@ pub trait Task: Send {
     fn dims(&self) -> TaskDims;
     /// A training batch of `n` examples drawn with `rng`.
     fn train_batch(&mut self, n: usize, rng: &mut Rng, device: &Device) -> Result<Batch>;
-    /// Number of evaluation examples.
-    fn eval_len(&self) -> usize;
-    /// Evaluation examples `start..start + n` (clamped to the set) as a batch.
-    fn eval_batch(&self, start: usize, n: usize, device: &Device) -> Result<Batch>;
+    /// Number of examples in an evaluation split.
+    fn eval_len(&self, split: Split) -> usize;
+    /// Examples `start..start + n` (clamped to the split) of an evaluation split.
+    fn eval_batch(&self, split: Split, start: usize, n: usize, device: &Device) -> Result<Batch>;
     /// A trivial baseline's accuracy and its description, where one is known (Bit Memory:
     /// copying the visible bits and guessing the masked ones gives 75%).
     fn baseline(&self) -> Option<(f64, &'static str)> {

@@ -1,23 +1,31 @@
 //! The one fpt training loop: builds the task, backbone and model a [`RunSpec`]
 //! describes, trains the trainable groups with Adam (paper App. C: lr 1e-3, no weight
 //! decay, constant LR, gradient-norm clipping at 1.0, gradient accumulation over
-//! micro-batches), evaluates on the task's full held-out set at a fixed interval, and
+//! micro-batches), evaluates on the task's whole held-out set at a fixed interval, and
 //! writes the run directory:
 //!
 //! - `spec.json`: the effective run spec;
-//! - `metrics.jsonl`: one JSON object per evaluation;
+//! - `metrics.jsonl`: one JSON object per evaluation ([`EvalRecord`]);
+//! - `checkpoints/`: trainable tensors, optimizer state and loop state ([`checkpoint`]);
 //! - `result.json`: the final numbers ([`RunResult`]).
 //!
 //! Every random number comes from streams forked off one seed (init, data, dropout,
-//! evaluation set), so on CPU the same spec gives the same numbers.
+//! evaluation sets), and a checkpoint saves the streams' states, so on CPU the same spec
+//! gives the same numbers, and a run killed at any point and resumed ends bitwise equal to
+//! an unbroken one (wall-clock fields aside).
+//!
+//! **Steps to convergence** (paper Table 6): the step of the first evaluation whose test
+//! accuracy is within `convergence_tolerance` (default 0.01, absolute) of the run's best
+//! and stays within it at every later evaluation.
 
+pub mod checkpoint;
 pub mod optim;
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Device, Tensor, Var};
 use fpt_model::{Fpt, HeadConfig};
 use fpt_nn::{ops, Ctx, Rng};
-use fpt_spec::RunSpec;
-use fpt_tasks::Task;
+use fpt_spec::{RunSpec, TrainEval};
+use fpt_tasks::{Split, Task};
 use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -46,6 +54,23 @@ pub enum TrainError {
         /// The OS error.
         source: std::io::Error,
     },
+    /// A checkpoint could not be written, read or used.
+    #[error("checkpoint {path}: {msg}")]
+    Checkpoint {
+        /// The file or directory.
+        path: PathBuf,
+        /// What is wrong.
+        msg: String,
+    },
+    /// The run directory does not fit the request (already used, nothing to resume, spec
+    /// changed).
+    #[error("{path}: {msg}")]
+    RunDir {
+        /// The run directory.
+        path: PathBuf,
+        /// What is wrong.
+        msg: String,
+    },
     /// No parameter group trains.
     #[error("nothing to train: the chosen groups ({0}) select no parameters")]
     NothingToTrain(String),
@@ -68,9 +93,14 @@ pub struct EvalRecord {
     pub test_loss: f64,
     /// Accuracy on the whole held-out set (bit-level for the bit tasks).
     pub test_accuracy: f64,
+    /// Accuracy on the training split, when measured at this evaluation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub train_accuracy: Option<f64>,
+    /// Learning rate of the last step.
+    pub lr: f64,
     /// Global gradient norm before clipping, at the last step.
     pub grad_norm: f64,
-    /// Seconds since the run started.
+    /// Seconds of training so far (summed over resumed segments).
     pub elapsed_s: f64,
 }
 
@@ -91,10 +121,14 @@ pub struct RunResult {
     pub test_accuracy: f64,
     /// Held-out loss at the end (`null` if not finite).
     pub test_loss: Option<f64>,
-    /// Best held-out accuracy over all evaluations, and its step.
+    /// Accuracy on the training split at the end (`null` with `train_eval: never`).
+    pub train_accuracy: Option<f64>,
+    /// Best held-out accuracy over all evaluations.
     pub best_accuracy: f64,
     /// Step of `best_accuracy`.
     pub best_step: usize,
+    /// Steps to convergence (see the crate docs).
+    pub converged_step: Option<usize>,
     /// Mean training loss over the last evaluation interval (`null` if not finite).
     pub final_train_loss: Option<f64>,
     /// Optimizer steps completed.
@@ -107,14 +141,19 @@ pub struct RunResult {
     pub trainable_params: usize,
     /// All parameters (including unused ones such as GPT-2's `wte`).
     pub total_params: usize,
-    /// Wall-clock seconds of the whole run.
+    /// Seconds of training, summed over resumed segments.
     pub wall_seconds: f64,
     /// Seed.
     pub seed: u64,
     /// Device, e.g. `cpu`.
     pub device: String,
-    /// The step whose loss or gradient was not finite, if the run diverged.
+    /// True when the run diverged: its loss or gradient was not finite.
+    pub diverged: bool,
+    /// The step whose loss or gradient was not finite, if the run diverged; the numbers
+    /// above are then those of the last finite parameters.
     pub diverged_at_step: Option<usize>,
+    /// True when early stopping ended the run before `steps`.
+    pub stopped_early: bool,
     /// A trivial baseline's accuracy for this task, where one is known.
     pub baseline_accuracy: Option<f64>,
 }
@@ -130,15 +169,30 @@ pub enum Event<'a> {
         total: usize,
         /// Where the backbone's weights came from.
         weights: &'a str,
+        /// The step the run starts from (0, or the resumed checkpoint's).
+        from_step: usize,
+        /// Total steps.
+        steps: usize,
+    },
+    /// A step finished.
+    Step {
+        /// Steps done.
+        step: usize,
+        /// Its training loss.
+        loss: f64,
     },
     /// An evaluation finished.
     Eval(&'a EvalRecord),
+    /// A checkpoint was written.
+    Checkpoint(&'a Path),
     /// The run diverged at this step.
     Diverged(usize),
+    /// Early stopping ended the run at this step.
+    StoppedEarly(usize),
 }
 
-/// Writes `bytes` to `path` atomically (temporary file in the same directory, then rename),
-/// so a reader never sees a half-written file.
+/// Writes `bytes` to `path` atomically (temporary file in the same directory, synced, then
+/// renamed), so a reader never sees a half-written file.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let io = |source| TrainError::Io {
         path: path.to_path_buf(),
@@ -148,21 +202,27 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         "{}.tmp",
         path.extension().and_then(|e| e.to_str()).unwrap_or("")
     ));
-    let mut f = std::fs::File::create(&tmp).map_err(io)?;
-    f.write_all(bytes).map_err(io)?;
-    f.sync_all().map_err(io)?;
-    drop(f);
-    std::fs::rename(&tmp, path).map_err(io)
+    let res = (|| -> std::io::Result<()> {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        drop(f);
+        std::fs::rename(&tmp, path)
+    })();
+    if res.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    res.map_err(io)
 }
 
-/// Mean loss and accuracy of `model` over the task's whole evaluation set.
-pub fn evaluate(model: &Fpt, task: &dyn Task, batch_size: usize, device: &Device) -> Result<(f64, f64)> {
+/// Mean loss and accuracy of `model` over a whole evaluation split.
+pub fn evaluate(model: &Fpt, task: &dyn Task, split: Split, batch_size: usize, device: &Device) -> Result<(f64, f64)> {
     let mut ctx = Ctx::eval();
     let (mut loss_sum, mut correct, mut labels) = (0f64, 0usize, 0usize);
-    let n = task.eval_len();
+    let n = task.eval_len(split);
     let mut start = 0;
     while start < n {
-        let batch = task.eval_batch(start, batch_size, device)?;
+        let batch = task.eval_batch(split, start, batch_size, device)?;
         let bsz = batch.inputs.batch_size();
         let logits = model.forward(&batch.inputs, &mut ctx)?;
         let classes = logits.dim(2)?;
@@ -175,9 +235,9 @@ pub fn evaluate(model: &Fpt, task: &dyn Task, batch_size: usize, device: &Device
             * count as f64;
         correct += ops::correct(&logits, &targets)?;
         labels += count;
-        start += bsz;
+        start += bsz.max(1);
     }
-    Ok((loss_sum / labels as f64, correct as f64 / labels as f64))
+    Ok((loss_sum / labels.max(1) as f64, correct as f64 / labels.max(1) as f64))
 }
 
 /// Names a device for reports.
@@ -195,10 +255,10 @@ pub struct Trainer {
     device: Device,
     task: Box<dyn Task>,
     model: Fpt,
-    vars: Vec<candle_core::Var>,
+    vars: Vec<Var>,
     adam: optim::Adam,
-    data_rng: Rng,
-    ctx: Ctx,
+    pub(crate) data_rng: Rng,
+    pub(crate) ctx: Ctx,
     weights: String,
     step: usize,
 }
@@ -210,6 +270,8 @@ pub struct StepOutcome {
     pub loss: f64,
     /// Global gradient norm before clipping.
     pub grad_norm: f64,
+    /// Learning rate used.
+    pub lr: f64,
     /// False when the loss or gradient was not finite; the update was then skipped.
     pub finite: bool,
 }
@@ -252,9 +314,19 @@ impl Trainer {
         })
     }
 
+    /// The spec this trainer runs.
+    pub fn spec(&self) -> &RunSpec {
+        &self.spec
+    }
+
     /// The model.
     pub fn model(&self) -> &Fpt {
         &self.model
+    }
+
+    /// The optimizer.
+    pub fn optimizer(&self) -> &optim::Adam {
+        &self.adam
     }
 
     /// The task.
@@ -272,6 +344,47 @@ impl Trainer {
         self.step
     }
 
+    /// Restores parameters, optimizer state and random streams from a checkpoint, after
+    /// checking that it belongs to this run's spec.
+    pub fn restore(&mut self, loaded: &checkpoint::Loaded, path: &Path) -> Result<()> {
+        let diffs = loaded.state.spec.differences(&self.spec);
+        if !diffs.is_empty() {
+            return Err(TrainError::Checkpoint {
+                path: path.to_path_buf(),
+                msg: format!("belongs to another run spec ({})", diffs.join("; ")),
+            });
+        }
+        checkpoint::load_trainable(&self.model, &loaded.trainable, path)?;
+        let names: Vec<String> = self.model.trainable().into_iter().map(|(n, _)| n).collect();
+        let mut m = Vec::new();
+        let mut v = Vec::new();
+        for (n, var) in names.iter().zip(&self.vars) {
+            for (prefix, out) in [("m", &mut m), ("v", &mut v)] {
+                let key = format!("{prefix}.{n}");
+                let t = loaded.moments.get(&key).ok_or_else(|| TrainError::Checkpoint {
+                    path: path.to_path_buf(),
+                    msg: format!("optimizer state lacks `{key}`"),
+                })?;
+                if t.dims() != var.dims() {
+                    return Err(TrainError::Checkpoint {
+                        path: path.to_path_buf(),
+                        msg: format!(
+                            "optimizer tensor `{key}` has shape {:?}, expected {:?}",
+                            t.dims(),
+                            var.dims()
+                        ),
+                    });
+                }
+                out.push(t.clone());
+            }
+        }
+        self.adam.restore(loaded.state.adam_t, m, v);
+        self.data_rng = loaded.state.data_rng.clone();
+        self.ctx.rng = loaded.state.dropout_rng.clone();
+        self.step = loaded.state.step;
+        Ok(())
+    }
+
     /// Forward and backward on one fresh training micro-batch; returns its loss and the
     /// gradient store (which holds gradients of trainable tensors only).
     pub fn micro_batch_grads(&mut self) -> Result<(f64, candle_core::backprop::GradStore)> {
@@ -285,11 +398,13 @@ impl Trainer {
     }
 
     /// One optimizer step: gradients averaged over `batch_size / micro_batch_size`
-    /// micro-batches, clipped, then Adam. A non-finite loss or gradient skips the update.
+    /// micro-batches, clipped, then Adam at the scheduled rate. A non-finite loss or
+    /// gradient skips the update.
     pub fn step(&mut self) -> Result<StepOutcome> {
         let t = &self.spec.train;
         let accum = t.batch_size / t.micro_batch_size;
         let clip = t.clip_norm;
+        let lr = t.lr_schedule.lr_at(t.lr, self.step + 1, t.steps);
         let mut sums: Vec<Option<Tensor>> = vec![None; self.vars.len()];
         let mut loss = 0f64;
         for _ in 0..accum {
@@ -319,151 +434,254 @@ impl Trainer {
         };
         let finite = loss.is_finite() && grad_norm.is_finite();
         if finite {
+            self.adam.lr = lr;
             self.adam.step(&grads)?;
             self.step += 1;
         }
         Ok(StepOutcome {
             loss,
             grad_norm,
+            lr,
             finite,
         })
     }
 
-    /// Loss and accuracy on the task's whole evaluation set.
-    pub fn evaluate(&self) -> Result<(f64, f64)> {
+    /// Loss and accuracy on a whole evaluation split.
+    pub fn evaluate(&self, split: Split) -> Result<(f64, f64)> {
         evaluate(
             &self.model,
             self.task.as_ref(),
+            split,
             self.spec.train.micro_batch_size.max(64),
             &self.device,
         )
     }
 }
 
-/// Runs `spec` to completion, writing `spec.json`, `metrics.jsonl` and `result.json` into
-/// `out_dir`, and reporting progress through `on_event`.
-pub fn train(spec: &RunSpec, out_dir: &Path, device: &Device, on_event: &mut dyn FnMut(&Event)) -> Result<RunResult> {
-    let started = Instant::now();
-    let _span = tracing::info_span!("run", task = %spec.task.name, backbone = %spec.backbone.source).entered();
-    // Build (and so validate) everything before touching the run directory: a run that
-    // cannot start leaves nothing behind.
-    let mut tr = Trainer::new(spec, device)?;
-    std::fs::create_dir_all(out_dir).map_err(|source| TrainError::Io {
-        path: out_dir.to_path_buf(),
+/// The training loop's running numbers, saved in every checkpoint.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct RunState {
+    /// Sum of step losses since the last evaluation.
+    pub window_loss: f64,
+    /// Steps since the last evaluation.
+    pub window_steps: usize,
+    /// Every evaluation so far.
+    pub evals: Vec<EvalRecord>,
+    /// Lines of `metrics.jsonl` written so far.
+    pub metrics_lines: usize,
+    /// Seconds of training in earlier segments.
+    pub elapsed_s: f64,
+    /// Consecutive evaluations without improvement (early stopping).
+    pub stale_evals: usize,
+    /// Learning rate and gradient norm of the last step.
+    pub last_lr: f64,
+    /// Gradient norm of the last step.
+    pub last_grad_norm: f64,
+}
+
+impl RunState {
+    fn best(&self) -> Option<&EvalRecord> {
+        self.evals.iter().fold(None, |b: Option<&EvalRecord>, e| match b {
+            Some(b) if b.test_accuracy >= e.test_accuracy => Some(b),
+            _ => Some(e),
+        })
+    }
+
+    /// Steps to convergence (see the crate docs).
+    pub fn converged_step(&self, tolerance: f64) -> Option<usize> {
+        let best = self.best()?.test_accuracy;
+        let mut candidate = None;
+        for e in &self.evals {
+            if e.test_accuracy >= best - tolerance {
+                candidate.get_or_insert(e.step);
+            } else {
+                candidate = None;
+            }
+        }
+        candidate
+    }
+}
+
+fn metrics_append(path: &Path, rec: &EvalRecord) -> Result<()> {
+    let io = |source| TrainError::Io {
+        path: path.to_path_buf(),
         source,
-    })?;
-    write_atomic(
-        &out_dir.join("spec.json"),
-        serde_json::to_string_pretty(spec).expect("spec serialises").as_bytes(),
-    )?;
+    };
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(io)?;
+    writeln!(f, "{}", serde_json::to_string(rec).expect("record serialises")).map_err(io)?;
+    f.flush().map_err(io)
+}
+
+/// Keeps the first `lines` lines of `metrics.jsonl` (those a checkpoint accounts for).
+fn metrics_truncate(path: &Path, lines: usize) -> Result<()> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(source) => {
+            return Err(TrainError::Io {
+                path: path.to_path_buf(),
+                source,
+            })
+        }
+    };
+    let kept: String = text.lines().take(lines).map(|l| format!("{l}\n")).collect();
+    write_atomic(path, kept.as_bytes())
+}
+
+fn evaluate_now(
+    tr: &Trainer,
+    run: &mut RunState,
+    with_train: bool,
+    started: &Instant,
+    metrics: &Path,
+) -> Result<EvalRecord> {
+    let _e = tracing::info_span!("eval", step = tr.steps_done()).entered();
+    let (test_loss, test_accuracy) = tr.evaluate(Split::Test)?;
+    let train_accuracy = if with_train {
+        Some(tr.evaluate(Split::Train)?.1)
+    } else {
+        None
+    };
+    let train_loss = if run.window_steps > 0 {
+        run.window_loss / run.window_steps as f64
+    } else {
+        run.evals.last().map(|e| e.train_loss).unwrap_or(f64::NAN)
+    };
+    let rec = EvalRecord {
+        step: tr.steps_done(),
+        train_loss,
+        test_loss,
+        test_accuracy,
+        train_accuracy,
+        lr: run.last_lr,
+        grad_norm: run.last_grad_norm,
+        elapsed_s: run.elapsed_s + started.elapsed().as_secs_f64(),
+    };
+    metrics_append(metrics, &rec)?;
+    run.metrics_lines += 1;
+    run.window_loss = 0.0;
+    run.window_steps = 0;
+    run.evals.push(rec.clone());
+    Ok(rec)
+}
+
+fn run_loop(
+    mut tr: Trainer,
+    mut run: RunState,
+    out_dir: &Path,
+    device: &Device,
+    on_event: &mut dyn FnMut(&Event),
+) -> Result<RunResult> {
+    let started = Instant::now();
+    let spec = tr.spec().clone();
+    let t = &spec.train;
     let counts = tr.model().param_counts();
     let weights = tr.weights().to_string();
     on_event(&Event::Started {
         trainable: counts.trainable,
         total: counts.total,
         weights: &weights,
+        from_step: tr.steps_done(),
+        steps: t.steps,
     });
-
-    let metrics_path = out_dir.join("metrics.jsonl");
-    let mut metrics = std::fs::File::create(&metrics_path).map_err(|source| TrainError::Io {
-        path: metrics_path.clone(),
-        source,
-    })?;
-    let t = &spec.train;
-    let (mut window_loss, mut window_steps) = (0f64, 0usize);
-    let mut last_train_loss = f64::NAN;
-    let mut last_eval: Option<(usize, f64, f64)> = None;
-    let (mut best_acc, mut best_step) = (f64::NEG_INFINITY, 0usize);
+    let metrics = out_dir.join("metrics.jsonl");
+    let every_train = t.train_eval == TrainEval::Every;
     let mut diverged = None;
-    let mut grad_norm = 0.0;
-    let mut record = |step: usize,
-                      train_loss: f64,
-                      grad_norm: f64,
-                      tr: &Trainer,
-                      on_event: &mut dyn FnMut(&Event)|
-     -> Result<(f64, f64)> {
-        let _e = tracing::info_span!("eval", step).entered();
-        let (test_loss, test_accuracy) = tr.evaluate()?;
-        let rec = EvalRecord {
-            step,
-            train_loss,
-            test_loss,
-            test_accuracy,
-            grad_norm,
-            elapsed_s: started.elapsed().as_secs_f64(),
-        };
-        let line = serde_json::to_string(&rec).expect("record serialises");
-        writeln!(metrics, "{line}")
-            .and_then(|_| metrics.flush())
-            .map_err(|source| TrainError::Io {
-                path: metrics_path.clone(),
-                source,
-            })?;
-        on_event(&Event::Eval(&rec));
-        Ok((test_loss, test_accuracy))
-    };
-
-    for step in 1..=t.steps {
+    let mut stopped_early = false;
+    while tr.steps_done() < t.steps {
         let out = tr.step()?;
         if !out.finite {
-            diverged = Some(step);
-            on_event(&Event::Diverged(step));
+            diverged = Some(tr.steps_done() + 1);
+            on_event(&Event::Diverged(tr.steps_done() + 1));
             tracing::warn!(
-                step,
+                step = tr.steps_done() + 1,
                 loss = out.loss,
                 grad_norm = out.grad_norm,
                 "non-finite loss or gradient: stopping"
             );
             break;
         }
-        grad_norm = out.grad_norm;
-        window_loss += out.loss;
-        window_steps += 1;
+        let step = tr.steps_done();
+        run.window_loss += out.loss;
+        run.window_steps += 1;
+        run.last_lr = out.lr;
+        run.last_grad_norm = out.grad_norm;
+        on_event(&Event::Step { step, loss: out.loss });
         if step % t.eval_every == 0 || step == t.steps {
-            last_train_loss = window_loss / window_steps as f64;
-            (window_loss, window_steps) = (0.0, 0);
-            let (l, a) = record(step, last_train_loss, grad_norm, &tr, on_event)?;
-            if a > best_acc {
-                (best_acc, best_step) = (a, step);
+            let before = run.best().map(|b| b.test_accuracy);
+            let with_train = every_train || (step == t.steps && t.train_eval == TrainEval::Final);
+            let rec = evaluate_now(&tr, &mut run, with_train, &started, &metrics)?;
+            on_event(&Event::Eval(&rec));
+            match before {
+                Some(b) if rec.test_accuracy <= b + t.convergence_tolerance => run.stale_evals += 1,
+                _ => run.stale_evals = 0,
             }
-            last_eval = Some((step, l, a));
+            if t.early_stop_patience.is_some_and(|p| run.stale_evals >= p) && step < t.steps {
+                stopped_early = true;
+                on_event(&Event::StoppedEarly(step));
+            }
+        }
+        if t.checkpoint_every.is_some_and(|c| step % c == 0) && step < t.steps && !stopped_early {
+            let mut snapshot = run.clone();
+            snapshot.elapsed_s += started.elapsed().as_secs_f64();
+            let dir = checkpoint::save(out_dir, &tr, &snapshot)?;
+            on_event(&Event::Checkpoint(&dir));
+        }
+        if stopped_early {
+            break;
         }
     }
-    // After a divergence, report the parameters of the last finite step.
-    let steps_done = tr.steps_done();
-    let (test_loss, test_acc) = match last_eval {
-        Some((s, l, a)) if s == steps_done => (l, a),
-        _ => {
-            if window_steps > 0 {
-                last_train_loss = window_loss / window_steps as f64;
-            }
-            let (l, a) = record(steps_done, last_train_loss, grad_norm, &tr, on_event)?;
-            if a > best_acc {
-                (best_acc, best_step) = (a, steps_done);
-            }
-            (l, a)
+    // The last evaluation must describe the final (or last finite) parameters.
+    let need_final = run.evals.last().map(|e| e.step) != Some(tr.steps_done());
+    let with_train = t.train_eval != TrainEval::Never;
+    let last = if need_final || (with_train && run.evals.last().and_then(|e| e.train_accuracy).is_none()) {
+        if !need_final {
+            // Re-evaluate in place of the last record, now with train accuracy.
+            run.evals.pop();
+            run.metrics_lines -= 1;
+            metrics_truncate(&metrics, run.metrics_lines)?;
         }
+        let rec = evaluate_now(&tr, &mut run, with_train, &started, &metrics)?;
+        on_event(&Event::Eval(&rec));
+        rec
+    } else {
+        run.evals.last().cloned().expect("an evaluation exists")
     };
+    let mut snapshot = run.clone();
+    snapshot.elapsed_s += started.elapsed().as_secs_f64();
+    if diverged.is_none() {
+        let dir = checkpoint::save(out_dir, &tr, &snapshot)?;
+        on_event(&Event::Checkpoint(&dir));
+    }
+    let best = run.best().cloned().expect("an evaluation exists");
     let result = RunResult {
         task: spec.task.name.to_string(),
         backbone: spec.backbone.source.clone(),
         init: spec.backbone.init.to_string(),
         weights,
         train_groups: spec.train_groups.to_string(),
-        test_accuracy: test_acc,
-        test_loss: test_loss.is_finite().then_some(test_loss),
-        best_accuracy: best_acc,
-        best_step,
-        final_train_loss: last_train_loss.is_finite().then_some(last_train_loss),
-        steps: steps_done,
+        test_accuracy: last.test_accuracy,
+        test_loss: last.test_loss.is_finite().then_some(last.test_loss),
+        train_accuracy: last.train_accuracy,
+        best_accuracy: best.test_accuracy,
+        best_step: best.step,
+        converged_step: run.converged_step(t.convergence_tolerance),
+        final_train_loss: last.train_loss.is_finite().then_some(last.train_loss),
+        steps: tr.steps_done(),
         batch_size: t.batch_size,
-        eval_examples: tr.task().eval_len(),
+        eval_examples: tr.task().eval_len(Split::Test),
         trainable_params: counts.trainable,
         total_params: counts.total,
-        wall_seconds: started.elapsed().as_secs_f64(),
+        wall_seconds: snapshot.elapsed_s,
         seed: t.seed,
         device: device_name(device),
+        diverged: diverged.is_some(),
         diverged_at_step: diverged,
+        stopped_early,
         baseline_accuracy: tr.task().baseline().map(|b| b.0),
     };
     write_atomic(
@@ -473,4 +691,97 @@ pub fn train(spec: &RunSpec, out_dir: &Path, device: &Device, on_event: &mut dyn
             .as_bytes(),
     )?;
     Ok(result)
+}
+
+fn run_dir_err(path: &Path, msg: impl Into<String>) -> TrainError {
+    TrainError::RunDir {
+        path: path.to_path_buf(),
+        msg: msg.into(),
+    }
+}
+
+/// Runs `spec` from scratch in `out_dir`, which must not hold another run.
+pub fn train(spec: &RunSpec, out_dir: &Path, device: &Device, on_event: &mut dyn FnMut(&Event)) -> Result<RunResult> {
+    let _span = tracing::info_span!("run", task = %spec.task.name, backbone = %spec.backbone.source).entered();
+    if out_dir.join("spec.json").exists() || checkpoint::root(out_dir).exists() {
+        return Err(run_dir_err(
+            out_dir,
+            "already holds a run; continue it with `fpt train --resume DIR`, or choose a new --out",
+        ));
+    }
+    // Build (and so validate) everything before touching the run directory: a run that
+    // cannot start leaves nothing behind.
+    let tr = Trainer::new(spec, device)?;
+    std::fs::create_dir_all(out_dir).map_err(|source| TrainError::Io {
+        path: out_dir.to_path_buf(),
+        source,
+    })?;
+    write_atomic(
+        &out_dir.join("spec.json"),
+        serde_json::to_string_pretty(spec).expect("spec serialises").as_bytes(),
+    )?;
+    metrics_truncate(&out_dir.join("metrics.jsonl"), 0)?;
+    run_loop(tr, RunState::default(), out_dir, device, on_event)
+}
+
+/// Reads the run spec saved in a run directory.
+pub fn saved_spec(out_dir: &Path) -> Result<RunSpec> {
+    let p = out_dir.join("spec.json");
+    let text = std::fs::read_to_string(&p).map_err(|source| TrainError::Io {
+        path: p.clone(),
+        source,
+    })?;
+    serde_json::from_str(&text).map_err(|e| run_dir_err(&p, format!("not a valid run spec: {e}")))
+}
+
+/// Continues the run in `out_dir` from its latest checkpoint. If `spec` is given it must
+/// equal the saved spec (a resume never silently changes a run). The resumed run ends
+/// with the same numbers as an unbroken one.
+pub fn resume(
+    out_dir: &Path,
+    spec: Option<&RunSpec>,
+    device: &Device,
+    on_event: &mut dyn FnMut(&Event),
+) -> Result<RunResult> {
+    let saved = saved_spec(out_dir)?;
+    if let Some(s) = spec {
+        let diffs = saved.differences(s);
+        if !diffs.is_empty() {
+            return Err(run_dir_err(
+                out_dir,
+                format!(
+                    "resume with a changed spec is refused ({}); start a new run instead",
+                    diffs.join("; ")
+                ),
+            ));
+        }
+    }
+    let _span = tracing::info_span!("run", task = %saved.task.name, backbone = %saved.backbone.source).entered();
+    let mut tr = Trainer::new(&saved, device)?;
+    let run = match checkpoint::latest(out_dir)? {
+        Some(dir) => {
+            let loaded = checkpoint::load(&dir, device)?;
+            tr.restore(&loaded, &dir)?;
+            loaded.state.run
+        }
+        // Killed before its first checkpoint: start over.
+        None => RunState::default(),
+    };
+    metrics_truncate(&out_dir.join("metrics.jsonl"), run.metrics_lines)?;
+    let _ = std::fs::remove_file(out_dir.join("result.json"));
+    run_loop(tr, run, out_dir, device, on_event)
+}
+
+/// Loads a finished (or checkpointed) run's trainable tensors over its backbone and
+/// evaluates them on the test split and the training split: `(test_loss, test_accuracy,
+/// train_accuracy, step)`.
+pub fn evaluate_run(out_dir: &Path, device: &Device) -> Result<(f64, f64, f64, usize)> {
+    let spec = saved_spec(out_dir)?;
+    let mut tr = Trainer::new(&spec, device)?;
+    let dir = checkpoint::latest(out_dir)?.ok_or_else(|| run_dir_err(out_dir, "has no checkpoint to evaluate"))?;
+    let loaded = checkpoint::load(&dir, device)?;
+    tr.restore(&loaded, &dir)?;
+    let (test_loss, test_acc) = tr.evaluate(Split::Test)?;
+    let (_, train_acc) = tr.evaluate(Split::Train)?;
+    Ok((test_loss, test_acc, train_acc, tr.steps_done()))
 }

@@ -57,6 +57,13 @@ impl Adam {
         Ok(())
     }
 
+    /// Replaces the step counter and moments (from a checkpoint), in `vars` order.
+    pub fn restore(&mut self, t: usize, m: Vec<Tensor>, v: Vec<Tensor>) {
+        self.t = t;
+        self.m = m;
+        self.v = v;
+    }
+
     /// The first and second moments, in `vars` order.
     pub fn moments(&self) -> (&[Tensor], &[Tensor]) {
         (&self.m, &self.v)

@@ -36,6 +36,7 @@ fn tiny(task: TaskName, steps: usize) -> RunSpec {
             clip_norm: Some(1.0),
             eval_every: 100,
             seed: 0,
+            ..TrainSpec::default()
         },
         input_dropout: 0.1,
         orth_gain: 1.41,

@@ -1,0 +1,257 @@
+//! Checkpoints: only the trainable tensors (safetensors), the optimizer's moments (their
+//! own safetensors file), and `state.json` (step, random-stream states, the loop's
+//! running numbers, the run spec, and the sha256 of both tensor files).
+//!
+//! Layout inside a run directory:
+//! ```text
+//! checkpoints/step-000100/{trainable.safetensors, optimizer.safetensors, state.json}
+//! checkpoints/LATEST            "step-000100"
+//! ```
+//! A checkpoint is written into a fresh temporary directory, each file synced, the directory
+//! renamed into place, and only then does `LATEST` (itself written to a temporary file and
+//! renamed) point at it; older checkpoints are removed after that. A crash or a full disk
+//! at any moment leaves `LATEST` pointing at a complete checkpoint.
+
+use crate::{write_atomic, Result, RunState, TrainError, Trainer};
+use candle_core::{Device, Tensor};
+use fpt_nn::Rng;
+use fpt_spec::RunSpec;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::collections::{BTreeMap, HashMap};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// Version of the checkpoint format.
+pub const FORMAT: u32 = 1;
+/// Trainable tensors, by parameter name (`input.weight`, `wpe.weight`, `h.0.ln_1.weight`, ...).
+pub const TRAINABLE_FILE: &str = "trainable.safetensors";
+/// Adam moments: `m.<name>` and `v.<name>`.
+pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
+/// Everything else.
+pub const STATE_FILE: &str = "state.json";
+
+/// `state.json`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct CheckpointState {
+    /// [`FORMAT`].
+    pub format: u32,
+    /// Optimizer steps done.
+    pub step: usize,
+    /// The run spec the checkpoint belongs to.
+    pub spec: RunSpec,
+    /// Adam's step counter.
+    pub adam_t: usize,
+    /// The training-data stream.
+    pub data_rng: Rng,
+    /// The dropout stream.
+    pub dropout_rng: Rng,
+    /// The training loop's running numbers.
+    pub run: RunState,
+    /// sha256 (hex) of each tensor file.
+    pub sha256: BTreeMap<String, String>,
+}
+
+fn err(path: &Path, msg: impl Into<String>) -> TrainError {
+    TrainError::Checkpoint {
+        path: path.to_path_buf(),
+        msg: msg.into(),
+    }
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> TrainError + '_ {
+    move |e| err(path, e.to_string())
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
+    let mut f = std::fs::File::create(path).map_err(io(path))?;
+    f.write_all(bytes).map_err(io(path))?;
+    f.sync_all().map_err(io(path))
+}
+
+fn to_bytes(tensors: &HashMap<String, Tensor>, path: &Path) -> Result<Vec<u8>> {
+    let cpu: Vec<(String, Tensor)> = tensors
+        .iter()
+        .map(|(k, v)| Ok((k.clone(), v.to_device(&Device::Cpu)?)))
+        .collect::<candle_core::Result<_>>()?;
+    safetensors::serialize(cpu.iter().map(|(k, v)| (k.as_str(), v)), None).map_err(|e| err(path, e.to_string()))
+}
+
+/// The directory holding checkpoints of a run.
+pub fn root(run_dir: &Path) -> PathBuf {
+    run_dir.join("checkpoints")
+}
+
+/// The newest complete checkpoint of a run, if any.
+pub fn latest(run_dir: &Path) -> Result<Option<PathBuf>> {
+    let pointer = root(run_dir).join("LATEST");
+    match std::fs::read_to_string(&pointer) {
+        Ok(name) => {
+            let dir = root(run_dir).join(name.trim());
+            if !dir.is_dir() {
+                return Err(err(
+                    &pointer,
+                    format!("points at `{}`, which does not exist", name.trim()),
+                ));
+            }
+            Ok(Some(dir))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(err(&pointer, e.to_string())),
+    }
+}
+
+/// Writes a checkpoint of `tr` and `run` into `run_dir` (see the module docs); returns
+/// its directory.
+pub fn save(run_dir: &Path, tr: &Trainer, run: &RunState) -> Result<PathBuf> {
+    let root = root(run_dir);
+    std::fs::create_dir_all(&root).map_err(io(&root))?;
+    let name = format!("step-{:06}", tr.steps_done());
+    let final_dir = root.join(&name);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    let tmp = root.join(format!(".{name}.tmp-{}-{nanos}", std::process::id()));
+    let result = (|| -> Result<()> {
+        std::fs::create_dir(&tmp).map_err(io(&tmp))?;
+        let mut sha = BTreeMap::new();
+        let trainable: HashMap<String, Tensor> = tr
+            .model()
+            .trainable()
+            .into_iter()
+            .map(|(n, v)| (n, v.as_tensor().clone()))
+            .collect();
+        let (m, v) = tr.optimizer().moments();
+        let mut moments = HashMap::new();
+        for ((n, _), (mi, vi)) in tr.model().trainable().iter().zip(m.iter().zip(v)) {
+            moments.insert(format!("m.{n}"), mi.clone());
+            moments.insert(format!("v.{n}"), vi.clone());
+        }
+        for (file, tensors) in [(TRAINABLE_FILE, &trainable), (OPTIMIZER_FILE, &moments)] {
+            let path = tmp.join(file);
+            let bytes = to_bytes(tensors, &path)?;
+            sha.insert(file.to_string(), sha256_hex(&bytes));
+            write_synced(&path, &bytes)?;
+        }
+        let state = CheckpointState {
+            format: FORMAT,
+            step: tr.steps_done(),
+            spec: tr.spec().clone(),
+            adam_t: tr.optimizer().t,
+            data_rng: tr.data_rng.clone(),
+            dropout_rng: tr.ctx.rng.clone(),
+            run: run.clone(),
+            sha256: sha,
+        };
+        let path = tmp.join(STATE_FILE);
+        write_synced(
+            &path,
+            serde_json::to_string_pretty(&state)
+                .expect("state serialises")
+                .as_bytes(),
+        )?;
+        if final_dir.exists() {
+            std::fs::remove_dir_all(&final_dir).map_err(io(&final_dir))?;
+        }
+        std::fs::rename(&tmp, &final_dir).map_err(io(&final_dir))?;
+        write_atomic(&root.join("LATEST"), name.as_bytes())
+    })();
+    if let Err(e) = result {
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Err(e);
+    }
+    // Only now that LATEST points at the new checkpoint are the older ones removed.
+    if let Ok(entries) = std::fs::read_dir(&root) {
+        for e in entries.flatten() {
+            let n = e.file_name().to_string_lossy().to_string();
+            if n != name && (n.starts_with("step-") || n.starts_with(".step-")) && e.path().is_dir() {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+    }
+    Ok(final_dir)
+}
+
+/// A checkpoint read back and verified.
+pub struct Loaded {
+    /// `state.json`.
+    pub state: CheckpointState,
+    /// Trainable tensors by name.
+    pub trainable: HashMap<String, Tensor>,
+    /// Adam moments (`m.<name>`, `v.<name>`).
+    pub moments: HashMap<String, Tensor>,
+}
+
+fn read_tensors(path: &Path, want_sha: Option<&String>, device: &Device) -> Result<HashMap<String, Tensor>> {
+    let bytes = std::fs::read(path).map_err(io(path))?;
+    if let Some(want) = want_sha {
+        let got = sha256_hex(&bytes);
+        if &got != want {
+            return Err(err(
+                path,
+                format!("sha256 {got} does not match {want} recorded in state.json: the file is corrupted"),
+            ));
+        }
+    }
+    let cpu = candle_core::safetensors::load_buffer(&bytes, &Device::Cpu)
+        .map_err(|e| err(path, format!("not a valid safetensors file: {e}")))?;
+    cpu.into_iter().map(|(k, v)| Ok((k, v.to_device(device)?))).collect()
+}
+
+/// Reads and verifies the checkpoint in `dir` (checksums, format).
+pub fn load(dir: &Path, device: &Device) -> Result<Loaded> {
+    let sp = dir.join(STATE_FILE);
+    let text = std::fs::read_to_string(&sp).map_err(io(&sp))?;
+    let state: CheckpointState =
+        serde_json::from_str(&text).map_err(|e| err(&sp, format!("not a valid checkpoint state: {e}")))?;
+    if state.format != FORMAT {
+        return Err(err(
+            &sp,
+            format!("checkpoint format {} (this fpt reads {FORMAT})", state.format),
+        ));
+    }
+    let trainable = read_tensors(&dir.join(TRAINABLE_FILE), state.sha256.get(TRAINABLE_FILE), device)?;
+    let moments = read_tensors(&dir.join(OPTIMIZER_FILE), state.sha256.get(OPTIMIZER_FILE), device)?;
+    Ok(Loaded {
+        state,
+        trainable,
+        moments,
+    })
+}
+
+/// Copies `tensors` into the model's trainable parameters. Every trainable parameter must
+/// be present with its exact shape, and no other tensor may be: a checkpoint of another
+/// backbone, task or set of trained groups is refused with the first mismatch named.
+pub fn load_trainable(model: &fpt_model::Fpt, tensors: &HashMap<String, Tensor>, path: &Path) -> Result<()> {
+    let vars = model.trainable();
+    for (name, var) in &vars {
+        let t = tensors.get(name).ok_or_else(|| {
+            err(
+                path,
+                format!("has no tensor `{name}`: it was written for another backbone, task or set of trained groups"),
+            )
+        })?;
+        if t.dims() != var.dims() {
+            return Err(err(
+                path,
+                format!(
+                    "tensor `{name}` has shape {:?}, this model's is {:?}: it was written for another backbone or task",
+                    t.dims(),
+                    var.dims()
+                ),
+            ));
+        }
+    }
+    if let Some(extra) = tensors.keys().find(|k| !vars.iter().any(|(n, _)| n == *k)) {
+        return Err(err(path, format!("holds tensor `{extra}`, which this model does not train: it was written for another backbone, task or set of trained groups")));
+    }
+    for (name, var) in &vars {
+        var.set(&tensors[name].to_dtype(var.dtype())?)?;
+    }
+    Ok(())
+}
