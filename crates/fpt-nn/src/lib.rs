@@ -39,6 +39,21 @@ pub fn num_threads() -> usize {
     })
 }
 
+/// Tunes glibc's allocator for training: tensors of a few MB are allocated and freed every
+/// step, and by default glibc serves each with a fresh `mmap`, so every step pays for page
+/// faults and zeroing (measured: a Bit Memory step on a 2 x 64 GPT-2 spent 60% of its time
+/// in the kernel). Raising the mmap and trim thresholds keeps that memory in the heap.
+/// Call once at start-up, before threads are spawned; a no-op off glibc.
+pub fn tune_allocator() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only changes allocator parameters; called before other threads run.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 1 << 30);
+        libc::mallopt(libc::M_TOP_PAD, 64 << 20);
+    }
+}
+
 /// Forward-pass context: training mode (dropout on) and the random stream dropout draws
 /// from. One `Ctx` per run keeps dropout masks reproducible from the seed.
 #[derive(Debug, Clone)]

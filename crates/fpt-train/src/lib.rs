@@ -14,6 +14,19 @@
 //! gives the same numbers, and a run killed at any point and resumed ends bitwise equal to
 //! an unbroken one (wall-clock fields aside).
 //!
+//! Loading a trained run's tensors over its frozen backbone from Rust:
+//!
+//! ```no_run
+//! use candle_core::Device;
+//! use fpt_train::{checkpoint, saved_spec, Trainer};
+//! let dir = std::path::Path::new("runs/xor");
+//! let mut tr = Trainer::new(&saved_spec(dir)?, &Device::Cpu)?; // rebuilds the frozen backbone
+//! let ck = checkpoint::latest(dir)?.expect("the run has a checkpoint");
+//! tr.restore(&checkpoint::load(&ck, &Device::Cpu)?, &ck)?; // trainable tensors, optimizer, streams
+//! let (loss, accuracy) = tr.evaluate(fpt_tasks::Split::Test)?;
+//! # Ok::<(), fpt_train::TrainError>(())
+//! ```
+//!
 //! **Steps to convergence** (paper Table 6): the step of the first evaluation whose test
 //! accuracy is within `convergence_tolerance` (default 0.01, absolute) of the run's best
 //! and stays within it at every later evaluation.
