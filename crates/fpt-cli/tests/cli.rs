@@ -183,6 +183,11 @@ fn bad_input_gets_clear_errors() {
         &["n_embd 30", "n_head 4"],
     );
     fails_with(&["train", "--task", "bit-xor", "--device", "tpu", "--out", d], &["tpu"]);
+    // Offline, a model that is not cached cannot be fetched (MiniLM alone has a PyPI copy).
+    fails_with(
+        &["fetch", "nobody/not-cached"],
+        &["nobody/not-cached", "HF_HUB_OFFLINE"],
+    );
     assert!(
         !std::path::Path::new(d).exists(),
         "a failed run must not leave a run directory"

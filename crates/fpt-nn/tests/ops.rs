@@ -241,3 +241,13 @@ fn fused_cross_entropy_matches_reference_and_finite_differences() -> Result<()> 
     assert!(e.contains("target 7"), "{e}");
     Ok(())
 }
+
+#[test]
+fn gelu_erf_matches_reference_and_finite_differences() -> Result<()> {
+    check(
+        &[&[3, 41]],
+        |t| ops::gelu_erf(&t[0]),
+        |t| ops::gelu_erf_composed(&t[0]),
+        1e-6,
+    )
+}

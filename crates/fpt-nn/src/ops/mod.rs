@@ -15,7 +15,7 @@ mod loss;
 mod softmax;
 
 pub use dropout::dropout;
-pub use gelu::{gelu_new, gelu_new_composed};
+pub use gelu::{gelu_erf, gelu_erf_composed, gelu_new, gelu_new_composed};
 pub use layer_norm::{layer_norm, layer_norm_composed};
 pub use linear::{linear, linear_composed};
 pub use loss::{correct, cross_entropy, cross_entropy_composed};

@@ -1,0 +1,441 @@
+//! BERT (Devlin et al. 2019) as an FPT backbone, and BERT-family checkpoints such as
+//! `sentence-transformers/all-MiniLM-L6-v2`: input embeddings plus learned positions plus
+//! the token-type-0 embedding, LayerNorm and dropout, then post-LayerNorm blocks of
+//! bidirectional self-attention and an exact-GELU MLP.
+//!
+//! Follows Hugging Face `transformers`' `modeling_bert.py` (`BertModel` called with
+//! `inputs_embeds` and no attention mask). Checkpoint names: `embeddings.{position_embeddings,
+//! token_type_embeddings, word_embeddings, LayerNorm}`, `encoder.layer.N.{attention.self.{query,
+//! key,value}, attention.output.{dense, LayerNorm}, intermediate.dense, output.{dense,
+//! LayerNorm}}`, `pooler.dense` (unused), with or without a `bert.` prefix; the old
+//! `LayerNorm.gamma`/`beta` names of `bert-base-uncased` are read as `weight`/`bias`.
+
+use crate::{role_by_rules, Backbone, BackboneError, ParamSpec, Result};
+use candle_core::{DType, Device, Tensor};
+use fpt_nn::{ops, Ctx, LayerNorm, Linear, Param, Rng};
+use fpt_spec::{Role, ShapeOverrides, TrainGroups};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::path::Path;
+
+/// Parameter roles by name, first match wins (lower-cased names).
+pub const ROLE_RULES: &[(&str, Role)] = &[
+    ("layernorm", Role::LayerNorm),
+    ("position_embeddings", Role::Positions),
+    ("attention", Role::Attention),
+    ("intermediate", Role::FeedForward),
+    ("output.dense", Role::FeedForward),
+];
+
+fn default_pdrop() -> f64 {
+    0.1
+}
+fn default_act() -> String {
+    "gelu".into()
+}
+fn default_type_vocab() -> usize {
+    2
+}
+
+/// A BERT `config.json` (the fields this implementation reads).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BertConfig {
+    /// Token vocabulary size (the unused `word_embeddings` table).
+    pub vocab_size: usize,
+    /// Hidden width.
+    pub hidden_size: usize,
+    /// Number of blocks.
+    pub num_hidden_layers: usize,
+    /// Attention heads.
+    pub num_attention_heads: usize,
+    /// MLP width.
+    pub intermediate_size: usize,
+    /// Size of the learned position table.
+    pub max_position_embeddings: usize,
+    /// Token-type vocabulary (row 0 is added to every input).
+    #[serde(default = "default_type_vocab")]
+    pub type_vocab_size: usize,
+    /// LayerNorm epsilon.
+    pub layer_norm_eps: f64,
+    /// Activation: `gelu` (exact) is supported.
+    #[serde(default = "default_act")]
+    pub hidden_act: String,
+    /// Dropout on embeddings and sublayer outputs.
+    #[serde(default = "default_pdrop")]
+    pub hidden_dropout_prob: f64,
+    /// Dropout on attention probabilities.
+    #[serde(default = "default_pdrop")]
+    pub attention_probs_dropout_prob: f64,
+    /// `bert`.
+    #[serde(default)]
+    pub model_type: Option<String>,
+    /// Only `absolute` is supported.
+    #[serde(default)]
+    pub position_embedding_type: Option<String>,
+}
+
+impl BertConfig {
+    /// Built-in configs of known checkpoints, so random-init runs and `fpt inspect` need
+    /// no files.
+    pub fn builtin(name: &str) -> Option<Self> {
+        let (layers, hidden, heads, ffn) = match name {
+            "bert-base-uncased" | "google-bert/bert-base-uncased" => (12, 768, 12, 3072),
+            "sentence-transformers/all-MiniLM-L6-v2" | "minilm" => (6, 384, 12, 1536),
+            _ => return None,
+        };
+        Some(Self {
+            vocab_size: 30522,
+            hidden_size: hidden,
+            num_hidden_layers: layers,
+            num_attention_heads: heads,
+            intermediate_size: ffn,
+            max_position_embeddings: 512,
+            type_vocab_size: 2,
+            layer_norm_eps: 1e-12,
+            hidden_act: "gelu".into(),
+            hidden_dropout_prob: 0.1,
+            attention_probs_dropout_prob: 0.1,
+            model_type: Some("bert".into()),
+            position_embedding_type: Some("absolute".into()),
+        })
+    }
+
+    /// Parses and checks a `config.json` text (`path` names it in errors).
+    pub fn from_json(text: &str, path: &Path) -> Result<Self> {
+        let cfg: Self = serde_json::from_str(text).map_err(|e| BackboneError::Config {
+            path: path.to_path_buf(),
+            msg: e.to_string(),
+        })?;
+        cfg.validate().map_err(|msg| BackboneError::Config {
+            path: path.to_path_buf(),
+            msg,
+        })?;
+        Ok(cfg)
+    }
+
+    fn validate(&self) -> std::result::Result<(), String> {
+        if self.hidden_size == 0 || self.num_hidden_layers == 0 || self.num_attention_heads == 0 {
+            return Err("hidden_size, num_hidden_layers and num_attention_heads must be positive".into());
+        }
+        if self.hidden_size % self.num_attention_heads != 0 {
+            return Err(format!(
+                "hidden_size {} is not divisible by num_attention_heads {}",
+                self.hidden_size, self.num_attention_heads
+            ));
+        }
+        if self.hidden_act != "gelu" {
+            return Err(format!("hidden_act `{}` is not supported (gelu only)", self.hidden_act));
+        }
+        if let Some(p) = &self.position_embedding_type {
+            if p != "absolute" {
+                return Err(format!(
+                    "position_embedding_type `{p}` is not supported (absolute only)"
+                ));
+            }
+        }
+        if self.type_vocab_size == 0 {
+            return Err("type_vocab_size must be positive".into());
+        }
+        Ok(())
+    }
+
+    /// Applies shape overrides (random init).
+    pub fn with_overrides(mut self, o: &ShapeOverrides) -> Result<Self> {
+        if let Some(l) = o.layers {
+            self.num_hidden_layers = l;
+        }
+        if let Some(h) = o.hidden {
+            self.intermediate_size = 4 * h;
+            self.hidden_size = h;
+        }
+        if let Some(h) = o.heads {
+            self.num_attention_heads = h;
+        }
+        if let Some(p) = o.positions {
+            self.max_position_embeddings = p;
+        }
+        self.validate()
+            .map_err(|m| BackboneError::Unsupported(format!("invalid BERT shape: {m}")))?;
+        Ok(self)
+    }
+
+    /// Every parameter with our shapes (all `[out, in]` already, as in the checkpoint).
+    pub fn param_specs(&self) -> Vec<ParamSpec> {
+        let (c, f) = (self.hidden_size, self.intermediate_size);
+        let mut v = Vec::new();
+        let mut push = |name: String, shape: Vec<usize>, used: bool| {
+            let role = role_by_rules(&name, ROLE_RULES);
+            v.push(ParamSpec {
+                name,
+                shape,
+                role,
+                used,
+            });
+        };
+        push(
+            "embeddings.word_embeddings.weight".into(),
+            vec![self.vocab_size, c],
+            false,
+        );
+        push(
+            "embeddings.position_embeddings.weight".into(),
+            vec![self.max_position_embeddings, c],
+            true,
+        );
+        push(
+            "embeddings.token_type_embeddings.weight".into(),
+            vec![self.type_vocab_size, c],
+            true,
+        );
+        push("embeddings.LayerNorm.weight".into(), vec![c], true);
+        push("embeddings.LayerNorm.bias".into(), vec![c], true);
+        for i in 0..self.num_hidden_layers {
+            let p = format!("encoder.layer.{i}.");
+            for n in ["query", "key", "value"] {
+                push(format!("{p}attention.self.{n}.weight"), vec![c, c], true);
+                push(format!("{p}attention.self.{n}.bias"), vec![c], true);
+            }
+            push(format!("{p}attention.output.dense.weight"), vec![c, c], true);
+            push(format!("{p}attention.output.dense.bias"), vec![c], true);
+            push(format!("{p}attention.output.LayerNorm.weight"), vec![c], true);
+            push(format!("{p}attention.output.LayerNorm.bias"), vec![c], true);
+            push(format!("{p}intermediate.dense.weight"), vec![f, c], true);
+            push(format!("{p}intermediate.dense.bias"), vec![f], true);
+            push(format!("{p}output.dense.weight"), vec![c, f], true);
+            push(format!("{p}output.dense.bias"), vec![c], true);
+            push(format!("{p}output.LayerNorm.weight"), vec![c], true);
+            push(format!("{p}output.LayerNorm.bias"), vec![c], true);
+        }
+        push("pooler.dense.weight".into(), vec![c, c], false);
+        push("pooler.dense.bias".into(), vec![c], false);
+        v
+    }
+}
+
+struct Layer {
+    query: Linear,
+    key: Linear,
+    value: Linear,
+    attn_out: Linear,
+    attn_ln: LayerNorm,
+    intermediate: Linear,
+    output: Linear,
+    out_ln: LayerNorm,
+}
+
+/// A BERT backbone.
+pub struct Bert {
+    config: BertConfig,
+    positions: Param,
+    token_type: Param,
+    emb_ln: LayerNorm,
+    layers: Vec<Layer>,
+    dropout: bool,
+    named: Vec<(String, Role, Param)>,
+    origin: String,
+}
+
+impl Bert {
+    fn assemble(
+        config: &BertConfig,
+        mut tensors: HashMap<String, Tensor>,
+        groups: &TrainGroups,
+    ) -> candle_core::Result<Self> {
+        let mut named = Vec::new();
+        let mut take = |name: String| -> candle_core::Result<Param> {
+            let t = tensors.remove(&name).expect("tensor checked by the caller");
+            let role = role_by_rules(&name, ROLE_RULES);
+            let p = Param::new(t, groups.trains(role))?;
+            named.push((name, role, p.clone()));
+            Ok(p)
+        };
+        let eps = config.layer_norm_eps;
+        let positions = take("embeddings.position_embeddings.weight".into())?;
+        let token_type = take("embeddings.token_type_embeddings.weight".into())?;
+        let emb_ln = LayerNorm {
+            weight: take("embeddings.LayerNorm.weight".into())?,
+            bias: take("embeddings.LayerNorm.bias".into())?,
+            eps,
+        };
+        let mut layers = Vec::with_capacity(config.num_hidden_layers);
+        for i in 0..config.num_hidden_layers {
+            let p = format!("encoder.layer.{i}.");
+            let mut lin = |n: &str| -> candle_core::Result<Linear> {
+                Ok(Linear::new(
+                    take(format!("{p}{n}.weight"))?,
+                    Some(take(format!("{p}{n}.bias"))?),
+                ))
+            };
+            let query = lin("attention.self.query")?;
+            let key = lin("attention.self.key")?;
+            let value = lin("attention.self.value")?;
+            let attn_out = lin("attention.output.dense")?;
+            let attn_ln = LayerNorm {
+                weight: take(format!("{p}attention.output.LayerNorm.weight"))?,
+                bias: take(format!("{p}attention.output.LayerNorm.bias"))?,
+                eps,
+            };
+            let intermediate = Linear::new(
+                take(format!("{p}intermediate.dense.weight"))?,
+                Some(take(format!("{p}intermediate.dense.bias"))?),
+            );
+            let output = Linear::new(
+                take(format!("{p}output.dense.weight"))?,
+                Some(take(format!("{p}output.dense.bias"))?),
+            );
+            let out_ln = LayerNorm {
+                weight: take(format!("{p}output.LayerNorm.weight"))?,
+                bias: take(format!("{p}output.LayerNorm.bias"))?,
+                eps,
+            };
+            layers.push(Layer {
+                query,
+                key,
+                value,
+                attn_out,
+                attn_ln,
+                intermediate,
+                output,
+                out_ln,
+            });
+        }
+        Ok(Self {
+            config: config.clone(),
+            positions,
+            token_type,
+            emb_ln,
+            layers,
+            dropout: true,
+            named,
+            origin: String::new(),
+        })
+    }
+
+    /// Loads `model.safetensors` (see the module docs for the accepted names), checking
+    /// every tensor's presence and shape.
+    pub fn load(config: &BertConfig, weights: &Path, groups: &TrainGroups, device: &Device) -> Result<Self> {
+        // Old TF-converted checkpoints name LayerNorm parameters gamma and beta.
+        let alias = |n: &str| {
+            n.replace("LayerNorm.weight", "LayerNorm.gamma")
+                .replace("LayerNorm.bias", "LayerNorm.beta")
+        };
+        let tensors = crate::read_checked(
+            weights,
+            &config.param_specs(),
+            &["bert."],
+            &alias,
+            &|_| false,
+            &["position_ids", "cls.", "lm_head."],
+            device,
+        )?;
+        let mut m = Self::assemble(config, tensors, groups)?;
+        m.origin = weights.display().to_string();
+        Ok(m)
+    }
+
+    /// BERT's default random init: weights and embeddings N(0, 0.02), biases 0,
+    /// LayerNorm 1/0.
+    pub fn random(config: &BertConfig, groups: &TrainGroups, device: &Device, rng: &mut Rng) -> Result<Self> {
+        let mut tensors = HashMap::new();
+        for spec in config.param_specs() {
+            if !spec.used {
+                continue;
+            }
+            let n = &spec.name;
+            let t = if n.contains("LayerNorm") {
+                if n.ends_with(".weight") {
+                    Tensor::ones(spec.shape.as_slice(), DType::F32, device)?
+                } else {
+                    Tensor::zeros(spec.shape.as_slice(), DType::F32, device)?
+                }
+            } else if n.ends_with(".bias") {
+                Tensor::zeros(spec.shape.as_slice(), DType::F32, device)?
+            } else {
+                fpt_nn::init::normal(&spec.shape, 0.0, 0.02, rng, device)?
+            };
+            tensors.insert(spec.name.clone(), t);
+        }
+        let mut m = Self::assemble(config, tensors, groups)?;
+        let c = config;
+        m.origin = format!(
+            "random init ({} layers x {} wide x {} heads)",
+            c.num_hidden_layers, c.hidden_size, c.num_attention_heads
+        );
+        Ok(m)
+    }
+
+    /// The config this model was built from.
+    pub fn config(&self) -> &BertConfig {
+        &self.config
+    }
+}
+
+impl Backbone for Bert {
+    fn architecture(&self) -> &'static str {
+        "bert"
+    }
+    fn hidden_size(&self) -> usize {
+        self.config.hidden_size
+    }
+    fn max_positions(&self) -> usize {
+        self.config.max_position_embeddings
+    }
+    fn num_layers(&self) -> usize {
+        self.config.num_hidden_layers
+    }
+    fn is_causal(&self) -> bool {
+        false
+    }
+
+    fn forward(&self, embeds: &Tensor, ctx: &mut Ctx) -> candle_core::Result<Tensor> {
+        let c = &self.config;
+        let (b, t, width) = embeds.dims3()?;
+        if width != c.hidden_size {
+            candle_core::bail!("bert: input width {width} does not match hidden_size {}", c.hidden_size)
+        }
+        if t > c.max_position_embeddings {
+            candle_core::bail!(
+                "bert: {t} tokens exceed the {} learned positions",
+                c.max_position_embeddings
+            )
+        }
+        let drop = |ctx: &mut Ctx, x: &Tensor, p: f64| if self.dropout { ctx.dropout(x, p) } else { Ok(x.clone()) };
+        let pos = self.positions.tensor().narrow(0, 0, t)?;
+        let tt = self.token_type.tensor().narrow(0, 0, 1)?;
+        let h = embeds.broadcast_add(&pos)?.broadcast_add(&tt)?;
+        let mut h = drop(ctx, &self.emb_ln.forward(&h)?, c.hidden_dropout_prob)?;
+        let (nh, hd) = (c.num_attention_heads, width / c.num_attention_heads);
+        for l in &self.layers {
+            let heads =
+                |x: Tensor| -> candle_core::Result<Tensor> { x.reshape((b, t, nh, hd))?.transpose(1, 2)?.contiguous() };
+            let q = heads(l.query.forward(&h)?)?;
+            let k = heads(l.key.forward(&h)?)?;
+            let v = heads(l.value.forward(&h)?)?;
+            let probs = ops::masked_softmax(&q.matmul(&k.t()?)?, 1.0 / (hd as f64).sqrt(), false)?;
+            let probs = drop(ctx, &probs, c.attention_probs_dropout_prob)?;
+            let o = probs.matmul(&v)?.transpose(1, 2)?.reshape((b, t, width))?;
+            let a = drop(ctx, &l.attn_out.forward(&o)?, c.hidden_dropout_prob)?;
+            let h1 = l.attn_ln.forward(&(a + &h)?)?;
+            let m = ops::gelu_erf(&l.intermediate.forward(&h1)?)?;
+            let m = drop(ctx, &l.output.forward(&m)?, c.hidden_dropout_prob)?;
+            h = l.out_ln.forward(&(m + h1)?)?;
+        }
+        Ok(h)
+    }
+
+    fn params(&self) -> Vec<(String, Role, &Param)> {
+        self.named.iter().map(|(n, r, p)| (n.clone(), *r, p)).collect()
+    }
+
+    fn param_specs(&self) -> Vec<ParamSpec> {
+        self.config.param_specs()
+    }
+
+    fn set_dropout(&mut self, on: bool) {
+        self.dropout = on;
+    }
+
+    fn origin(&self) -> &str {
+        &self.origin
+    }
+}

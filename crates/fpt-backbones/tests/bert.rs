@@ -1,0 +1,231 @@
+//! BERT against golden outputs and gradients from Hugging Face `transformers`
+//! (`tools/make_fixtures.py`), the real all-MiniLM-L6-v2 weights against reference values
+//! (when they are in the Hugging Face cache: `fpt fetch minilm`), and loading errors.
+
+use candle_core::{safetensors, DType, Device, Tensor, Var};
+use fpt_backbones::bert::{Bert, BertConfig};
+use fpt_backbones::{Backbone, Config};
+use fpt_nn::{Ctx, Rng};
+use fpt_spec::{Role, TrainGroups};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+fn fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/fixtures/bert-tiny")
+}
+
+fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
+    (a - b)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .max(0)
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap()
+}
+
+fn load(dir: &Path, groups: &TrainGroups) -> Bert {
+    let Config::Bert(cfg) = Config::from_file(&dir.join("config.json")).unwrap() else {
+        panic!("expected a BERT config")
+    };
+    Bert::load(&cfg, &dir.join("model.safetensors"), groups, &Device::Cpu).unwrap()
+}
+
+#[test]
+fn forward_and_backward_match_transformers() {
+    let model = load(&fixture(), &TrainGroups::fpt());
+    let g = safetensors::load(fixture().join("golden.safetensors"), &Device::Cpu).unwrap();
+    let x = Var::from_tensor(&g["inputs_embeds"]).unwrap();
+    let out = model.forward(x.as_tensor(), &mut Ctx::eval()).unwrap();
+    let d = max_diff(&out, &g["last_hidden_state"]);
+    assert!(d <= 1e-4, "last_hidden_state differs by {d}");
+    let grads = (out * &g["loss_weights"])
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .backward()
+        .unwrap();
+    let d = max_diff(grads.get(&x).unwrap(), &g["grad.inputs_embeds"]);
+    assert!(d <= 1e-4, "input gradient differs by {d}");
+    let params: HashMap<String, _> = model.params().into_iter().map(|(n, _, p)| (n, p.clone())).collect();
+    for name in [
+        "embeddings.position_embeddings.weight",
+        "embeddings.LayerNorm.weight",
+        "encoder.layer.0.attention.output.LayerNorm.bias",
+        "encoder.layer.1.output.LayerNorm.weight",
+    ] {
+        let var = params[name]
+            .var()
+            .unwrap_or_else(|| panic!("{name} should train under FPT groups"));
+        let d = max_diff(grads.get(var.as_tensor()).unwrap(), &g[&format!("grad.{name}")]);
+        assert!(d <= 1e-4, "gradient of {name} differs by {d}");
+    }
+    for (name, role, p) in model.params() {
+        assert_eq!(
+            p.is_trainable(),
+            matches!(role, Role::LayerNorm | Role::Positions),
+            "{name}"
+        );
+        if !p.is_trainable() {
+            assert!(grads.get(p.tensor()).is_none(), "{name} got a gradient");
+        }
+    }
+}
+
+#[test]
+fn prefixed_and_gamma_beta_checkpoints_load() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = safetensors::load(fixture().join("model.safetensors"), &Device::Cpu).unwrap();
+    let renamed: HashMap<String, Tensor> = t
+        .into_iter()
+        .map(|(k, v)| {
+            (
+                format!(
+                    "bert.{}",
+                    k.replace("LayerNorm.weight", "LayerNorm.gamma")
+                        .replace("LayerNorm.bias", "LayerNorm.beta")
+                ),
+                v,
+            )
+        })
+        .collect();
+    safetensors::save(&renamed, tmp.path().join("model.safetensors")).unwrap();
+    std::fs::copy(fixture().join("config.json"), tmp.path().join("config.json")).unwrap();
+    let a = load(&fixture(), &TrainGroups::fpt());
+    let b = load(tmp.path(), &TrainGroups::fpt());
+    let x = Tensor::randn(0f32, 1.0, (1, 5, 32), &Device::Cpu).unwrap();
+    assert_eq!(
+        max_diff(
+            &a.forward(&x, &mut Ctx::eval()).unwrap(),
+            &b.forward(&x, &mut Ctx::eval()).unwrap()
+        ),
+        0.0
+    );
+}
+
+#[test]
+fn roles_and_counts_on_real_configs() {
+    let c = Config::builtin("bert-base-uncased").unwrap();
+    let specs = c.param_specs();
+    let total: usize = specs.iter().map(|s| s.numel()).sum();
+    assert_eq!(total, 109_482_240); // BertModel with pooler, as `transformers` counts it
+    let by = |r: Role| specs.iter().filter(|s| s.role == r).map(|s| s.numel()).sum::<usize>();
+    assert_eq!(by(Role::Positions), 512 * 768);
+    assert_eq!(by(Role::LayerNorm), (1 + 2 * 12) * 2 * 768);
+    assert_eq!(by(Role::Attention), 12 * 4 * (768 * 768 + 768));
+    assert_eq!(by(Role::FeedForward), 12 * 2 * 768 * 3072 + 12 * (3072 + 768));
+    let m = Config::builtin("sentence-transformers/all-MiniLM-L6-v2")
+        .unwrap()
+        .param_specs();
+    assert_eq!(m.iter().map(|s| s.numel()).sum::<usize>(), 22_713_216);
+}
+
+#[test]
+fn random_init_and_errors() {
+    let cfg = BertConfig::builtin("minilm")
+        .unwrap()
+        .with_overrides(&fpt_spec::ShapeOverrides {
+            layers: Some(1),
+            hidden: Some(30),
+            heads: Some(4),
+            positions: None,
+        });
+    let e = cfg.unwrap_err().to_string();
+    assert!(
+        e.contains("hidden_size 30") && e.contains("num_attention_heads 4"),
+        "{e}"
+    );
+    let cfg = BertConfig::builtin("minilm").unwrap();
+    let m = Bert::random(&cfg, &TrainGroups::fpt(), &Device::Cpu, &mut Rng::new(0)).unwrap();
+    assert_eq!(m.num_layers(), 6);
+    assert!(!m.is_causal());
+    // A wrong-shaped tensor names itself.
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::copy(fixture().join("config.json"), tmp.path().join("config.json")).unwrap();
+    let mut t = safetensors::load(fixture().join("model.safetensors"), &Device::Cpu).unwrap();
+    t.insert(
+        "encoder.layer.0.intermediate.dense.weight".into(),
+        Tensor::zeros((3, 3), DType::F32, &Device::Cpu).unwrap(),
+    );
+    safetensors::save(&t, tmp.path().join("model.safetensors")).unwrap();
+    let Config::Bert(c) = Config::from_file(&tmp.path().join("config.json")).unwrap() else {
+        panic!()
+    };
+    let e = Bert::load(
+        &c,
+        &tmp.path().join("model.safetensors"),
+        &TrainGroups::fpt(),
+        &Device::Cpu,
+    )
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(
+        e.contains("encoder.layer.0.intermediate.dense.weight") && e.contains("[3, 3]"),
+        "{e}"
+    );
+}
+
+/// Runs when all-MiniLM-L6-v2 is in the Hugging Face cache (`fpt fetch minilm`; `.ci/run`
+/// fetches it and sets FPT_REQUIRE_MINILM=1 so that CI cannot skip it).
+#[test]
+fn real_minilm_matches_reference_values() {
+    std::env::set_var("HF_HUB_OFFLINE", "1");
+    let files = match fpt_backbones::hub::resolve("sentence-transformers/all-MiniLM-L6-v2", true) {
+        Ok(f) => f,
+        Err(e) => {
+            assert!(
+                std::env::var_os("FPT_REQUIRE_MINILM").is_none(),
+                "FPT_REQUIRE_MINILM is set but MiniLM is not cached: {e}"
+            );
+            eprintln!("SKIPPED: all-MiniLM-L6-v2 is not in the Hugging Face cache (run `fpt fetch minilm`)");
+            return;
+        }
+    };
+    let reference: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/fixtures/minilm-reference.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let Config::Bert(cfg) = Config::from_file(&files.config).unwrap() else {
+        panic!("MiniLM is a BERT")
+    };
+    let weights = files.weights.unwrap();
+    let model = Bert::load(&cfg, &weights, &TrainGroups::fpt(), &Device::Cpu).unwrap();
+    // Token ids -> input embeddings with the checkpoint's own word table.
+    let table = safetensors::load(&weights, &Device::Cpu)
+        .unwrap()
+        .remove("embeddings.word_embeddings.weight")
+        .unwrap();
+    let ids: Vec<u32> = reference["input_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as u32)
+        .collect();
+    let embeds = table
+        .index_select(&Tensor::new(ids.as_slice(), &Device::Cpu).unwrap(), 0)
+        .unwrap()
+        .unsqueeze(0)
+        .unwrap();
+    let h = model.forward(&embeds, &mut Ctx::eval()).unwrap().squeeze(0).unwrap();
+    let h = h.to_vec2::<f32>().unwrap();
+    let mut worst = 0f64;
+    for (t, row) in reference["hidden_first8"].as_array().unwrap().iter().enumerate() {
+        for (j, v) in row.as_array().unwrap().iter().enumerate() {
+            worst = worst.max((v.as_f64().unwrap() - h[t][j] as f64).abs());
+        }
+    }
+    assert!(
+        worst <= 1e-4,
+        "MiniLM hidden states differ from transformers by {worst}"
+    );
+    let sum: f64 = h.iter().flatten().map(|&v| v as f64).sum();
+    let want = reference["hidden_sum"].as_f64().unwrap();
+    assert!((sum - want).abs() <= 1e-3 * want.abs().max(1.0), "sum {sum} vs {want}");
+}
