@@ -10,8 +10,8 @@
 //! LayerNorm}}`, `pooler.dense` (unused), with or without a `bert.` prefix; the old
 //! `LayerNorm.gamma`/`beta` names of `bert-base-uncased` are read as `weight`/`bias`.
 
-use crate::{role_by_rules, Backbone, BackboneError, ParamSpec, Result};
-use candle_core::{DType, Device, Tensor};
+use crate::{role_by_rules, Backbone, BackboneError, ParamSpec, ParamTaker, Result};
+use candle_core::{Device, Tensor};
 use fpt_nn::{ops, Ctx, LayerNorm, Linear, Param, Rng};
 use fpt_spec::{Role, ShapeOverrides, TrainGroups};
 use serde::{Deserialize, Serialize};
@@ -238,65 +238,26 @@ pub struct Bert {
 impl Bert {
     fn assemble(
         config: &BertConfig,
-        mut tensors: HashMap<String, Tensor>,
+        tensors: HashMap<String, Tensor>,
         groups: &TrainGroups,
     ) -> candle_core::Result<Self> {
-        let mut named = Vec::new();
-        let mut take = |name: String| -> candle_core::Result<Param> {
-            let t = tensors.remove(&name).expect("tensor checked by the caller");
-            let role = role_by_rules(&name, ROLE_RULES);
-            let p = Param::new(t, groups.trains(role))?;
-            named.push((name, role, p.clone()));
-            Ok(p)
-        };
+        let mut t = ParamTaker::new(tensors, groups, ROLE_RULES);
         let eps = config.layer_norm_eps;
-        let positions = take("embeddings.position_embeddings.weight".into())?;
-        let token_type = take("embeddings.token_type_embeddings.weight".into())?;
-        let emb_ln = LayerNorm {
-            weight: take("embeddings.LayerNorm.weight".into())?,
-            bias: take("embeddings.LayerNorm.bias".into())?,
-            eps,
-        };
+        let positions = t.take("embeddings.position_embeddings.weight".into())?;
+        let token_type = t.take("embeddings.token_type_embeddings.weight".into())?;
+        let emb_ln = t.layer_norm("embeddings.LayerNorm", eps)?;
         let mut layers = Vec::with_capacity(config.num_hidden_layers);
         for i in 0..config.num_hidden_layers {
             let p = format!("encoder.layer.{i}.");
-            let mut lin = |n: &str| -> candle_core::Result<Linear> {
-                Ok(Linear::new(
-                    take(format!("{p}{n}.weight"))?,
-                    Some(take(format!("{p}{n}.bias"))?),
-                ))
-            };
-            let query = lin("attention.self.query")?;
-            let key = lin("attention.self.key")?;
-            let value = lin("attention.self.value")?;
-            let attn_out = lin("attention.output.dense")?;
-            let attn_ln = LayerNorm {
-                weight: take(format!("{p}attention.output.LayerNorm.weight"))?,
-                bias: take(format!("{p}attention.output.LayerNorm.bias"))?,
-                eps,
-            };
-            let intermediate = Linear::new(
-                take(format!("{p}intermediate.dense.weight"))?,
-                Some(take(format!("{p}intermediate.dense.bias"))?),
-            );
-            let output = Linear::new(
-                take(format!("{p}output.dense.weight"))?,
-                Some(take(format!("{p}output.dense.bias"))?),
-            );
-            let out_ln = LayerNorm {
-                weight: take(format!("{p}output.LayerNorm.weight"))?,
-                bias: take(format!("{p}output.LayerNorm.bias"))?,
-                eps,
-            };
             layers.push(Layer {
-                query,
-                key,
-                value,
-                attn_out,
-                attn_ln,
-                intermediate,
-                output,
-                out_ln,
+                query: t.linear(&format!("{p}attention.self.query"))?,
+                key: t.linear(&format!("{p}attention.self.key"))?,
+                value: t.linear(&format!("{p}attention.self.value"))?,
+                attn_out: t.linear(&format!("{p}attention.output.dense"))?,
+                attn_ln: t.layer_norm(&format!("{p}attention.output.LayerNorm"), eps)?,
+                intermediate: t.linear(&format!("{p}intermediate.dense"))?,
+                output: t.linear(&format!("{p}output.dense"))?,
+                out_ln: t.layer_norm(&format!("{p}output.LayerNorm"), eps)?,
             });
         }
         Ok(Self {
@@ -306,7 +267,7 @@ impl Bert {
             emb_ln,
             layers,
             dropout: true,
-            named,
+            named: t.named,
             origin: String::new(),
         })
     }
@@ -336,25 +297,7 @@ impl Bert {
     /// BERT's default random init: weights and embeddings N(0, 0.02), biases 0,
     /// LayerNorm 1/0.
     pub fn random(config: &BertConfig, groups: &TrainGroups, device: &Device, rng: &mut Rng) -> Result<Self> {
-        let mut tensors = HashMap::new();
-        for spec in config.param_specs() {
-            if !spec.used {
-                continue;
-            }
-            let n = &spec.name;
-            let t = if n.contains("LayerNorm") {
-                if n.ends_with(".weight") {
-                    Tensor::ones(spec.shape.as_slice(), DType::F32, device)?
-                } else {
-                    Tensor::zeros(spec.shape.as_slice(), DType::F32, device)?
-                }
-            } else if n.ends_with(".bias") {
-                Tensor::zeros(spec.shape.as_slice(), DType::F32, device)?
-            } else {
-                fpt_nn::init::normal(&spec.shape, 0.0, 0.02, rng, device)?
-            };
-            tensors.insert(spec.name.clone(), t);
-        }
+        let tensors = crate::random_tensors(&config.param_specs(), &|_| 0.02, device, rng)?;
         let mut m = Self::assemble(config, tensors, groups)?;
         let c = config;
         m.origin = format!(

@@ -8,8 +8,8 @@
 //! mlp.c_fc, mlp.c_proj}`, `ln_f`), with or without a `transformer.` prefix; their Conv1D
 //! weights are `[in, out]` and are transposed to `[out, in]` on load (and back on save).
 
-use crate::{role_by_rules, Backbone, BackboneError, ParamSpec, Result};
-use candle_core::{DType, Device, Tensor};
+use crate::{role_by_rules, Backbone, BackboneError, ParamSpec, ParamTaker, Result};
+use candle_core::{Device, Tensor};
 use fpt_nn::{ops, Ctx, LayerNorm, Linear, Param, Rng};
 use fpt_spec::{ResidualInit, Role, ShapeOverrides, TrainGroups};
 use serde::{Deserialize, Serialize};
@@ -240,58 +240,32 @@ pub struct Gpt2 {
 impl Gpt2 {
     fn assemble(
         config: &Gpt2Config,
-        mut tensors: HashMap<String, Tensor>,
+        tensors: HashMap<String, Tensor>,
         groups: &TrainGroups,
     ) -> candle_core::Result<Self> {
-        let mut named = Vec::new();
-        let mut take = |name: String| -> candle_core::Result<Param> {
-            let t = tensors.remove(&name).expect("tensor checked by the caller");
-            let role = role_by_rules(&name, ROLE_RULES);
-            let p = Param::new(t, groups.trains(role))?;
-            named.push((name, role, p.clone()));
-            Ok(p)
-        };
+        let mut t = ParamTaker::new(tensors, groups, ROLE_RULES);
         let eps = config.layer_norm_epsilon;
-        let wpe = take("wpe.weight".into())?;
+        let wpe = t.take("wpe.weight".into())?;
         let mut blocks = Vec::with_capacity(config.n_layer);
         for i in 0..config.n_layer {
             let p = format!("h.{i}.");
-            let mut ln = |n: &str| -> candle_core::Result<LayerNorm> {
-                Ok(LayerNorm {
-                    weight: take(format!("{p}{n}.weight"))?,
-                    bias: take(format!("{p}{n}.bias"))?,
-                    eps,
-                })
-            };
-            let ln_1 = ln("ln_1")?;
-            let ln_2 = ln("ln_2")?;
-            let mut lin = |n: &str| -> candle_core::Result<Linear> {
-                Ok(Linear::new(
-                    take(format!("{p}{n}.weight"))?,
-                    Some(take(format!("{p}{n}.bias"))?),
-                ))
-            };
             blocks.push(Block {
-                ln_1,
-                c_attn: lin("attn.c_attn")?,
-                attn_proj: lin("attn.c_proj")?,
-                ln_2,
-                c_fc: lin("mlp.c_fc")?,
-                mlp_proj: lin("mlp.c_proj")?,
+                ln_1: t.layer_norm(&format!("{p}ln_1"), eps)?,
+                c_attn: t.linear(&format!("{p}attn.c_attn"))?,
+                attn_proj: t.linear(&format!("{p}attn.c_proj"))?,
+                ln_2: t.layer_norm(&format!("{p}ln_2"), eps)?,
+                c_fc: t.linear(&format!("{p}mlp.c_fc"))?,
+                mlp_proj: t.linear(&format!("{p}mlp.c_proj"))?,
             });
         }
-        let ln_f = LayerNorm {
-            weight: take("ln_f.weight".into())?,
-            bias: take("ln_f.bias".into())?,
-            eps,
-        };
+        let ln_f = t.layer_norm("ln_f", eps)?;
         Ok(Self {
             config: config.clone(),
             wpe,
             blocks,
             ln_f,
             dropout: true,
-            named,
+            named: t.named,
             origin: String::new(),
         })
     }
@@ -323,30 +297,12 @@ impl Gpt2 {
         device: &Device,
         rng: &mut Rng,
     ) -> Result<Self> {
-        let mut tensors = HashMap::new();
         let proj_std = match residual {
             ResidualInit::Scaled => 0.02 / (2.0 * config.n_layer as f64).sqrt(),
             ResidualInit::Unscaled => 0.02,
         };
-        for spec in config.param_specs() {
-            if !spec.used {
-                continue;
-            }
-            let n = &spec.name;
-            let t = if n.contains("ln_") {
-                if n.ends_with(".weight") {
-                    Tensor::ones(spec.shape.as_slice(), DType::F32, device)?
-                } else {
-                    Tensor::zeros(spec.shape.as_slice(), DType::F32, device)?
-                }
-            } else if n.ends_with(".bias") {
-                Tensor::zeros(spec.shape.as_slice(), DType::F32, device)?
-            } else {
-                let std = if n.ends_with("c_proj.weight") { proj_std } else { 0.02 };
-                fpt_nn::init::normal(&spec.shape, 0.0, std, rng, device)?
-            };
-            tensors.insert(spec.name.clone(), t);
-        }
+        let std = |n: &str| if n.ends_with("c_proj.weight") { proj_std } else { 0.02 };
+        let tensors = crate::random_tensors(&config.param_specs(), &std, device, rng)?;
         let mut m = Self::assemble(config, tensors, groups)?;
         m.origin = format!(
             "random init ({} c_proj, {} layers x {} wide x {} heads)",

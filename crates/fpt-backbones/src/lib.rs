@@ -259,6 +259,79 @@ impl Config {
     }
 }
 
+/// Turns named tensors into [`Param`]s (trainable or frozen by role) and records them.
+pub(crate) struct ParamTaker<'a> {
+    tensors: std::collections::HashMap<String, Tensor>,
+    groups: &'a TrainGroups,
+    rules: &'static [(&'static str, Role)],
+    /// Every parameter taken, in order, with its name and role.
+    pub named: Vec<(String, Role, Param)>,
+}
+
+impl<'a> ParamTaker<'a> {
+    pub(crate) fn new(
+        tensors: std::collections::HashMap<String, Tensor>,
+        groups: &'a TrainGroups,
+        rules: &'static [(&'static str, Role)],
+    ) -> Self {
+        Self {
+            tensors,
+            groups,
+            rules,
+            named: Vec::new(),
+        }
+    }
+
+    /// The parameter `name` (the caller has checked that it exists).
+    pub(crate) fn take(&mut self, name: String) -> candle_core::Result<Param> {
+        let t = self.tensors.remove(&name).expect("tensor checked by the caller");
+        let role = role_by_rules(&name, self.rules);
+        let p = Param::new(t, self.groups.trains(role))?;
+        self.named.push((name, role, p.clone()));
+        Ok(p)
+    }
+
+    /// `{prefix}.weight` and `{prefix}.bias` as a LayerNorm.
+    pub(crate) fn layer_norm(&mut self, prefix: &str, eps: f64) -> candle_core::Result<fpt_nn::LayerNorm> {
+        Ok(fpt_nn::LayerNorm {
+            weight: self.take(format!("{prefix}.weight"))?,
+            bias: self.take(format!("{prefix}.bias"))?,
+            eps,
+        })
+    }
+
+    /// `{prefix}.weight` and `{prefix}.bias` as a Linear.
+    pub(crate) fn linear(&mut self, prefix: &str) -> candle_core::Result<fpt_nn::Linear> {
+        Ok(fpt_nn::Linear::new(
+            self.take(format!("{prefix}.weight"))?,
+            Some(self.take(format!("{prefix}.bias"))?),
+        ))
+    }
+}
+
+/// The usual transformer init for every used parameter: LayerNorm weights 1 and biases 0,
+/// other biases 0, every other tensor N(0, std(name)).
+pub(crate) fn random_tensors(
+    specs: &[ParamSpec],
+    std: &dyn Fn(&str) -> f64,
+    device: &Device,
+    rng: &mut Rng,
+) -> Result<std::collections::HashMap<String, Tensor>> {
+    let mut out = std::collections::HashMap::new();
+    for spec in specs.iter().filter(|s| s.used) {
+        let (n, shape) = (&spec.name, spec.shape.as_slice());
+        let t = if spec.role == Role::LayerNorm && n.ends_with(".weight") {
+            Tensor::ones(shape, DType::F32, device)?
+        } else if n.ends_with(".bias") {
+            Tensor::zeros(shape, DType::F32, device)?
+        } else {
+            fpt_nn::init::normal(shape, 0.0, std(n), rng, device)?
+        };
+        out.insert(n.clone(), t);
+    }
+    Ok(out)
+}
+
 /// Reads the tensors `specs` name from a safetensors file, checking each one's presence
 /// and shape. The file's names may carry one of `prefixes`; `alias` gives a second name to
 /// try (old checkpoints); tensors for which `transposed` holds are stored `[in, out]` and

@@ -49,6 +49,33 @@ fn slice_batch(e: &Examples, start: usize, n: usize, total: usize, dims: &TaskDi
     )
 }
 
+/// The two fixed evaluation sets of a generated task.
+struct EvalSets {
+    test: Examples,
+    train_sample: Examples,
+    len: usize,
+}
+
+impl EvalSets {
+    /// Draws both sets with `generate` from streams derived from `seed` and `task`.
+    fn draw(task: &str, len: usize, seed: u64, generate: impl Fn(usize, &mut Rng) -> Examples) -> Self {
+        let base = Rng::new(seed);
+        Self {
+            test: generate(len, &mut base.fork(&format!("{task}/eval"))),
+            train_sample: generate(len, &mut base.fork(&format!("{task}/train-sample"))),
+            len,
+        }
+    }
+
+    fn batch(&self, split: Split, start: usize, n: usize, dims: &TaskDims, device: &Device) -> Result<Batch> {
+        let set = match split {
+            Split::Test => &self.test,
+            Split::Train => &self.train_sample,
+        };
+        slice_batch(set, start, n, self.len, dims, device)
+    }
+}
+
 fn check(task: &'static str, n: usize, patch: usize) -> Result<()> {
     if n == 0 || patch == 0 || n % patch != 0 {
         return Err(TaskError::Invalid {
@@ -63,9 +90,7 @@ fn check(task: &'static str, n: usize, patch: usize) -> Result<()> {
 pub struct BitXor {
     n: usize,
     patch: usize,
-    test: Examples,
-    train_sample: Examples,
-    eval_len: usize,
+    eval: EvalSets,
 }
 
 impl BitXor {
@@ -73,20 +98,11 @@ impl BitXor {
     /// a stream derived from `seed`.
     pub fn new(n: usize, patch: usize, eval_len: usize, seed: u64) -> Result<Self> {
         check("bit-xor", n, patch)?;
-        let mut t = Self {
-            n,
-            patch,
-            test: Examples { x: vec![], y: vec![] },
-            train_sample: Examples { x: vec![], y: vec![] },
-            eval_len,
-        };
-        t.test = t.generate(eval_len, &mut Rng::new(seed).fork("bit-xor/eval"));
-        t.train_sample = t.generate(eval_len, &mut Rng::new(seed).fork("bit-xor/train-sample"));
-        Ok(t)
+        let eval = EvalSets::draw("bit-xor", eval_len, seed, |c, r| Self::generate(n, c, r));
+        Ok(Self { n, patch, eval })
     }
 
-    fn generate(&self, count: usize, rng: &mut Rng) -> Examples {
-        let n = self.n;
+    fn generate(n: usize, count: usize, rng: &mut Rng) -> Examples {
         let mut x = Vec::with_capacity(count * 2 * n);
         let mut y = Vec::with_capacity(count * n);
         for _ in 0..count {
@@ -96,6 +112,12 @@ impl BitXor {
             y.extend(a.iter().zip(&b).map(|(p, q)| p ^ q));
         }
         Examples { x, y }
+    }
+}
+
+impl BitXor {
+    fn generate_train(&self, count: usize, rng: &mut Rng) -> Examples {
+        Self::generate(self.n, count, rng)
     }
 }
 
@@ -113,18 +135,14 @@ impl Task for BitXor {
         }
     }
     fn train_batch(&mut self, n: usize, rng: &mut Rng, device: &Device) -> Result<Batch> {
-        let e = self.generate(n, rng);
+        let e = self.generate_train(n, rng);
         to_batch(e.x, e.y, n, &self.dims(), device)
     }
     fn eval_len(&self, _split: Split) -> usize {
-        self.eval_len
+        self.eval.len
     }
     fn eval_batch(&self, split: Split, start: usize, n: usize, device: &Device) -> Result<Batch> {
-        let set = match split {
-            Split::Test => &self.test,
-            Split::Train => &self.train_sample,
-        };
-        slice_batch(set, start, n, self.eval_len, &self.dims(), device)
+        self.eval.batch(split, start, n, &self.dims(), device)
     }
 }
 
@@ -133,9 +151,7 @@ pub struct BitMemory {
     n: usize,
     patterns: usize,
     patch: usize,
-    test: Examples,
-    train_sample: Examples,
-    eval_len: usize,
+    eval: EvalSets,
 }
 
 impl BitMemory {
@@ -149,21 +165,16 @@ impl BitMemory {
                 msg: "needs at least one pattern".into(),
             });
         }
-        let mut t = Self {
+        let eval = EvalSets::draw("bit-memory", eval_len, seed, |c, r| Self::generate(n, patterns, c, r));
+        Ok(Self {
             n,
             patterns,
             patch,
-            test: Examples { x: vec![], y: vec![] },
-            train_sample: Examples { x: vec![], y: vec![] },
-            eval_len,
-        };
-        t.test = t.generate(eval_len, &mut Rng::new(seed).fork("bit-memory/eval"));
-        t.train_sample = t.generate(eval_len, &mut Rng::new(seed).fork("bit-memory/train-sample"));
-        Ok(t)
+            eval,
+        })
     }
 
-    fn generate(&self, count: usize, rng: &mut Rng) -> Examples {
-        let (n, k) = (self.n, self.patterns);
+    fn generate(n: usize, k: usize, count: usize, rng: &mut Rng) -> Examples {
         let mut x = Vec::with_capacity(count * (k + 1) * n);
         let mut y = Vec::with_capacity(count * n);
         for _ in 0..count {
@@ -183,6 +194,12 @@ impl BitMemory {
     }
 }
 
+impl BitMemory {
+    fn generate_train(&self, count: usize, rng: &mut Rng) -> Examples {
+        Self::generate(self.n, self.patterns, count, rng)
+    }
+}
+
 impl Task for BitMemory {
     fn name(&self) -> TaskName {
         TaskName::BitMemory
@@ -197,18 +214,14 @@ impl Task for BitMemory {
         }
     }
     fn train_batch(&mut self, n: usize, rng: &mut Rng, device: &Device) -> Result<Batch> {
-        let e = self.generate(n, rng);
+        let e = self.generate_train(n, rng);
         to_batch(e.x, e.y, n, &self.dims(), device)
     }
     fn eval_len(&self, _split: Split) -> usize {
-        self.eval_len
+        self.eval.len
     }
     fn eval_batch(&self, split: Split, start: usize, n: usize, device: &Device) -> Result<Batch> {
-        let set = match split {
-            Split::Test => &self.test,
-            Split::Train => &self.train_sample,
-        };
-        slice_batch(set, start, n, self.eval_len, &self.dims(), device)
+        self.eval.batch(split, start, n, &self.dims(), device)
     }
     fn baseline(&self) -> Option<(f64, &'static str)> {
         Some((0.75, "copy the visible bits, guess the masked ones"))

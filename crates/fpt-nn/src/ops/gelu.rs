@@ -1,15 +1,29 @@
-//! GPT-2's `gelu_new` (the tanh approximation of GELU), fused on CPU:
-//! y = 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3);
-//! dy/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2), t = tanh(u).
+//! GELU activations, fused on CPU with hand-written derivatives:
+//!
+//! - `gelu_new` (GPT-2; the tanh approximation): y = 0.5 x (1 + tanh(u)),
+//!   u = sqrt(2/pi) (x + 0.044715 x^3); dy/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi)
+//!   (1 + 3 * 0.044715 x^2), t = tanh(u).
+//! - `gelu_erf` (BERT's exact GELU): y = 0.5 x (1 + erf(x / sqrt 2));
+//!   dy/dx = 0.5 (1 + erf(x / sqrt 2)) + x exp(-x^2 / 2) / sqrt(2 pi).
 
 use super::{cpu_slice, unsupported, use_par, with_cpu_slice, Float};
 use candle_core::backend::BackendStorage as _;
 use candle_core::{CpuStorage, CustomOp1, DType, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
+use std::marker::PhantomData;
 
 const C: f64 = 0.797_884_560_802_865_4; // sqrt(2/pi)
 const A: f64 = 0.044_715;
+const INV_SQRT2: f64 = std::f64::consts::FRAC_1_SQRT_2;
+const INV_SQRT_2PI: f64 = 0.398_942_280_401_432_7;
 const CHUNK: usize = 16_384;
+
+/// An elementwise activation: its value and derivative.
+trait Activation: Send + Sync + 'static {
+    const NAME: &'static str;
+    fn f<T: Float>(x: T) -> T;
+    fn df<T: Float>(x: T) -> T;
+}
 
 #[inline]
 fn tanh<T: Float>(u: T) -> T {
@@ -18,12 +32,46 @@ fn tanh<T: Float>(u: T) -> T {
     T::one() - two / ((two * u).exp() + T::one())
 }
 
-fn fwd_kernel<T: Float>(x: &[T]) -> Vec<T> {
-    let (c, a, half) = (T::from(C).unwrap(), T::from(A).unwrap(), T::from(0.5).unwrap());
+struct New;
+impl Activation for New {
+    const NAME: &'static str = "gelu_new";
+    #[inline]
+    fn f<T: Float>(x: T) -> T {
+        let (c, a, half) = (T::from(C).unwrap(), T::from(A).unwrap(), T::from(0.5).unwrap());
+        half * x * (T::one() + tanh(c * (x + a * x * x * x)))
+    }
+    #[inline]
+    fn df<T: Float>(x: T) -> T {
+        let (c, a, half) = (T::from(C).unwrap(), T::from(A).unwrap(), T::from(0.5).unwrap());
+        let t = tanh(c * (x + a * x * x * x));
+        let dt = (T::one() - t * t) * c * (T::one() + T::from(3.0 * A).unwrap() * x * x);
+        half * (T::one() + t) + half * x * dt
+    }
+}
+
+struct Erf;
+impl Activation for Erf {
+    const NAME: &'static str = "gelu_erf";
+    #[inline]
+    fn f<T: Float>(x: T) -> T {
+        let v: f64 = num_traits::ToPrimitive::to_f64(&x).unwrap_or(f64::NAN);
+        <T as num_traits::NumCast>::from(0.5 * v * (1.0 + libm::erf(v * INV_SQRT2))).unwrap()
+    }
+    #[inline]
+    fn df<T: Float>(x: T) -> T {
+        let v: f64 = num_traits::ToPrimitive::to_f64(&x).unwrap_or(f64::NAN);
+        <T as num_traits::NumCast>::from(
+            0.5 * (1.0 + libm::erf(v * INV_SQRT2)) + v * (-0.5 * v * v).exp() * INV_SQRT_2PI,
+        )
+        .unwrap()
+    }
+}
+
+fn fwd_kernel<A: Activation, T: Float>(x: &[T]) -> Vec<T> {
     let mut y = vec![T::zero(); x.len()];
     let body = |(yc, xc): (&mut [T], &[T])| {
         for (yv, &v) in yc.iter_mut().zip(xc) {
-            *yv = half * v * (T::one() + tanh(c * (v + a * v * v * v)));
+            *yv = A::f(v);
         }
     };
     if use_par(x.len()) {
@@ -34,15 +82,11 @@ fn fwd_kernel<T: Float>(x: &[T]) -> Vec<T> {
     y
 }
 
-fn bwd_kernel<T: Float>(x: &[T], dy: &[T]) -> Vec<T> {
-    let (c, a, half) = (T::from(C).unwrap(), T::from(A).unwrap(), T::from(0.5).unwrap());
-    let three_a = T::from(3.0 * A).unwrap();
+fn bwd_kernel<A: Activation, T: Float>(x: &[T], dy: &[T]) -> Vec<T> {
     let mut dx = vec![T::zero(); x.len()];
     let body = |(dc, (xc, gc)): (&mut [T], (&[T], &[T]))| {
         for ((d, &v), &g) in dc.iter_mut().zip(xc).zip(gc) {
-            let t = tanh(c * (v + a * v * v * v));
-            let dt = (T::one() - t * t) * c * (T::one() + three_a * v * v);
-            *d = g * (half * (T::one() + t) + half * v * dt);
+            *d = g * A::df(v);
         }
     };
     if use_par(x.len()) {
@@ -57,39 +101,34 @@ fn bwd_kernel<T: Float>(x: &[T], dy: &[T]) -> Vec<T> {
     dx
 }
 
-struct GeluNew;
+struct ActOp<A>(PhantomData<A>);
 
-impl CustomOp1 for GeluNew {
+impl<A: Activation> CustomOp1 for ActOp<A> {
     fn name(&self) -> &'static str {
-        "fpt-gelu-new"
+        A::NAME
     }
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
         let out = match s.dtype() {
-            DType::F32 => CpuStorage::F32(fwd_kernel(cpu_slice::<f32>(s, l, "gelu_new")?)),
-            DType::F64 => CpuStorage::F64(fwd_kernel(cpu_slice::<f64>(s, l, "gelu_new")?)),
-            dt => return Err(unsupported("gelu_new", dt)),
+            DType::F32 => CpuStorage::F32(fwd_kernel::<A, f32>(cpu_slice::<f32>(s, l, A::NAME)?)),
+            DType::F64 => CpuStorage::F64(fwd_kernel::<A, f64>(cpu_slice::<f64>(s, l, A::NAME)?)),
+            dt => return Err(unsupported(A::NAME, dt)),
         };
         Ok((out, l.shape().clone()))
     }
 
     fn bwd(&self, x: &Tensor, _res: &Tensor, dy: &Tensor) -> Result<Option<Tensor>> {
-        let dx = match x.dtype() {
-            DType::F32 => {
-                let v = with_cpu_slice::<f32, _>(x, "gelu_new", |xs| {
-                    with_cpu_slice::<f32, _>(dy, "gelu_new", |g| Ok(bwd_kernel(xs, g)))
-                })?;
-                Tensor::from_vec(v, x.shape(), x.device())?
-            }
-            DType::F64 => {
-                let v = with_cpu_slice::<f64, _>(x, "gelu_new", |xs| {
-                    with_cpu_slice::<f64, _>(dy, "gelu_new", |g| Ok(bwd_kernel(xs, g)))
-                })?;
-                Tensor::from_vec(v, x.shape(), x.device())?
-            }
-            dt => return Err(unsupported("gelu_new", dt)),
-        };
-        Ok(Some(dx))
+        fn run<A: Activation, T: Float>(x: &Tensor, dy: &Tensor) -> Result<Tensor> {
+            let v = with_cpu_slice::<T, _>(x, A::NAME, |xs| {
+                with_cpu_slice::<T, _>(dy, A::NAME, |g| Ok(bwd_kernel::<A, T>(xs, g)))
+            })?;
+            Tensor::from_vec(v, x.shape(), x.device())
+        }
+        Ok(Some(match x.dtype() {
+            DType::F32 => run::<A, f32>(x, dy)?,
+            DType::F64 => run::<A, f64>(x, dy)?,
+            dt => return Err(unsupported(A::NAME, dt)),
+        }))
     }
 }
 
@@ -98,7 +137,7 @@ pub fn gelu_new(x: &Tensor) -> Result<Tensor> {
     if !x.device().is_cpu() {
         return gelu_new_composed(x);
     }
-    x.contiguous()?.apply_op1(GeluNew)
+    x.contiguous()?.apply_op1(ActOp::<New>(PhantomData))
 }
 
 /// `gelu_new` composed of stock candle ops (reference; every device).
@@ -107,90 +146,12 @@ pub fn gelu_new_composed(x: &Tensor) -> Result<Tensor> {
     x.affine(0.5, 0.0)? * (inner.tanh()? + 1.0)?
 }
 
-/// Exact GELU (BERT's `gelu`): y = 0.5 x (1 + erf(x / sqrt 2));
-/// dy/dx = 0.5 (1 + erf(x / sqrt 2)) + x exp(-x^2 / 2) / sqrt(2 pi).
-struct GeluErf;
-
-const INV_SQRT2: f64 = std::f64::consts::FRAC_1_SQRT_2;
-const INV_SQRT_2PI: f64 = 0.398_942_280_401_432_7;
-
-fn erf_fwd<T: Float>(x: &[T]) -> Vec<T> {
-    let mut y = vec![T::zero(); x.len()];
-    let body = |(yc, xc): (&mut [T], &[T])| {
-        for (yv, &v) in yc.iter_mut().zip(xc) {
-            let vf = num_traits::ToPrimitive::to_f64(&v).unwrap_or(f64::NAN);
-            *yv = T::from(0.5 * vf * (1.0 + libm::erf(vf * INV_SQRT2))).unwrap();
-        }
-    };
-    if use_par(x.len()) {
-        y.par_chunks_mut(CHUNK).zip(x.par_chunks(CHUNK)).for_each(body);
-    } else {
-        y.chunks_mut(CHUNK).zip(x.chunks(CHUNK)).for_each(body);
-    }
-    y
-}
-
-fn erf_bwd<T: Float>(x: &[T], dy: &[T]) -> Vec<T> {
-    let mut dx = vec![T::zero(); x.len()];
-    let body = |(dc, (xc, gc)): (&mut [T], (&[T], &[T]))| {
-        for ((d, &v), &g) in dc.iter_mut().zip(xc).zip(gc) {
-            let vf = num_traits::ToPrimitive::to_f64(&v).unwrap_or(f64::NAN);
-            let deriv = 0.5 * (1.0 + libm::erf(vf * INV_SQRT2)) + vf * (-0.5 * vf * vf).exp() * INV_SQRT_2PI;
-            *d = g * T::from(deriv).unwrap();
-        }
-    };
-    if use_par(x.len()) {
-        dx.par_chunks_mut(CHUNK)
-            .zip(x.par_chunks(CHUNK).zip(dy.par_chunks(CHUNK)))
-            .for_each(body);
-    } else {
-        dx.chunks_mut(CHUNK)
-            .zip(x.chunks(CHUNK).zip(dy.chunks(CHUNK)))
-            .for_each(body);
-    }
-    dx
-}
-
-impl CustomOp1 for GeluErf {
-    fn name(&self) -> &'static str {
-        "fpt-gelu-erf"
-    }
-
-    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
-        let out = match s.dtype() {
-            DType::F32 => CpuStorage::F32(erf_fwd(cpu_slice::<f32>(s, l, "gelu_erf")?)),
-            DType::F64 => CpuStorage::F64(erf_fwd(cpu_slice::<f64>(s, l, "gelu_erf")?)),
-            dt => return Err(unsupported("gelu_erf", dt)),
-        };
-        Ok((out, l.shape().clone()))
-    }
-
-    fn bwd(&self, x: &Tensor, _res: &Tensor, dy: &Tensor) -> Result<Option<Tensor>> {
-        let dx = match x.dtype() {
-            DType::F32 => {
-                let v = with_cpu_slice::<f32, _>(x, "gelu_erf", |xs| {
-                    with_cpu_slice::<f32, _>(dy, "gelu_erf", |g| Ok(erf_bwd(xs, g)))
-                })?;
-                Tensor::from_vec(v, x.shape(), x.device())?
-            }
-            DType::F64 => {
-                let v = with_cpu_slice::<f64, _>(x, "gelu_erf", |xs| {
-                    with_cpu_slice::<f64, _>(dy, "gelu_erf", |g| Ok(erf_bwd(xs, g)))
-                })?;
-                Tensor::from_vec(v, x.shape(), x.device())?
-            }
-            dt => return Err(unsupported("gelu_erf", dt)),
-        };
-        Ok(Some(dx))
-    }
-}
-
 /// Exact (erf) GELU, BERT's `gelu`. Fused on CPU.
 pub fn gelu_erf(x: &Tensor) -> Result<Tensor> {
     if !x.device().is_cpu() {
         return gelu_erf_composed(x);
     }
-    x.contiguous()?.apply_op1(GeluErf)
+    x.contiguous()?.apply_op1(ActOp::<Erf>(PhantomData))
 }
 
 /// Exact GELU composed of stock candle ops (reference; every device).
