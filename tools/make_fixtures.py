@@ -104,6 +104,85 @@ def bert_tiny():
     print("wrote", out)
 
 
+def _golden(out, model, x, r, last, named_grads, leaves=None):
+    """Saves input, output and the gradients of sum(last * r); `leaves` are extra inputs
+    (name -> tensor with requires_grad) saved with their gradients."""
+    (last * r).sum().backward()
+    named = dict(model.named_parameters())
+    tensors = {"inputs_embeds": x.detach(), "loss_weights": r, "last_hidden_state": last.detach(),
+               "grad.inputs_embeds": x.grad}
+    for n in named_grads:
+        # Saved under the checkpoint name; transformers 5.x renamed some modules in memory.
+        mem = n if n in named else n.replace("encoder.layer.", "layers.")
+        tensors[f"grad.{n}"] = named[mem].grad
+    for n, t in (leaves or {}).items():
+        tensors[n] = t.detach()
+        tensors[f"grad.{n}"] = t.grad
+    save_file({k: v.clone().contiguous() for k, v in tensors.items()}, os.path.join(out, "golden.safetensors"))
+    with open(os.path.join(out, "MADE_BY.json"), "w") as f:
+        json.dump({"script": "tools/make_fixtures.py", "torch": torch.__version__,
+                   "transformers": transformers.__version__, "python": sys.version.split()[0]}, f, indent=1)
+    print("wrote", out)
+
+
+def _perturbed(model, out):
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    model.save_pretrained(out, safe_serialization=True)
+    return model.eval()
+
+
+def t5_tiny():
+    out = os.path.join(ROOT, "t5-tiny")
+    os.makedirs(out, exist_ok=True)
+    torch.manual_seed(0)
+    cfg = transformers.T5Config(
+        vocab_size=50, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, relative_attention_num_buckets=32,
+        relative_attention_max_distance=128, dropout_rate=0.1, layer_norm_epsilon=1e-6, feed_forward_proj="relu",
+    )
+    model = _perturbed(transformers.T5EncoderModel(cfg), out)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 12, 32, generator=g, requires_grad=True)
+    r = torch.randn(2, 12, 32, generator=g)
+    last = model(inputs_embeds=x, return_dict=True).last_hidden_state
+    _golden(out, model, x, r, last, [
+        "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
+        "encoder.block.0.layer.0.layer_norm.weight",
+        "encoder.block.1.layer.1.layer_norm.weight",
+        "encoder.final_layer_norm.weight",
+    ])
+
+
+def vit_tiny():
+    out = os.path.join(ROOT, "vit-tiny")
+    os.makedirs(out, exist_ok=True)
+    torch.manual_seed(0)
+    cfg = transformers.ViTConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, image_size=8,
+        patch_size=4, num_channels=3, qkv_bias=True, layer_norm_eps=1e-12, hidden_act="gelu",
+    )
+    model = _perturbed(transformers.ViTModel(cfg), out)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 7, 32, generator=g, requires_grad=True)
+    r = torch.randn(2, 7, 32, generator=g)
+    # The reference code bypasses patch embedding and class token and adds its own position
+    # table: the encoder and final norm run on inputs + positions.
+    pos = (torch.randn(7, 32, generator=g) * 0.1).requires_grad_(True)
+    h = x + pos
+    # transformers 4.x: model.encoder.layer; 5.x: model.layers (checkpoint names unchanged).
+    layers = model.encoder.layer if hasattr(model, "encoder") else model.layers
+    for layer in layers:
+        h = layer(h)
+        h = h[0] if isinstance(h, tuple) else h
+    last = model.layernorm(h)
+    _golden(out, model, x, r, last, [
+        "encoder.layer.0.layernorm_before.weight",
+        "encoder.layer.1.layernorm_after.bias",
+        "layernorm.weight",
+    ], leaves={"fpt_positions": pos})
+
+
 MINILM_IDS = [101, 7592, 1010, 2088, 999, 2023, 2003, 1037, 3231, 102]
 
 
@@ -132,5 +211,7 @@ def minilm_reference(model_dir):
 if __name__ == "__main__":
     gpt2_tiny()
     bert_tiny()
+    t5_tiny()
+    vit_tiny()
     if len(sys.argv) > 1:
         minilm_reference(sys.argv[1])

@@ -5,6 +5,8 @@
 //!   tensor names, or randomly initialised at any shape.
 //! - [`bert`]: BERT and BERT-family checkpoints (`bert-base-uncased`,
 //!   `sentence-transformers/all-MiniLM-L6-v2`).
+//! - [`t5`]: the T5 encoder (`t5-base`), relative-position bias as the positions group.
+//! - [`vit`]: ViT (`google/vit-base-patch16-224-in21k`) with fpt's own 1024-position table.
 //! - [`hub`]: resolves a model id or a local directory to files, using the standard Hugging
 //!   Face cache (so a cache filled by Python tools is reused).
 //!
@@ -15,6 +17,8 @@
 pub mod bert;
 pub mod gpt2;
 pub mod hub;
+pub mod t5;
+pub mod vit;
 
 use candle_core::{DType, Device, Tensor};
 use fpt_nn::{Ctx, Param, Rng};
@@ -158,6 +162,10 @@ pub enum Config {
     Gpt2(gpt2::Gpt2Config),
     /// BERT family.
     Bert(bert::BertConfig),
+    /// T5 encoder.
+    T5(t5::T5Config),
+    /// ViT.
+    Vit(vit::VitConfig),
 }
 
 impl Config {
@@ -167,6 +175,8 @@ impl Config {
         gpt2::Gpt2Config::builtin(name)
             .map(Config::Gpt2)
             .or_else(|| bert::BertConfig::builtin(name).map(Config::Bert))
+            .or_else(|| t5::T5Config::builtin(name).map(Config::T5))
+            .or_else(|| vit::VitConfig::builtin(name).map(Config::Vit))
     }
 
     /// Reads a `config.json`, picking the architecture from its `model_type`.
@@ -182,13 +192,15 @@ impl Config {
         match v.get("model_type").and_then(|t| t.as_str()) {
             Some("gpt2") => Ok(Config::Gpt2(gpt2::Gpt2Config::from_json(&text, path)?)),
             Some("bert") => Ok(Config::Bert(bert::BertConfig::from_json(&text, path)?)),
+            Some("t5") => Ok(Config::T5(t5::T5Config::from_json(&text, path)?)),
+            Some("vit") => Ok(Config::Vit(vit::VitConfig::from_json(&text, path)?)),
             Some(other) => Err(BackboneError::Config {
                 path: path.to_path_buf(),
-                msg: format!("model_type `{other}` is not supported (supported: gpt2, bert)"),
+                msg: format!("model_type `{other}` is not supported (supported: gpt2, bert, t5, vit)"),
             }),
             None => Err(BackboneError::Config {
                 path: path.to_path_buf(),
-                msg: "missing field `model_type` (expected gpt2 or bert)".into(),
+                msg: "missing field `model_type` (expected gpt2, bert, t5 or vit)".into(),
             }),
         }
     }
@@ -198,6 +210,8 @@ impl Config {
         Ok(match self {
             Config::Gpt2(c) => Config::Gpt2(c.with_overrides(o)?),
             Config::Bert(c) => Config::Bert(c.with_overrides(o)?),
+            Config::T5(c) => Config::T5(c.with_overrides(o)?),
+            Config::Vit(c) => Config::Vit(c.with_overrides(o)?),
         })
     }
 
@@ -206,6 +220,8 @@ impl Config {
         match self {
             Config::Gpt2(_) => "gpt2",
             Config::Bert(_) => "bert",
+            Config::T5(_) => "t5",
+            Config::Vit(_) => "vit",
         }
     }
 
@@ -214,6 +230,8 @@ impl Config {
         match self {
             Config::Gpt2(c) => c.n_embd,
             Config::Bert(c) => c.hidden_size,
+            Config::T5(c) => c.d_model,
+            Config::Vit(c) => c.hidden_size,
         }
     }
 
@@ -222,6 +240,8 @@ impl Config {
         match self {
             Config::Gpt2(c) => c.param_specs(),
             Config::Bert(c) => c.param_specs(),
+            Config::T5(c) => c.param_specs(),
+            Config::Vit(c) => c.param_specs(),
         }
     }
 
@@ -246,6 +266,26 @@ impl Config {
                 c.max_position_embeddings,
                 c.layer_norm_eps
             ),
+            Config::T5(c) => format!(
+                "t5 encoder: {} layers, d_model {}, {} heads x d_kv {}, mlp {} relu, {} relative-position buckets (max distance {}), bidirectional, RMS norm eps {:e}",
+                c.num_layers,
+                c.d_model,
+                c.num_heads,
+                c.d_kv,
+                c.d_ff,
+                c.relative_attention_num_buckets,
+                c.relative_attention_max_distance,
+                c.layer_norm_epsilon
+            ),
+            Config::Vit(c) => format!(
+                "vit: {} layers, hidden {}, {} heads, mlp {}, fpt's {} zero-init positions (patch embedding, class token, head bypassed), bidirectional, eps {:e}",
+                c.num_hidden_layers,
+                c.hidden_size,
+                c.num_attention_heads,
+                c.intermediate_size,
+                vit::FPT_POSITIONS,
+                c.layer_norm_eps
+            ),
         }
     }
 
@@ -254,6 +294,8 @@ impl Config {
         match self {
             Config::Gpt2(c) => serde_json::to_value(c),
             Config::Bert(c) => serde_json::to_value(c),
+            Config::T5(c) => serde_json::to_value(c),
+            Config::Vit(c) => serde_json::to_value(c),
         }
         .expect("config serialises")
     }
@@ -408,7 +450,8 @@ pub(crate) fn read_checked(
 }
 
 /// Builds the backbone a spec names: a known model name (`gpt2`..`gpt2-xl`,
-/// `bert-base-uncased`, `sentence-transformers/all-MiniLM-L6-v2`), a local directory, or a
+/// `bert-base-uncased`, `sentence-transformers/all-MiniLM-L6-v2`, `t5-base`,
+/// `google/vit-base-patch16-224-in21k`), a local directory, or a
 /// Hugging Face model id. Random init needs only a config (known names have theirs built
 /// in); pretrained needs weights.
 pub fn load(spec: &BackboneSpec, groups: &TrainGroups, device: &Device, rng: &mut Rng) -> Result<Box<dyn Backbone>> {
@@ -422,6 +465,8 @@ pub fn load(spec: &BackboneSpec, groups: &TrainGroups, device: &Device, rng: &mu
                 return Ok(match config {
                     Config::Gpt2(c) => Box::new(gpt2::Gpt2::load(&c, w, groups, device)?),
                     Config::Bert(c) => Box::new(bert::Bert::load(&c, w, groups, device)?),
+                    Config::T5(c) => Box::new(t5::T5Encoder::load(&c, w, groups, device)?),
+                    Config::Vit(c) => Box::new(vit::Vit::load(&c, w, groups, device)?),
                 });
             }
             config
@@ -430,6 +475,8 @@ pub fn load(spec: &BackboneSpec, groups: &TrainGroups, device: &Device, rng: &mu
     Ok(match config.with_overrides(&spec.shape)? {
         Config::Gpt2(c) => Box::new(gpt2::Gpt2::random(&c, spec.residual_init, groups, device, rng)?),
         Config::Bert(c) => Box::new(bert::Bert::random(&c, groups, device, rng)?),
+        Config::T5(c) => Box::new(t5::T5Encoder::random(&c, groups, device, rng)?),
+        Config::Vit(c) => Box::new(vit::Vit::random(&c, groups, device, rng)?),
     })
 }
 

@@ -1,0 +1,398 @@
+//! The T5 encoder (Raffel et al. 2020) as an FPT backbone: no absolute positions; a learned
+//! relative-position bias (32 buckets, shared by all layers, from block 0) added to the
+//! unscaled attention scores; RMS LayerNorms without bias before each sublayer; a ReLU MLP;
+//! a final RMS norm. The relative-position bias table is the positions group.
+//!
+//! Follows Hugging Face `transformers`' `modeling_t5.py` (`T5EncoderModel` called with
+//! `inputs_embeds`, no attention mask). Checkpoint names: `encoder.block.N.layer.0.
+//! {SelfAttention.{q,k,v,o}, layer_norm}`, `encoder.block.0.layer.0.SelfAttention.
+//! relative_attention_bias`, `encoder.block.N.layer.1.{DenseReluDense.{wi,wo}, layer_norm}`,
+//! `encoder.final_layer_norm`, `shared` (unused); a full encoder-decoder checkpoint
+//! (`t5-base`) loads too, its decoder ignored.
+
+use crate::{role_by_rules, Backbone, BackboneError, ParamSpec, ParamTaker, Result};
+use candle_core::{Device, Tensor, D};
+use fpt_nn::{ops, Ctx, Linear, Param, Rng};
+use fpt_spec::{Role, ShapeOverrides, TrainGroups};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::path::Path;
+
+/// Parameter roles by name, first match wins (lower-cased names).
+pub const ROLE_RULES: &[(&str, Role)] = &[
+    ("relative_attention_bias", Role::Positions),
+    ("norm", Role::LayerNorm),
+    ("densereludense", Role::FeedForward),
+    ("selfattention", Role::Attention),
+];
+
+fn default_buckets() -> usize {
+    32
+}
+fn default_max_distance() -> usize {
+    128
+}
+fn default_pdrop() -> f64 {
+    0.1
+}
+fn default_ff() -> String {
+    "relu".into()
+}
+
+/// A T5 `config.json` (the encoder fields this implementation reads).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct T5Config {
+    /// Token vocabulary size (the unused `shared` table).
+    pub vocab_size: usize,
+    /// Hidden width.
+    pub d_model: usize,
+    /// Width of each attention head.
+    pub d_kv: usize,
+    /// MLP width.
+    pub d_ff: usize,
+    /// Encoder blocks.
+    pub num_layers: usize,
+    /// Attention heads.
+    pub num_heads: usize,
+    /// Relative-position buckets.
+    #[serde(default = "default_buckets")]
+    pub relative_attention_num_buckets: usize,
+    /// Distance beyond which relative positions share a bucket.
+    #[serde(default = "default_max_distance")]
+    pub relative_attention_max_distance: usize,
+    /// Dropout.
+    #[serde(default = "default_pdrop")]
+    pub dropout_rate: f64,
+    /// RMS norm epsilon.
+    pub layer_norm_epsilon: f64,
+    /// Only `relu` (T5 v1.0, `t5-base`) is supported.
+    #[serde(default = "default_ff")]
+    pub feed_forward_proj: String,
+    /// `t5`.
+    #[serde(default)]
+    pub model_type: Option<String>,
+}
+
+impl T5Config {
+    /// Built-in config of `t5-base`.
+    pub fn builtin(name: &str) -> Option<Self> {
+        match name {
+            "t5-base" | "google-t5/t5-base" => Some(Self {
+                vocab_size: 32128,
+                d_model: 768,
+                d_kv: 64,
+                d_ff: 3072,
+                num_layers: 12,
+                num_heads: 12,
+                relative_attention_num_buckets: 32,
+                relative_attention_max_distance: 128,
+                dropout_rate: 0.1,
+                layer_norm_epsilon: 1e-6,
+                feed_forward_proj: "relu".into(),
+                model_type: Some("t5".into()),
+            }),
+            _ => None,
+        }
+    }
+
+    /// Parses and checks a `config.json` text (`path` names it in errors).
+    pub fn from_json(text: &str, path: &Path) -> Result<Self> {
+        let cfg: Self = serde_json::from_str(text).map_err(|e| BackboneError::Config {
+            path: path.to_path_buf(),
+            msg: e.to_string(),
+        })?;
+        cfg.validate().map_err(|msg| BackboneError::Config {
+            path: path.to_path_buf(),
+            msg,
+        })?;
+        Ok(cfg)
+    }
+
+    fn validate(&self) -> std::result::Result<(), String> {
+        if self.d_model == 0 || self.num_layers == 0 || self.num_heads == 0 || self.d_kv == 0 {
+            return Err("d_model, d_kv, num_layers and num_heads must be positive".into());
+        }
+        if self.feed_forward_proj != "relu" {
+            return Err(format!(
+                "feed_forward_proj `{}` is not supported (relu only)",
+                self.feed_forward_proj
+            ));
+        }
+        if self.relative_attention_num_buckets < 4 {
+            return Err("relative_attention_num_buckets must be at least 4".into());
+        }
+        Ok(())
+    }
+
+    /// Applies shape overrides (random init); `--hidden` sets d_model, and d_kv to
+    /// d_model / heads.
+    pub fn with_overrides(mut self, o: &ShapeOverrides) -> Result<Self> {
+        if let Some(l) = o.layers {
+            self.num_layers = l;
+        }
+        if let Some(h) = o.heads {
+            self.num_heads = h;
+        }
+        if let Some(h) = o.hidden {
+            self.d_model = h;
+            self.d_ff = 4 * h;
+            if self.num_heads == 0 || h % self.num_heads != 0 {
+                return Err(BackboneError::Unsupported(format!(
+                    "invalid T5 shape: d_model {h} is not divisible by num_heads {}",
+                    self.num_heads
+                )));
+            }
+            self.d_kv = h / self.num_heads;
+        }
+        if o.positions.is_some() {
+            return Err(BackboneError::Unsupported(
+                "T5 has no position table (--positions does not apply; it uses relative-position buckets)".into(),
+            ));
+        }
+        self.validate()
+            .map_err(|m| BackboneError::Unsupported(format!("invalid T5 shape: {m}")))?;
+        Ok(self)
+    }
+
+    /// Every encoder parameter with our `[out, in]` shapes.
+    pub fn param_specs(&self) -> Vec<ParamSpec> {
+        let (c, inner, f) = (self.d_model, self.num_heads * self.d_kv, self.d_ff);
+        let mut v = Vec::new();
+        let mut push = |name: String, shape: Vec<usize>, used: bool| {
+            let role = role_by_rules(&name, ROLE_RULES);
+            v.push(ParamSpec {
+                name,
+                shape,
+                role,
+                used,
+            });
+        };
+        push("shared.weight".into(), vec![self.vocab_size, c], false);
+        for i in 0..self.num_layers {
+            let p = format!("encoder.block.{i}.layer.");
+            for n in ["q", "k", "v"] {
+                push(format!("{p}0.SelfAttention.{n}.weight"), vec![inner, c], true);
+            }
+            push(format!("{p}0.SelfAttention.o.weight"), vec![c, inner], true);
+            if i == 0 {
+                push(
+                    format!("{p}0.SelfAttention.relative_attention_bias.weight"),
+                    vec![self.relative_attention_num_buckets, self.num_heads],
+                    true,
+                );
+            }
+            push(format!("{p}0.layer_norm.weight"), vec![c], true);
+            push(format!("{p}1.DenseReluDense.wi.weight"), vec![f, c], true);
+            push(format!("{p}1.DenseReluDense.wo.weight"), vec![c, f], true);
+            push(format!("{p}1.layer_norm.weight"), vec![c], true);
+        }
+        push("encoder.final_layer_norm.weight".into(), vec![c], true);
+        v
+    }
+
+    /// T5's bidirectional relative-position bucket of `key - query`.
+    pub fn bucket(&self, relative: i64) -> usize {
+        let half = (self.relative_attention_num_buckets / 2) as i64;
+        let mut bucket = if relative > 0 { half } else { 0 };
+        let n = relative.abs();
+        let max_exact = half / 2;
+        if n < max_exact {
+            bucket += n;
+        } else {
+            let large = max_exact
+                + ((n as f32 / max_exact as f32).ln()
+                    / (self.relative_attention_max_distance as f32 / max_exact as f32).ln()
+                    * (half - max_exact) as f32) as i64;
+            bucket += large.min(half - 1);
+        }
+        bucket as usize
+    }
+}
+
+/// RMS norm without bias (T5's LayerNorm), composed of candle ops (with backward).
+fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> candle_core::Result<Tensor> {
+    let var = x.sqr()?.mean_keepdim(D::Minus1)?;
+    x.broadcast_div(&(var + eps)?.sqrt()?)?.broadcast_mul(weight)
+}
+
+struct Block {
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    o: Linear,
+    ln_attn: Param,
+    wi: Linear,
+    wo: Linear,
+    ln_ff: Param,
+}
+
+/// A T5 encoder backbone.
+pub struct T5Encoder {
+    config: T5Config,
+    rel_bias: Param,
+    blocks: Vec<Block>,
+    final_ln: Param,
+    dropout: bool,
+    named: Vec<(String, Role, Param)>,
+    origin: String,
+}
+
+impl T5Encoder {
+    fn assemble(
+        config: &T5Config,
+        tensors: HashMap<String, Tensor>,
+        groups: &TrainGroups,
+    ) -> candle_core::Result<Self> {
+        let mut t = ParamTaker::new(tensors, groups, ROLE_RULES);
+        let no_bias =
+            |t: &mut ParamTaker, n: String| -> candle_core::Result<Linear> { Ok(Linear::new(t.take(n)?, None)) };
+        let mut blocks = Vec::with_capacity(config.num_layers);
+        let mut rel_bias = None;
+        for i in 0..config.num_layers {
+            let p = format!("encoder.block.{i}.layer.");
+            let q = no_bias(&mut t, format!("{p}0.SelfAttention.q.weight"))?;
+            let k = no_bias(&mut t, format!("{p}0.SelfAttention.k.weight"))?;
+            let v = no_bias(&mut t, format!("{p}0.SelfAttention.v.weight"))?;
+            let o = no_bias(&mut t, format!("{p}0.SelfAttention.o.weight"))?;
+            if i == 0 {
+                rel_bias = Some(t.take(format!("{p}0.SelfAttention.relative_attention_bias.weight"))?);
+            }
+            blocks.push(Block {
+                q,
+                k,
+                v,
+                o,
+                ln_attn: t.take(format!("{p}0.layer_norm.weight"))?,
+                wi: no_bias(&mut t, format!("{p}1.DenseReluDense.wi.weight"))?,
+                wo: no_bias(&mut t, format!("{p}1.DenseReluDense.wo.weight"))?,
+                ln_ff: t.take(format!("{p}1.layer_norm.weight"))?,
+            });
+        }
+        let final_ln = t.take("encoder.final_layer_norm.weight".into())?;
+        Ok(Self {
+            config: config.clone(),
+            rel_bias: rel_bias.expect("at least one block"),
+            blocks,
+            final_ln,
+            dropout: true,
+            named: t.named,
+            origin: String::new(),
+        })
+    }
+
+    /// Loads the encoder from `model.safetensors` (an encoder-only or a full T5 checkpoint).
+    pub fn load(config: &T5Config, weights: &Path, groups: &TrainGroups, device: &Device) -> Result<Self> {
+        let tensors = crate::read_checked(
+            weights,
+            &config.param_specs(),
+            &[],
+            &|n: &str| n.to_string(),
+            &|_| false,
+            &["decoder.", "lm_head.", "encoder.embed_tokens."],
+            device,
+        )?;
+        let mut m = Self::assemble(config, tensors, groups)?;
+        m.origin = weights.display().to_string();
+        Ok(m)
+    }
+
+    /// Random init in the spirit of T5's `_init_weights` (N(0, 0.02) for every matrix and
+    /// the bias table, RMS norm weights 1). T5's own init scales each matrix by its fan-in;
+    /// the fixed 0.02 keeps random rows comparable with the other backbones.
+    pub fn random(config: &T5Config, groups: &TrainGroups, device: &Device, rng: &mut Rng) -> Result<Self> {
+        let tensors = crate::random_tensors(&config.param_specs(), &|_| 0.02, device, rng)?;
+        let mut m = Self::assemble(config, tensors, groups)?;
+        let c = config;
+        m.origin = format!(
+            "random init ({} layers x {} wide x {} heads)",
+            c.num_layers, c.d_model, c.num_heads
+        );
+        Ok(m)
+    }
+
+    /// The `[heads, t, t]` relative-position bias for `t` tokens.
+    fn position_bias(&self, t: usize) -> candle_core::Result<Tensor> {
+        let buckets: Vec<u32> = (0..t)
+            .flat_map(|i| (0..t).map(move |j| (i, j)))
+            .map(|(i, j)| self.config.bucket(j as i64 - i as i64) as u32)
+            .collect();
+        let table = self.rel_bias.tensor();
+        let ids = Tensor::from_vec(buckets, t * t, table.device())?;
+        table
+            .index_select(&ids, 0)?
+            .reshape((t, t, self.config.num_heads))?
+            .permute((2, 0, 1))
+    }
+}
+
+impl Backbone for T5Encoder {
+    fn architecture(&self) -> &'static str {
+        "t5"
+    }
+    fn hidden_size(&self) -> usize {
+        self.config.d_model
+    }
+    fn max_positions(&self) -> usize {
+        usize::MAX
+    }
+    fn num_layers(&self) -> usize {
+        self.config.num_layers
+    }
+    fn is_causal(&self) -> bool {
+        false
+    }
+
+    fn forward(&self, embeds: &Tensor, ctx: &mut Ctx) -> candle_core::Result<Tensor> {
+        let c = &self.config;
+        let (b, t, width) = embeds.dims3()?;
+        if width != c.d_model {
+            candle_core::bail!("t5: input width {width} does not match d_model {}", c.d_model)
+        }
+        let drop = |ctx: &mut Ctx, x: &Tensor| {
+            if self.dropout {
+                ctx.dropout(x, c.dropout_rate)
+            } else {
+                Ok(x.clone())
+            }
+        };
+        let bias = self.position_bias(t)?.unsqueeze(0)?; // [1, heads, t, t]
+        let eps = c.layer_norm_epsilon;
+        let (nh, dk) = (c.num_heads, c.d_kv);
+        let mut h = drop(ctx, embeds)?;
+        for blk in &self.blocks {
+            let x = rms_norm(&h, blk.ln_attn.tensor(), eps)?;
+            let heads =
+                |y: Tensor| -> candle_core::Result<Tensor> { y.reshape((b, t, nh, dk))?.transpose(1, 2)?.contiguous() };
+            let (q, k, v) = (
+                heads(blk.q.forward(&x)?)?,
+                heads(blk.k.forward(&x)?)?,
+                heads(blk.v.forward(&x)?)?,
+            );
+            // T5 does not scale scores by 1/sqrt(d_kv).
+            let scores = q.matmul(&k.t()?)?.broadcast_add(&bias)?;
+            let probs = drop(ctx, &ops::masked_softmax(&scores, 1.0, false)?)?;
+            let o = probs.matmul(&v)?.transpose(1, 2)?.reshape((b, t, nh * dk))?;
+            h = (&h + drop(ctx, &blk.o.forward(&o)?)?)?;
+            let x = rms_norm(&h, blk.ln_ff.tensor(), eps)?;
+            let m = drop(ctx, &blk.wi.forward(&x)?.relu()?)?;
+            h = (&h + drop(ctx, &blk.wo.forward(&m)?)?)?;
+        }
+        drop(ctx, &rms_norm(&h, self.final_ln.tensor(), eps)?)
+    }
+
+    fn params(&self) -> Vec<(String, Role, &Param)> {
+        self.named.iter().map(|(n, r, p)| (n.clone(), *r, p)).collect()
+    }
+
+    fn param_specs(&self) -> Vec<ParamSpec> {
+        self.config.param_specs()
+    }
+
+    fn set_dropout(&mut self, on: bool) {
+        self.dropout = on;
+    }
+
+    fn origin(&self) -> &str {
+        &self.origin
+    }
+}

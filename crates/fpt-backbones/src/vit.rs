@@ -1,0 +1,394 @@
+//! ViT (Dosovitskiy et al. 2021) as an FPT backbone, as the reference code uses it: the
+//! patch embedding, class token and head are bypassed; the input embeddings get fpt's own
+//! zero-initialised learned position table of 1024 positions (the checkpoint's 197-token
+//! table is not used), then pre-LayerNorm blocks of bidirectional attention and a GELU MLP,
+//! and the final `layernorm`.
+//!
+//! Follows Hugging Face `transformers`' `modeling_vit.py` (`ViTModel`'s encoder and final
+//! norm). Checkpoint names: `embeddings.{cls_token, position_embeddings,
+//! patch_embeddings.projection}` (unused), `encoder.layer.N.{layernorm_before,
+//! attention.attention.{query,key,value}, attention.output.dense, layernorm_after,
+//! intermediate.dense, output.dense}`, `layernorm`, `pooler.dense` (unused), with or
+//! without a `vit.` prefix. fpt's position table is `fpt.position_embeddings.weight`.
+
+use crate::{role_by_rules, Backbone, BackboneError, ParamSpec, ParamTaker, Result};
+use candle_core::{DType, Device, Tensor};
+use fpt_nn::{ops, Ctx, LayerNorm, Linear, Param, Rng};
+use fpt_spec::{Role, ShapeOverrides, TrainGroups};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::path::Path;
+
+/// Parameter roles by name, first match wins (lower-cased names).
+pub const ROLE_RULES: &[(&str, Role)] = &[
+    ("fpt.position_embeddings", Role::Positions),
+    ("layernorm", Role::LayerNorm),
+    ("attention", Role::Attention),
+    ("intermediate", Role::FeedForward),
+    ("output.dense", Role::FeedForward),
+];
+
+/// fpt's position table for ViT, as in the reference code: 1024 positions, zero init.
+pub const FPT_POSITIONS: usize = 1024;
+
+fn default_pdrop() -> f64 {
+    0.0
+}
+fn default_act() -> String {
+    "gelu".into()
+}
+fn default_true() -> bool {
+    true
+}
+fn default_channels() -> usize {
+    3
+}
+
+/// A ViT `config.json` (the fields this implementation reads).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VitConfig {
+    /// Hidden width.
+    pub hidden_size: usize,
+    /// Blocks.
+    pub num_hidden_layers: usize,
+    /// Attention heads.
+    pub num_attention_heads: usize,
+    /// MLP width.
+    pub intermediate_size: usize,
+    /// Image side (for the unused patch embedding's shape).
+    pub image_size: usize,
+    /// Patch side.
+    pub patch_size: usize,
+    /// Image channels.
+    #[serde(default = "default_channels")]
+    pub num_channels: usize,
+    /// LayerNorm epsilon.
+    pub layer_norm_eps: f64,
+    /// Only `gelu` (exact) is supported.
+    #[serde(default = "default_act")]
+    pub hidden_act: String,
+    /// Whether q, k, v have biases.
+    #[serde(default = "default_true")]
+    pub qkv_bias: bool,
+    /// Dropout on sublayer outputs.
+    #[serde(default = "default_pdrop")]
+    pub hidden_dropout_prob: f64,
+    /// Dropout on attention probabilities.
+    #[serde(default = "default_pdrop")]
+    pub attention_probs_dropout_prob: f64,
+    /// `vit`.
+    #[serde(default)]
+    pub model_type: Option<String>,
+}
+
+impl VitConfig {
+    /// Built-in config of `google/vit-base-patch16-224-in21k`.
+    pub fn builtin(name: &str) -> Option<Self> {
+        match name {
+            "google/vit-base-patch16-224-in21k" | "vit-base" => Some(Self {
+                hidden_size: 768,
+                num_hidden_layers: 12,
+                num_attention_heads: 12,
+                intermediate_size: 3072,
+                image_size: 224,
+                patch_size: 16,
+                num_channels: 3,
+                layer_norm_eps: 1e-12,
+                hidden_act: "gelu".into(),
+                qkv_bias: true,
+                hidden_dropout_prob: 0.0,
+                attention_probs_dropout_prob: 0.0,
+                model_type: Some("vit".into()),
+            }),
+            _ => None,
+        }
+    }
+
+    /// Parses and checks a `config.json` text (`path` names it in errors).
+    pub fn from_json(text: &str, path: &Path) -> Result<Self> {
+        let cfg: Self = serde_json::from_str(text).map_err(|e| BackboneError::Config {
+            path: path.to_path_buf(),
+            msg: e.to_string(),
+        })?;
+        cfg.validate().map_err(|msg| BackboneError::Config {
+            path: path.to_path_buf(),
+            msg,
+        })?;
+        Ok(cfg)
+    }
+
+    fn validate(&self) -> std::result::Result<(), String> {
+        if self.hidden_size == 0 || self.num_hidden_layers == 0 || self.num_attention_heads == 0 {
+            return Err("hidden_size, num_hidden_layers and num_attention_heads must be positive".into());
+        }
+        if self.hidden_size % self.num_attention_heads != 0 {
+            return Err(format!(
+                "hidden_size {} is not divisible by num_attention_heads {}",
+                self.hidden_size, self.num_attention_heads
+            ));
+        }
+        if self.hidden_act != "gelu" {
+            return Err(format!("hidden_act `{}` is not supported (gelu only)", self.hidden_act));
+        }
+        if self.patch_size == 0 || self.image_size % self.patch_size != 0 {
+            return Err(format!(
+                "image_size {} is not a multiple of patch_size {}",
+                self.image_size, self.patch_size
+            ));
+        }
+        Ok(())
+    }
+
+    /// Applies shape overrides (random init).
+    pub fn with_overrides(mut self, o: &ShapeOverrides) -> Result<Self> {
+        if let Some(l) = o.layers {
+            self.num_hidden_layers = l;
+        }
+        if let Some(h) = o.hidden {
+            self.intermediate_size = 4 * h;
+            self.hidden_size = h;
+        }
+        if let Some(h) = o.heads {
+            self.num_attention_heads = h;
+        }
+        if o.positions.is_some() {
+            return Err(BackboneError::Unsupported(format!(
+                "ViT's fpt position table has {FPT_POSITIONS} positions (--positions does not apply)"
+            )));
+        }
+        self.validate()
+            .map_err(|m| BackboneError::Unsupported(format!("invalid ViT shape: {m}")))?;
+        Ok(self)
+    }
+
+    fn tokens(&self) -> usize {
+        (self.image_size / self.patch_size).pow(2) + 1
+    }
+
+    /// Every parameter with our `[out, in]` shapes; fpt's own position table first.
+    pub fn param_specs(&self) -> Vec<ParamSpec> {
+        let (c, f, bias) = (self.hidden_size, self.intermediate_size, self.qkv_bias);
+        let mut v = Vec::new();
+        let mut push = |name: String, shape: Vec<usize>, used: bool| {
+            let role = role_by_rules(&name, ROLE_RULES);
+            v.push(ParamSpec {
+                name,
+                shape,
+                role,
+                used,
+            });
+        };
+        push("fpt.position_embeddings.weight".into(), vec![FPT_POSITIONS, c], true);
+        push("embeddings.cls_token".into(), vec![1, 1, c], false);
+        push(
+            "embeddings.position_embeddings".into(),
+            vec![1, self.tokens(), c],
+            false,
+        );
+        let p = self.patch_size;
+        push(
+            "embeddings.patch_embeddings.projection.weight".into(),
+            vec![c, self.num_channels, p, p],
+            false,
+        );
+        push("embeddings.patch_embeddings.projection.bias".into(), vec![c], false);
+        for i in 0..self.num_hidden_layers {
+            let p = format!("encoder.layer.{i}.");
+            push(format!("{p}layernorm_before.weight"), vec![c], true);
+            push(format!("{p}layernorm_before.bias"), vec![c], true);
+            for n in ["query", "key", "value"] {
+                push(format!("{p}attention.attention.{n}.weight"), vec![c, c], true);
+                if bias {
+                    push(format!("{p}attention.attention.{n}.bias"), vec![c], true);
+                }
+            }
+            push(format!("{p}attention.output.dense.weight"), vec![c, c], true);
+            push(format!("{p}attention.output.dense.bias"), vec![c], true);
+            push(format!("{p}layernorm_after.weight"), vec![c], true);
+            push(format!("{p}layernorm_after.bias"), vec![c], true);
+            push(format!("{p}intermediate.dense.weight"), vec![f, c], true);
+            push(format!("{p}intermediate.dense.bias"), vec![f], true);
+            push(format!("{p}output.dense.weight"), vec![c, f], true);
+            push(format!("{p}output.dense.bias"), vec![c], true);
+        }
+        push("layernorm.weight".into(), vec![c], true);
+        push("layernorm.bias".into(), vec![c], true);
+        v
+    }
+}
+
+struct Layer {
+    ln_before: LayerNorm,
+    query: Linear,
+    key: Linear,
+    value: Linear,
+    attn_out: Linear,
+    ln_after: LayerNorm,
+    intermediate: Linear,
+    output: Linear,
+}
+
+/// A ViT backbone.
+pub struct Vit {
+    config: VitConfig,
+    positions: Param,
+    layers: Vec<Layer>,
+    ln: LayerNorm,
+    dropout: bool,
+    named: Vec<(String, Role, Param)>,
+    origin: String,
+}
+
+impl Vit {
+    fn assemble(
+        config: &VitConfig,
+        tensors: HashMap<String, Tensor>,
+        groups: &TrainGroups,
+    ) -> candle_core::Result<Self> {
+        let mut t = ParamTaker::new(tensors, groups, ROLE_RULES);
+        let eps = config.layer_norm_eps;
+        let positions = t.take("fpt.position_embeddings.weight".into())?;
+        let qkv = |t: &mut ParamTaker, prefix: String| -> candle_core::Result<Linear> {
+            if config.qkv_bias {
+                t.linear(&prefix)
+            } else {
+                Ok(Linear::new(t.take(format!("{prefix}.weight"))?, None))
+            }
+        };
+        let mut layers = Vec::with_capacity(config.num_hidden_layers);
+        for i in 0..config.num_hidden_layers {
+            let p = format!("encoder.layer.{i}.");
+            layers.push(Layer {
+                ln_before: t.layer_norm(&format!("{p}layernorm_before"), eps)?,
+                query: qkv(&mut t, format!("{p}attention.attention.query"))?,
+                key: qkv(&mut t, format!("{p}attention.attention.key"))?,
+                value: qkv(&mut t, format!("{p}attention.attention.value"))?,
+                attn_out: t.linear(&format!("{p}attention.output.dense"))?,
+                ln_after: t.layer_norm(&format!("{p}layernorm_after"), eps)?,
+                intermediate: t.linear(&format!("{p}intermediate.dense"))?,
+                output: t.linear(&format!("{p}output.dense"))?,
+            });
+        }
+        let ln = t.layer_norm("layernorm", eps)?;
+        Ok(Self {
+            config: config.clone(),
+            positions,
+            layers,
+            ln,
+            dropout: true,
+            named: t.named,
+            origin: String::new(),
+        })
+    }
+
+    /// Loads `model.safetensors`; fpt's position table starts at zero.
+    pub fn load(config: &VitConfig, weights: &Path, groups: &TrainGroups, device: &Device) -> Result<Self> {
+        let specs: Vec<ParamSpec> = config
+            .param_specs()
+            .into_iter()
+            .filter(|s| !s.name.starts_with("fpt."))
+            .collect();
+        let mut tensors = crate::read_checked(
+            weights,
+            &specs,
+            &["vit."],
+            &|n: &str| n.to_string(),
+            &|_| false,
+            &["classifier.", "pooler."],
+            device,
+        )?;
+        tensors.insert(
+            "fpt.position_embeddings.weight".into(),
+            Tensor::zeros((FPT_POSITIONS, config.hidden_size), DType::F32, device)?,
+        );
+        let mut m = Self::assemble(config, tensors, groups)?;
+        m.origin = weights.display().to_string();
+        Ok(m)
+    }
+
+    /// Random init: weights N(0, 0.02), biases 0, LayerNorm 1/0, fpt's positions 0.
+    pub fn random(config: &VitConfig, groups: &TrainGroups, device: &Device, rng: &mut Rng) -> Result<Self> {
+        let mut tensors = crate::random_tensors(&config.param_specs(), &|_| 0.02, device, rng)?;
+        tensors.insert(
+            "fpt.position_embeddings.weight".into(),
+            Tensor::zeros((FPT_POSITIONS, config.hidden_size), DType::F32, device)?,
+        );
+        let mut m = Self::assemble(config, tensors, groups)?;
+        let c = config;
+        m.origin = format!(
+            "random init ({} layers x {} wide x {} heads)",
+            c.num_hidden_layers, c.hidden_size, c.num_attention_heads
+        );
+        Ok(m)
+    }
+}
+
+impl Backbone for Vit {
+    fn architecture(&self) -> &'static str {
+        "vit"
+    }
+    fn hidden_size(&self) -> usize {
+        self.config.hidden_size
+    }
+    fn max_positions(&self) -> usize {
+        FPT_POSITIONS
+    }
+    fn num_layers(&self) -> usize {
+        self.config.num_hidden_layers
+    }
+    fn is_causal(&self) -> bool {
+        false
+    }
+
+    fn forward(&self, embeds: &Tensor, ctx: &mut Ctx) -> candle_core::Result<Tensor> {
+        let c = &self.config;
+        let (b, t, width) = embeds.dims3()?;
+        if width != c.hidden_size {
+            candle_core::bail!("vit: input width {width} does not match hidden_size {}", c.hidden_size)
+        }
+        if t > FPT_POSITIONS {
+            candle_core::bail!("vit: {t} tokens exceed the {FPT_POSITIONS} positions")
+        }
+        let drop = |ctx: &mut Ctx, x: &Tensor, p: f64| if self.dropout { ctx.dropout(x, p) } else { Ok(x.clone()) };
+        let mut h = drop(
+            ctx,
+            &embeds.broadcast_add(&self.positions.tensor().narrow(0, 0, t)?)?,
+            c.hidden_dropout_prob,
+        )?;
+        let (nh, hd) = (c.num_attention_heads, width / c.num_attention_heads);
+        for l in &self.layers {
+            let x = l.ln_before.forward(&h)?;
+            let heads =
+                |y: Tensor| -> candle_core::Result<Tensor> { y.reshape((b, t, nh, hd))?.transpose(1, 2)?.contiguous() };
+            let (q, k, v) = (
+                heads(l.query.forward(&x)?)?,
+                heads(l.key.forward(&x)?)?,
+                heads(l.value.forward(&x)?)?,
+            );
+            let probs = ops::masked_softmax(&q.matmul(&k.t()?)?, 1.0 / (hd as f64).sqrt(), false)?;
+            let probs = drop(ctx, &probs, c.attention_probs_dropout_prob)?;
+            let o = probs.matmul(&v)?.transpose(1, 2)?.reshape((b, t, width))?;
+            h = (drop(ctx, &l.attn_out.forward(&o)?, c.hidden_dropout_prob)? + &h)?;
+            let x = l.ln_after.forward(&h)?;
+            let m = ops::gelu_erf(&l.intermediate.forward(&x)?)?;
+            h = (drop(ctx, &l.output.forward(&m)?, c.hidden_dropout_prob)? + &h)?;
+        }
+        self.ln.forward(&h)
+    }
+
+    fn params(&self) -> Vec<(String, Role, &Param)> {
+        self.named.iter().map(|(n, r, p)| (n.clone(), *r, p)).collect()
+    }
+
+    fn param_specs(&self) -> Vec<ParamSpec> {
+        self.config.param_specs()
+    }
+
+    fn set_dropout(&mut self, on: bool) {
+        self.dropout = on;
+    }
+
+    fn origin(&self) -> &str {
+        &self.origin
+    }
+}

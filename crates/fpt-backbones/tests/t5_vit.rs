@@ -1,0 +1,205 @@
+//! The T5 encoder and ViT against golden outputs and gradients from Hugging Face
+//! `transformers` (`tools/make_fixtures.py`), their roles and counts on real configs, and
+//! the shape rules each has.
+
+use candle_core::{safetensors, Device, Tensor, Var};
+use fpt_backbones::t5::{T5Config, T5Encoder};
+use fpt_backbones::vit::Vit;
+use fpt_backbones::{Backbone, Config};
+use fpt_nn::Ctx;
+use fpt_spec::{Role, ShapeOverrides, TrainGroups};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../data/fixtures")
+        .join(name)
+}
+
+fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
+    (a - b)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .max(0)
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap()
+}
+
+/// Forward in eval mode and the gradients of sum(out * r) against the golden file.
+fn check_golden(model: &dyn Backbone, dir: &Path, grads_of: &[&str]) {
+    let g = safetensors::load(dir.join("golden.safetensors"), &Device::Cpu).unwrap();
+    let x = Var::from_tensor(&g["inputs_embeds"]).unwrap();
+    let out = model.forward(x.as_tensor(), &mut Ctx::eval()).unwrap();
+    let d = max_diff(&out, &g["last_hidden_state"]);
+    assert!(d <= 1e-4, "{}: last_hidden_state differs by {d}", dir.display());
+    let grads = (out * &g["loss_weights"])
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .backward()
+        .unwrap();
+    let d = max_diff(grads.get(&x).unwrap(), &g["grad.inputs_embeds"]);
+    assert!(d <= 1e-4, "input gradient differs by {d}");
+    let params: HashMap<String, _> = model.params().into_iter().map(|(n, _, p)| (n, p.clone())).collect();
+    for name in grads_of {
+        let var = params[*name]
+            .var()
+            .unwrap_or_else(|| panic!("{name} should train under FPT groups"));
+        let ours = grads
+            .get(var.as_tensor())
+            .unwrap_or_else(|| panic!("no gradient for {name}"));
+        let d = max_diff(ours, &g[&format!("grad.{name}")]);
+        assert!(d <= 1e-4, "gradient of {name} differs by {d}");
+    }
+    for (name, role, p) in model.params() {
+        if matches!(role, Role::Attention | Role::FeedForward) {
+            assert!(
+                !p.is_trainable() && grads.get(p.tensor()).is_none(),
+                "{name} is not frozen"
+            );
+        }
+    }
+}
+
+fn load(dir: &Path) -> Box<dyn Backbone> {
+    let spec = fpt_spec::BackboneSpec {
+        source: dir.to_str().unwrap().into(),
+        init: fpt_spec::Init::Pretrained,
+        shape: ShapeOverrides::default(),
+        residual_init: Default::default(),
+    };
+    fpt_backbones::load(&spec, &TrainGroups::fpt(), &Device::Cpu, &mut fpt_nn::Rng::new(0)).unwrap()
+}
+
+#[test]
+fn t5_encoder_matches_transformers() {
+    let m = load(&fixture("t5-tiny"));
+    assert_eq!(m.architecture(), "t5");
+    check_golden(
+        m.as_ref(),
+        &fixture("t5-tiny"),
+        &[
+            "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
+            "encoder.block.0.layer.0.layer_norm.weight",
+            "encoder.block.1.layer.1.layer_norm.weight",
+            "encoder.final_layer_norm.weight",
+        ],
+    );
+}
+
+#[test]
+fn vit_matches_transformers_with_fpt_positions() {
+    let dir = fixture("vit-tiny");
+    let m = load(&dir);
+    assert_eq!((m.architecture(), m.max_positions()), ("vit", 1024));
+    // fpt's position table starts at zero; put the fixture's positions in its first rows.
+    let g = safetensors::load(dir.join("golden.safetensors"), &Device::Cpu).unwrap();
+    let (name, _, pos) = m
+        .params()
+        .into_iter()
+        .find(|(n, _, _)| n == "fpt.position_embeddings.weight")
+        .unwrap();
+    let pos = pos.var().unwrap().clone();
+    assert_eq!(
+        pos.as_tensor()
+            .abs()
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap(),
+        0.0,
+        "{name} starts at zero"
+    );
+    let rows = g["fpt_positions"].dim(0).unwrap();
+    let rest = Tensor::zeros((1024 - rows, 32), candle_core::DType::F32, &Device::Cpu).unwrap();
+    pos.set(&Tensor::cat(&[&g["fpt_positions"], &rest], 0).unwrap())
+        .unwrap();
+    check_golden(
+        m.as_ref(),
+        &dir,
+        &[
+            "encoder.layer.0.layernorm_before.weight",
+            "encoder.layer.1.layernorm_after.bias",
+            "layernorm.weight",
+        ],
+    );
+    // The gradient of the used position rows matches too.
+    let x = Var::from_tensor(&g["inputs_embeds"]).unwrap();
+    let out = m.forward(x.as_tensor(), &mut Ctx::eval()).unwrap();
+    let grads = (out * &g["loss_weights"])
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .backward()
+        .unwrap();
+    let gp = grads.get(pos.as_tensor()).unwrap().narrow(0, 0, rows).unwrap();
+    assert!(max_diff(&gp, &g["grad.fpt_positions"]) <= 1e-4);
+}
+
+#[test]
+fn t5_relative_buckets_follow_transformers() {
+    // Values of transformers' T5Attention._relative_position_bucket (bidirectional, 32
+    // buckets, max distance 128) for key - query in -200..=200, spot-checked.
+    let c = T5Config::builtin("t5-base").unwrap();
+    let cases = [
+        (0, 0),
+        (1, 17),
+        (-1, 1),
+        (7, 23),
+        (-7, 7),
+        (8, 24),
+        (-8, 8),
+        (12, 25),
+        (-12, 9),
+        (20, 26),
+        (-30, 11),
+        (64, 30),
+        (127, 31),
+        (-128, 15),
+        (-200, 15),
+        (200, 31),
+    ];
+    for (rel, want) in cases {
+        assert_eq!(c.bucket(rel), want, "relative position {rel}");
+    }
+}
+
+#[test]
+fn roles_and_counts_on_real_configs() {
+    let t5 = Config::builtin("t5-base").unwrap().param_specs();
+    let total: usize = t5.iter().map(|s| s.numel()).sum();
+    assert_eq!(total, 109_628_544); // T5EncoderModel("t5-base"), as transformers counts it
+    let by =
+        |s: &[fpt_backbones::ParamSpec], r: Role| s.iter().filter(|x| x.role == r).map(|x| x.numel()).sum::<usize>();
+    assert_eq!(by(&t5, Role::Positions), 32 * 12);
+    assert_eq!(by(&t5, Role::LayerNorm), (2 * 12 + 1) * 768);
+    let vit = Config::builtin("google/vit-base-patch16-224-in21k")
+        .unwrap()
+        .param_specs();
+    let hf: usize = vit
+        .iter()
+        .filter(|s| !s.name.starts_with("fpt."))
+        .map(|s| s.numel())
+        .sum::<usize>()
+        + 768 * 768
+        + 768;
+    assert_eq!(hf, 86_389_248); // ViTModel with pooler, as transformers counts it
+    assert_eq!(by(&vit, Role::Positions), 1024 * 768);
+    assert_eq!(by(&vit, Role::LayerNorm), (2 * 12 + 1) * 2 * 768);
+    let e = Config::builtin("t5-base")
+        .unwrap()
+        .with_overrides(&ShapeOverrides {
+            positions: Some(10),
+            ..Default::default()
+        })
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("relative-position"), "{e}");
+    let _ = (T5Encoder::random, Vit::random);
+}
