@@ -183,6 +183,29 @@ def vit_tiny():
     ], leaves={"fpt_positions": pos})
 
 
+def longformer_tiny():
+    out = os.path.join(ROOT, "longformer-tiny")
+    os.makedirs(out, exist_ok=True)
+    torch.manual_seed(0)
+    cfg = transformers.LongformerConfig(
+        vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+        max_position_embeddings=20, type_vocab_size=1, layer_norm_eps=1e-5, hidden_act="gelu",
+        attention_window=[4, 4], pad_token_id=1,
+    )
+    model = _perturbed(transformers.LongformerModel(cfg, add_pooling_layer=False), out)
+    g = torch.Generator().manual_seed(1)
+    # 9 tokens: transformers pads to a multiple of the window (12) and masks the padding;
+    # each token attends to 2 neighbours on each side.
+    x = torch.randn(2, 9, 32, generator=g, requires_grad=True)
+    r = torch.randn(2, 9, 32, generator=g)
+    last = model(inputs_embeds=x, return_dict=True).last_hidden_state
+    _golden(out, model, x, r, last, [
+        "embeddings.position_embeddings.weight",
+        "embeddings.LayerNorm.weight",
+        "encoder.layer.1.attention.output.LayerNorm.bias",
+    ])
+
+
 MINILM_IDS = [101, 7592, 1010, 2088, 999, 2023, 2003, 1037, 3231, 102]
 
 
@@ -213,5 +236,6 @@ if __name__ == "__main__":
     bert_tiny()
     t5_tiny()
     vit_tiny()
+    longformer_tiny()
     if len(sys.argv) > 1:
         minilm_reference(sys.argv[1])

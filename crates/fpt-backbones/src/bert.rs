@@ -1,5 +1,8 @@
 //! BERT (Devlin et al. 2019) as an FPT backbone, and BERT-family checkpoints such as
-//! `sentence-transformers/all-MiniLM-L6-v2`: input embeddings plus learned positions plus
+//! `sentence-transformers/all-MiniLM-L6-v2`, and Longformer (Beltagy et al. 2020:
+//! `allenai/longformer-base-4096`, the same blocks with sliding-window attention of
+//! `attention_window / 2` keys on each side, positions offset by `pad_token_id + 1`, and
+//! global-attention projections that stay unused without global tokens): input embeddings plus learned positions plus
 //! the token-type-0 embedding, LayerNorm and dropout, then post-LayerNorm blocks of
 //! bidirectional self-attention and an exact-GELU MLP.
 //!
@@ -12,6 +15,7 @@
 
 use crate::{role_by_rules, Backbone, BackboneError, ParamSpec, ParamTaker, Result};
 use candle_core::{Device, Tensor};
+use fpt_nn::ops::Mask;
 use fpt_nn::{ops, Ctx, LayerNorm, Linear, Param, Rng};
 use fpt_spec::{Role, ShapeOverrides, TrainGroups};
 use serde::{Deserialize, Serialize};
@@ -72,12 +76,39 @@ pub struct BertConfig {
     /// Only `absolute` is supported.
     #[serde(default)]
     pub position_embedding_type: Option<String>,
+    /// Set for Longformer checkpoints.
+    #[serde(skip)]
+    pub longformer: Option<LongformerExtras>,
+}
+
+/// What Longformer adds to the BERT blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LongformerExtras {
+    /// Keys attended on each side of a query (`attention_window / 2`).
+    pub one_sided_window: usize,
+    /// First position id used (`pad_token_id + 1`, RoBERTa style).
+    pub position_offset: usize,
+}
+
+fn default_pad() -> usize {
+    1
+}
+
+/// The Longformer fields of a `config.json`, beyond BERT's.
+#[derive(Deserialize)]
+struct LongformerFields {
+    attention_window: serde_json::Value,
+    #[serde(default = "default_pad")]
+    pad_token_id: usize,
 }
 
 impl BertConfig {
     /// Built-in configs of known checkpoints, so random-init runs and `fpt inspect` need
     /// no files.
     pub fn builtin(name: &str) -> Option<Self> {
+        if name == "allenai/longformer-base-4096" {
+            return Self::longformer_base();
+        }
         let (layers, hidden, heads, ffn) = match name {
             "bert-base-uncased" | "google-bert/bert-base-uncased" => (12, 768, 12, 3072),
             "sentence-transformers/all-MiniLM-L6-v2" | "minilm" => (6, 384, 12, 1536),
@@ -97,7 +128,62 @@ impl BertConfig {
             attention_probs_dropout_prob: 0.1,
             model_type: Some("bert".into()),
             position_embedding_type: Some("absolute".into()),
+            longformer: None,
         })
+    }
+
+    fn longformer_base() -> Option<Self> {
+        Some(Self {
+            vocab_size: 50265,
+            hidden_size: 768,
+            num_hidden_layers: 12,
+            num_attention_heads: 12,
+            intermediate_size: 3072,
+            max_position_embeddings: 4098,
+            type_vocab_size: 1,
+            layer_norm_eps: 1e-5,
+            hidden_act: "gelu".into(),
+            hidden_dropout_prob: 0.1,
+            attention_probs_dropout_prob: 0.1,
+            model_type: Some("longformer".into()),
+            position_embedding_type: Some("absolute".into()),
+            longformer: Some(LongformerExtras {
+                one_sided_window: 256,
+                position_offset: 2,
+            }),
+        })
+    }
+
+    /// Parses a Longformer `config.json` (BERT fields plus `attention_window`, one value for
+    /// every layer, and `pad_token_id`).
+    pub fn from_longformer_json(text: &str, path: &Path) -> Result<Self> {
+        let bad = |msg: String| BackboneError::Config {
+            path: path.to_path_buf(),
+            msg,
+        };
+        let mut cfg = Self::from_json(text, path)?;
+        let extra: LongformerFields = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
+        let windows: Vec<u64> = match &extra.attention_window {
+            serde_json::Value::Number(n) => vec![n.as_u64().unwrap_or(0)],
+            serde_json::Value::Array(a) => a.iter().map(|v| v.as_u64().unwrap_or(0)).collect(),
+            other => return Err(bad(format!("attention_window must be a number or a list, got {other}"))),
+        };
+        let w = windows[0];
+        if w == 0 || w % 2 != 0 || windows.iter().any(|&x| x != w) {
+            return Err(bad(format!(
+                "attention_window {windows:?}: fpt supports one positive even window for all layers"
+            )));
+        }
+        if cfg.max_position_embeddings <= extra.pad_token_id + 1 {
+            return Err(bad(
+                "max_position_embeddings leaves no positions after the pad offset".into()
+            ));
+        }
+        cfg.longformer = Some(LongformerExtras {
+            one_sided_window: (w / 2) as usize,
+            position_offset: extra.pad_token_id + 1,
+        });
+        Ok(cfg)
     }
 
     /// Parses and checks a `config.json` text (`path` names it in errors).
@@ -152,7 +238,7 @@ impl BertConfig {
             self.num_attention_heads = h;
         }
         if let Some(p) = o.positions {
-            self.max_position_embeddings = p;
+            self.max_position_embeddings = p + self.longformer.map_or(0, |l| l.position_offset);
         }
         self.validate()
             .map_err(|m| BackboneError::Unsupported(format!("invalid BERT shape: {m}")))?;
@@ -195,6 +281,12 @@ impl BertConfig {
                 push(format!("{p}attention.self.{n}.weight"), vec![c, c], true);
                 push(format!("{p}attention.self.{n}.bias"), vec![c], true);
             }
+            if self.longformer.is_some() {
+                for n in ["query_global", "key_global", "value_global"] {
+                    push(format!("{p}attention.self.{n}.weight"), vec![c, c], false);
+                    push(format!("{p}attention.self.{n}.bias"), vec![c], false);
+                }
+            }
             push(format!("{p}attention.output.dense.weight"), vec![c, c], true);
             push(format!("{p}attention.output.dense.bias"), vec![c], true);
             push(format!("{p}attention.output.LayerNorm.weight"), vec![c], true);
@@ -206,8 +298,10 @@ impl BertConfig {
             push(format!("{p}output.LayerNorm.weight"), vec![c], true);
             push(format!("{p}output.LayerNorm.bias"), vec![c], true);
         }
-        push("pooler.dense.weight".into(), vec![c, c], false);
-        push("pooler.dense.bias".into(), vec![c], false);
+        if self.longformer.is_none() {
+            push("pooler.dense.weight".into(), vec![c, c], false);
+            push("pooler.dense.bias".into(), vec![c], false);
+        }
         v
     }
 }
@@ -283,10 +377,10 @@ impl Bert {
         let tensors = crate::read_checked(
             weights,
             &config.param_specs(),
-            &["bert."],
+            &["bert.", "longformer.", "roberta."],
             &alias,
             &|_| false,
-            &["position_ids", "cls.", "lm_head."],
+            &["position_ids", "cls.", "lm_head.", "pooler."],
             device,
         )?;
         let mut m = Self::assemble(config, tensors, groups)?;
@@ -313,15 +407,25 @@ impl Bert {
     }
 }
 
+impl Bert {
+    fn position_offset(&self) -> usize {
+        self.config.longformer.map_or(0, |l| l.position_offset)
+    }
+}
+
 impl Backbone for Bert {
     fn architecture(&self) -> &'static str {
-        "bert"
+        if self.config.longformer.is_some() {
+            "longformer"
+        } else {
+            "bert"
+        }
     }
     fn hidden_size(&self) -> usize {
         self.config.hidden_size
     }
     fn max_positions(&self) -> usize {
-        self.config.max_position_embeddings
+        self.config.max_position_embeddings - self.position_offset()
     }
     fn num_layers(&self) -> usize {
         self.config.num_hidden_layers
@@ -334,16 +438,25 @@ impl Backbone for Bert {
         let c = &self.config;
         let (b, t, width) = embeds.dims3()?;
         if width != c.hidden_size {
-            candle_core::bail!("bert: input width {width} does not match hidden_size {}", c.hidden_size)
-        }
-        if t > c.max_position_embeddings {
             candle_core::bail!(
-                "bert: {t} tokens exceed the {} learned positions",
-                c.max_position_embeddings
+                "{}: input width {width} does not match hidden_size {}",
+                self.architecture(),
+                c.hidden_size
             )
         }
+        if t > self.max_positions() {
+            candle_core::bail!(
+                "{}: {t} tokens exceed the {} learned positions",
+                self.architecture(),
+                self.max_positions()
+            )
+        }
+        let mask = match c.longformer {
+            Some(l) => Mask::Band(l.one_sided_window),
+            None => Mask::None,
+        };
         let drop = |ctx: &mut Ctx, x: &Tensor, p: f64| if self.dropout { ctx.dropout(x, p) } else { Ok(x.clone()) };
-        let pos = self.positions.tensor().narrow(0, 0, t)?;
+        let pos = self.positions.tensor().narrow(0, self.position_offset(), t)?;
         let tt = self.token_type.tensor().narrow(0, 0, 1)?;
         let h = embeds.broadcast_add(&pos)?.broadcast_add(&tt)?;
         let mut h = drop(ctx, &self.emb_ln.forward(&h)?, c.hidden_dropout_prob)?;
@@ -354,7 +467,7 @@ impl Backbone for Bert {
             let q = heads(l.query.forward(&h)?)?;
             let k = heads(l.key.forward(&h)?)?;
             let v = heads(l.value.forward(&h)?)?;
-            let probs = ops::masked_softmax(&q.matmul(&k.t()?)?, 1.0 / (hd as f64).sqrt(), false)?;
+            let probs = ops::masked_softmax(&q.matmul(&k.t()?)?, 1.0 / (hd as f64).sqrt(), mask)?;
             let probs = drop(ctx, &probs, c.attention_probs_dropout_prob)?;
             let o = probs.matmul(&v)?.transpose(1, 2)?.reshape((b, t, width))?;
             let a = drop(ctx, &l.attn_out.forward(&o)?, c.hidden_dropout_prob)?;

@@ -379,7 +379,7 @@ impl Gpt2 {
         if c.scale_attn_by_inverse_layer_idx {
             scale /= (i + 1) as f64;
         }
-        let probs = ops::masked_softmax(&scores, scale, true)?;
+        let probs = ops::masked_softmax(&scores, scale, ops::Mask::Causal)?;
         let probs = drop(ctx, &probs, c.attn_pdrop)?;
         let o = probs.matmul(&v)?.transpose(1, 2)?.reshape((bsz, t, width))?;
         let o = b.attn_proj.forward(&o)?;

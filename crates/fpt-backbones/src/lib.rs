@@ -4,7 +4,8 @@
 //! - [`gpt2`]: GPT-2 (all sizes), from `config.json` + `model.safetensors` with the Hub's
 //!   tensor names, or randomly initialised at any shape.
 //! - [`bert`]: BERT and BERT-family checkpoints (`bert-base-uncased`,
-//!   `sentence-transformers/all-MiniLM-L6-v2`).
+//!   `sentence-transformers/all-MiniLM-L6-v2`), and Longformer (`allenai/longformer-base-4096`,
+//!   sliding-window attention).
 //! - [`t5`]: the T5 encoder (`t5-base`), relative-position bias as the positions group.
 //! - [`vit`]: ViT (`google/vit-base-patch16-224-in21k`) with fpt's own 1024-position table.
 //! - [`hub`]: resolves a model id or a local directory to files, using the standard Hugging
@@ -192,15 +193,16 @@ impl Config {
         match v.get("model_type").and_then(|t| t.as_str()) {
             Some("gpt2") => Ok(Config::Gpt2(gpt2::Gpt2Config::from_json(&text, path)?)),
             Some("bert") => Ok(Config::Bert(bert::BertConfig::from_json(&text, path)?)),
+            Some("longformer") => Ok(Config::Bert(bert::BertConfig::from_longformer_json(&text, path)?)),
             Some("t5") => Ok(Config::T5(t5::T5Config::from_json(&text, path)?)),
             Some("vit") => Ok(Config::Vit(vit::VitConfig::from_json(&text, path)?)),
             Some(other) => Err(BackboneError::Config {
                 path: path.to_path_buf(),
-                msg: format!("model_type `{other}` is not supported (supported: gpt2, bert, t5, vit)"),
+                msg: format!("model_type `{other}` is not supported (supported: gpt2, bert, longformer, t5, vit)"),
             }),
             None => Err(BackboneError::Config {
                 path: path.to_path_buf(),
-                msg: "missing field `model_type` (expected gpt2, bert, t5 or vit)".into(),
+                msg: "missing field `model_type` (expected gpt2, bert, longformer, t5 or vit)".into(),
             }),
         }
     }
@@ -219,6 +221,7 @@ impl Config {
     pub fn architecture(&self) -> &'static str {
         match self {
             Config::Gpt2(_) => "gpt2",
+            Config::Bert(c) if c.longformer.is_some() => "longformer",
             Config::Bert(_) => "bert",
             Config::T5(_) => "t5",
             Config::Vit(_) => "vit",
@@ -257,6 +260,19 @@ impl Config {
                 c.n_positions,
                 c.layer_norm_epsilon
             ),
+            Config::Bert(c) if c.longformer.is_some() => {
+                let l = c.longformer.expect("checked");
+                format!(
+                    "longformer: {} layers, hidden {}, {} heads, mlp {}, {} positions, sliding window of {} keys each side, eps {:e}",
+                    c.num_hidden_layers,
+                    c.hidden_size,
+                    c.num_attention_heads,
+                    c.intermediate_size,
+                    c.max_position_embeddings - l.position_offset,
+                    l.one_sided_window,
+                    c.layer_norm_eps
+                )
+            }
             Config::Bert(c) => format!(
                 "bert: {} layers, hidden {}, {} heads, mlp {}, {} positions, bidirectional, eps {:e}",
                 c.num_hidden_layers,

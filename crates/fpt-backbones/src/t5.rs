@@ -370,7 +370,7 @@ impl Backbone for T5Encoder {
             );
             // T5 does not scale scores by 1/sqrt(d_kv).
             let scores = q.matmul(&k.t()?)?.broadcast_add(&bias)?;
-            let probs = drop(ctx, &ops::masked_softmax(&scores, 1.0, false)?)?;
+            let probs = drop(ctx, &ops::masked_softmax(&scores, 1.0, ops::Mask::None)?)?;
             let o = probs.matmul(&v)?.transpose(1, 2)?.reshape((b, t, nh * dk))?;
             h = (&h + drop(ctx, &blk.o.forward(&o)?)?)?;
             let x = rms_norm(&h, blk.ln_ff.tensor(), eps)?;

@@ -365,7 +365,7 @@ impl Backbone for Vit {
                 heads(l.key.forward(&x)?)?,
                 heads(l.value.forward(&x)?)?,
             );
-            let probs = ops::masked_softmax(&q.matmul(&k.t()?)?, 1.0 / (hd as f64).sqrt(), false)?;
+            let probs = ops::masked_softmax(&q.matmul(&k.t()?)?, 1.0 / (hd as f64).sqrt(), ops::Mask::None)?;
             let probs = drop(ctx, &probs, c.attention_probs_dropout_prob)?;
             let o = probs.matmul(&v)?.transpose(1, 2)?.reshape((b, t, width))?;
             h = (drop(ctx, &l.attn_out.forward(&o)?, c.hidden_dropout_prob)? + &h)?;

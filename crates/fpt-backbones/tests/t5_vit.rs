@@ -203,3 +203,24 @@ fn roles_and_counts_on_real_configs() {
     assert!(e.contains("relative-position"), "{e}");
     let _ = (T5Encoder::random, Vit::random);
 }
+
+#[test]
+fn longformer_matches_transformers_with_its_sliding_window() {
+    let dir = fixture("longformer-tiny");
+    let m = load(&dir);
+    assert_eq!(m.architecture(), "longformer");
+    assert_eq!(m.max_positions(), 20 - 2); // pad_token_id 1: positions start at 2
+    check_golden(
+        m.as_ref(),
+        &dir,
+        &[
+            "embeddings.position_embeddings.weight",
+            "embeddings.LayerNorm.weight",
+            "encoder.layer.1.attention.output.LayerNorm.bias",
+        ],
+    );
+    let c = Config::builtin("allenai/longformer-base-4096").unwrap();
+    assert!(c.summary().contains("256 keys each side"), "{}", c.summary());
+    let total: usize = c.param_specs().iter().map(|s| s.numel()).sum();
+    assert_eq!(total, 148_068_864); // LongformerModel(add_pooling_layer=False), as transformers counts it
+}

@@ -94,21 +94,35 @@ fn layer_norm_matches_reference_and_finite_differences() -> Result<()> {
 fn causal_softmax_matches_reference_and_finite_differences() -> Result<()> {
     check(
         &[&[2, 3, 6, 6]],
-        |t| ops::masked_softmax(&t[0], 0.37, true),
-        |t| ops::masked_softmax_composed(&t[0], 0.37, true),
+        |t| ops::masked_softmax(&t[0], 0.37, ops::Mask::Causal),
+        |t| ops::masked_softmax_composed(&t[0], 0.37, ops::Mask::Causal),
         1e-6,
     )?;
     check(
         &[&[2, 4, 9]],
-        |t| ops::masked_softmax(&t[0], 1.0, false),
-        |t| ops::masked_softmax_composed(&t[0], 1.0, false),
+        |t| ops::masked_softmax(&t[0], 1.0, ops::Mask::None),
+        |t| ops::masked_softmax_composed(&t[0], 1.0, ops::Mask::None),
+        1e-6,
+    )?;
+    check(
+        &[&[2, 9, 9]],
+        |t| ops::masked_softmax(&t[0], 0.5, ops::Mask::Band(2)),
+        |t| ops::masked_softmax_composed(&t[0], 0.5, ops::Mask::Band(2)),
         1e-6,
     )
 }
 
 #[test]
 fn causal_softmax_gives_zero_to_the_future() -> Result<()> {
-    let y = ops::masked_softmax(&randn(&[1, 4, 4], 1, DType::F32)?, 1.0, true)?;
+    let band = ops::masked_softmax(&randn(&[1, 6, 6], 1, DType::F32)?, 1.0, ops::Mask::Band(1))?
+        .squeeze(0)?
+        .to_vec2::<f32>()?;
+    for (i, row) in band.iter().enumerate() {
+        for (j, &p) in row.iter().enumerate() {
+            assert_eq!(p == 0.0, j.abs_diff(i) > 1, "band row {i}: {row:?}");
+        }
+    }
+    let y = ops::masked_softmax(&randn(&[1, 4, 4], 1, DType::F32)?, 1.0, ops::Mask::Causal)?;
     let y = y.squeeze(0)?.to_vec2::<f32>()?;
     for (i, row) in y.iter().enumerate() {
         assert!((row.iter().sum::<f32>() - 1.0).abs() < 1e-6);

@@ -19,7 +19,7 @@ pub use gelu::{gelu_erf, gelu_erf_composed, gelu_new, gelu_new_composed};
 pub use layer_norm::{layer_norm, layer_norm_composed};
 pub use linear::{linear, linear_composed};
 pub use loss::{correct, cross_entropy, cross_entropy_composed};
-pub use softmax::{masked_softmax, masked_softmax_composed};
+pub use softmax::{masked_softmax, masked_softmax_composed, Mask};
 
 use candle_core::{CpuStorage, DType, Error, Layout, Result, Storage, Tensor, WithDType};
 

@@ -1,47 +1,61 @@
-//! Scaled, optionally causal softmax over the last dimension, fused on CPU.
+//! Scaled, masked softmax over the last dimension, fused on CPU.
 //!
-//! y = softmax(scale * s) with entries j > i (+ Tk - Tq) dropped when causal (they get
-//! probability exactly 0, as GPT-2's large negative mask gives in f32). Backward:
-//! ds = scale * y * (dy - sum(dy * y)).
+//! y = softmax(scale * s) over the keys a [`Mask`] leaves visible; the others get
+//! probability exactly 0 (as GPT-2's large negative mask gives in f32, and as Longformer's
+//! sliding window leaves out). Backward: ds = scale * y * (dy - sum(dy * y)).
 
 use super::{cpu_slice, rows_per_task, unsupported, use_par, with_cpu_slice, Float};
 use candle_core::backend::BackendStorage as _;
 use candle_core::{CpuStorage, CustomOp1, DType, Layout, Result, Shape, Tensor, D};
 use rayon::prelude::*;
 
-struct SoftmaxOp {
-    scale: f64,
-    causal: bool,
+/// Which keys each query sees.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mask {
+    /// Every key.
+    None,
+    /// Keys `0..=i + tk - tq` (GPT-2's causal attention).
+    Causal,
+    /// Keys with `|j - i| <= w` (Longformer's sliding window, `w` on each side).
+    Band(usize),
 }
 
-/// For row `r` of a `[.., tq, tk]` tensor, how many leading entries are visible.
-fn visible(r: usize, tq: usize, tk: usize, causal: bool) -> usize {
-    if causal {
-        ((r % tq) + 1 + tk.saturating_sub(tq)).min(tk)
-    } else {
-        tk
+impl Mask {
+    /// The visible keys `lo..hi` of row `r` of a `[.., tq, tk]` tensor.
+    fn range(self, r: usize, tq: usize, tk: usize) -> (usize, usize) {
+        let i = r % tq;
+        match self {
+            Mask::None => (0, tk),
+            Mask::Causal => (0, (i + 1 + tk.saturating_sub(tq)).min(tk)),
+            Mask::Band(w) => (i.saturating_sub(w), (i + w + 1).min(tk)),
+        }
     }
 }
 
-fn fwd_kernel<T: Float>(s: &[T], tq: usize, tk: usize, scale: f64, causal: bool) -> Vec<T> {
+struct SoftmaxOp {
+    scale: f64,
+    mask: Mask,
+}
+
+fn fwd_kernel<T: Float>(s: &[T], tq: usize, tk: usize, scale: f64, mask: Mask) -> Vec<T> {
     let scale = T::from(scale).unwrap();
     let mut y = vec![T::zero(); s.len()];
     let rows = rows_per_task(tk);
     let body = |(ci, (yc, sc)): (usize, (&mut [T], &[T]))| {
         for (ri, (yr, sr)) in yc.chunks_mut(tk).zip(sc.chunks(tk)).enumerate() {
-            let n = visible(ci * rows + ri, tq, tk, causal);
+            let (lo, hi) = mask.range(ci * rows + ri, tq, tk);
             let mut max = T::neg_infinity();
-            for &v in &sr[..n] {
+            for &v in &sr[lo..hi] {
                 max = num_traits::Float::max(max, v * scale);
             }
             let mut sum = T::zero();
-            for j in 0..n {
+            for j in lo..hi {
                 let e = (sr[j] * scale - max).exp();
                 yr[j] = e;
                 sum += e;
             }
             let inv = T::one() / sum;
-            for v in &mut yr[..n] {
+            for v in &mut yr[lo..hi] {
                 *v *= inv;
             }
         }
@@ -60,7 +74,7 @@ fn fwd_kernel<T: Float>(s: &[T], tq: usize, tk: usize, scale: f64, causal: bool)
     y
 }
 
-fn bwd_kernel<T: Float>(y: &[T], dy: &[T], tq: usize, tk: usize, scale: f64, causal: bool) -> Vec<T> {
+fn bwd_kernel<T: Float>(y: &[T], dy: &[T], tq: usize, tk: usize, scale: f64, mask: Mask) -> Vec<T> {
     let scale = T::from(scale).unwrap();
     let mut ds = vec![T::zero(); y.len()];
     let rows = rows_per_task(tk);
@@ -68,9 +82,9 @@ fn bwd_kernel<T: Float>(y: &[T], dy: &[T], tq: usize, tk: usize, scale: f64, cau
     type Item<'a, T> = (usize, (&'a mut [T], (&'a [T], &'a [T])));
     let body = |(ci, (dc, (yc, gc))): Item<T>| {
         for (ri, ((dr, yr), gr)) in dc.chunks_mut(tk).zip(yc.chunks(tk)).zip(gc.chunks(tk)).enumerate() {
-            let n = visible(ci * rows + ri, tq, tk, causal);
-            let dot: T = (0..n).map(|j| yr[j] * gr[j]).sum();
-            for j in 0..n {
+            let (lo, hi) = mask.range(ci * rows + ri, tq, tk);
+            let dot: T = (lo..hi).map(|j| yr[j] * gr[j]).sum();
+            for j in lo..hi {
                 dr[j] = scale * yr[j] * (gr[j] - dot);
             }
         }
@@ -110,14 +124,14 @@ impl CustomOp1 for SoftmaxOp {
                 tq,
                 tk,
                 self.scale,
-                self.causal,
+                self.mask,
             )),
             DType::F64 => CpuStorage::F64(fwd_kernel(
                 cpu_slice::<f64>(s, l, "masked_softmax")?,
                 tq,
                 tk,
                 self.scale,
-                self.causal,
+                self.mask,
             )),
             dt => return Err(unsupported("masked_softmax", dt)),
         };
@@ -130,7 +144,7 @@ impl CustomOp1 for SoftmaxOp {
             DType::F32 => {
                 let v = with_cpu_slice::<f32, _>(res, "masked_softmax", |y| {
                     with_cpu_slice::<f32, _>(dy, "masked_softmax", |g| {
-                        Ok(bwd_kernel(y, g, tq, tk, self.scale, self.causal))
+                        Ok(bwd_kernel(y, g, tq, tk, self.scale, self.mask))
                     })
                 })?;
                 Tensor::from_vec(v, res.shape(), res.device())?
@@ -138,7 +152,7 @@ impl CustomOp1 for SoftmaxOp {
             DType::F64 => {
                 let v = with_cpu_slice::<f64, _>(res, "masked_softmax", |y| {
                     with_cpu_slice::<f64, _>(dy, "masked_softmax", |g| {
-                        Ok(bwd_kernel(y, g, tq, tk, self.scale, self.causal))
+                        Ok(bwd_kernel(y, g, tq, tk, self.scale, self.mask))
                     })
                 })?;
                 Tensor::from_vec(v, res.shape(), res.device())?
@@ -149,29 +163,31 @@ impl CustomOp1 for SoftmaxOp {
     }
 }
 
-/// `softmax(scale * s)` over the last dimension of `s: [.., tq, tk]`; with `causal`, query
-/// `i` sees keys `0..=i + tk - tq` only (the rest get probability 0). Fused on CPU.
-pub fn masked_softmax(s: &Tensor, scale: f64, causal: bool) -> Result<Tensor> {
+/// `softmax(scale * s)` over the last dimension of `s: [.., tq, tk]`, each query seeing
+/// the keys `mask` leaves visible (the rest get probability 0). Fused on CPU.
+pub fn masked_softmax(s: &Tensor, scale: f64, mask: Mask) -> Result<Tensor> {
     if !s.device().is_cpu() {
-        return masked_softmax_composed(s, scale, causal);
+        return masked_softmax_composed(s, scale, mask);
     }
-    s.contiguous()?.apply_op1(SoftmaxOp { scale, causal })
+    s.contiguous()?.apply_op1(SoftmaxOp { scale, mask })
 }
 
 /// The same function composed of stock candle ops (reference; every device).
-pub fn masked_softmax_composed(s: &Tensor, scale: f64, causal: bool) -> Result<Tensor> {
+pub fn masked_softmax_composed(s: &Tensor, scale: f64, mask: Mask) -> Result<Tensor> {
     let (tq, tk) = dims(s.shape())?;
     let mut s = s.affine(scale, 0.0)?;
-    if causal {
-        let off = tk.saturating_sub(tq);
-        let mask: Vec<u8> = (0..tq)
-            .flat_map(|i| (0..tk).map(move |j| u8::from(j > i + off)))
+    if mask != Mask::None {
+        let hidden: Vec<u8> = (0..tq)
+            .flat_map(|i| {
+                let (lo, hi) = mask.range(i, tq, tk);
+                (0..tk).map(move |j| u8::from(j < lo || j >= hi))
+            })
             .collect();
-        let mask = Tensor::from_vec(mask, (tq, tk), s.device())?.broadcast_as(s.shape())?;
+        let hidden = Tensor::from_vec(hidden, (tq, tk), s.device())?.broadcast_as(s.shape())?;
         let neg = Tensor::new(f32::NEG_INFINITY, s.device())?
             .to_dtype(s.dtype())?
             .broadcast_as(s.shape())?;
-        s = mask.where_cond(&neg, &s)?;
+        s = hidden.where_cond(&neg, &s)?;
     }
     let max = s.max_keepdim(D::Minus1)?.detach();
     let e = s.broadcast_sub(&max)?.exp()?;
