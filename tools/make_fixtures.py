@@ -2,7 +2,7 @@
 """Writes the golden fixtures the Rust tests compare against (llm.c's test_gpt2 style).
 
 Run by hand, never by tests or CI:
-    python3 -m venv /tmp/fx && /tmp/fx/bin/pip install torch transformers safetensors
+    python3 -m venv /tmp/fx && /tmp/fx/bin/pip install torch transformers safetensors timm
     /tmp/fx/bin/python tools/make_fixtures.py [MINILM_DIR]
 
 MINILM_DIR (optional): a directory with all-MiniLM-L6-v2's config.json and
@@ -206,6 +206,36 @@ def longformer_tiny():
     ])
 
 
+def vit_timm_tiny():
+    """A tiny timm VisionTransformer in timm's own names (the reference code's ViT), with the
+    output of its blocks and final norm on inputs plus positions. Needs `pip install timm`."""
+    import timm
+    out = os.path.join(ROOT, "vit-timm-tiny")
+    os.makedirs(out, exist_ok=True)
+    torch.manual_seed(0)
+    args = dict(img_size=8, patch_size=4, embed_dim=32, depth=2, num_heads=4, mlp_ratio=2.0)
+    model = timm.models.vision_transformer.VisionTransformer(qkv_bias=True, num_classes=5, **args)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    model.eval()
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, os.path.join(out, "model.safetensors"))
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump({"architecture": "vit_base_patch16_224", "num_classes": 5, "model_args": args}, f, indent=1)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 7, 32, generator=g, requires_grad=True)
+    r = torch.randn(2, 7, 32, generator=g)
+    pos = (torch.randn(7, 32, generator=g) * 0.1).requires_grad_(True)
+    last = model.norm(model.blocks(x + pos))
+    (last * r).sum().backward()
+    tensors = {"inputs_embeds": x.detach(), "loss_weights": r, "last_hidden_state": last.detach(),
+               "grad.inputs_embeds": x.grad, "fpt_positions": pos.detach(), "grad.fpt_positions": pos.grad}
+    save_file({k: v.clone().contiguous() for k, v in tensors.items()}, os.path.join(out, "golden.safetensors"))
+    with open(os.path.join(out, "MADE_BY.json"), "w") as f:
+        json.dump({"script": "tools/make_fixtures.py", "torch": torch.__version__, "timm": timm.__version__}, f, indent=1)
+    print("wrote", out)
+
+
 MINILM_IDS = [101, 7592, 1010, 2088, 999, 2023, 2003, 1037, 3231, 102]
 
 
@@ -237,5 +267,6 @@ if __name__ == "__main__":
     t5_tiny()
     vit_tiny()
     longformer_tiny()
+    vit_timm_tiny()
     if len(sys.argv) > 1:
         minilm_reference(sys.argv[1])

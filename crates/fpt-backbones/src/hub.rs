@@ -10,7 +10,8 @@ use std::path::{Path, PathBuf};
 pub struct ModelFiles {
     /// `config.json`.
     pub config: PathBuf,
-    /// `model.safetensors`, when weights were asked for.
+    /// `model.safetensors` (or `model.safetensors.index.json` for a sharded checkpoint), when
+    /// weights were asked for.
     pub weights: Option<PathBuf>,
 }
 
@@ -47,7 +48,10 @@ fn check_dir(dir: &Path, want_weights: bool) -> Result<ModelFiles> {
         });
     }
     let weights = if want_weights {
-        let w = dir.join("model.safetensors");
+        let mut w = dir.join("model.safetensors");
+        if !w.is_file() && dir.join("model.safetensors.index.json").is_file() {
+            w = dir.join("model.safetensors.index.json");
+        }
         if !w.is_file() {
             let why = if dir.join("pytorch_model.bin").is_file() {
                 "only pytorch_model.bin is present; fpt reads safetensors only (it never unpickles files): convert it with `safetensors` in Python"
@@ -92,6 +96,14 @@ pub fn resolve(source: &str, want_weights: bool) -> Result<ModelFiles> {
         names.push("model.safetensors");
     }
     let mut found: Vec<Option<PathBuf>> = names.iter().map(|n| cached.get(n)).collect();
+    // A sharded checkpoint in the cache: the index, with every shard it lists beside it.
+    if want_weights && found[1].is_none() {
+        if let Some(index) = cached.get("model.safetensors.index.json") {
+            if crate::shard_files(&index).is_ok() {
+                found[1] = Some(index);
+            }
+        }
+    }
     if found.iter().any(Option::is_none) {
         let hint = format!(
             "`fpt fetch {source}` on a machine that reaches the Hub, or copy its cache folder to {}",
@@ -115,15 +127,40 @@ pub fn resolve(source: &str, want_weights: bool) -> Result<ModelFiles> {
                 hint: hint.clone(),
             })?;
         let api_repo = api.repo(repo);
+        let failed = |name: &str, e: String| BackboneError::NotCached {
+            model: source.to_string(),
+            cache: cache_dir().display().to_string(),
+            why: format!("downloading {name} failed ({e})"),
+            hint: hint.clone(),
+        };
         for (slot, name) in found.iter_mut().zip(&names) {
-            if slot.is_none() {
-                *slot = Some(api_repo.get(name).map_err(|e| BackboneError::NotCached {
-                    model: source.to_string(),
-                    cache: cache_dir().display().to_string(),
-                    why: format!("downloading {name} failed ({e})"),
-                    hint: hint.clone(),
-                })?);
+            if slot.is_some() {
+                continue;
             }
+            *slot = Some(match api_repo.get(name) {
+                Ok(p) => p,
+                // No single weights file: a sharded checkpoint (index + shards)?
+                Err(e) if *name == "model.safetensors" => {
+                    let index = api_repo
+                        .get("model.safetensors.index.json")
+                        .map_err(|_| failed(name, e.to_string()))?;
+                    let text = std::fs::read_to_string(&index)
+                        .map_err(|e| failed("model.safetensors.index.json", e.to_string()))?;
+                    let v: serde_json::Value = serde_json::from_str(&text)
+                        .map_err(|e| failed("model.safetensors.index.json", e.to_string()))?;
+                    let mut shards: Vec<String> = v["weight_map"]
+                        .as_object()
+                        .map(|m| m.values().filter_map(|f| f.as_str().map(String::from)).collect())
+                        .unwrap_or_default();
+                    shards.sort();
+                    shards.dedup();
+                    for f in shards {
+                        api_repo.get(&f).map_err(|e| failed(&f, e.to_string()))?;
+                    }
+                    index
+                }
+                Err(e) => return Err(failed(name, e.to_string())),
+            });
         }
     }
     let mut it = found.into_iter().map(|p| p.expect("filled above"));

@@ -200,9 +200,13 @@ impl Config {
                 path: path.to_path_buf(),
                 msg: format!("model_type `{other}` is not supported (supported: gpt2, bert, longformer, t5, vit)"),
             }),
+            // timm checkpoints name their architecture instead.
+            None if v.get("architecture").and_then(|a| a.as_str()).is_some_and(|a| a.starts_with("vit_")) => {
+                Ok(Config::Vit(vit::VitConfig::from_timm_json(&v, path)?))
+            }
             None => Err(BackboneError::Config {
                 path: path.to_path_buf(),
-                msg: "missing field `model_type` (expected gpt2, bert, longformer, t5 or vit)".into(),
+                msg: "missing field `model_type` (expected gpt2, bert, longformer, t5 or vit; or a timm `architecture` vit_*)".into(),
             }),
         }
     }
@@ -408,9 +412,14 @@ pub(crate) fn read_checked(
         path: weights.to_path_buf(),
         msg,
     };
-    // SAFETY: the file is mapped read-only; fpt never writes checkpoints in place
-    // (writes go to a temporary file that is renamed), so it does not change under us.
-    let st = unsafe { candle_core::safetensors::MmapedSafetensors::new(weights) }.map_err(|e| st_err(e.to_string()))?;
+    let shards = shard_files(weights)?;
+    // SAFETY: the files are mapped read-only; fpt never writes checkpoints in place
+    // (writes go to a temporary file that is renamed), so they do not change under us.
+    let st = match &shards {
+        Some(files) => unsafe { candle_core::safetensors::MmapedSafetensors::multi(files) },
+        None => unsafe { candle_core::safetensors::MmapedSafetensors::new(weights) },
+    }
+    .map_err(|e| st_err(e.to_string()))?;
     let names: std::collections::HashSet<String> = st.tensors().into_iter().map(|(n, _)| n).collect();
     let prefix = prefixes
         .iter()
@@ -463,6 +472,48 @@ pub(crate) fn read_checked(
         tracing::warn!(file = %weights.display(), "ignoring {} tensors this architecture does not use, e.g. `{first}`", ignored.len());
     }
     Ok(out)
+}
+
+/// For a sharded checkpoint (`model.safetensors.index.json`), its shard files (each checked
+/// to exist); `None` for a single file.
+pub fn shard_files(weights: &Path) -> Result<Option<Vec<PathBuf>>> {
+    if !weights.to_string_lossy().ends_with(".index.json") {
+        return Ok(None);
+    }
+    let bad = |msg: String| BackboneError::Config {
+        path: weights.to_path_buf(),
+        msg,
+    };
+    let text = std::fs::read_to_string(weights).map_err(|source| BackboneError::Io {
+        path: weights.to_path_buf(),
+        source,
+    })?;
+    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+    let map = v
+        .get("weight_map")
+        .and_then(|m| m.as_object())
+        .ok_or_else(|| bad("missing field `weight_map`".into()))?;
+    let dir = weights.parent().unwrap_or(Path::new("."));
+    let mut files: Vec<PathBuf> = Vec::new();
+    for (tensor, file) in map {
+        let f = file
+            .as_str()
+            .ok_or_else(|| bad(format!("weight_map entry `{tensor}` is not a file name")))?;
+        let p = dir.join(f);
+        if !files.contains(&p) {
+            if !p.is_file() {
+                return Err(BackboneError::Io {
+                    path: p,
+                    source: std::io::Error::new(
+                        std::io::ErrorKind::NotFound,
+                        format!("shard listed in {} is missing", weights.display()),
+                    ),
+                });
+            }
+            files.push(p);
+        }
+    }
+    Ok(Some(files))
 }
 
 /// Builds the backbone a spec names: a known model name (`gpt2`..`gpt2-xl`,

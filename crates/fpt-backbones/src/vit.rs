@@ -10,6 +10,12 @@
 //! attention.attention.{query,key,value}, attention.output.dense, layernorm_after,
 //! intermediate.dense, output.dense}`, `layernorm`, `pooler.dense` (unused), with or
 //! without a `vit.` prefix. fpt's position table is `fpt.position_embeddings.weight`.
+//!
+//! timm checkpoints (the reference code's `vit_base_patch16_224`; a `config.json` with an
+//! `architecture` such as `vit_base_patch16_224` and no `model_type`) load too: their
+//! `blocks.N.{norm1, attn.qkv, attn.proj, norm2, mlp.fc1, mlp.fc2}` and `norm` are mapped to
+//! the names above, the fused `qkv` split into query, key and value (timm's LayerNorm eps
+//! is 1e-6).
 
 use crate::{role_by_rules, Backbone, BackboneError, ParamSpec, ParamTaker, Result};
 use candle_core::{DType, Device, Tensor};
@@ -79,6 +85,9 @@ pub struct VitConfig {
     /// `vit`.
     #[serde(default)]
     pub model_type: Option<String>,
+    /// The checkpoint uses timm's names.
+    #[serde(skip)]
+    pub timm: bool,
 }
 
 impl VitConfig {
@@ -99,9 +108,64 @@ impl VitConfig {
                 hidden_dropout_prob: 0.0,
                 attention_probs_dropout_prob: 0.0,
                 model_type: Some("vit".into()),
+                timm: false,
             }),
             _ => None,
         }
+    }
+
+    /// A timm `config.json`: `architecture` (`vit_{tiny,small,base,large}_patch{16,32}_{224,384}`,
+    /// optionally with a `.tag`), overridden by `model_args` (`embed_dim`, `depth`,
+    /// `num_heads`, `mlp_ratio`, `img_size`, `patch_size`) where present.
+    pub fn from_timm_json(v: &serde_json::Value, path: &Path) -> Result<Self> {
+        let bad = |msg: String| BackboneError::Config {
+            path: path.to_path_buf(),
+            msg,
+        };
+        let arch = v["architecture"]
+            .as_str()
+            .ok_or_else(|| bad("missing field `architecture`".into()))?;
+        let base = arch.split('.').next().unwrap_or(arch);
+        let parts: Vec<&str> = base.split('_').collect();
+        let (width, depth, heads) = match parts.get(1).copied() {
+            Some("tiny") => (192, 12, 3),
+            Some("small") => (384, 12, 6),
+            Some("base") => (768, 12, 12),
+            Some("large") => (1024, 24, 16),
+            _ => {
+                return Err(bad(format!(
+                    "timm architecture `{arch}` is not supported (vit_tiny/small/base/large_patchP_S)"
+                )))
+            }
+        };
+        let patch = parts
+            .get(2)
+            .and_then(|p| p.strip_prefix("patch"))
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(16);
+        let img = parts.get(3).and_then(|p| p.parse().ok()).unwrap_or(224);
+        let a = &v["model_args"];
+        let get = |k: &str, d: usize| a.get(k).and_then(|x| x.as_u64()).map_or(d, |x| x as usize);
+        let hidden = get("embed_dim", width);
+        let mlp_ratio = a.get("mlp_ratio").and_then(|x| x.as_f64()).unwrap_or(4.0);
+        let cfg = Self {
+            hidden_size: hidden,
+            num_hidden_layers: get("depth", depth),
+            num_attention_heads: get("num_heads", heads),
+            intermediate_size: (hidden as f64 * mlp_ratio) as usize,
+            image_size: get("img_size", img),
+            patch_size: get("patch_size", patch),
+            num_channels: 3,
+            layer_norm_eps: 1e-6,
+            hidden_act: "gelu".into(),
+            qkv_bias: true,
+            hidden_dropout_prob: 0.0,
+            attention_probs_dropout_prob: 0.0,
+            model_type: Some("vit".into()),
+            timm: true,
+        };
+        cfg.validate().map_err(bad)?;
+        Ok(cfg)
     }
 
     /// Parses and checks a `config.json` text (`path` names it in errors).
@@ -288,15 +352,19 @@ impl Vit {
             .into_iter()
             .filter(|s| !s.name.starts_with("fpt."))
             .collect();
-        let mut tensors = crate::read_checked(
-            weights,
-            &specs,
-            &["vit."],
-            &|n: &str| n.to_string(),
-            &|_| false,
-            &["classifier.", "pooler."],
-            device,
-        )?;
+        let mut tensors = if config.timm {
+            Self::read_timm(config, weights, device)?
+        } else {
+            crate::read_checked(
+                weights,
+                &specs,
+                &["vit."],
+                &|n: &str| n.to_string(),
+                &|_| false,
+                &["classifier.", "pooler."],
+                device,
+            )?
+        };
         tensors.insert(
             "fpt.position_embeddings.weight".into(),
             Tensor::zeros((FPT_POSITIONS, config.hidden_size), DType::F32, device)?,
@@ -304,6 +372,84 @@ impl Vit {
         let mut m = Self::assemble(config, tensors, groups)?;
         m.origin = weights.display().to_string();
         Ok(m)
+    }
+
+    /// Reads a timm checkpoint, checked, under the HF names.
+    fn read_timm(config: &VitConfig, weights: &Path, device: &Device) -> Result<HashMap<String, Tensor>> {
+        let (c, f) = (config.hidden_size, config.intermediate_size);
+        let spec = |name: String, shape: Vec<usize>| ParamSpec {
+            name,
+            shape,
+            role: Role::Other,
+            used: true,
+        };
+        let mut specs = vec![spec("norm.weight".into(), vec![c]), spec("norm.bias".into(), vec![c])];
+        for i in 0..config.num_hidden_layers {
+            let b = format!("blocks.{i}.");
+            for (n, shape) in [
+                ("norm1.weight", vec![c]),
+                ("norm1.bias", vec![c]),
+                ("attn.qkv.weight", vec![3 * c, c]),
+                ("attn.qkv.bias", vec![3 * c]),
+                ("attn.proj.weight", vec![c, c]),
+                ("attn.proj.bias", vec![c]),
+                ("norm2.weight", vec![c]),
+                ("norm2.bias", vec![c]),
+                ("mlp.fc1.weight", vec![f, c]),
+                ("mlp.fc1.bias", vec![f]),
+                ("mlp.fc2.weight", vec![c, f]),
+                ("mlp.fc2.bias", vec![c]),
+            ] {
+                specs.push(spec(format!("{b}{n}"), shape));
+            }
+        }
+        let quiet = ["cls_token", "pos_embed", "patch_embed.", "head.", "fc_norm."];
+        let mut t = crate::read_checked(
+            weights,
+            &specs,
+            &[],
+            &|n: &str| n.to_string(),
+            &|_| false,
+            &quiet,
+            device,
+        )?;
+        let mut out = HashMap::new();
+        let mut take = |from: String, to: String| {
+            let x = t.remove(&from).expect("checked above");
+            out.insert(to, x);
+        };
+        take("norm.weight".into(), "layernorm.weight".into());
+        take("norm.bias".into(), "layernorm.bias".into());
+        for i in 0..config.num_hidden_layers {
+            let (b, h) = (format!("blocks.{i}."), format!("encoder.layer.{i}."));
+            for (from, to) in [
+                ("norm1", "layernorm_before"),
+                ("attn.proj", "attention.output.dense"),
+                ("norm2", "layernorm_after"),
+                ("mlp.fc1", "intermediate.dense"),
+                ("mlp.fc2", "output.dense"),
+            ] {
+                for p in ["weight", "bias"] {
+                    take(format!("{b}{from}.{p}"), format!("{h}{to}.{p}"));
+                }
+            }
+        }
+        for i in 0..config.num_hidden_layers {
+            let (b, h) = (format!("blocks.{i}."), format!("encoder.layer.{i}."));
+            let w = t.remove(&format!("{b}attn.qkv.weight")).expect("checked above");
+            let bias = t.remove(&format!("{b}attn.qkv.bias")).expect("checked above");
+            for (k, n) in ["query", "key", "value"].iter().enumerate() {
+                out.insert(
+                    format!("{h}attention.attention.{n}.weight"),
+                    w.narrow(0, k * c, c)?.contiguous()?,
+                );
+                out.insert(
+                    format!("{h}attention.attention.{n}.bias"),
+                    bias.narrow(0, k * c, c)?.contiguous()?,
+                );
+            }
+        }
+        Ok(out)
     }
 
     /// Random init: weights N(0, 0.02), biases 0, LayerNorm 1/0, fpt's positions 0.

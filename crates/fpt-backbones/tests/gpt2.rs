@@ -254,3 +254,45 @@ fn offline_and_uncached_names_model_and_fetch_command() {
         "{e}"
     );
 }
+
+#[test]
+fn sharded_checkpoints_load_and_missing_shards_are_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::copy(fixture().join("config.json"), tmp.path().join("config.json")).unwrap();
+    let all = safetensors::load(fixture().join("model.safetensors"), &Device::Cpu).unwrap();
+    let (mut a, mut b) = (HashMap::new(), HashMap::new());
+    let mut map = serde_json::Map::new();
+    for (k, v) in all {
+        let first = k.starts_with("h.0.") || k.starts_with("w");
+        let file = if first {
+            "model-00001-of-00002.safetensors"
+        } else {
+            "model-00002-of-00002.safetensors"
+        };
+        map.insert(k.clone(), file.into());
+        if first {
+            a.insert(k, v);
+        } else {
+            b.insert(k, v);
+        }
+    }
+    safetensors::save(&a, tmp.path().join("model-00001-of-00002.safetensors")).unwrap();
+    safetensors::save(&b, tmp.path().join("model-00002-of-00002.safetensors")).unwrap();
+    let index = serde_json::json!({"metadata": {}, "weight_map": map});
+    std::fs::write(tmp.path().join("model.safetensors.index.json"), index.to_string()).unwrap();
+    let files = fpt_backbones::hub::resolve(tmp.path().to_str().unwrap(), true).unwrap();
+    let cfg = Gpt2Config::from_file(&files.config).unwrap();
+    let model = Gpt2::load(&cfg, files.weights.as_ref().unwrap(), &TrainGroups::fpt(), &Device::Cpu).unwrap();
+    let g = golden();
+    let out = model.forward(&g["inputs_embeds"], &mut Ctx::eval()).unwrap();
+    assert!(max_diff(&out, &g["last_hidden_state"]) <= 1e-4);
+    std::fs::remove_file(tmp.path().join("model-00002-of-00002.safetensors")).unwrap();
+    let e = Gpt2::load(&cfg, files.weights.as_ref().unwrap(), &TrainGroups::fpt(), &Device::Cpu)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        e.contains("model-00002-of-00002.safetensors") && e.contains("missing"),
+        "{e}"
+    );
+}

@@ -224,3 +224,22 @@ fn longformer_matches_transformers_with_its_sliding_window() {
     let total: usize = c.param_specs().iter().map(|s| s.numel()).sum();
     assert_eq!(total, 148_068_864); // LongformerModel(add_pooling_layer=False), as transformers counts it
 }
+
+#[test]
+fn timm_vit_checkpoints_load_under_hf_names() {
+    let dir = fixture("vit-timm-tiny");
+    let m = load(&dir);
+    assert_eq!(m.architecture(), "vit");
+    let g = safetensors::load(dir.join("golden.safetensors"), &Device::Cpu).unwrap();
+    let (_, _, pos) = m
+        .params()
+        .into_iter()
+        .find(|(n, _, _)| n == "fpt.position_embeddings.weight")
+        .unwrap();
+    let pos = pos.var().unwrap().clone();
+    let rows = g["fpt_positions"].dim(0).unwrap();
+    let rest = Tensor::zeros((1024 - rows, 32), candle_core::DType::F32, &Device::Cpu).unwrap();
+    pos.set(&Tensor::cat(&[&g["fpt_positions"], &rest], 0).unwrap())
+        .unwrap();
+    check_golden(m.as_ref(), &dir, &[]);
+}

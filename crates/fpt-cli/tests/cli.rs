@@ -193,3 +193,93 @@ fn bad_input_gets_clear_errors() {
         "a failed run must not leave a run directory"
     );
 }
+
+fn fixture_copy(name: &str) -> tempfile::TempDir {
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../data/fixtures")
+        .join(name);
+    let tmp = tempfile::tempdir().unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(src.join(f), tmp.path().join(f)).unwrap();
+    }
+    tmp
+}
+
+/// A bad checkpoint is one line on stderr naming the file or tensor, and a non-zero exit.
+fn one_line_error(dir: &std::path::Path, needles: &[&str]) {
+    let out_dir = tempfile::tempdir().unwrap();
+    let out = fpt(&[
+        "train",
+        "--task",
+        "bit-xor",
+        "--backbone",
+        dir.to_str().unwrap(),
+        "--init",
+        "pretrained",
+        "--steps",
+        "1",
+        "--out",
+        out_dir.path().join("run").to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.trim().lines().count(), 1, "expected one line:\n{err}");
+    for n in needles {
+        assert!(err.contains(n), "stderr lacks `{n}`: {err}");
+    }
+    assert!(!out_dir.path().join("run").exists());
+}
+
+#[test]
+fn bad_checkpoints_are_one_clear_line() {
+    // Truncated weights.
+    let d = fixture_copy("gpt2-tiny");
+    let w = d.path().join("model.safetensors");
+    let bytes = std::fs::read(&w).unwrap();
+    std::fs::write(&w, &bytes[..bytes.len() / 3]).unwrap();
+    one_line_error(d.path(), &["model.safetensors", "not a valid safetensors"]);
+    // A config with a missing field.
+    let d = fixture_copy("bert-tiny");
+    let c = d.path().join("config.json");
+    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&c).unwrap()).unwrap();
+    v.as_object_mut().unwrap().remove("hidden_size");
+    std::fs::write(&c, v.to_string()).unwrap();
+    one_line_error(d.path(), &["config.json", "hidden_size"]);
+    // A tensor of the wrong shape.
+    let d = fixture_copy("t5-tiny");
+    let w = d.path().join("model.safetensors");
+    let mut t = candle_core::safetensors::load(&w, &candle_core::Device::Cpu).unwrap();
+    t.insert(
+        "encoder.final_layer_norm.weight".into(),
+        candle_core::Tensor::zeros(31, candle_core::DType::F32, &candle_core::Device::Cpu).unwrap(),
+    );
+    candle_core::safetensors::save(&t, &w).unwrap();
+    one_line_error(d.path(), &["encoder.final_layer_norm.weight", "[31]", "[32]"]);
+}
+
+#[test]
+fn inspect_works_for_every_backbone() {
+    for (id, arch, total) in [
+        ("gpt2-large", "gpt2", 774_030_080u64),
+        ("bert-base-uncased", "bert", 109_482_240),
+        ("sentence-transformers/all-MiniLM-L6-v2", "bert", 22_713_216),
+        ("t5-base", "t5", 109_628_544),
+        ("allenai/longformer-base-4096", "longformer", 148_068_864),
+    ] {
+        let v = json(&fpt(&["inspect", "--backbone", id, "--json"]));
+        assert_eq!(v["architecture"], arch, "{id}");
+        assert_eq!(v["backbone_total"], total, "{id}");
+    }
+    let v = json(&fpt(&[
+        "inspect",
+        "--backbone",
+        "google/vit-base-patch16-224-in21k",
+        "--task",
+        "bit-memory",
+        "--json",
+    ]));
+    assert_eq!(v["architecture"], "vit");
+    assert_eq!(v["by_role"]["positions"]["trainable"], 1024 * 768);
+    let text = fpt(&["inspect", "--backbone", "t5-base"]);
+    assert!(String::from_utf8_lossy(&text.stdout).contains("relative-position buckets"));
+}
