@@ -494,4 +494,12 @@ impl Backbone for Bert {
     fn origin(&self) -> &str {
         &self.origin
     }
+
+    fn truncate(&mut self, layers: usize) -> Result<()> {
+        crate::check_truncate(layers, self.config.num_hidden_layers)?;
+        self.layers.truncate(layers);
+        self.config.num_hidden_layers = layers;
+        crate::keep_layers(&mut self.named, layers);
+        Ok(())
+    }
 }

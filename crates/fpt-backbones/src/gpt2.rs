@@ -446,4 +446,12 @@ impl Backbone for Gpt2 {
     fn origin(&self) -> &str {
         &self.origin
     }
+
+    fn truncate(&mut self, layers: usize) -> Result<()> {
+        crate::check_truncate(layers, self.config.n_layer)?;
+        self.blocks.truncate(layers);
+        self.config.n_layer = layers;
+        crate::keep_layers(&mut self.named, layers);
+        Ok(())
+    }
 }

@@ -141,9 +141,13 @@ pub fn resolve(source: &str, want_weights: bool) -> Result<ModelFiles> {
                 Ok(p) => p,
                 // No single weights file: a sharded checkpoint (index + shards)?
                 Err(e) if *name == "model.safetensors" => {
-                    let index = api_repo
-                        .get("model.safetensors.index.json")
-                        .map_err(|_| failed(name, e.to_string()))?;
+                    let index = api_repo.get("model.safetensors.index.json").map_err(|_| {
+                        let why = format!(
+                            "{e}; if the repository only has pytorch_model.bin, fpt will not unpickle it: pick a revision \
+                             with safetensors (e.g. allenai/longformer-base-4096@refs/pr/7) or convert it in Python"
+                        );
+                        failed(name, why)
+                    })?;
                     let text = std::fs::read_to_string(&index)
                         .map_err(|e| failed("model.safetensors.index.json", e.to_string()))?;
                     let v: serde_json::Value = serde_json::from_str(&text)

@@ -154,6 +154,33 @@ pub trait Backbone: Send + Sync {
     fn set_dropout(&mut self, on: bool);
     /// Where the weights came from: a checkpoint path, or a description of the random init.
     fn origin(&self) -> &str;
+    /// Keeps only the first `layers` blocks (the final norm, where the architecture has one,
+    /// stays); their parameters leave [`Backbone::params`] and the counts.
+    fn truncate(&mut self, layers: usize) -> Result<()>;
+}
+
+/// The block index in a parameter name (`h.3.`, `encoder.layer.3.`, `encoder.block.3.`).
+pub fn layer_index(name: &str) -> Option<usize> {
+    let parts: Vec<&str> = name.split('.').collect();
+    parts.windows(2).find_map(|w| match w[0] {
+        "h" | "layer" | "block" | "blocks" => w[1].parse().ok(),
+        _ => None,
+    })
+}
+
+/// Checks a truncation request against a backbone's depth.
+pub(crate) fn check_truncate(layers: usize, have: usize) -> Result<()> {
+    if layers == 0 || layers > have {
+        return Err(BackboneError::Unsupported(format!(
+            "cannot keep {layers} of {have} layers (choose 1..={have})"
+        )));
+    }
+    Ok(())
+}
+
+/// Drops the named parameters of blocks `layers..`.
+pub(crate) fn keep_layers(named: &mut Vec<(String, Role, Param)>, layers: usize) {
+    named.retain(|(n, _, _)| layer_index(n).is_none_or(|i| i < layers));
 }
 
 /// A backbone's config, by architecture.

@@ -395,4 +395,12 @@ impl Backbone for T5Encoder {
     fn origin(&self) -> &str {
         &self.origin
     }
+
+    fn truncate(&mut self, layers: usize) -> Result<()> {
+        crate::check_truncate(layers, self.config.num_layers)?;
+        self.blocks.truncate(layers);
+        self.config.num_layers = layers;
+        crate::keep_layers(&mut self.named, layers);
+        Ok(())
+    }
 }

@@ -243,3 +243,27 @@ fn timm_vit_checkpoints_load_under_hf_names() {
         .unwrap();
     check_golden(m.as_ref(), &dir, &[]);
 }
+
+#[test]
+fn every_backbone_truncates_to_its_first_layers() {
+    for name in ["gpt2-tiny", "bert-tiny", "t5-tiny", "vit-tiny", "longformer-tiny"] {
+        let mut m = load(&fixture(name));
+        let before: usize = m.param_specs().iter().map(|s| s.numel()).sum();
+        let x = Tensor::randn(0f32, 1.0, (1, 5, 32), &Device::Cpu).unwrap();
+        assert!(m.truncate(0).is_err() && m.truncate(3).is_err(), "{name}");
+        m.truncate(1).unwrap();
+        assert_eq!(m.num_layers(), 1, "{name}");
+        let after: usize = m.param_specs().iter().map(|s| s.numel()).sum();
+        assert!(after < before, "{name}");
+        assert!(
+            m.params()
+                .iter()
+                .all(|(n, _, _)| fpt_backbones::layer_index(n).is_none_or(|i| i == 0)),
+            "{name}"
+        );
+        let materialised: usize = m.params().iter().map(|(_, _, p)| p.elem_count()).sum();
+        let used: usize = m.param_specs().iter().filter(|s| s.used).map(|s| s.numel()).sum();
+        assert_eq!(materialised, used, "{name}");
+        assert_eq!(m.forward(&x, &mut Ctx::eval()).unwrap().dims(), &[1, 5, 32]);
+    }
+}
