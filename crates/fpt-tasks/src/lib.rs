@@ -146,3 +146,55 @@ pub fn build(spec: &TaskSpec, seed: u64) -> Result<Box<dyn Task>> {
         )?),
     })
 }
+
+/// A task of given shapes with random inputs and labels, for benchmarks: its numbers mean
+/// nothing, its tensors have exactly the shapes of the real task.
+pub struct Synthetic {
+    dims: TaskDims,
+}
+
+impl Synthetic {
+    /// Random data of shapes `dims`.
+    pub fn new(dims: TaskDims) -> Self {
+        Self { dims }
+    }
+}
+
+impl Task for Synthetic {
+    fn name(&self) -> TaskName {
+        TaskName::BitXor
+    }
+    fn dims(&self) -> TaskDims {
+        self.dims
+    }
+    fn train_batch(&mut self, n: usize, rng: &mut Rng, device: &Device) -> Result<Batch> {
+        let d = self.dims;
+        let inputs = match d.input {
+            InputKind::Vectors { width } => Inputs::Vectors(Tensor::from_vec(
+                rng.normal_vec(n * d.seq_len * width, 0.0, 1.0),
+                (n, d.seq_len, width),
+                device,
+            )?),
+            InputKind::Tokens { vocab } => {
+                let ids: Vec<u32> = (0..n * d.seq_len).map(|_| rng.below(vocab as u64) as u32).collect();
+                Inputs::Tokens(Tensor::from_vec(ids, (n, d.seq_len), device)?)
+            }
+        };
+        let labels: Vec<u32> = (0..n * d.labels_per_example)
+            .map(|_| rng.below(d.classes as u64) as u32)
+            .collect();
+        Ok(Batch {
+            inputs,
+            labels: Tensor::from_vec(labels, (n, d.labels_per_example), device)?,
+        })
+    }
+    fn eval_len(&self, _split: Split) -> usize {
+        0
+    }
+    fn eval_batch(&self, split: Split, _start: usize, _n: usize, _device: &Device) -> Result<Batch> {
+        Err(TaskError::Invalid {
+            task: "synthetic",
+            msg: format!("has no {split:?} split (benchmark data only)"),
+        })
+    }
+}

@@ -31,6 +31,7 @@
 //! accuracy is within `convergence_tolerance` (default 0.01, absolute) of the run's best
 //! and stays within it at every later evaluation.
 
+pub mod bench;
 pub mod checkpoint;
 pub mod optim;
 
@@ -293,10 +294,16 @@ impl Trainer {
     /// Builds everything `spec` describes on `device`.
     pub fn new(spec: &RunSpec, device: &Device) -> Result<Self> {
         spec.validate()?;
+        Self::with_task(spec, fpt_tasks::build(&spec.task, spec.train.seed)?, device)
+    }
+
+    /// Builds the run of `spec` on another task than the one it names (benchmarks use
+    /// [`fpt_tasks::Synthetic`]).
+    pub fn with_task(spec: &RunSpec, task: Box<dyn Task>, device: &Device) -> Result<Self> {
+        spec.validate()?;
         let t = &spec.train;
         let master = Rng::new(t.seed);
         let mut init_rng = master.fork("init");
-        let task = fpt_tasks::build(&spec.task, t.seed)?;
         let mut backbone = fpt_backbones::load(&spec.backbone, &spec.train_groups, device, &mut init_rng)?;
         backbone.set_dropout(spec.backbone_dropout);
         let weights = backbone.origin().to_string();

@@ -204,3 +204,17 @@ fn nothing_to_train_is_an_error() {
     assert!(e.contains("nothing to train"), "{e}");
     let _ = Tensor::zeros(1, candle_core::DType::F32, &Device::Cpu);
 }
+
+#[test]
+fn bench_times_the_tiny_shape_and_counts_c10_flops() {
+    use fpt_train::bench;
+    let c10 = bench::shape("c10").unwrap();
+    // ~360 GFLOP for forward plus activation-only backward (the estimate).
+    let gflop = c10.step_flops(false) / 1e9;
+    assert!((gflop - 355.5).abs() < 1.0, "{gflop}");
+    assert!(c10.step_flops(true) > c10.step_flops(false));
+    let r = bench::run(&bench::shape("tiny").unwrap(), 1, 2, true, &Device::Cpu).unwrap();
+    assert!(r.ours_ms > 0.0 && r.full_ms.unwrap() > 0.0 && r.peak_gflops > 0.0);
+    assert!((r.peak_fraction - r.gflops / r.peak_gflops).abs() < 1e-12);
+    assert!(bench::shape("nope").is_none());
+}
