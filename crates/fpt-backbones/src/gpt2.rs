@@ -115,15 +115,7 @@ impl Gpt2Config {
 
     /// Parses and checks a `config.json` text (`path` names it in errors).
     pub fn from_json(text: &str, path: &Path) -> Result<Self> {
-        let cfg: Self = serde_json::from_str(text).map_err(|e| BackboneError::Config {
-            path: path.to_path_buf(),
-            msg: e.to_string(),
-        })?;
-        cfg.validate().map_err(|msg| BackboneError::Config {
-            path: path.to_path_buf(),
-            msg,
-        })?;
-        Ok(cfg)
+        crate::parse_config(text, path, Self::validate)
     }
 
     fn validate(&self) -> std::result::Result<(), String> {

@@ -348,6 +348,21 @@ impl Config {
     }
 }
 
+/// Parses a `config.json` text into `T` and checks it; errors name `path`.
+pub(crate) fn parse_config<T: serde::de::DeserializeOwned>(
+    text: &str,
+    path: &Path,
+    validate: impl Fn(&T) -> std::result::Result<(), String>,
+) -> Result<T> {
+    let err = |msg: String| BackboneError::Config {
+        path: path.to_path_buf(),
+        msg,
+    };
+    let cfg: T = serde_json::from_str(text).map_err(|e| err(e.to_string()))?;
+    validate(&cfg).map_err(err)?;
+    Ok(cfg)
+}
+
 /// Turns named tensors into [`Param`]s (trainable or frozen by role) and records them.
 pub(crate) struct ParamTaker<'a> {
     tensors: std::collections::HashMap<String, Tensor>,
