@@ -25,86 +25,7 @@ from safetensors.torch import save_file
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "fixtures")
 
 
-def gpt2_tiny():
-    out = os.path.join(ROOT, "gpt2-tiny")
-    os.makedirs(out, exist_ok=True)
-    torch.manual_seed(0)
-    cfg = transformers.GPT2Config(
-        vocab_size=50, n_positions=16, n_embd=32, n_layer=2, n_head=4,
-        resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.1, layer_norm_epsilon=1e-5,
-    )
-    model = transformers.GPT2Model(cfg)
-    # Perturb every tensor (LayerNorm and biases included) so the test exercises all of them.
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.1)
-    model.save_pretrained(out, safe_serialization=True)
-    model.eval()
-
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(2, 7, 32, generator=g, requires_grad=True)
-    r = torch.randn(2, 7, 32, generator=g)
-    res = model(inputs_embeds=x, output_hidden_states=True, return_dict=True)
-    loss = (res.last_hidden_state * r).sum()
-    loss.backward()
-    named = dict(model.named_parameters())
-    tensors = {
-        "inputs_embeds": x.detach(),
-        "loss_weights": r,
-        "last_hidden_state": res.last_hidden_state.detach(),
-        "grad.inputs_embeds": x.grad,
-        "grad.wpe.weight": named["wpe.weight"].grad,
-        "grad.h.0.ln_1.weight": named["h.0.ln_1.weight"].grad,
-        "grad.h.1.ln_2.bias": named["h.1.ln_2.bias"].grad,
-        "grad.ln_f.weight": named["ln_f.weight"].grad,
-    }
-    for i, h in enumerate(res.hidden_states):
-        tensors[f"hidden_states.{i}"] = h.detach()
-    save_file({k: v.clone().contiguous() for k, v in tensors.items()}, os.path.join(out, "golden.safetensors"))
-    with open(os.path.join(out, "MADE_BY.json"), "w") as f:
-        json.dump({"script": "tools/make_fixtures.py", "torch": torch.__version__,
-                   "transformers": transformers.__version__, "python": sys.version.split()[0]}, f, indent=1)
-    print("wrote", out)
-
-
-def bert_tiny():
-    out = os.path.join(ROOT, "bert-tiny")
-    os.makedirs(out, exist_ok=True)
-    torch.manual_seed(0)
-    cfg = transformers.BertConfig(
-        vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-        max_position_embeddings=16, type_vocab_size=2, layer_norm_eps=1e-12, hidden_act="gelu",
-    )
-    model = transformers.BertModel(cfg)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.1)
-    model.save_pretrained(out, safe_serialization=True)
-    model.eval()
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(2, 7, 32, generator=g, requires_grad=True)
-    r = torch.randn(2, 7, 32, generator=g)
-    res = model(inputs_embeds=x, return_dict=True)
-    (res.last_hidden_state * r).sum().backward()
-    named = dict(model.named_parameters())
-    tensors = {
-        "inputs_embeds": x.detach(),
-        "loss_weights": r,
-        "last_hidden_state": res.last_hidden_state.detach(),
-        "grad.inputs_embeds": x.grad,
-        "grad.embeddings.position_embeddings.weight": named["embeddings.position_embeddings.weight"].grad,
-        "grad.embeddings.LayerNorm.weight": named["embeddings.LayerNorm.weight"].grad,
-        "grad.encoder.layer.0.attention.output.LayerNorm.bias": named["encoder.layer.0.attention.output.LayerNorm.bias"].grad,
-        "grad.encoder.layer.1.output.LayerNorm.weight": named["encoder.layer.1.output.LayerNorm.weight"].grad,
-    }
-    save_file({k: v.clone().contiguous() for k, v in tensors.items()}, os.path.join(out, "golden.safetensors"))
-    with open(os.path.join(out, "MADE_BY.json"), "w") as f:
-        json.dump({"script": "tools/make_fixtures.py", "torch": torch.__version__,
-                   "transformers": transformers.__version__, "python": sys.version.split()[0]}, f, indent=1)
-    print("wrote", out)
-
-
-def _golden(out, model, x, r, last, named_grads, leaves=None):
+def _golden(out, model, x, r, last, named_grads, leaves=None, extra=None):
     """Saves input, output and the gradients of sum(last * r); `leaves` are extra inputs
     (name -> tensor with requires_grad) saved with their gradients."""
     (last * r).sum().backward()
@@ -118,6 +39,7 @@ def _golden(out, model, x, r, last, named_grads, leaves=None):
     for n, t in (leaves or {}).items():
         tensors[n] = t.detach()
         tensors[f"grad.{n}"] = t.grad
+    tensors.update(extra or {})
     save_file({k: v.clone().contiguous() for k, v in tensors.items()}, os.path.join(out, "golden.safetensors"))
     with open(os.path.join(out, "MADE_BY.json"), "w") as f:
         json.dump({"script": "tools/make_fixtures.py", "torch": torch.__version__,
@@ -131,6 +53,46 @@ def _perturbed(model, out):
             p.add_(torch.randn_like(p) * 0.1)
     model.save_pretrained(out, safe_serialization=True)
     return model.eval()
+
+
+def gpt2_tiny():
+    out = os.path.join(ROOT, "gpt2-tiny")
+    os.makedirs(out, exist_ok=True)
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(
+        vocab_size=50, n_positions=16, n_embd=32, n_layer=2, n_head=4,
+        resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.1, layer_norm_epsilon=1e-5,
+    )
+    # Every tensor (LayerNorm and biases included) perturbed, so the test exercises all of them.
+    model = _perturbed(transformers.GPT2Model(cfg), out)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 7, 32, generator=g, requires_grad=True)
+    r = torch.randn(2, 7, 32, generator=g)
+    res = model(inputs_embeds=x, output_hidden_states=True, return_dict=True)
+    hidden = {f"hidden_states.{i}": h.detach() for i, h in enumerate(res.hidden_states)}
+    _golden(out, model, x, r, res.last_hidden_state,
+            ["wpe.weight", "h.0.ln_1.weight", "h.1.ln_2.bias", "ln_f.weight"], extra=hidden)
+
+
+def bert_tiny():
+    out = os.path.join(ROOT, "bert-tiny")
+    os.makedirs(out, exist_ok=True)
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(
+        vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+        max_position_embeddings=16, type_vocab_size=2, layer_norm_eps=1e-12, hidden_act="gelu",
+    )
+    model = _perturbed(transformers.BertModel(cfg), out)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 7, 32, generator=g, requires_grad=True)
+    r = torch.randn(2, 7, 32, generator=g)
+    last = model(inputs_embeds=x, return_dict=True).last_hidden_state
+    _golden(out, model, x, r, last, [
+        "embeddings.position_embeddings.weight",
+        "embeddings.LayerNorm.weight",
+        "encoder.layer.0.attention.output.LayerNorm.bias",
+        "encoder.layer.1.output.LayerNorm.weight",
+    ])
 
 
 def t5_tiny():

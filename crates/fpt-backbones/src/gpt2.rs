@@ -423,27 +423,5 @@ impl Backbone for Gpt2 {
         self.ln_f.forward(&h)
     }
 
-    fn params(&self) -> Vec<(String, Role, &Param)> {
-        self.named.iter().map(|(n, r, p)| (n.clone(), *r, p)).collect()
-    }
-
-    fn param_specs(&self) -> Vec<ParamSpec> {
-        self.config.param_specs()
-    }
-
-    fn set_dropout(&mut self, on: bool) {
-        self.dropout = on;
-    }
-
-    fn origin(&self) -> &str {
-        &self.origin
-    }
-
-    fn truncate(&mut self, layers: usize) -> Result<()> {
-        crate::check_truncate(layers, self.config.n_layer)?;
-        self.blocks.truncate(layers);
-        self.config.n_layer = layers;
-        crate::keep_layers(&mut self.named, layers);
-        Ok(())
-    }
+    crate::backbone_common!(blocks, n_layer);
 }

@@ -159,6 +159,38 @@ pub trait Backbone: Send + Sync {
     fn truncate(&mut self, layers: usize) -> Result<()>;
 }
 
+/// The `Backbone` methods every architecture implements the same way, for a struct with
+/// `config`, `named`, `dropout` and `origin` fields: `backbone_common!(blocks, depth)` names
+/// the field holding the blocks and the config field holding their count.
+macro_rules! backbone_common {
+    ($blocks:ident, $depth:ident) => {
+        fn params(&self) -> Vec<(String, Role, &Param)> {
+            self.named.iter().map(|(n, r, p)| (n.clone(), *r, p)).collect()
+        }
+
+        fn param_specs(&self) -> Vec<ParamSpec> {
+            self.config.param_specs()
+        }
+
+        fn set_dropout(&mut self, on: bool) {
+            self.dropout = on;
+        }
+
+        fn origin(&self) -> &str {
+            &self.origin
+        }
+
+        fn truncate(&mut self, layers: usize) -> Result<()> {
+            crate::check_truncate(layers, self.config.$depth)?;
+            self.$blocks.truncate(layers);
+            self.config.$depth = layers;
+            crate::keep_layers(&mut self.named, layers);
+            Ok(())
+        }
+    };
+}
+pub(crate) use backbone_common;
+
 /// The block index in a parameter name (`h.3.`, `encoder.layer.3.`, `encoder.block.3.`).
 pub fn layer_index(name: &str) -> Option<usize> {
     let parts: Vec<&str> = name.split('.').collect();

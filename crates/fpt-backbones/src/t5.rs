@@ -372,27 +372,5 @@ impl Backbone for T5Encoder {
         drop(ctx, &rms_norm(&h, self.final_ln.tensor(), eps)?)
     }
 
-    fn params(&self) -> Vec<(String, Role, &Param)> {
-        self.named.iter().map(|(n, r, p)| (n.clone(), *r, p)).collect()
-    }
-
-    fn param_specs(&self) -> Vec<ParamSpec> {
-        self.config.param_specs()
-    }
-
-    fn set_dropout(&mut self, on: bool) {
-        self.dropout = on;
-    }
-
-    fn origin(&self) -> &str {
-        &self.origin
-    }
-
-    fn truncate(&mut self, layers: usize) -> Result<()> {
-        crate::check_truncate(layers, self.config.num_layers)?;
-        self.blocks.truncate(layers);
-        self.config.num_layers = layers;
-        crate::keep_layers(&mut self.named, layers);
-        Ok(())
-    }
+    crate::backbone_common!(blocks, num_layers);
 }

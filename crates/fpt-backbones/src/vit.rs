@@ -514,27 +514,5 @@ impl Backbone for Vit {
         self.ln.forward(&h)
     }
 
-    fn params(&self) -> Vec<(String, Role, &Param)> {
-        self.named.iter().map(|(n, r, p)| (n.clone(), *r, p)).collect()
-    }
-
-    fn param_specs(&self) -> Vec<ParamSpec> {
-        self.config.param_specs()
-    }
-
-    fn set_dropout(&mut self, on: bool) {
-        self.dropout = on;
-    }
-
-    fn origin(&self) -> &str {
-        &self.origin
-    }
-
-    fn truncate(&mut self, layers: usize) -> Result<()> {
-        crate::check_truncate(layers, self.config.num_hidden_layers)?;
-        self.layers.truncate(layers);
-        self.config.num_hidden_layers = layers;
-        crate::keep_layers(&mut self.named, layers);
-        Ok(())
-    }
+    crate::backbone_common!(layers, num_hidden_layers);
 }

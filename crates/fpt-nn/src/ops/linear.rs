@@ -36,6 +36,8 @@ fn gemm_into<T: WithDType>(
 ) {
     debug_assert!(dst.len() >= m * n && lhs.len() >= m * k && rhs.len() >= k * n);
     let threads = crate::num_threads();
+    // Below ~2M multiply-adds (a few tens of microseconds) handing work to rayon costs more
+    // than it saves.
     let par = if threads > 1 && m * n * k >= 1 << 21 {
         gemm::Parallelism::Rayon(threads)
     } else {
