@@ -428,7 +428,7 @@ impl Backbone for Bert {
 
     fn forward(&self, embeds: &Tensor, ctx: &mut Ctx) -> candle_core::Result<Tensor> {
         let c = &self.config;
-        let (b, t, width) = embeds.dims3()?;
+        let (_, t, width) = embeds.dims3()?;
         if width != c.hidden_size {
             candle_core::bail!(
                 "{}: input width {width} does not match hidden_size {}",
@@ -454,14 +454,9 @@ impl Backbone for Bert {
         let mut h = drop(ctx, &self.emb_ln.forward(&h)?, c.hidden_dropout_prob)?;
         let (nh, hd) = (c.num_attention_heads, width / c.num_attention_heads);
         for l in &self.layers {
-            let heads =
-                |x: Tensor| -> candle_core::Result<Tensor> { x.reshape((b, t, nh, hd))?.transpose(1, 2)?.contiguous() };
-            let q = heads(l.query.forward(&h)?)?;
-            let k = heads(l.key.forward(&h)?)?;
-            let v = heads(l.value.forward(&h)?)?;
-            let probs = ops::masked_softmax(&q.matmul(&k.t()?)?, 1.0 / (hd as f64).sqrt(), mask)?;
-            let probs = drop(ctx, &probs, c.attention_probs_dropout_prob)?;
-            let o = probs.matmul(&v)?.transpose(1, 2)?.reshape((b, t, width))?;
+            let (q, k, v) = (l.query.forward(&h)?, l.key.forward(&h)?, l.value.forward(&h)?);
+            let dropout = self.dropout.then_some((&mut *ctx, c.attention_probs_dropout_prob));
+            let o = crate::attention(&q, &k, &v, nh, 1.0 / (hd as f64).sqrt(), mask, None, dropout)?;
             let a = drop(ctx, &l.attn_out.forward(&o)?, c.hidden_dropout_prob)?;
             let h1 = l.attn_ln.forward(&(a + &h)?)?;
             let m = ops::gelu_erf(&l.intermediate.forward(&h1)?)?;

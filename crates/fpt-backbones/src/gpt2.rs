@@ -349,20 +349,13 @@ impl Gpt2 {
 
     fn block_forward(&self, i: usize, b: &Block, h: &Tensor, ctx: &mut Ctx) -> candle_core::Result<Tensor> {
         let c = &self.config;
-        let (bsz, t, width) = h.dims3()?;
+        let width = h.dim(2)?;
         let (nh, hd) = (c.n_head, width / c.n_head);
         let drop = |ctx: &mut Ctx, x: &Tensor, p: f64| if self.dropout { ctx.dropout(x, p) } else { Ok(x.clone()) };
 
         let a = b.ln_1.forward(h)?;
         let qkv = b.c_attn.forward(&a)?; // [b, t, 3c]
-        let heads = |k: usize| -> candle_core::Result<Tensor> {
-            qkv.narrow(2, k * width, width)?
-                .reshape((bsz, t, nh, hd))?
-                .transpose(1, 2)?
-                .contiguous()
-        };
-        let (q, k, v) = (heads(0)?, heads(1)?, heads(2)?);
-        let scores = q.matmul(&k.t()?)?; // [b, nh, t, t]
+        let part = |k: usize| qkv.narrow(2, k * width, width);
         let mut scale = if c.scale_attn_weights {
             1.0 / (hd as f64).sqrt()
         } else {
@@ -371,9 +364,17 @@ impl Gpt2 {
         if c.scale_attn_by_inverse_layer_idx {
             scale /= (i + 1) as f64;
         }
-        let probs = ops::masked_softmax(&scores, scale, ops::Mask::Causal)?;
-        let probs = drop(ctx, &probs, c.attn_pdrop)?;
-        let o = probs.matmul(&v)?.transpose(1, 2)?.reshape((bsz, t, width))?;
+        let dropout = self.dropout.then_some((&mut *ctx, c.attn_pdrop));
+        let o = crate::attention(
+            &part(0)?,
+            &part(1)?,
+            &part(2)?,
+            nh,
+            scale,
+            ops::Mask::Causal,
+            None,
+            dropout,
+        )?;
         let o = b.attn_proj.forward(&o)?;
         let h = (h + drop(ctx, &o, c.resid_pdrop)?)?;
 

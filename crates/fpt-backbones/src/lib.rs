@@ -191,6 +191,37 @@ macro_rules! backbone_common {
 }
 pub(crate) use backbone_common;
 
+/// Multi-head attention over projected `q, k, v: [b, t, heads * d]`: scores `q k^T`
+/// times `scale`, plus `bias` (`[1 or b, heads, t, t]`) where given, softmax over the keys
+/// `mask` leaves visible, probabilities dropped with `dropout` (context and rate) where
+/// given; returns `[b, t, heads * d]`.
+#[allow(clippy::too_many_arguments)] // q, k, v and the attention's settings; a struct would only rename them
+pub(crate) fn attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    heads: usize,
+    scale: f64,
+    mask: fpt_nn::ops::Mask,
+    bias: Option<&Tensor>,
+    dropout: Option<(&mut Ctx, f64)>,
+) -> candle_core::Result<Tensor> {
+    let (b, t, width) = q.dims3()?;
+    let d = width / heads;
+    let split = |x: &Tensor| x.reshape((b, t, heads, d))?.transpose(1, 2)?.contiguous();
+    let (q, k, v) = (split(q)?, split(k)?, split(v)?);
+    let scores = q.matmul(&k.t()?)?;
+    let probs = match bias {
+        Some(bias) => fpt_nn::ops::masked_softmax(&(scores * scale)?.broadcast_add(bias)?, 1.0, mask)?,
+        None => fpt_nn::ops::masked_softmax(&scores, scale, mask)?,
+    };
+    let probs = match dropout {
+        Some((ctx, p)) => ctx.dropout(&probs, p)?,
+        None => probs,
+    };
+    probs.matmul(&v)?.transpose(1, 2)?.reshape((b, t, width))
+}
+
 /// The block index in a parameter name (`h.3.`, `encoder.layer.3.`, `encoder.block.3.`).
 pub fn layer_index(name: &str) -> Option<usize> {
     let parts: Vec<&str> = name.split('.').collect();

@@ -336,7 +336,7 @@ impl Backbone for T5Encoder {
 
     fn forward(&self, embeds: &Tensor, ctx: &mut Ctx) -> candle_core::Result<Tensor> {
         let c = &self.config;
-        let (b, t, width) = embeds.dims3()?;
+        let (_, t, width) = embeds.dims3()?;
         if width != c.d_model {
             candle_core::bail!("t5: input width {width} does not match d_model {}", c.d_model)
         }
@@ -349,21 +349,14 @@ impl Backbone for T5Encoder {
         };
         let bias = self.position_bias(t)?.unsqueeze(0)?; // [1, heads, t, t]
         let eps = c.layer_norm_epsilon;
-        let (nh, dk) = (c.num_heads, c.d_kv);
+        let nh = c.num_heads;
         let mut h = drop(ctx, embeds)?;
         for blk in &self.blocks {
             let x = rms_norm(&h, blk.ln_attn.tensor(), eps)?;
-            let heads =
-                |y: Tensor| -> candle_core::Result<Tensor> { y.reshape((b, t, nh, dk))?.transpose(1, 2)?.contiguous() };
-            let (q, k, v) = (
-                heads(blk.q.forward(&x)?)?,
-                heads(blk.k.forward(&x)?)?,
-                heads(blk.v.forward(&x)?)?,
-            );
+            let (q, k, v) = (blk.q.forward(&x)?, blk.k.forward(&x)?, blk.v.forward(&x)?);
             // T5 does not scale scores by 1/sqrt(d_kv).
-            let scores = q.matmul(&k.t()?)?.broadcast_add(&bias)?;
-            let probs = drop(ctx, &ops::masked_softmax(&scores, 1.0, ops::Mask::None)?)?;
-            let o = probs.matmul(&v)?.transpose(1, 2)?.reshape((b, t, nh * dk))?;
+            let dropout = self.dropout.then_some((&mut *ctx, c.dropout_rate));
+            let o = crate::attention(&q, &k, &v, nh, 1.0, ops::Mask::None, Some(&bias), dropout)?;
             h = (&h + drop(ctx, &blk.o.forward(&o)?)?)?;
             let x = rms_norm(&h, blk.ln_ff.tensor(), eps)?;
             let m = drop(ctx, &blk.wi.forward(&x)?.relu()?)?;

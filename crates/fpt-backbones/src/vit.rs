@@ -480,7 +480,7 @@ impl Backbone for Vit {
 
     fn forward(&self, embeds: &Tensor, ctx: &mut Ctx) -> candle_core::Result<Tensor> {
         let c = &self.config;
-        let (b, t, width) = embeds.dims3()?;
+        let (_, t, width) = embeds.dims3()?;
         if width != c.hidden_size {
             candle_core::bail!("vit: input width {width} does not match hidden_size {}", c.hidden_size)
         }
@@ -496,16 +496,9 @@ impl Backbone for Vit {
         let (nh, hd) = (c.num_attention_heads, width / c.num_attention_heads);
         for l in &self.layers {
             let x = l.ln_before.forward(&h)?;
-            let heads =
-                |y: Tensor| -> candle_core::Result<Tensor> { y.reshape((b, t, nh, hd))?.transpose(1, 2)?.contiguous() };
-            let (q, k, v) = (
-                heads(l.query.forward(&x)?)?,
-                heads(l.key.forward(&x)?)?,
-                heads(l.value.forward(&x)?)?,
-            );
-            let probs = ops::masked_softmax(&q.matmul(&k.t()?)?, 1.0 / (hd as f64).sqrt(), ops::Mask::None)?;
-            let probs = drop(ctx, &probs, c.attention_probs_dropout_prob)?;
-            let o = probs.matmul(&v)?.transpose(1, 2)?.reshape((b, t, width))?;
+            let (q, k, v) = (l.query.forward(&x)?, l.key.forward(&x)?, l.value.forward(&x)?);
+            let dropout = self.dropout.then_some((&mut *ctx, c.attention_probs_dropout_prob));
+            let o = crate::attention(&q, &k, &v, nh, 1.0 / (hd as f64).sqrt(), ops::Mask::None, None, dropout)?;
             h = (drop(ctx, &l.attn_out.forward(&o)?, c.hidden_dropout_prob)? + &h)?;
             let x = l.ln_after.forward(&h)?;
             let m = ops::gelu_erf(&l.intermediate.forward(&x)?)?;
