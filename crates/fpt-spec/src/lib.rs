@@ -238,28 +238,73 @@ pub enum TaskName {
     BitXor,
     /// Bit Memory (paper §2.1): recall one of five 1000-bit strings from a masked copy.
     BitMemory,
+    /// ListOps (Long Range Arena): the value (0-9) of a nested MAX/MIN/MED/SM expression.
+    #[serde(rename = "listops")]
+    ListOps,
+    /// MNIST digits, 4x4 patches.
+    Mnist,
+    /// Fashion-MNIST (an extra task with MNIST's loader and shapes).
+    FashionMnist,
+    /// CIFAR-10, 4x4 RGB patches (64 tokens of width 48).
+    Cifar10,
+    /// CIFAR-10 LRA: grayscale, one pixel per token (1024 tokens of width 1).
+    Cifar10Lra,
+    /// Remote homology (TAPE): the SCOP fold (1195 classes) of a protein sequence.
+    Homology,
+    /// Your own sequence-classification data (`custom:PATH`, JSONL).
+    Custom,
 }
 
 impl TaskName {
     /// Every task, in the order the CLI lists them.
-    pub const ALL: [TaskName; 2] = [TaskName::BitXor, TaskName::BitMemory];
+    pub const ALL: [TaskName; 9] = [
+        TaskName::BitXor,
+        TaskName::BitMemory,
+        TaskName::ListOps,
+        TaskName::Mnist,
+        TaskName::FashionMnist,
+        TaskName::Cifar10,
+        TaskName::Cifar10Lra,
+        TaskName::Homology,
+        TaskName::Custom,
+    ];
 
     /// The name used on the command line and in files.
     pub fn as_str(self) -> &'static str {
         match self {
             TaskName::BitXor => "bit-xor",
             TaskName::BitMemory => "bit-memory",
+            TaskName::ListOps => "listops",
+            TaskName::Mnist => "mnist",
+            TaskName::FashionMnist => "fashion-mnist",
+            TaskName::Cifar10 => "cifar10",
+            TaskName::Cifar10Lra => "cifar10-lra",
+            TaskName::Homology => "homology",
+            TaskName::Custom => "custom",
         }
+    }
+
+    /// Whether the task generates fresh data for every batch (the bit tasks) rather than
+    /// reading a dataset.
+    pub fn is_generated(self) -> bool {
+        matches!(self, TaskName::BitXor | TaskName::BitMemory)
     }
 }
 
 impl FromStr for TaskName {
     type Err = SpecError;
     fn from_str(s: &str) -> Result<Self> {
+        let alias = match s {
+            "c10" | "cifar-10" => "cifar10",
+            "c10-lra" | "cifar-10-lra" => "cifar10-lra",
+            "remote-homology" => "homology",
+            "list-ops" => "listops",
+            other => other,
+        };
         TaskName::ALL
             .iter()
             .copied()
-            .find(|t| t.as_str() == s || t.as_str().replace('-', "_") == s)
+            .find(|t| t.as_str() == alias || t.as_str().replace('-', "_") == alias)
             .ok_or_else(|| SpecError::UnknownTask(s.to_string()))
     }
 }
@@ -267,6 +312,83 @@ impl FromStr for TaskName {
 impl fmt::Display for TaskName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+/// ListOps tokenization (REFERENCE.md §Tasks): the reference code's tokenizer dropped every
+/// bracket (LRA issues #6/#14); LRA's maintainers say brackets are required.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum Brackets {
+    /// Drop `(`, `)`, `[` and `]`: 14 tokens + padding = 15 ids (the reference code).
+    #[default]
+    Drop,
+    /// Keep the operators' `[` and the closing `]` (LRA's current pipeline): 16 ids.
+    Keep,
+}
+
+impl FromStr for Brackets {
+    type Err = SpecError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "drop" => Ok(Self::Drop),
+            "keep" => Ok(Self::Keep),
+            _ => Err(SpecError::Invalid {
+                field: "brackets",
+                msg: format!("`{s}` (expected drop or keep)"),
+            }),
+        }
+    }
+}
+
+/// MNIST image size: the reference code feeds 28x28 (49 patches), the paper says 32x32
+/// (64 patches, zero padding of 2 pixels on each side).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum ImageSize {
+    /// The images as stored (MNIST 28x28; the reference code).
+    #[default]
+    Native,
+    /// Zero-padded to 32x32 (the paper's text).
+    Pad32,
+}
+
+impl FromStr for ImageSize {
+    type Err = SpecError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "native" | "28" => Ok(Self::Native),
+            "pad32" | "32" => Ok(Self::Pad32),
+            _ => Err(SpecError::Invalid {
+                field: "image_size",
+                msg: format!("`{s}` (expected native or pad32)"),
+            }),
+        }
+    }
+}
+
+/// Dataset switches. Every default is the reference code's behaviour (the one that produced
+/// the paper's numbers); the README lists each switch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+pub struct DataOptions {
+    /// ListOps tokenization.
+    #[serde(default)]
+    pub brackets: Brackets,
+    /// MNIST / Fashion-MNIST image size.
+    #[serde(default)]
+    pub image_size: ImageSize,
+    /// Training augmentation for CIFAR-10 and CIFAR-10 LRA (random crop 32 with padding 4,
+    /// horizontal flip, rotation up to 20 degrees). `None` = on (the reference code).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub augment: Option<bool>,
+    /// Maximum tokens per sequence (ListOps 512, homology 1024, custom: the longest record).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_len: Option<usize>,
+}
+
+impl DataOptions {
+    fn is_default(&self) -> bool {
+        *self == Self::default()
     }
 }
 
@@ -281,18 +403,69 @@ pub struct TaskSpec {
     /// Bits per input token (bit tasks). `None` = the paper's value (XOR 1, Memory 50).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub patch: Option<usize>,
-    /// Number of held-out examples evaluated (bit tasks draw them once per seed).
+    /// Number of held-out examples evaluated. Bit tasks draw them once per seed; dataset
+    /// tasks take a fixed seeded sample of the evaluation split, 0 = the whole split.
     pub eval_examples: usize,
+    /// Where the data is: the `custom:PATH` file or directory, or a directory overriding
+    /// `$FPT_HOME/data/<task>` for the other dataset tasks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<std::path::PathBuf>,
+    /// Use only a fixed seeded sample of this many training examples (`None` = all).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub train_examples: Option<usize>,
+    /// Which split evaluation runs on (`None` = the reference code's choice: ListOps `val`,
+    /// homology `valid`, the others `test`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_split: Option<String>,
+    /// Dataset switches.
+    #[serde(default, skip_serializing_if = "DataOptions::is_default")]
+    pub data: DataOptions,
 }
 
 impl TaskSpec {
-    /// The paper's task with default sizes and 512 held-out examples.
+    /// The paper's task with default sizes; 512 held-out examples for the generated bit
+    /// tasks, the whole evaluation split for datasets.
     pub fn new(name: TaskName) -> Self {
         Self {
             name,
             n_bits: None,
             patch: None,
-            eval_examples: 512,
+            eval_examples: if name.is_generated() { 512 } else { 0 },
+            path: None,
+            train_examples: None,
+            eval_split: None,
+            data: DataOptions::default(),
+        }
+    }
+
+    /// Parses a task as written on the command line: a name (`mnist`), or `custom:PATH`.
+    pub fn parse(s: &str) -> Result<Self> {
+        if let Some(path) = s.strip_prefix("custom:") {
+            if path.is_empty() {
+                return Err(SpecError::Invalid {
+                    field: "task",
+                    msg: "`custom:` needs a path: custom:FILE.jsonl or custom:DIR".into(),
+                });
+            }
+            let mut t = Self::new(TaskName::Custom);
+            t.path = Some(path.into());
+            return Ok(t);
+        }
+        let name: TaskName = s.parse()?;
+        if name == TaskName::Custom {
+            return Err(SpecError::Invalid {
+                field: "task",
+                msg: "write the custom task as custom:PATH (a JSONL file or a directory of them)".into(),
+            });
+        }
+        Ok(Self::new(name))
+    }
+
+    /// The task as written on the command line (`custom:PATH` for custom data).
+    pub fn label(&self) -> String {
+        match (&self.name, &self.path) {
+            (TaskName::Custom, Some(p)) => format!("custom:{}", p.display()),
+            (n, _) => n.to_string(),
         }
     }
 }
@@ -610,8 +783,14 @@ impl RunSpec {
         if !(0.0..1.0).contains(&self.input_dropout) {
             return bad("input_dropout", "must be in [0, 1)");
         }
-        if self.task.eval_examples == 0 {
-            return bad("eval_examples", "must be at least 1");
+        if self.task.eval_examples == 0 && self.task.name.is_generated() {
+            return bad("eval_examples", "must be at least 1 for the generated bit tasks");
+        }
+        if self.task.train_examples == Some(0) {
+            return bad("train_examples", "must be at least 1");
+        }
+        if self.task.name == TaskName::Custom && self.task.path.is_none() {
+            return bad("task.path", "the custom task needs a path (custom:PATH)");
         }
         if self.backbone.init == Init::Pretrained && self.backbone.shape.any() {
             return bad(
@@ -675,6 +854,14 @@ mod tests {
         for t in TaskName::ALL {
             assert_eq!(t.as_str().parse::<TaskName>().unwrap(), t);
         }
+        assert_eq!(TaskSpec::parse("c10").unwrap().name, TaskName::Cifar10);
+        let t = TaskSpec::parse("custom:data/x.jsonl").unwrap();
+        assert_eq!(
+            (t.name, t.label()),
+            (TaskName::Custom, "custom:data/x.jsonl".to_string())
+        );
+        assert!(TaskSpec::parse("custom").is_err() && TaskSpec::parse("custom:").is_err());
+        assert_eq!(TaskSpec::parse("mnist").unwrap().eval_examples, 0);
         let e = "mnsit".parse::<TaskName>().unwrap_err().to_string();
         assert!(e.contains("mnsit") && e.contains("bit-xor"), "{e}");
     }

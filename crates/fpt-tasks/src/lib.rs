@@ -7,12 +7,21 @@
 //! cross-entropy per bit, paper §2.1 and the reference code's `loss_fn`).
 
 pub mod bits;
+pub mod custom;
+pub mod data;
+pub mod fetch;
+pub mod homology;
+pub mod idx;
+pub mod images;
+pub mod listops;
 
 use candle_core::{Device, Tensor};
 use fpt_nn::Rng;
 use fpt_spec::{TaskName, TaskSpec};
+use std::path::{Path, PathBuf};
 
 pub use bits::{BitMemory, BitXor};
+pub use data::{Cursor, Dataset, DatasetTask, Encoding, Examples};
 
 /// Errors from building tasks and batches.
 #[derive(Debug, thiserror::Error)]
@@ -25,9 +34,60 @@ pub enum TaskError {
         /// What is wrong.
         msg: String,
     },
+    /// A data file is malformed: which file, where in it, and what is wrong.
+    #[error("{}: {msg}", path.display())]
+    Data {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong, naming the record and field.
+        msg: String,
+    },
+    /// A file could not be read or written.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// A dataset is not on this machine.
+    #[error("{task}: no data in {} ({what}); {hint}", dir.display())]
+    Missing {
+        /// The task.
+        task: String,
+        /// Where it was looked for.
+        dir: PathBuf,
+        /// What is missing.
+        what: String,
+        /// How to get it.
+        hint: String,
+    },
+    /// A download failed or gave the wrong bytes.
+    #[error("fetching {what}: {msg}")]
+    Fetch {
+        /// What was fetched.
+        what: String,
+        /// What went wrong.
+        msg: String,
+    },
     /// An error inside candle.
     #[error(transparent)]
     Candle(#[from] candle_core::Error),
+}
+
+impl TaskError {
+    pub(crate) fn data(path: &Path, msg: impl Into<String>) -> Self {
+        TaskError::Data {
+            path: path.to_path_buf(),
+            msg: msg.into(),
+        }
+    }
+    pub(crate) fn io(path: &Path) -> impl FnOnce(std::io::Error) -> Self + '_ {
+        move |source| TaskError::Io {
+            path: path.to_path_buf(),
+            source,
+        }
+    }
 }
 
 /// Result alias for this crate.
@@ -126,11 +186,32 @@ pub trait Task: Send {
     fn baseline(&self) -> Option<(f64, &'static str)> {
         None
     }
+    /// Where the training order stands, for tasks that walk a stored dataset (checkpoints
+    /// save it so that a resumed run sees the same batches). `None` for generated tasks.
+    fn cursor(&self) -> Option<Cursor> {
+        None
+    }
+    /// Puts the training order back where a checkpoint left it.
+    fn set_cursor(&mut self, _cursor: Cursor) -> Result<()> {
+        Ok(())
+    }
+    /// The stored splits (name, data), for reports; empty for generated tasks.
+    fn splits(&self) -> Vec<(&'static str, &Dataset)> {
+        Vec::new()
+    }
 }
 
-/// Builds the task a spec names. `seed` fixes the evaluation set.
+/// Builds the task a spec names. `seed` fixes the evaluation set (and, for datasets, the
+/// training order and any sampling). Dataset tasks read `spec.path` or
+/// `$FPT_HOME/data/<task>` ([`fetch::data_dir`]).
 pub fn build(spec: &TaskSpec, seed: u64) -> Result<Box<dyn Task>> {
+    let dir = || spec.path.clone().unwrap_or_else(|| fetch::data_dir(spec.name));
     Ok(match spec.name {
+        TaskName::ListOps => Box::new(listops::task(&dir(), spec, seed)?),
+        TaskName::Mnist | TaskName::FashionMnist => Box::new(images::mnist_task(&dir(), spec, seed)?),
+        TaskName::Cifar10 | TaskName::Cifar10Lra => Box::new(images::cifar_task(&dir(), spec, seed)?),
+        TaskName::Homology => Box::new(homology::task(&dir(), spec, seed)?),
+        TaskName::Custom => Box::new(custom::task(&dir(), spec, seed)?),
         TaskName::BitXor => Box::new(BitXor::new(
             spec.n_bits.unwrap_or(5),
             spec.patch.unwrap_or(1),
@@ -197,4 +278,52 @@ impl Task for Synthetic {
             msg: format!("has no {split:?} split (benchmark data only)"),
         })
     }
+}
+
+/// A task's shapes from its spec alone, without reading data: what the model around the
+/// backbone needs (parameter counts, benchmarks). `None` for custom data (its shapes come
+/// from the files).
+pub fn dims_of(spec: &TaskSpec) -> Option<TaskDims> {
+    let one = |input, seq_len, classes| TaskDims {
+        input,
+        seq_len,
+        readout_tokens: 1,
+        labels_per_example: 1,
+        classes,
+    };
+    let v = |width| InputKind::Vectors { width };
+    Some(match spec.name {
+        TaskName::BitXor | TaskName::BitMemory => {
+            let (n, patch, strings) = match spec.name {
+                TaskName::BitXor => (spec.n_bits.unwrap_or(5), spec.patch.unwrap_or(1), 2),
+                _ => (spec.n_bits.unwrap_or(1000), spec.patch.unwrap_or(50), 6),
+            };
+            TaskDims {
+                input: v(patch),
+                seq_len: strings * n / patch.max(1),
+                readout_tokens: n / patch.max(1),
+                labels_per_example: n,
+                classes: 2,
+            }
+        }
+        TaskName::ListOps => one(
+            InputKind::Tokens {
+                vocab: listops::vocab_size(spec.data.brackets),
+            },
+            spec.data.max_len.unwrap_or(512),
+            10,
+        ),
+        TaskName::Mnist | TaskName::FashionMnist => match spec.data.image_size {
+            fpt_spec::ImageSize::Native => one(v(16), 49, 10),
+            fpt_spec::ImageSize::Pad32 => one(v(16), 64, 10),
+        },
+        TaskName::Cifar10 => one(v(48), 64, 10),
+        TaskName::Cifar10Lra => one(v(1), 1024, 10),
+        TaskName::Homology => one(
+            InputKind::Tokens { vocab: homology::VOCAB },
+            spec.data.max_len.unwrap_or(1024),
+            homology::CLASSES,
+        ),
+        TaskName::Custom => return None,
+    })
 }

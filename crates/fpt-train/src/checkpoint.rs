@@ -46,6 +46,9 @@ pub struct CheckpointState {
     pub data_rng: Rng,
     /// The dropout stream.
     pub dropout_rng: Rng,
+    /// Where a dataset task's training order stands (`None` for generated tasks).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_cursor: Option<fpt_tasks::Cursor>,
     /// The training loop's running numbers.
     pub run: RunState,
     /// sha256 (hex) of each tensor file.
@@ -145,6 +148,7 @@ pub fn save(run_dir: &Path, tr: &Trainer, run: &RunState) -> Result<PathBuf> {
             adam_t: tr.optimizer().t,
             data_rng: tr.data_rng.clone(),
             dropout_rng: tr.ctx.rng.clone(),
+            data_cursor: tr.task().cursor(),
             run: run.clone(),
             sha256: sha,
         };

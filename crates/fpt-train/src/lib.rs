@@ -401,6 +401,9 @@ impl Trainer {
         self.adam.restore(loaded.state.adam_t, m, v);
         self.data_rng = loaded.state.data_rng.clone();
         self.ctx.rng = loaded.state.dropout_rng.clone();
+        if let Some(c) = loaded.state.data_cursor {
+            self.task.set_cursor(c)?;
+        }
         self.step = loaded.state.step;
         Ok(())
     }

@@ -332,3 +332,35 @@ fn convergence_step_and_early_stopping() {
     }
     assert!(r.train_accuracy.is_some());
 }
+
+#[test]
+fn a_dataset_run_resumes_at_the_same_example_of_the_same_epoch() {
+    // 13 training examples and batches of 8: epochs end mid-batch, so the resumed run only
+    // matches if the checkpoint carried the epoch cursor.
+    let data = tempfile::tempdir().unwrap();
+    let mut lines = String::new();
+    for i in 0..16 {
+        let split = if i < 13 { "train" } else { "test" };
+        let f: Vec<String> = (0..5).map(|k| format!("[{}, {}]", (i * k) % 7, (i + k) % 3)).collect();
+        lines.push_str(&format!(
+            "{{\"features\": [{}], \"label\": {}, \"split\": \"{split}\"}}\n",
+            f.join(", "),
+            i % 3
+        ));
+    }
+    let file = data.path().join("d.jsonl");
+    std::fs::write(&file, lines).unwrap();
+    let mut spec = tiny(25);
+    spec.task = TaskSpec::parse(&format!("custom:{}", file.display())).unwrap();
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let unbroken = train(&spec, a.path(), &Device::Cpu, &mut |_| {}).unwrap();
+    interrupted(&spec, b.path(), 17);
+    let latest = checkpoint::latest(b.path()).unwrap().unwrap();
+    let state: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(latest.join(checkpoint::STATE_FILE)).unwrap()).unwrap();
+    // 10 steps x 8 examples = 80 = 6 epochs of 13 + 2.
+    assert_eq!(state["data_cursor"], serde_json::json!({"epoch": 6, "position": 2}));
+    let resumed = resume(b.path(), None, &Device::Cpu, &mut |_| {}).unwrap();
+    assert_eq!(no_time(&resumed), no_time(&unbroken));
+    assert_eq!(metrics_no_time(b.path()), metrics_no_time(a.path()));
+}

@@ -1,0 +1,308 @@
+//! Your own sequence-classification data (`--task custom:PATH`).
+//!
+//! The format is JSON Lines: one record per line, each with a `label` (a class id, 0 or
+//! more) and either
+//! - `tokens`: a list of token ids (0 or more), through an Embedding input layer, or
+//! - `features`: a list of equal-width number vectors (one per time step / token), through
+//!   a Linear input layer (time series, tabular rows as one-vector sequences, sensor traces).
+//!
+//! Splits come from separate files, `PATH/train.jsonl` and `PATH/test.jsonl` (or
+//! `valid.jsonl` / `val.jsonl`), or from a `split` field (`train`, `test`, `valid`/`val`) in
+//! the records of the single file `PATH`. Every record of a dataset must be of one kind and
+//! (features) one width. Classes = the largest label + 1; token vocabulary = the largest id
+//! plus 2 (the extra id pads). Sequences are padded at the *start* to the longest record (or cut
+//! to `--max-len`, keeping the first tokens), so the classifier, which reads the last
+//! position, always reads a real token.
+//!
+//! ```text
+//! {"tokens": [3, 1, 4, 1, 5], "label": 1, "split": "train"}
+//! {"features": [[0.1, 2.0], [0.3, 1.5], [0.2, 1.1]], "label": 0, "split": "test"}
+//! ```
+
+use crate::data::{eval_split, task_from_spec, Dataset, DatasetTask, Encoding, Examples};
+use crate::{Result, TaskError};
+use fpt_spec::TaskSpec;
+use std::collections::BTreeMap;
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+
+enum Seq {
+    Tokens(Vec<u32>),
+    Features(usize, Vec<f32>),
+}
+
+struct Rows {
+    seqs: Vec<Seq>,
+    labels: Vec<u32>,
+}
+
+fn parse_line(path: &Path, line_no: usize, line: &str) -> Result<(Seq, u32, Option<String>)> {
+    let at = |msg: String| TaskError::data(path, format!("line {line_no}: {msg}"));
+    let v: serde_json::Value = serde_json::from_str(line).map_err(|e| at(format!("not a JSON object: {e}")))?;
+    let o = v.as_object().ok_or_else(|| at("not a JSON object".into()))?;
+    let label = o
+        .get("label")
+        .ok_or_else(|| at("field `label` is missing".into()))?
+        .as_u64()
+        .filter(|l| *l <= u32::MAX as u64)
+        .ok_or_else(|| at("field `label` must be a non-negative integer".into()))? as u32;
+    let split = match o.get("split") {
+        None => None,
+        Some(serde_json::Value::String(s)) => Some(s.clone()),
+        Some(_) => return Err(at("field `split` must be a string".into())),
+    };
+    let seq = match (o.get("tokens"), o.get("features")) {
+        (Some(_), Some(_)) => return Err(at("has both `tokens` and `features`; give one".into())),
+        (None, None) => return Err(at("needs a `tokens` or a `features` field".into())),
+        (Some(t), None) => {
+            let a = t
+                .as_array()
+                .ok_or_else(|| at("field `tokens` must be a list of ids".into()))?;
+            let ids = a
+                .iter()
+                .enumerate()
+                .map(|(k, x)| {
+                    x.as_u64()
+                        .filter(|i| *i < u32::MAX as u64 - 1)
+                        .map(|i| i as u32)
+                        .ok_or_else(|| {
+                            at(format!(
+                                "field `tokens`, item {k}: `{x}` is not a non-negative integer id"
+                            ))
+                        })
+                })
+                .collect::<Result<Vec<u32>>>()?;
+            if ids.is_empty() {
+                return Err(at("field `tokens` is empty".into()));
+            }
+            Seq::Tokens(ids)
+        }
+        (None, Some(f)) => {
+            let a = f
+                .as_array()
+                .ok_or_else(|| at("field `features` must be a list of vectors".into()))?;
+            if a.is_empty() {
+                return Err(at("field `features` is empty".into()));
+            }
+            let mut width = None;
+            let mut flat = Vec::new();
+            for (k, row) in a.iter().enumerate() {
+                let r = row
+                    .as_array()
+                    .ok_or_else(|| at(format!("field `features`, item {k}: not a list of numbers")))?;
+                if *width.get_or_insert(r.len()) != r.len() || r.is_empty() {
+                    return Err(at(format!(
+                        "field `features`, item {k}: {} numbers, expected {} (all vectors must have one width)",
+                        r.len(),
+                        width.unwrap_or(0)
+                    )));
+                }
+                for (j, x) in r.iter().enumerate() {
+                    let x = x.as_f64().filter(|x| x.is_finite()).ok_or_else(|| {
+                        at(format!(
+                            "field `features`, item {k}, number {j}: `{x}` is not a finite number"
+                        ))
+                    })?;
+                    flat.push(x as f32);
+                }
+            }
+            Seq::Features(width.unwrap_or(0), flat)
+        }
+    };
+    Ok((seq, label, split))
+}
+
+/// Reads one JSONL file, grouping records by their `split` field (or all under `default`).
+fn read_file(path: &Path, default: Option<&str>) -> Result<BTreeMap<String, Rows>> {
+    let f = std::fs::File::open(path).map_err(TaskError::io(path))?;
+    let mut out: BTreeMap<String, Rows> = BTreeMap::new();
+    for (n, line) in std::io::BufReader::new(f).lines().enumerate() {
+        let line = line.map_err(TaskError::io(path))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let (seq, label, split) = parse_line(path, n + 1, &line)?;
+        let split = match (split, default) {
+            (Some(s), _) => s,
+            (None, Some(d)) => d.to_string(),
+            (None, None) => {
+                return Err(TaskError::data(
+                    path,
+                    format!(
+                        "line {}: field `split` is missing (a single file needs train/test in each record)",
+                        n + 1
+                    ),
+                ))
+            }
+        };
+        let split = if split == "val" { "valid".to_string() } else { split };
+        let rows = out.entry(split).or_insert(Rows {
+            seqs: Vec::new(),
+            labels: Vec::new(),
+        });
+        rows.seqs.push(seq);
+        rows.labels.push(label);
+    }
+    Ok(out)
+}
+
+/// Reads custom data from a JSONL file or a directory of `train.jsonl` / `test.jsonl` /
+/// `valid.jsonl`; returns the splits by name.
+pub fn read(path: &Path) -> Result<BTreeMap<String, Dataset>> {
+    let mut splits: BTreeMap<String, Rows> = BTreeMap::new();
+    let mut files: Vec<(PathBuf, Option<&str>)> = Vec::new();
+    if path.is_dir() {
+        for (f, s) in [
+            ("train.jsonl", "train"),
+            ("test.jsonl", "test"),
+            ("valid.jsonl", "valid"),
+            ("val.jsonl", "valid"),
+        ] {
+            if path.join(f).is_file() {
+                files.push((path.join(f), Some(s)));
+            }
+        }
+        if files.is_empty() {
+            return Err(TaskError::Missing {
+                task: "custom".into(),
+                dir: path.to_path_buf(),
+                what: "no train.jsonl / test.jsonl".into(),
+                hint: "see `fpt_tasks::custom` (README: Your own data) for the format".into(),
+            });
+        }
+    } else if path.is_file() {
+        files.push((path.to_path_buf(), None));
+    } else {
+        return Err(TaskError::Missing {
+            task: "custom".into(),
+            dir: path.to_path_buf(),
+            what: "no such file or directory".into(),
+            hint: "give custom:FILE.jsonl or custom:DIR".into(),
+        });
+    }
+    for (f, default) in &files {
+        for (name, rows) in read_file(f, *default)? {
+            let e = splits.entry(name).or_insert(Rows {
+                seqs: Vec::new(),
+                labels: Vec::new(),
+            });
+            e.seqs.extend(rows.seqs);
+            e.labels.extend(rows.labels);
+        }
+    }
+    // One kind (and one width) across every split.
+    let first = &files[0].0;
+    let mut kind: Option<(bool, usize)> = None;
+    let mut out = BTreeMap::new();
+    for (name, rows) in splits {
+        let mut tokens = Vec::new();
+        let mut feats = Vec::new();
+        let mut lengths = Vec::new();
+        for (i, s) in rows.seqs.into_iter().enumerate() {
+            let this = match &s {
+                Seq::Tokens(_) => (true, 0),
+                Seq::Features(w, _) => (false, *w),
+            };
+            if *kind.get_or_insert(this) != this {
+                return Err(TaskError::data(
+                    first,
+                    format!(
+                        "split `{name}`, record {i}: mixes {} with the dataset's {} (one kind and width per dataset)",
+                        describe(this),
+                        describe(kind.expect("set"))
+                    ),
+                ));
+            }
+            match s {
+                Seq::Tokens(t) => {
+                    lengths.push(t.len() as u32);
+                    tokens.push(t)
+                }
+                Seq::Features(w, f) => {
+                    lengths.push((f.len() / w) as u32);
+                    feats.push(f)
+                }
+            }
+        }
+        let examples = match kind {
+            Some((false, width)) => Examples::Features { width, seqs: feats },
+            _ => Examples::Tokens(tokens),
+        };
+        out.insert(
+            name,
+            Dataset {
+                examples,
+                labels: rows.labels,
+                lengths,
+            },
+        );
+    }
+    Ok(out)
+}
+
+fn describe((tokens, width): (bool, usize)) -> String {
+    if tokens {
+        "token ids".into()
+    } else {
+        format!("feature vectors of width {width}")
+    }
+}
+
+/// The custom task at `path`.
+pub fn task(path: &Path, spec: &TaskSpec, seed: u64) -> Result<DatasetTask> {
+    let mut splits = read(path)?;
+    let have: Vec<String> = splits.keys().cloned().collect();
+    let train = splits.remove("train").ok_or_else(|| TaskError::Missing {
+        task: "custom".into(),
+        dir: path.to_path_buf(),
+        what: format!("no `train` split (found: {})", have.join(", ")),
+        hint: "add train.jsonl, or records with \"split\": \"train\"".into(),
+    })?;
+    let names: Vec<&str> = ["test", "valid"]
+        .into_iter()
+        .filter(|s| splits.contains_key(*s))
+        .collect();
+    let Some(&default) = names.first() else {
+        return Err(TaskError::Missing {
+            task: "custom".into(),
+            dir: path.to_path_buf(),
+            what: format!("no `test` or `valid` split (found: {})", have.join(", ")),
+            hint: "add test.jsonl, or records with \"split\": \"test\"".into(),
+        });
+    };
+    let split = eval_split(spec, &names, default)?;
+    let eval = splits.remove(split).expect("listed above");
+    let classes = train
+        .labels
+        .iter()
+        .chain(&eval.labels)
+        .max()
+        .map_or(1, |m| *m as usize + 1);
+    let longest = train.lengths.iter().chain(&eval.lengths).max().copied().unwrap_or(1) as usize;
+    let len = spec.data.max_len.unwrap_or(longest).max(1);
+    let (encoding, vocab) = match &train.examples {
+        Examples::Tokens(t) => {
+            let max_id = t
+                .iter()
+                .chain(match &eval.examples {
+                    Examples::Tokens(e) => e.iter(),
+                    _ => [].iter(),
+                })
+                .flat_map(|s| s.iter())
+                .max()
+                .copied()
+                .unwrap_or(0);
+            (
+                Encoding::Tokens {
+                    len,
+                    pad: max_id + 1,
+                    per_batch: false,
+                    left: true,
+                },
+                max_id as usize + 2,
+            )
+        }
+        _ => (Encoding::Features { len, left: true }, 0),
+    };
+    task_from_spec(spec, train, eval, encoding, classes, vocab, seed)
+}
