@@ -279,6 +279,10 @@ struct TrainArgs {
     /// Print only the final line.
     #[arg(long, short)]
     quiet: bool,
+    /// Train a linear classifier on the flattened inputs (token ids one-hot) instead of a
+    /// transformer: same data, optimizer, steps and evaluation; the floor to beat.
+    #[arg(long, conflicts_with = "resume")]
+    linear_baseline: bool,
 }
 
 #[derive(Args)]
@@ -507,6 +511,27 @@ fn train(a: TrainArgs, m: &clap::ArgMatches) -> Result<()> {
         steps: 0,
         last_acc: None,
     };
+    if a.linear_baseline {
+        let spec = spec_from_args(&a, &given, None)?;
+        let out = a.out.clone().context("--out is required")?;
+        let quiet = a.quiet;
+        let r = fpt_train::linear::train_linear(&spec, &out, &device, &mut |step, acc| {
+            if !quiet {
+                eprintln!("step {step:>6}/{}  test_acc {acc:.4}", spec.train.steps)
+            }
+        })?;
+        println!(
+            "{} (linear baseline, {} parameters): test_accuracy {:.4}, train_accuracy {:.4}, {} steps in {:.1}s -> {}",
+            r.task,
+            r.params,
+            r.test_accuracy,
+            r.train_accuracy,
+            r.steps,
+            r.wall_seconds,
+            out.join("result.json").display()
+        );
+        return Ok(());
+    }
     let mut on_event = |e: &fpt_train::Event| progress.on(e);
     let (r, out) = match &a.resume {
         Some(dir) => {

@@ -11,6 +11,7 @@ fn fpt(args: &[&str]) -> Output {
             "HF_HUB_CACHE",
             std::env::temp_dir().join("fpt-cli-test-empty-hub-cache"),
         )
+        .env("FPT_HOME", std::env::temp_dir().join("fpt-cli-test-empty-fpt-home"))
         .output()
         .expect("run fpt")
 }
@@ -282,4 +283,146 @@ fn inspect_works_for_every_backbone() {
     assert_eq!(v["by_role"]["positions"]["trainable"], 1024 * 768);
     let text = fpt(&["inspect", "--backbone", "t5-base"]);
     assert!(String::from_utf8_lossy(&text.stdout).contains("relative-position buckets"));
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn dataset_tasks_train_inspect_and_explain_missing_data() {
+    let d = tempfile::tempdir().unwrap();
+    let file = d.path().join("series.jsonl");
+    let mut lines = String::new();
+    for i in 0..24 {
+        // Two classes of short 2-channel series: rising or falling.
+        let label = i % 2;
+        let steps: Vec<String> = (0..6)
+            .map(|t| {
+                let v = if label == 0 { t as f64 } else { 6.0 - t as f64 } / 6.0;
+                format!("[{v}, {}]", (i % 5) as f64 / 5.0)
+            })
+            .collect();
+        let split = if i < 18 { "train" } else { "test" };
+        lines.push_str(&format!(
+            "{{\"features\": [{}], \"label\": {label}, \"split\": \"{split}\"}}\n",
+            steps.join(", ")
+        ));
+    }
+    std::fs::write(&file, lines).unwrap();
+    let task = format!("custom:{}", file.display());
+    let out = d.path().join("run");
+    let o = fpt(&[
+        "train",
+        "--task",
+        &task,
+        "--backbone",
+        "gpt2",
+        "--init",
+        "random",
+        "--layers",
+        "1",
+        "--hidden",
+        "16",
+        "--heads",
+        "2",
+        "--steps",
+        "4",
+        "--batch-size",
+        "4",
+        "--eval-every",
+        "2",
+        "-q",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("result.json")).unwrap()).unwrap();
+    assert_eq!(r["eval_examples"], 6);
+    let spec: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("spec.json")).unwrap()).unwrap();
+    assert_eq!(spec["task"]["name"], "custom");
+    assert_eq!(spec["task"]["path"], file.to_str().unwrap());
+
+    let lin = d.path().join("linear");
+    let o = fpt(&[
+        "train",
+        "--task",
+        &task,
+        "--linear-baseline",
+        "--steps",
+        "5",
+        "--batch-size",
+        "4",
+        "-q",
+        "--out",
+        lin.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(lin.join("result.json")).unwrap()).unwrap();
+    assert_eq!(
+        (r["model"].as_str(), r["params"].as_u64()),
+        (Some("linear"), Some(6 * 2 * 2 + 2))
+    );
+
+    let v = json(&fpt(&[
+        "inspect",
+        "--backbone",
+        "gpt2",
+        "--init",
+        "random",
+        "--task",
+        &task,
+        "--json",
+    ]));
+    assert_eq!(v["task_dims"]["seq_len"], 6);
+    assert_eq!(v["data"]["splits"][0]["label_counts"], serde_json::json!([9, 9]));
+
+    // Missing data: a clear error with the way to get it, and nothing written.
+    let empty = d.path().join("nothing");
+    let o = fpt(&[
+        "train",
+        "--task",
+        "cifar10",
+        "--data-dir",
+        empty.to_str().unwrap(),
+        "--backbone",
+        "gpt2",
+        "--init",
+        "random",
+        "--out",
+        d.path().join("c10").to_str().unwrap(),
+    ]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("fpt fetch cifar10"), "{}", stderr(&o));
+    assert!(!d.path().join("c10").join("spec.json").exists());
+    let v = json(&fpt(&[
+        "inspect",
+        "--backbone",
+        "gpt2",
+        "--init",
+        "random",
+        "--task",
+        "listops",
+        "--json",
+    ]));
+    assert_eq!(
+        v["task_dims"]["input"],
+        serde_json::json!({"kind": "tokens", "vocab": 15})
+    );
+    assert_eq!(v["data"]["present"], false);
+    let o = fpt(&["fetch", "bit-xor"]);
+    assert!(
+        !o.status.success() && stderr(&o).contains("nothing to fetch"),
+        "{}",
+        stderr(&o)
+    );
+    let o = fpt(&["train", "--task", "mnsit", "--out", "x"]);
+    assert!(
+        !o.status.success() && stderr(&o).contains("unknown task `mnsit`"),
+        "{}",
+        stderr(&o)
+    );
 }

