@@ -20,6 +20,7 @@
 //!         init: Init::Random,
 //!         shape: ShapeOverrides { layers: Some(4), hidden: Some(128), heads: Some(4), positions: None },
 //!         residual_init: Default::default(),
+//!         depth: None,
 //!     },
 //!     train_groups: TrainGroups::fpt(),
 //!     train: TrainSpec { steps: 4000, ..TrainSpec::default() },
@@ -32,6 +33,7 @@
 //! # Ok::<(), fpt::train::TrainError>(())
 //! ```
 
+pub use fpt_ablate as ablate;
 pub use fpt_backbones as backbones;
 pub use fpt_model as model;
 pub use fpt_nn as nn;

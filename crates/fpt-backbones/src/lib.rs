@@ -322,6 +322,26 @@ impl Config {
         }
     }
 
+    /// Number of transformer blocks.
+    pub fn layers(&self) -> usize {
+        match self {
+            Config::Gpt2(c) => c.n_layer,
+            Config::Bert(c) => c.num_hidden_layers,
+            Config::T5(c) => c.num_layers,
+            Config::Vit(c) => c.num_hidden_layers,
+        }
+    }
+
+    /// Attention heads per block.
+    pub fn heads(&self) -> usize {
+        match self {
+            Config::Gpt2(c) => c.n_head,
+            Config::Bert(c) => c.num_attention_heads,
+            Config::T5(c) => c.num_heads,
+            Config::Vit(c) => c.num_attention_heads,
+        }
+    }
+
     /// Hidden width.
     pub fn hidden_size(&self) -> usize {
         match self {

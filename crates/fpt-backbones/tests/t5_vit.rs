@@ -71,6 +71,7 @@ fn load(dir: &Path) -> Box<dyn Backbone> {
         init: fpt_spec::Init::Pretrained,
         shape: ShapeOverrides::default(),
         residual_init: Default::default(),
+        depth: None,
     };
     fpt_backbones::load(&spec, &TrainGroups::fpt(), &Device::Cpu, &mut fpt_nn::Rng::new(0)).unwrap()
 }

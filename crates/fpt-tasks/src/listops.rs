@@ -262,6 +262,32 @@ pub fn read_tsv(path: &Path, b: Brackets, max_len: usize) -> Result<Dataset> {
     })
 }
 
+type CacheKey = (std::path::PathBuf, Brackets, usize);
+type CacheEntry = (Option<std::time::SystemTime>, u64, std::sync::Arc<Dataset>);
+
+/// [`read_tsv`] with a per-process cache keyed by path, size and modification time: the
+/// harness builds many ListOps runs in one process, and parsing the 634 MB training file
+/// takes seconds.
+pub fn read_tsv_cached(path: &Path, b: Brackets, max_len: usize) -> Result<Dataset> {
+    static CACHE: std::sync::OnceLock<std::sync::Mutex<std::collections::HashMap<CacheKey, CacheEntry>>> =
+        std::sync::OnceLock::new();
+    let meta = std::fs::metadata(path).map_err(TaskError::io(path))?;
+    let stamp = (meta.modified().ok(), meta.len());
+    let key = (path.to_path_buf(), b, max_len);
+    let cache = CACHE.get_or_init(Default::default);
+    if let Some((m, len, d)) = cache.lock().expect("cache lock").get(&key) {
+        if (*m, *len) == stamp {
+            return Ok((**d).clone());
+        }
+    }
+    let d = read_tsv(path, b, max_len)?;
+    cache
+        .lock()
+        .expect("cache lock")
+        .insert(key, (stamp.0, stamp.1, std::sync::Arc::new(d.clone())));
+    Ok(d)
+}
+
 /// The file of a split (`train`, `val`, `test`) in `dir`: LRA's `basic_<split>.tsv`.
 pub fn split_file(dir: &Path, split: &str) -> std::path::PathBuf {
     dir.join(format!("basic_{split}.tsv"))
@@ -283,7 +309,7 @@ pub fn task(dir: &Path, spec: &TaskSpec, seed: u64) -> Result<DatasetTask> {
                 hint: "run `fpt fetch listops` (generates LRA-format files locally, under a minute) or put LRA's basic_{train,val,test}.tsv there".into(),
             });
         }
-        read_tsv(&p, b, max_len)
+        read_tsv_cached(&p, b, max_len)
     };
     let train = read("train")?;
     let eval = read(split)?;

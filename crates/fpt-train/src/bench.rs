@@ -113,6 +113,7 @@ impl Shape {
                     positions: Some(self.tokens.max(1024)),
                 },
                 residual_init: Default::default(),
+                depth: None,
             },
             train_groups: groups,
             train: TrainSpec {

@@ -306,6 +306,9 @@ impl Trainer {
         let master = Rng::new(t.seed);
         let mut init_rng = master.fork("init");
         let mut backbone = fpt_backbones::load(&spec.backbone, &spec.train_groups, device, &mut init_rng)?;
+        if let Some(k) = spec.backbone.depth {
+            backbone.truncate(k)?;
+        }
         backbone.set_dropout(spec.backbone_dropout);
         let weights = backbone.origin().to_string();
         let head = HeadConfig {

@@ -24,6 +24,7 @@ fn tiny(steps: usize) -> RunSpec {
                 positions: Some(32),
             },
             residual_init: ResidualInit::Scaled,
+            depth: None,
         },
         train_groups: TrainGroups::fpt(),
         train: TrainSpec {
@@ -288,6 +289,7 @@ fn gpt2_base_trainable_file_is_under_4_mb() {
             init: Init::Random,
             shape: ShapeOverrides::default(),
             residual_init: ResidualInit::Scaled,
+            depth: None,
         },
         train_groups: TrainGroups::fpt(),
         train: TrainSpec::default(),

@@ -26,6 +26,7 @@ fn tiny(task: TaskName, steps: usize) -> RunSpec {
                 positions: Some(32),
             },
             residual_init: ResidualInit::Scaled,
+            depth: None,
         },
         train_groups: TrainGroups::fpt(),
         train: TrainSpec {

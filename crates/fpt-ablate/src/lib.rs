@@ -1,0 +1,493 @@
+//! The ablation harness: a table of the paper (`data/tables/<id>.toml`, see
+//! [`fpt_spec::table`]) is expanded at a scale into one [`Cell`] per (row, column); each
+//! runnable cell becomes a [`RunSpec`] whose hash names its run directory; missing runs are
+//! trained; a report puts our number beside the paper's for every cell, with every backbone
+//! substitution the scale made and every cell it could not run, and why.
+//!
+//! ```no_run
+//! let dir = std::path::Path::new("data/tables");
+//! let table = fpt_ablate::load_table(dir, "table2").unwrap();
+//! let scales = fpt_ablate::load_scales(dir).unwrap();
+//! let cells = fpt_ablate::expand(&table, &scales, "smoke").unwrap();
+//! let out = std::path::Path::new("results");
+//! fpt_ablate::run(&cells, out, &fpt_ablate::RunOptions::default(), &mut |line| eprintln!("{line}")).unwrap();
+//! let report = fpt_ablate::Report::new(&table, "smoke", &cells, out);
+//! report.write(out).unwrap();
+//! ```
+
+pub mod figure;
+pub mod report;
+
+pub use report::Report;
+
+use fpt_spec::table::{CellSettings, Metric, ScaleSettings, TableSpec};
+use fpt_spec::{BackboneSpec, Init, ResidualInit, RunSpec, TaskSpec, TrainGroups, TrainSpec};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// Errors of the harness.
+#[derive(Debug, thiserror::Error)]
+pub enum AblateError {
+    /// A table or scale file is malformed.
+    #[error("{}: {msg}", path.display())]
+    Spec {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        msg: String,
+    },
+    /// A file could not be read or written.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// A run failed.
+    #[error(transparent)]
+    Train(#[from] fpt_train::TrainError),
+}
+
+/// Result alias for this crate.
+pub type Result<T> = std::result::Result<T, AblateError>;
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> AblateError + '_ {
+    move |source| AblateError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// The ids of every table and figure spec in `dir`, in paper order.
+pub fn list(dir: &Path) -> Result<Vec<String>> {
+    let mut ids: Vec<String> = std::fs::read_dir(dir)
+        .map_err(io(dir))?
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_str()?.to_string();
+            let id = name.strip_suffix(".toml")?;
+            (id.starts_with("table") || id.starts_with("fig")).then(|| id.to_string())
+        })
+        .collect();
+    let key = |id: &str| {
+        let (kind, n) = if let Some(n) = id.strip_prefix("table") {
+            (0, n)
+        } else {
+            (1, id.trim_start_matches("fig"))
+        };
+        (kind, n.parse::<u32>().unwrap_or(u32::MAX), id.to_string())
+    };
+    ids.sort_by_key(|id| key(id));
+    Ok(ids)
+}
+
+/// Reads `dir/<id>.toml`, checking that the paper's numbers fill the grid.
+pub fn load_table(dir: &Path, id: &str) -> Result<TableSpec> {
+    let path = dir.join(format!("{id}.toml"));
+    let text = std::fs::read_to_string(&path).map_err(io(&path))?;
+    let t: TableSpec = toml::from_str(&text).map_err(|e| AblateError::Spec {
+        path: path.clone(),
+        msg: e.to_string(),
+    })?;
+    let bad = |msg: String| AblateError::Spec {
+        path: path.clone(),
+        msg,
+    };
+    if t.id != id {
+        return Err(bad(format!("id `{}` does not match the file name", t.id)));
+    }
+    if t.kind == fpt_spec::table::Kind::Table && (t.rows.is_empty() || t.cols.is_empty()) {
+        return Err(bad("a table needs rows and cols".into()));
+    }
+    for o in &t.cells {
+        if !t.rows.iter().any(|r| r.label == o.row) || !t.cols.iter().any(|c| c.label == o.col) {
+            return Err(bad(format!(
+                "cell override ({}, {}) names no row/column of the table",
+                o.row, o.col
+            )));
+        }
+    }
+    if !t.rows.is_empty() {
+        if t.paper.len() != t.rows.len() {
+            return Err(bad(format!(
+                "paper has {} rows, the table {}",
+                t.paper.len(),
+                t.rows.len()
+            )));
+        }
+        for (i, r) in t.paper.iter().enumerate() {
+            if r.len() != t.cols.len() {
+                return Err(bad(format!(
+                    "paper row {} (`{}`) has {} numbers for {} columns",
+                    i + 1,
+                    t.rows[i].label,
+                    r.len(),
+                    t.cols.len()
+                )));
+            }
+        }
+    }
+    Ok(t)
+}
+
+/// Reads `dir/scales.toml`.
+pub fn load_scales(dir: &Path) -> Result<BTreeMap<String, ScaleSettings>> {
+    let path = dir.join("scales.toml");
+    let text = std::fs::read_to_string(&path).map_err(io(&path))?;
+    toml::from_str(&text).map_err(|e| AblateError::Spec {
+        path: path.clone(),
+        msg: e.to_string(),
+    })
+}
+
+/// What the harness does with a cell.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Plan {
+    /// Train this spec; the run directory is named by `key`.
+    Run {
+        /// The run.
+        spec: Box<RunSpec>,
+        /// Hash of the spec (16 hex digits).
+        key: String,
+    },
+    /// Read the number off the backbone's config (nothing trains).
+    Count(Box<Counted>),
+    /// Not runnable here, and why.
+    Unavailable(String),
+    /// A number the paper cites or states; nothing to run.
+    PaperOnly(String),
+}
+
+/// A cell whose number is counted from a config.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Counted {
+    /// The backbone (the paper's own, never substituted).
+    pub backbone: BackboneSpec,
+    /// The task whose input/output layers are counted.
+    pub task: TaskSpec,
+    /// Trained groups.
+    pub groups: TrainGroups,
+}
+
+/// One cell of a table at a scale.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Cell {
+    /// Row index.
+    pub row: usize,
+    /// Column index.
+    pub col: usize,
+    /// The merged settings.
+    pub settings: CellSettings,
+    /// What it reports.
+    pub metric: Metric,
+    /// The paper's number as printed.
+    pub paper: String,
+    /// What happens to it.
+    pub plan: Plan,
+    /// Substitutions and other changes the scale made, printed beside the cell.
+    pub notes: Vec<String>,
+}
+
+/// SHA-256 of the spec's JSON, 16 hex digits: the run directory's name.
+pub fn spec_key(spec: &RunSpec) -> String {
+    use sha2::Digest;
+    let json = serde_json::to_vec(spec).expect("spec serialises");
+    sha2::Sha256::digest(&json)[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// The scale settings for `table` at `scale`: `scales.toml`, then the table's overrides.
+pub fn scale_of(table: &TableSpec, scales: &BTreeMap<String, ScaleSettings>, scale: &str) -> Result<ScaleSettings> {
+    let base = scales.get(scale).ok_or_else(|| AblateError::Spec {
+        path: PathBuf::from("scales.toml"),
+        msg: format!(
+            "no scale `{scale}` (known: {})",
+            scales.keys().cloned().collect::<Vec<_>>().join(", ")
+        ),
+    })?;
+    Ok(match table.scales.get(scale) {
+        Some(over) => base.merged(over),
+        None => base.clone(),
+    })
+}
+
+/// Expands `table` at `scale` into its cells.
+pub fn expand(table: &TableSpec, scales: &BTreeMap<String, ScaleSettings>, scale: &str) -> Result<Vec<Cell>> {
+    let sc = scale_of(table, scales, scale)?;
+    let mut cells = Vec::new();
+    for (r, row) in table.rows.iter().enumerate() {
+        for (c, col) in table.cols.iter().enumerate() {
+            let mut s = table.defaults.merged(&row.set).merged(&col.set);
+            for o in table.cells.iter().filter(|o| o.row == row.label && o.col == col.label) {
+                s = s.merged(&o.set);
+            }
+            let metric = s.metric.unwrap_or_default();
+            let paper = table.paper[r][c].clone();
+            let mut notes = Vec::new();
+            let plan = plan(&s, metric, &sc, &mut notes);
+            cells.push(Cell {
+                row: r,
+                col: c,
+                settings: s,
+                metric,
+                paper,
+                plan,
+                notes,
+            });
+        }
+    }
+    Ok(cells)
+}
+
+fn plan(s: &CellSettings, metric: Metric, sc: &ScaleSettings, notes: &mut Vec<String>) -> Plan {
+    let model = s.model.as_deref().unwrap_or("transformer");
+    if metric == Metric::PaperOnly || model == "literature" {
+        return Plan::PaperOnly("the paper's number (cited or stated), not an experiment".into());
+    }
+    match model {
+        "transformer" => {}
+        "lstm" => return Plan::Unavailable("LSTM backbones are not built yet (issue 7)".into()),
+        "output-only" => {
+            return Plan::Unavailable("output-only training on cached features is not built yet (issue 7)".into())
+        }
+        other => return Plan::Unavailable(format!("unknown model `{other}`")),
+    }
+    let init = match s.init.as_deref().unwrap_or("pretrained") {
+        "pretrained" => Init::Pretrained,
+        "random" => Init::Random,
+        "stats-only" => {
+            return Plan::Unavailable("the statistics-only init (Table 9) is not built yet (issue 7)".into())
+        }
+        "bit-pretrained" => {
+            return Plan::Unavailable(
+                "Bit Memory pretraining of the backbone (Table 2's Bit row) is not built yet (issue 7)".into(),
+            )
+        }
+        other => return Plan::Unavailable(format!("unknown init `{other}`")),
+    };
+    if s.last_attention == Some(true) {
+        return Plan::Unavailable("training only the last attention layer is not built yet (issue 7)".into());
+    }
+    let groups: TrainGroups = match s.train.as_deref().unwrap_or("fpt").parse() {
+        Ok(g) => g,
+        Err(e) => return Plan::Unavailable(e.to_string()),
+    };
+    let name = s.backbone.clone().unwrap_or_else(|| "gpt2".into());
+    let Some(task_name) = s.task.as_deref() else {
+        return Plan::Unavailable("the cell names no task".into());
+    };
+    let mut task = match TaskSpec::parse(task_name) {
+        Ok(t) => t,
+        Err(e) => return Plan::Unavailable(e.to_string()),
+    };
+    let o = sc.for_task(task_name);
+    if task.name.is_generated() {
+        task.n_bits = o.n_bits;
+        task.patch = o.patch;
+    }
+    if let Some(n) = o.eval_examples {
+        task.eval_examples = n;
+    }
+    task.train_examples = o.train_examples.filter(|_| !task.name.is_generated());
+    task.data.max_len = o.max_len;
+    if metric.is_counted() {
+        // Counted from the paper's own backbone config: no weights, no substitution.
+        return Plan::Count(Box::new(Counted {
+            backbone: BackboneSpec {
+                source: name,
+                init: Init::Random,
+                shape: Default::default(),
+                residual_init: ResidualInit::Scaled,
+                depth: s.depth,
+            },
+            task,
+            groups,
+        }));
+    }
+    let (source, shape) = match sc.backbones.get(&name) {
+        Some(sub) if sub.source == "none" => return Plan::Unavailable(sub.note.clone()),
+        Some(sub) => {
+            notes.push(format!("{name} -> {}: {}", sub.source, sub.note));
+            (
+                sub.source.clone(),
+                if init == Init::Random {
+                    sub.shape
+                } else {
+                    Default::default()
+                },
+            )
+        }
+        None => (name.clone(), Default::default()),
+    };
+    let backbone = BackboneSpec {
+        source,
+        init,
+        shape,
+        residual_init: ResidualInit::Scaled,
+        depth: s.depth,
+    };
+    // What this machine lacks: data, weights, depth.
+    if let Err(e) = fpt_tasks::check_present(&task) {
+        return Plan::Unavailable(format!("data not present: {e}"));
+    }
+    if let Err(e) = fpt_backbones::hub::resolves_offline(&backbone.source, init == Init::Pretrained)
+        .map(|_| ())
+        .or_else(|e| {
+            // Random init of a built-in config (gpt2, ...) needs no files.
+            if init == Init::Random && fpt_backbones::param_specs(&backbone).is_ok() {
+                Ok(())
+            } else {
+                Err(e)
+            }
+        })
+    {
+        return Plan::Unavailable(format!("backbone not available here: {e}"));
+    }
+    if let Some(d) = s.depth {
+        match fpt_backbones::param_specs(&backbone) {
+            Ok((config, _)) if config.layers() < d => {
+                return Plan::Unavailable(format!(
+                    "depth {d} exceeds the {} blocks of {}",
+                    config.layers(),
+                    backbone.source
+                ))
+            }
+            _ => {}
+        }
+    }
+    let steps = o.steps.unwrap_or(1000);
+    let batch_size = o.batch_size.unwrap_or(32);
+    let train = TrainSpec {
+        steps,
+        batch_size,
+        micro_batch_size: o.micro_batch_size.unwrap_or(batch_size),
+        lr: s.lr.or(o.lr).unwrap_or(1e-3),
+        eval_every: o.eval_every.unwrap_or(steps.div_ceil(4)).max(1),
+        ..TrainSpec::default()
+    };
+    let spec = RunSpec {
+        task,
+        backbone,
+        train_groups: groups,
+        train,
+        input_dropout: 0.1,
+        orth_gain: 1.41,
+        backbone_dropout: true,
+    };
+    if let Err(e) = spec.validate() {
+        return Plan::Unavailable(format!("invalid run spec: {e}"));
+    }
+    let key = spec_key(&spec);
+    Plan::Run {
+        spec: Box::new(spec),
+        key,
+    }
+}
+
+/// How [`run`] runs.
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// Rerun cells that have a result.
+    pub force: bool,
+    /// Run only shard `i` of `n` (`(i, n)`): every `n`-th runnable run, by key order.
+    pub shard: Option<(usize, usize)>,
+    /// Cells trained at once.
+    pub jobs: usize,
+    /// Render only; train nothing.
+    pub report_only: bool,
+}
+
+/// Where the run of `key` lives under `out`.
+pub fn run_dir(out: &Path, key: &str) -> PathBuf {
+    out.join("runs").join(key)
+}
+
+/// The distinct runs of `cells`, by key, in key order.
+pub fn runs_of(cells: &[Cell]) -> Vec<(String, RunSpec)> {
+    let mut m: BTreeMap<String, RunSpec> = BTreeMap::new();
+    for c in cells {
+        if let Plan::Run { spec, key } = &c.plan {
+            m.insert(key.clone(), (**spec).clone());
+        }
+    }
+    m.into_iter().collect()
+}
+
+/// Trains every run of `cells` that has no `result.json` under `out/runs/` (or all with
+/// `force`), honouring the shard. A run directory left by an interrupted run is resumed
+/// from its checkpoint, or started again when it has none. `log` receives progress lines.
+/// Returns the number of runs trained; a failed run is logged and counted in the report,
+/// not fatal.
+pub fn run(cells: &[Cell], out: &Path, opts: &RunOptions, log: &mut (dyn FnMut(&str) + Send)) -> Result<usize> {
+    if opts.report_only {
+        return Ok(0);
+    }
+    let mut todo: Vec<(String, RunSpec)> = runs_of(cells);
+    if let Some((i, n)) = opts.shard {
+        todo = todo
+            .into_iter()
+            .enumerate()
+            .filter(|(k, _)| k % n == i)
+            .map(|(_, r)| r)
+            .collect();
+    }
+    todo.retain(|(key, _)| opts.force || !run_dir(out, key).join("result.json").is_file());
+    let total = todo.len();
+    let queue = std::sync::Mutex::new(todo.into_iter().enumerate());
+    let log = std::sync::Mutex::new(log);
+    let say = |s: String| (log.lock().expect("log lock"))(&s);
+    let done = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|scope| {
+        for _ in 0..opts.jobs.max(1) {
+            scope.spawn(|| loop {
+                let Some((i, (key, spec))) = queue.lock().expect("queue lock").next() else {
+                    break;
+                };
+                let dir = run_dir(out, &key);
+                say(format!(
+                    "[{}/{total}] run {key}: {} on {} ({}, train {}), {} steps",
+                    i + 1,
+                    spec.task.label(),
+                    spec.backbone.source,
+                    spec.backbone.init,
+                    spec.train_groups,
+                    spec.train.steps
+                ));
+                let t0 = std::time::Instant::now();
+                match run_one(&spec, &dir, opts.force) {
+                    Ok(r) => {
+                        done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        say(format!(
+                            "[{}/{total}] run {key}: test_accuracy {:.4} in {:.0} s",
+                            i + 1,
+                            r.test_accuracy,
+                            t0.elapsed().as_secs_f64()
+                        ))
+                    }
+                    Err(e) => say(format!("[{}/{total}] run {key} FAILED: {e}", i + 1)),
+                }
+            });
+        }
+    });
+    Ok(done.into_inner())
+}
+
+fn run_one(spec: &RunSpec, dir: &Path, force: bool) -> Result<fpt_train::RunResult> {
+    let device = candle_core::Device::Cpu;
+    if dir.exists() && (force || fpt_train::checkpoint::latest(dir).ok().flatten().is_none()) {
+        std::fs::remove_dir_all(dir).map_err(io(dir))?;
+    }
+    if dir.exists() {
+        return Ok(fpt_train::resume(dir, Some(spec), &device, &mut |_| {})?);
+    }
+    Ok(fpt_train::train(spec, dir, &device, &mut |_| {})?)
+}
+
+/// The shell command that reproduces one run by hand.
+pub fn command_for(out: &Path, key: &str) -> String {
+    let d = run_dir(out, key);
+    format!("fpt train --spec {}/spec.json --out <new dir>", d.display())
+}

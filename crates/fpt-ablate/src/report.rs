@@ -1,0 +1,349 @@
+//! Reports: for every cell our number, the paper's, the difference, what the scale
+//! substituted, and why a cell did not run; as `report.md`, `report.json` and `report.csv`
+//! under `<out>/<table>/<scale>/`.
+
+use crate::{command_for, io, run_dir, Cell, Plan, Result};
+use fpt_spec::table::{Metric, TableSpec};
+use std::path::Path;
+
+/// A cell as reported.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct CellReport {
+    /// Row label.
+    pub row: String,
+    /// Column label.
+    pub col: String,
+    /// What the cell reports.
+    pub metric: Metric,
+    /// Our number (percent for accuracies), where there is one.
+    pub ours: Option<f64>,
+    /// The paper's number as printed.
+    pub paper_text: String,
+    /// The paper's number parsed (percent, steps or parameters).
+    pub paper: Option<f64>,
+    /// `ours - paper`.
+    pub diff: Option<f64>,
+    /// `ran`, `counted`, `pending`, `failed`, `unavailable` or `paper-only`.
+    pub status: String,
+    /// Why it did not run, or what failed.
+    pub why: Option<String>,
+    /// Substitutions the scale made.
+    pub notes: Vec<String>,
+    /// The run directory (runs only).
+    pub run: Option<String>,
+    /// Wall-clock seconds of the run.
+    pub seconds: Option<f64>,
+    /// Steps the run trained.
+    pub steps: Option<usize>,
+}
+
+/// A rendered table.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Report {
+    /// Table id.
+    pub id: String,
+    /// Title.
+    pub title: String,
+    /// The paper's caption.
+    pub caption: String,
+    /// Scale.
+    pub scale: String,
+    /// Column labels.
+    pub cols: Vec<String>,
+    /// Row labels.
+    pub rows: Vec<String>,
+    /// Cells, row-major.
+    pub cells: Vec<CellReport>,
+    /// The table's notes.
+    pub notes: Vec<String>,
+    /// Where and when.
+    pub machine: String,
+}
+
+/// Parses a number as the paper prints it: `38.4%`, `38%`, `1×10^4`, `117M`, `106K`,
+/// `89.0% [†]`; `None` for `-` or text.
+pub fn parse_paper(s: &str) -> Option<f64> {
+    let s = s.replace("[†]", "");
+    let s = s.trim();
+    if let Some(p) = s.strip_suffix('%') {
+        return p.trim().parse().ok();
+    }
+    if let Some((m, e)) = s.split_once("×10^") {
+        return Some(m.trim().parse::<f64>().ok()? * 10f64.powi(e.trim().parse().ok()?));
+    }
+    for (suf, mul) in [("M", 1e6), ("K", 1e3)] {
+        if let Some(p) = s.strip_suffix(suf) {
+            return p.trim().parse::<f64>().ok().map(|v| v * mul);
+        }
+    }
+    s.parse().ok()
+}
+
+fn machine() -> String {
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let date = std::process::Command::new("date")
+        .arg("-u")
+        .arg("+%Y-%m-%d %H:%M UTC")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .unwrap_or_default();
+    format!(
+        "{} {}, {cores} cores, CPU (no GPU used), fpt {}, {}",
+        std::env::consts::OS,
+        std::env::consts::ARCH,
+        env!("CARGO_PKG_VERSION"),
+        date.trim()
+    )
+}
+
+fn count(plan: &Plan, metric: Metric) -> std::result::Result<f64, String> {
+    let Plan::Count(c) = plan else {
+        return Err("not a count".into());
+    };
+    let (backbone, task, groups) = (&c.backbone, &c.task, &c.groups);
+    let (config, specs) = fpt_backbones::param_specs(backbone).map_err(|e| e.to_string())?;
+    let dims = || fpt_tasks::dims_of(task).ok_or("the trained count needs a task of fixed shapes (not custom data)");
+    Ok(match metric {
+        Metric::ParamsTotal => specs.iter().map(|s| s.numel()).sum::<usize>() as f64,
+        Metric::ConfigLayers => config.layers() as f64,
+        Metric::ConfigHidden => config.hidden_size() as f64,
+        Metric::ConfigHeads => config.heads() as f64,
+        _ => fpt_model::count_params(&specs, config.hidden_size(), &dims()?, groups).trainable as f64,
+    })
+}
+
+impl Report {
+    /// Collects the results of `cells` (from `out/runs/`) for `table` at `scale`.
+    pub fn new(table: &TableSpec, scale: &str, cells: &[Cell], out: &Path) -> Report {
+        let mut reports = Vec::new();
+        for c in cells {
+            let paper = parse_paper(&c.paper);
+            let mut r = CellReport {
+                row: table.rows[c.row].label.clone(),
+                col: table.cols[c.col].label.clone(),
+                metric: c.metric,
+                ours: None,
+                paper_text: c.paper.clone(),
+                paper,
+                diff: None,
+                status: String::new(),
+                why: None,
+                notes: c.notes.clone(),
+                run: None,
+                seconds: None,
+                steps: None,
+            };
+            match &c.plan {
+                Plan::PaperOnly(why) => {
+                    r.status = "paper-only".into();
+                    r.why = Some(why.clone());
+                }
+                Plan::Unavailable(why) => {
+                    r.status = "unavailable".into();
+                    r.why = Some(why.clone());
+                }
+                Plan::Count(_) => match count(&c.plan, c.metric) {
+                    Ok(v) => {
+                        r.status = "counted".into();
+                        r.ours = Some(v);
+                    }
+                    Err(e) => {
+                        r.status = "failed".into();
+                        r.why = Some(e);
+                    }
+                },
+                Plan::Run { key, spec } => {
+                    let dir = run_dir(out, key);
+                    r.run = Some(dir.display().to_string());
+                    r.steps = Some(spec.train.steps);
+                    let res = std::fs::read_to_string(dir.join("result.json"))
+                        .ok()
+                        .and_then(|t| serde_json::from_str::<fpt_train::RunResult>(&t).ok());
+                    match res {
+                        None => {
+                            r.status = if dir.exists() { "failed" } else { "pending" }.into();
+                            r.why = Some(if dir.exists() {
+                                "the run did not finish (see its directory)".into()
+                            } else {
+                                "not run yet (or run by another shard)".into()
+                            });
+                        }
+                        Some(res) => {
+                            r.status = "ran".into();
+                            r.seconds = Some(res.wall_seconds);
+                            r.ours = match c.metric {
+                                Metric::TrainAccuracy => res.train_accuracy.map(|a| 100.0 * a),
+                                Metric::StepsToConvergence => res.converged_step.map(|s| s as f64),
+                                _ => Some(100.0 * res.test_accuracy),
+                            };
+                            if c.metric == Metric::StepsToConvergence && r.ours.is_none() {
+                                r.why = Some(format!("did not converge in {} steps", res.steps));
+                            }
+                        }
+                    }
+                }
+            }
+            r.diff = match (r.ours, r.paper) {
+                (Some(a), Some(b)) => Some(a - b),
+                _ => None,
+            };
+            reports.push(r);
+        }
+        Report {
+            id: table.id.clone(),
+            title: table.title.clone(),
+            caption: table.caption.clone(),
+            scale: scale.to_string(),
+            cols: table.cols.iter().map(|c| c.label.clone()).collect(),
+            rows: table.rows.iter().map(|r| r.label.clone()).collect(),
+            cells: reports,
+            notes: table.notes.clone(),
+            machine: machine(),
+        }
+    }
+
+    fn fmt(v: f64, metric: Metric) -> String {
+        match metric {
+            Metric::TestAccuracy | Metric::TrainAccuracy => format!("{v:.1}%"),
+            Metric::StepsToConvergence => format!("{v:.0}"),
+            Metric::ParamsTotal | Metric::ParamsTrained => {
+                if v >= 1e6 {
+                    format!("{:.1}M", v / 1e6)
+                } else {
+                    format!("{:.1}K", v / 1e3)
+                }
+            }
+            Metric::PaperOnly | Metric::ConfigLayers | Metric::ConfigHidden | Metric::ConfigHeads => format!("{v}"),
+        }
+    }
+
+    /// The cell as shown in the grid: ours, then the paper's.
+    fn grid_cell(c: &CellReport) -> String {
+        let ours = match (c.ours, c.status.as_str()) {
+            (Some(v), _) => Self::fmt(v, c.metric),
+            (None, "ran") => "n/c".into(),
+            (None, "paper-only") => "·".into(),
+            (None, "unavailable") => "n/a".into(),
+            (None, s) => s.to_string(),
+        };
+        format!("{ours} ({})", c.paper_text)
+    }
+
+    /// The report as Markdown.
+    pub fn markdown(&self, out: &Path) -> String {
+        let mut s = format!(
+            "# {}: {} (scale `{}`)\n\n> {}\n\nMachine: {}. Each cell: **ours** (paper). `n/a`: cannot run here (see below); `·`: the paper's number only; `pending`: not run yet; `n/c`: did not converge.\n\n",
+            self.id, self.title, self.scale, self.caption, self.machine
+        );
+        s.push_str(&format!(
+            "| | {} |\n|---|{}\n",
+            self.cols.join(" | "),
+            "---|".repeat(self.cols.len())
+        ));
+        for (i, row) in self.rows.iter().enumerate() {
+            let cells: Vec<String> = self.cells[i * self.cols.len()..(i + 1) * self.cols.len()]
+                .iter()
+                .map(Self::grid_cell)
+                .collect();
+            s.push_str(&format!("| {row} | {} |\n", cells.join(" | ")));
+        }
+        let mut subs: Vec<String> = self.cells.iter().flat_map(|c| c.notes.iter().cloned()).collect();
+        subs.sort();
+        subs.dedup();
+        if !subs.is_empty() {
+            s.push_str("\n## Substitutions at this scale\n\n");
+            for n in subs {
+                s.push_str(&format!("- {n}\n"));
+            }
+        }
+        s.push_str("\n## Cells\n\n| row | column | ours | paper | ours - paper | status | steps | seconds | why / run |\n|---|---|---|---|---|---|---|---|---|\n");
+        for c in &self.cells {
+            s.push_str(&format!(
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+                c.row,
+                c.col,
+                c.ours.map(|v| Self::fmt(v, c.metric)).unwrap_or_else(|| "-".into()),
+                c.paper_text,
+                c.diff
+                    .map(|d| match c.metric {
+                        Metric::TestAccuracy | Metric::TrainAccuracy => format!("{d:+.1}"),
+                        m => format!("{}{}", if d < 0.0 { "-" } else { "+" }, Self::fmt(d.abs(), m)),
+                    })
+                    .unwrap_or_else(|| "-".into()),
+                c.status,
+                c.steps.map(|v| v.to_string()).unwrap_or_else(|| "-".into()),
+                c.seconds.map(|v| format!("{v:.0}")).unwrap_or_else(|| "-".into()),
+                c.why
+                    .clone()
+                    .or_else(|| c.run.clone())
+                    .unwrap_or_default()
+                    .replace('|', "\\|")
+            ));
+        }
+        if !self.notes.is_empty() {
+            s.push_str("\n## Notes\n\n");
+            for n in &self.notes {
+                s.push_str(&format!("- {n}\n"));
+            }
+        }
+        let keys: Vec<&String> = self.cells.iter().filter_map(|c| c.run.as_ref()).collect();
+        if let Some(first) = keys.first() {
+            let key = Path::new(first).file_name().and_then(|k| k.to_str()).unwrap_or("");
+            s.push_str(&format!(
+                "\n## Reproducing one cell\n\nEvery run directory holds its `spec.json`; e.g. `{}`.\nThe whole table: `cargo xtask reproduce {} --scale {}`.\n",
+                command_for(out, key),
+                self.id,
+                self.scale
+            ));
+        }
+        s
+    }
+
+    /// The cells as CSV.
+    pub fn csv(&self) -> String {
+        let q = |s: &str| format!("\"{}\"", s.replace('"', "\"\""));
+        let mut s = "row,column,metric,ours,paper,paper_text,diff,status,why,notes,run,seconds\n".to_string();
+        let num = |v: Option<f64>| v.map(|v| format!("{v}")).unwrap_or_default();
+        for c in &self.cells {
+            s.push_str(&format!(
+                "{},{},{},{},{},{},{},{},{},{},{},{}\n",
+                q(&c.row),
+                q(&c.col),
+                serde_json::to_value(c.metric)
+                    .ok()
+                    .and_then(|v| v.as_str().map(String::from))
+                    .unwrap_or_default(),
+                num(c.ours),
+                num(c.paper),
+                q(&c.paper_text),
+                num(c.diff),
+                c.status,
+                q(c.why.as_deref().unwrap_or("")),
+                q(&c.notes.join("; ")),
+                q(c.run.as_deref().unwrap_or("")),
+                num(c.seconds)
+            ));
+        }
+        s
+    }
+
+    /// Writes `report.md`, `report.json` and `report.csv` under `out/<id>/<scale>/`
+    /// (each to a temporary file renamed into place); returns the directory.
+    pub fn write(&self, out: &Path) -> Result<std::path::PathBuf> {
+        let dir = out.join(&self.id).join(&self.scale);
+        std::fs::create_dir_all(&dir).map_err(io(&dir))?;
+        let json = serde_json::to_string_pretty(self).expect("report serialises");
+        for (name, text) in [
+            ("report.md", self.markdown(out)),
+            ("report.json", json),
+            ("report.csv", self.csv()),
+        ] {
+            let p = dir.join(name);
+            let tmp = dir.join(format!("{name}.part"));
+            std::fs::write(&tmp, text).map_err(io(&tmp))?;
+            std::fs::rename(&tmp, &p).map_err(io(&p))?;
+        }
+        Ok(dir)
+    }
+}

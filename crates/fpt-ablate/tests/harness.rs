@@ -1,0 +1,224 @@
+//! The harness end to end on a miniature table (a tiny GPT-2 fixture and custom data the
+//! test writes), and every real table spec of `data/tables` loads and expands at every scale.
+
+use fpt_ablate::{expand, load_scales, load_table, run, Plan, Report, RunOptions};
+use std::path::{Path, PathBuf};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+#[test]
+fn every_table_and_figure_of_the_paper_has_a_spec_that_expands_at_every_scale() {
+    let dir = root().join("data/tables");
+    let ids = fpt_ablate::list(&dir).unwrap();
+    let mut want: Vec<String> = (1..=22).map(|i| format!("table{i}")).collect();
+    want.extend(["fig1", "fig3", "fig4", "fig5", "fig6"].map(String::from));
+    assert_eq!(ids, want);
+    let scales = load_scales(&dir).unwrap();
+    assert_eq!(scales.keys().cloned().collect::<Vec<_>>(), ["cpu", "paper", "smoke"]);
+    for id in &ids {
+        let t = load_table(&dir, id).unwrap();
+        if t.rows.is_empty() {
+            continue;
+        }
+        for scale in ["smoke", "cpu", "paper"] {
+            let cells = expand(&t, &scales, scale).unwrap();
+            assert_eq!(cells.len(), t.rows.len() * t.cols.len(), "{id}");
+            for c in &cells {
+                if let Plan::Run { spec, .. } = &c.plan {
+                    spec.validate().unwrap();
+                }
+            }
+        }
+    }
+    // Table 2's paper numbers, spot-checked against the paper's text.
+    let t = load_table(&dir, "table2").unwrap();
+    assert_eq!(t.paper[1][3], "91.7%");
+    assert_eq!(t.paper[3][6], "7.5%");
+}
+
+fn write_mini(dir: &Path) {
+    let tables = dir.join("tables");
+    std::fs::create_dir_all(&tables).unwrap();
+    let data = dir.join("series.jsonl");
+    let mut lines = String::new();
+    for i in 0..40 {
+        let label = i % 2;
+        let steps: Vec<String> = (0..6)
+            .map(|t| format!("[{}]", if label == 0 { t as f64 } else { 6.0 - t as f64 } / 6.0))
+            .collect();
+        let split = if i < 30 { "train" } else { "test" };
+        lines.push_str(&format!(
+            "{{\"features\": [{}], \"label\": {label}, \"split\": \"{split}\"}}\n",
+            steps.join(", ")
+        ));
+    }
+    std::fs::write(&data, lines).unwrap();
+    let fixture = root().join("data/fixtures/gpt2-tiny");
+    std::fs::write(
+        tables.join("scales.toml"),
+        format!(
+            r#"
+[mini]
+all = {{ steps = 6, batch_size = 4, eval_every = 3 }}
+[mini.backbones.gpt2]
+source = "{}"
+note = "the tiny test fixture stands in for GPT-2"
+[mini.backbones.gpt2-medium]
+source = "none"
+note = "not at this scale"
+"#,
+            fixture.display()
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        tables.join("table1.toml"),
+        format!(
+            r#"
+id = "table1"
+title = "mini"
+caption = "a miniature table"
+paper = [["50%", "60%", "-"], ["70%", "80%", "124M"]]
+[defaults]
+task = "custom:{}"
+backbone = "gpt2"
+[[rows]]
+label = "FPT"
+init = "pretrained"
+[[rows]]
+label = "Random"
+init = "random"
+[[cols]]
+label = "fpt"
+train = "fpt"
+[[cols]]
+label = "all"
+train = "all"
+[[cols]]
+label = "medium"
+backbone = "gpt2-medium"
+[[cells]]
+row = "Random"
+col = "medium"
+metric = "params-total"
+"#,
+            data.display()
+        ),
+    )
+    .unwrap();
+}
+
+#[test]
+fn a_table_runs_reports_skips_finished_cells_and_shards() {
+    let d = tempfile::tempdir().unwrap();
+    write_mini(d.path());
+    let tables = d.path().join("tables");
+    let t = load_table(&tables, "table1").unwrap();
+    let scales = load_scales(&tables).unwrap();
+    let cells = expand(&t, &scales, "mini").unwrap();
+    assert_eq!(cells.len(), 6);
+    assert!(matches!(&cells[2].plan, Plan::Unavailable(w) if w.contains("not at this scale")));
+    assert!(matches!(&cells[5].plan, Plan::Count(_)));
+    assert!(cells[0].notes[0].contains("tiny test fixture"));
+    let out = d.path().join("results");
+
+    // Two shards cover the four runs between them, without overlap.
+    let mut lines = Vec::new();
+    let n0 = run(
+        &cells,
+        &out,
+        &RunOptions {
+            shard: Some((0, 2)),
+            ..Default::default()
+        },
+        &mut |l| lines.push(l.to_string()),
+    )
+    .unwrap();
+    let n1 = run(
+        &cells,
+        &out,
+        &RunOptions {
+            shard: Some((1, 2)),
+            jobs: 2,
+            ..Default::default()
+        },
+        &mut |l| lines.push(l.to_string()),
+    )
+    .unwrap();
+    assert_eq!((n0, n1), (2, 2), "{lines:?}");
+    // Finished cells are skipped; --force reruns them.
+    assert_eq!(run(&cells, &out, &RunOptions::default(), &mut |_| {}).unwrap(), 0);
+    assert_eq!(
+        run(
+            &cells,
+            &out,
+            &RunOptions {
+                force: true,
+                ..Default::default()
+            },
+            &mut |_| {}
+        )
+        .unwrap(),
+        4
+    );
+
+    let r = Report::new(&t, "mini", &cells, &out);
+    let ran: Vec<_> = r.cells.iter().filter(|c| c.status == "ran").collect();
+    assert_eq!(ran.len(), 4);
+    for c in &ran {
+        let ours = c.ours.unwrap();
+        assert!((0.0..=100.0).contains(&ours));
+        assert_eq!(c.diff.unwrap(), ours - c.paper.unwrap());
+    }
+    assert_eq!(r.cells[2].status, "unavailable");
+    assert_eq!(
+        (r.cells[5].status.as_str(), r.cells[5].ours),
+        ("counted", Some(354_823_168.0))
+    );
+    let dir = r.write(&out).unwrap();
+    let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
+    assert!(
+        md.contains("| FPT |") && md.contains("tiny test fixture") && md.contains("not at this scale"),
+        "{md}"
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).unwrap()).unwrap();
+    assert_eq!(json["cells"].as_array().unwrap().len(), 6);
+    assert_eq!(
+        std::fs::read_to_string(dir.join("report.csv")).unwrap().lines().count(),
+        7
+    );
+}
+
+#[test]
+fn paper_numbers_parse_as_printed() {
+    use fpt_ablate::report::parse_paper;
+    assert_eq!(parse_paper("38.4%"), Some(38.4));
+    assert_eq!(parse_paper("89.0% [†]"), Some(89.0));
+    assert_eq!(parse_paper("1×10^4"), Some(10000.0));
+    assert_eq!(parse_paper("106K"), Some(106_000.0));
+    assert_eq!(parse_paper("117M"), Some(117_000_000.0));
+    assert_eq!(parse_paper("-"), None);
+    assert_eq!(parse_paper("500 – 2000×"), None);
+}
+
+#[test]
+fn a_malformed_table_is_an_error_naming_the_file() {
+    let d = tempfile::tempdir().unwrap();
+    write_mini(d.path());
+    let p = d.path().join("tables/table1.toml");
+    let text = std::fs::read_to_string(&p)
+        .unwrap()
+        .replace(r#"["70%", "80%", "124M"]"#, r#"["70%"]"#);
+    std::fs::write(&p, text).unwrap();
+    let e = load_table(&d.path().join("tables"), "table1").unwrap_err().to_string();
+    assert!(
+        e.contains("table1.toml") && e.contains("paper row 2") && e.contains("1 numbers for 3 columns"),
+        "{e}"
+    );
+    std::fs::write(&p, "id = \"table1\"\ntitle = 3\n").unwrap();
+    let e = load_table(&d.path().join("tables"), "table1").unwrap_err().to_string();
+    assert!(e.contains("table1.toml") && e.contains("title"), "{e}");
+}
