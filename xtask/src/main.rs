@@ -3,7 +3,7 @@
 //!
 //! Tasks:
 //! - `reproduce <table1..table22 | fig1 | fig3..fig6 | all>... [--scale smoke|cpu|paper]
-//!   [--jobs N] [--shard I/N] [--out DIR] [--force] [--report-only] [--list] [--dev]`: fetches
+//!   [--jobs N] [--shard I/N] [--device cpu|cuda[:N]] [--out DIR] [--force] [--report-only] [--list] [--dev]`: fetches
 //!   the assets (saying which it cannot get), runs the tables with `fpt run-table` (cells with
 //!   a finished run are skipped) and prints each report's grid; reports land in
 //!   `results/<table>/<scale>/`. `--dev` uses the (optimised) dev-profile build instead of
@@ -51,9 +51,14 @@ fn build_fpt_profile(dev: bool) -> Result<PathBuf> {
         eprintln!("xtask: building the release fpt binary (first build: 6-8 minutes on 2 cores)");
         (&["build", "--release", "-p", "fpt-cli"], "release")
     };
+    let mut args: Vec<&str> = args.to_vec();
+    if std::env::var("FPT_CUDA").is_ok_and(|v| v == "1") {
+        eprintln!("xtask: FPT_CUDA=1: building with --features cuda");
+        args.extend(["--features", "cuda"]);
+    }
     let status = Command::new(cargo())
         .current_dir(root())
-        .args(args)
+        .args(&args)
         .status()
         .context("running cargo build")?;
     if !status.success() {
@@ -76,7 +81,7 @@ fn reproduce(args: &[String]) -> Result<()> {
         match a.as_str() {
             "--scale" => scale = it.next().context("--scale needs smoke, cpu or paper")?.clone(),
             "--out" => out = PathBuf::from(it.next().context("--out needs a directory")?),
-            "--jobs" | "--shard" => {
+            "--jobs" | "--shard" | "--device" => {
                 pass.push(a.clone());
                 pass.push(it.next().with_context(|| format!("{a} needs a value"))?.clone());
             }
@@ -84,7 +89,7 @@ fn reproduce(args: &[String]) -> Result<()> {
             "--list" => list = true,
             "--dev" => dev = true,
             s if s.starts_with("--") => bail!(
-                "reproduce: unknown flag `{s}` (expected --scale, --jobs N, --shard I/N, --out DIR, --force, --report-only, --list, --dev)"
+                "reproduce: unknown flag `{s}` (expected --scale, --jobs N, --shard I/N, --device D, --out DIR, --force, --report-only, --list, --dev)"
             ),
             id => ids.push(id.to_string()),
         }

@@ -258,9 +258,7 @@ fn plan(s: &CellSettings, metric: Metric, sc: &ScaleSettings, notes: &mut Vec<St
     let init = match s.init.as_deref().unwrap_or("pretrained") {
         "pretrained" => Init::Pretrained,
         "random" => Init::Random,
-        "stats-only" => {
-            return Plan::Unavailable("the statistics-only init (Table 9) is not built yet (issue 7)".into())
-        }
+        "stats-only" => Init::StatsOnly,
         "bit-pretrained" => {
             return Plan::Unavailable(
                 "Bit Memory pretraining of the backbone (Table 2's Bit row) is not built yet (issue 7)".into(),
@@ -333,7 +331,7 @@ fn plan(s: &CellSettings, metric: Metric, sc: &ScaleSettings, notes: &mut Vec<St
     if let Err(e) = fpt_tasks::check_present(&task) {
         return Plan::Unavailable(format!("data not present: {e}"));
     }
-    if let Err(e) = fpt_backbones::hub::resolves_offline(&backbone.source, init == Init::Pretrained)
+    if let Err(e) = fpt_backbones::hub::resolves_offline(&backbone.source, init.needs_weights())
         .map(|_| ())
         .or_else(|e| {
             // Random init of a built-in config (gpt2, ...) needs no files.
@@ -398,6 +396,8 @@ pub struct RunOptions {
     pub jobs: usize,
     /// Render only; train nothing.
     pub report_only: bool,
+    /// Where runs train (`None`: the CPU).
+    pub device: Option<candle_core::Device>,
 }
 
 /// Where the run of `key` lives under `out`.
@@ -457,7 +457,20 @@ pub fn run(cells: &[Cell], out: &Path, opts: &RunOptions, log: &mut (dyn FnMut(&
                     spec.train.steps
                 ));
                 let t0 = std::time::Instant::now();
-                match run_one(&spec, &dir, opts.force) {
+                let mut progress = |e: &fpt_train::Event| {
+                    if let fpt_train::Event::Eval(r) = e {
+                        say(format!(
+                            "[{}/{total}]     step {}/{}: test_accuracy {:.4}, {:.0} s",
+                            i + 1,
+                            r.step,
+                            spec.train.steps,
+                            r.test_accuracy,
+                            r.elapsed_s
+                        ))
+                    }
+                };
+                let device = opts.device.clone().unwrap_or(candle_core::Device::Cpu);
+                match run_one(&spec, &dir, opts.force, &device, &mut progress) {
                     Ok(r) => {
                         done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         say(format!(
@@ -475,15 +488,20 @@ pub fn run(cells: &[Cell], out: &Path, opts: &RunOptions, log: &mut (dyn FnMut(&
     Ok(done.into_inner())
 }
 
-fn run_one(spec: &RunSpec, dir: &Path, force: bool) -> Result<fpt_train::RunResult> {
-    let device = candle_core::Device::Cpu;
+fn run_one(
+    spec: &RunSpec,
+    dir: &Path,
+    force: bool,
+    device: &candle_core::Device,
+    on_event: &mut dyn FnMut(&fpt_train::Event),
+) -> Result<fpt_train::RunResult> {
     if dir.exists() && (force || fpt_train::checkpoint::latest(dir).ok().flatten().is_none()) {
         std::fs::remove_dir_all(dir).map_err(io(dir))?;
     }
     if dir.exists() {
-        return Ok(fpt_train::resume(dir, Some(spec), &device, &mut |_| {})?);
+        return Ok(fpt_train::resume(dir, Some(spec), device, on_event)?);
     }
-    Ok(fpt_train::train(spec, dir, &device, &mut |_| {})?)
+    Ok(fpt_train::train(spec, dir, device, on_event)?)
 }
 
 /// The shell command that reproduces one run by hand.

@@ -361,12 +361,22 @@ impl Bert {
     /// Loads `model.safetensors` (see the module docs for the accepted names), checking
     /// every tensor's presence and shape.
     pub fn load(config: &BertConfig, weights: &Path, groups: &TrainGroups, device: &Device) -> Result<Self> {
+        Self::from_tensors(
+            config,
+            Self::read(config, weights, device)?,
+            groups,
+            weights.display().to_string(),
+        )
+    }
+
+    /// The checkpoint's tensors under fpt's names, every one checked.
+    pub(crate) fn read(config: &BertConfig, weights: &Path, device: &Device) -> Result<HashMap<String, Tensor>> {
         // Old TF-converted checkpoints name LayerNorm parameters gamma and beta.
         let alias = |n: &str| {
             n.replace("LayerNorm.weight", "LayerNorm.gamma")
                 .replace("LayerNorm.bias", "LayerNorm.beta")
         };
-        let tensors = crate::read_checked(
+        crate::read_checked(
             weights,
             &config.param_specs(),
             &["bert.", "longformer.", "roberta."],
@@ -374,9 +384,18 @@ impl Bert {
             &|_| false,
             &["position_ids", "cls.", "lm_head.", "pooler."],
             device,
-        )?;
+        )
+    }
+
+    /// The model from tensors under fpt's names.
+    pub(crate) fn from_tensors(
+        config: &BertConfig,
+        tensors: HashMap<String, Tensor>,
+        groups: &TrainGroups,
+        origin: String,
+    ) -> Result<Self> {
         let mut m = Self::assemble(config, tensors, groups)?;
-        m.origin = weights.display().to_string();
+        m.origin = origin;
         Ok(m)
     }
 

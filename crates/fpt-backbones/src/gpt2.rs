@@ -266,7 +266,17 @@ impl Gpt2 {
     /// tensor the config implies is present with its shape. `wte` is shape-checked but not
     /// loaded (FPT feeds input embeddings).
     pub fn load(config: &Gpt2Config, weights: &Path, groups: &TrainGroups, device: &Device) -> Result<Self> {
-        let tensors = crate::read_checked(
+        Self::from_tensors(
+            config,
+            Self::read(config, weights, device)?,
+            groups,
+            weights.display().to_string(),
+        )
+    }
+
+    /// The checkpoint's tensors under fpt's names, every one checked.
+    pub(crate) fn read(config: &Gpt2Config, weights: &Path, device: &Device) -> Result<HashMap<String, Tensor>> {
+        crate::read_checked(
             weights,
             &config.param_specs(),
             &["transformer."],
@@ -274,9 +284,18 @@ impl Gpt2 {
             &is_conv1d_weight,
             &[".attn.bias", ".attn.masked_bias", "lm_head."],
             device,
-        )?;
+        )
+    }
+
+    /// The model from tensors under fpt's names.
+    pub(crate) fn from_tensors(
+        config: &Gpt2Config,
+        tensors: HashMap<String, Tensor>,
+        groups: &TrainGroups,
+        origin: String,
+    ) -> Result<Self> {
         let mut m = Self::assemble(config, tensors, groups)?;
-        m.origin = weights.display().to_string();
+        m.origin = origin;
         Ok(m)
     }
 

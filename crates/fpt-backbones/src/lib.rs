@@ -641,6 +641,28 @@ pub fn shard_files(weights: &Path) -> Result<Option<Vec<PathBuf>>> {
     Ok(Some(files))
 }
 
+/// The statistics-only init (paper Table 9): every tensor replaced by draws from a Gaussian
+/// with its own mean and standard deviation. Tensors are visited in name order, so `rng`
+/// fixes the result.
+pub fn stats_only(
+    tensors: std::collections::HashMap<String, Tensor>,
+    rng: &mut Rng,
+) -> Result<std::collections::HashMap<String, Tensor>> {
+    let mut names: Vec<String> = tensors.keys().cloned().collect();
+    names.sort();
+    let mut out = std::collections::HashMap::new();
+    for n in names {
+        let t = &tensors[&n];
+        let v: Vec<f32> = t.flatten_all()?.to_vec1()?;
+        let len = v.len().max(1) as f64;
+        let mean = v.iter().map(|&x| x as f64).sum::<f64>() / len;
+        let var = v.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>() / len;
+        let drawn = rng.normal_vec(v.len(), mean, var.sqrt());
+        out.insert(n, Tensor::from_vec(drawn, t.dims(), t.device())?);
+    }
+    Ok(out)
+}
+
 /// Builds the backbone a spec names: a known model name (`gpt2`..`gpt2-xl`,
 /// `bert-base-uncased`, `sentence-transformers/all-MiniLM-L6-v2`, `t5-base`,
 /// `google/vit-base-patch16-224-in21k`), a local directory, or a
@@ -650,8 +672,30 @@ pub fn load(spec: &BackboneSpec, groups: &TrainGroups, device: &Device, rng: &mu
     let config = match Config::builtin(&spec.source) {
         Some(c) if spec.init == Init::Random => c,
         _ => {
-            let files = hub::resolve(&spec.source, spec.init == Init::Pretrained)?;
+            let files = hub::resolve(&spec.source, spec.init.needs_weights())?;
             let config = Config::from_file(&files.config)?;
+            if spec.init == Init::StatsOnly {
+                let w = files.weights.as_ref().expect("resolve returns weights when asked");
+                let origin = format!("statistics-only init from {}", w.display());
+                return Ok(match config {
+                    Config::Gpt2(c) => {
+                        let t = stats_only(gpt2::Gpt2::read(&c, w, device)?, rng)?;
+                        Box::new(gpt2::Gpt2::from_tensors(&c, t, groups, origin)?)
+                    }
+                    Config::Bert(c) => {
+                        let t = stats_only(bert::Bert::read(&c, w, device)?, rng)?;
+                        Box::new(bert::Bert::from_tensors(&c, t, groups, origin)?)
+                    }
+                    Config::T5(c) => {
+                        let t = stats_only(t5::T5Encoder::read(&c, w, device)?, rng)?;
+                        Box::new(t5::T5Encoder::from_tensors(&c, t, groups, origin)?)
+                    }
+                    Config::Vit(c) => {
+                        let t = stats_only(vit::Vit::read(&c, w, device)?, rng)?;
+                        Box::new(vit::Vit::from_tensors(&c, t, groups, origin)?)
+                    }
+                });
+            }
             if spec.init == Init::Pretrained {
                 let w = files.weights.as_ref().expect("resolve returns weights when asked");
                 return Ok(match config {

@@ -274,7 +274,17 @@ impl T5Encoder {
 
     /// Loads the encoder from `model.safetensors` (an encoder-only or a full T5 checkpoint).
     pub fn load(config: &T5Config, weights: &Path, groups: &TrainGroups, device: &Device) -> Result<Self> {
-        let tensors = crate::read_checked(
+        Self::from_tensors(
+            config,
+            Self::read(config, weights, device)?,
+            groups,
+            weights.display().to_string(),
+        )
+    }
+
+    /// The checkpoint's tensors under fpt's names, every one checked.
+    pub(crate) fn read(config: &T5Config, weights: &Path, device: &Device) -> Result<HashMap<String, Tensor>> {
+        crate::read_checked(
             weights,
             &config.param_specs(),
             &[],
@@ -282,9 +292,18 @@ impl T5Encoder {
             &|_| false,
             &["decoder.", "lm_head.", "encoder.embed_tokens."],
             device,
-        )?;
+        )
+    }
+
+    /// The model from tensors under fpt's names.
+    pub(crate) fn from_tensors(
+        config: &T5Config,
+        tensors: HashMap<String, Tensor>,
+        groups: &TrainGroups,
+        origin: String,
+    ) -> Result<Self> {
         let mut m = Self::assemble(config, tensors, groups)?;
-        m.origin = weights.display().to_string();
+        m.origin = origin;
         Ok(m)
     }
 

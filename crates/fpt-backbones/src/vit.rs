@@ -339,6 +339,29 @@ impl Vit {
 
     /// Loads `model.safetensors`; fpt's position table starts at zero.
     pub fn load(config: &VitConfig, weights: &Path, groups: &TrainGroups, device: &Device) -> Result<Self> {
+        Self::from_tensors(
+            config,
+            Self::read(config, weights, device)?,
+            groups,
+            weights.display().to_string(),
+        )
+    }
+
+    /// The model from tensors under fpt's names.
+    pub(crate) fn from_tensors(
+        config: &VitConfig,
+        tensors: HashMap<String, Tensor>,
+        groups: &TrainGroups,
+        origin: String,
+    ) -> Result<Self> {
+        let mut m = Self::assemble(config, tensors, groups)?;
+        m.origin = origin;
+        Ok(m)
+    }
+
+    /// The checkpoint's tensors under fpt's names (HF or timm), every one checked, plus
+    /// fpt's zero position table.
+    pub(crate) fn read(config: &VitConfig, weights: &Path, device: &Device) -> Result<HashMap<String, Tensor>> {
         let specs: Vec<ParamSpec> = config
             .param_specs()
             .into_iter()
@@ -361,9 +384,7 @@ impl Vit {
             "fpt.position_embeddings.weight".into(),
             Tensor::zeros((FPT_POSITIONS, config.hidden_size), DType::F32, device)?,
         );
-        let mut m = Self::assemble(config, tensors, groups)?;
-        m.origin = weights.display().to_string();
-        Ok(m)
+        Ok(tensors)
     }
 
     /// Reads a timm checkpoint, checked, under the HF names.

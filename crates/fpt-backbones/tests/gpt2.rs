@@ -296,3 +296,60 @@ fn sharded_checkpoints_load_and_missing_shards_are_named() {
         "{e}"
     );
 }
+
+#[test]
+fn statistics_only_init_keeps_each_tensors_mean_and_std_and_nothing_else() {
+    let spec = |init| fpt_spec::BackboneSpec {
+        source: fixture().to_str().unwrap().into(),
+        init,
+        shape: Default::default(),
+        residual_init: Default::default(),
+        depth: None,
+    };
+    let load =
+        |init, seed| fpt_backbones::load(&spec(init), &TrainGroups::fpt(), &Device::Cpu, &mut Rng::new(seed)).unwrap();
+    let (pre, stats, again, other) = (
+        load(fpt_spec::Init::Pretrained, 0),
+        load(fpt_spec::Init::StatsOnly, 0),
+        load(fpt_spec::Init::StatsOnly, 0),
+        load(fpt_spec::Init::StatsOnly, 1),
+    );
+    assert!(
+        stats.origin().starts_with("statistics-only init from"),
+        "{}",
+        stats.origin()
+    );
+    let moments = |t: &Tensor| {
+        let v: Vec<f32> = t.flatten_all().unwrap().to_vec1().unwrap();
+        let n = v.len() as f64;
+        let m = v.iter().map(|&x| x as f64).sum::<f64>() / n;
+        (
+            m,
+            (v.iter().map(|&x| (x as f64 - m).powi(2)).sum::<f64>() / n).sqrt(),
+            v,
+        )
+    };
+    let (p, s, a, o) = (pre.params(), stats.params(), again.params(), other.params());
+    assert_eq!(p.len(), s.len());
+    let mut checked = 0;
+    for (((name, role, pt), (n2, r2, st)), ((_, _, at), (_, _, ot))) in p.iter().zip(&s).zip(a.iter().zip(&o)) {
+        assert_eq!((name, role), (n2, r2));
+        let (pm, ps, pv) = moments(pt.tensor());
+        let (sm, ss, sv) = moments(st.tensor());
+        assert_eq!(sv, moments(at.tensor()).2, "{name}: same seed, same draw");
+        if ps > 0.0 {
+            assert_ne!(sv, pv, "{name}: redrawn, not copied");
+            assert_ne!(sv, moments(ot.tensor()).2, "{name}: another seed, another draw");
+        }
+        if pv.len() >= 1000 {
+            // Sample moments of n draws: mean within 5 standard errors, std within 10%.
+            assert!(
+                (sm - pm).abs() <= 5.0 * ps / (pv.len() as f64).sqrt() + 1e-6,
+                "{name}: mean {sm} vs {pm}"
+            );
+            assert!((ss - ps).abs() <= 0.1 * ps + 1e-6, "{name}: std {ss} vs {ps}");
+            checked += 1;
+        }
+    }
+    assert!(checked >= 4, "only {checked} tensors were large enough to check");
+}

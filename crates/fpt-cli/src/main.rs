@@ -96,6 +96,9 @@ struct RunTableArgs {
     /// List every table and what the scale runs, counts and cannot run here.
     #[arg(long)]
     list: bool,
+    /// Device: `cpu`, or `cuda` / `cuda:N` when built with `--features cuda`.
+    #[arg(long, default_value = "cpu")]
+    device: String,
 }
 
 #[derive(Args)]
@@ -197,7 +200,8 @@ struct BackboneArgs {
     /// directory with config.json and model.safetensors.
     #[arg(long, default_value = "gpt2")]
     backbone: String,
-    /// `pretrained` (load the checkpoint) or `random` (the architecture's default init).
+    /// `pretrained` (load the checkpoint), `random` (the architecture's default init) or
+    /// `stats-only` (each tensor drawn from a Gaussian with its pretrained mean and std).
     #[arg(long, default_value = "pretrained")]
     init: Init,
     /// Number of transformer blocks (random init only).
@@ -798,6 +802,7 @@ fn run_table(a: RunTableArgs) -> Result<()> {
         shard,
         jobs: a.jobs,
         report_only: a.report_only,
+        device: Some(parse_device(&a.device)?),
     };
     for id in &ids {
         let table = fpt_ablate::load_table(&a.tables, id)?;

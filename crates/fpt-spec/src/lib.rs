@@ -20,7 +20,7 @@ pub enum SpecError {
     #[error("unknown task `{0}` (known tasks: {known})", known = TaskName::ALL.iter().map(|t| t.as_str()).collect::<Vec<_>>().join(", "))]
     UnknownTask(String),
     /// An unknown init mode.
-    #[error("unknown init `{0}` (expected `pretrained` or `random`)")]
+    #[error("unknown init `{0}` (expected `pretrained`, `random` or `stats-only`)")]
     UnknownInit(String),
     /// A value that is out of its valid range.
     #[error("invalid value for `{field}`: {msg}")]
@@ -479,6 +479,16 @@ pub enum Init {
     /// The architecture's default random initialisation (GPT-2: N(0, 0.02) weights, zero
     /// biases, unit LayerNorm).
     Random,
+    /// Every tensor drawn from a Gaussian with the mean and standard deviation of the
+    /// corresponding pretrained tensor, LayerNorm and positions included (paper Table 9).
+    StatsOnly,
+}
+
+impl Init {
+    /// Whether the pretrained weights are read (pretrained and statistics-only).
+    pub fn needs_weights(self) -> bool {
+        matches!(self, Init::Pretrained | Init::StatsOnly)
+    }
 }
 
 impl FromStr for Init {
@@ -487,6 +497,7 @@ impl FromStr for Init {
         match s {
             "pretrained" => Ok(Init::Pretrained),
             "random" => Ok(Init::Random),
+            "stats-only" => Ok(Init::StatsOnly),
             other => Err(SpecError::UnknownInit(other.to_string())),
         }
     }
@@ -497,6 +508,7 @@ impl fmt::Display for Init {
         f.write_str(match self {
             Init::Pretrained => "pretrained",
             Init::Random => "random",
+            Init::StatsOnly => "stats-only",
         })
     }
 }
@@ -798,7 +810,7 @@ impl RunSpec {
         if self.backbone.depth == Some(0) {
             return bad("depth", "must be at least 1 block");
         }
-        if self.backbone.init == Init::Pretrained && self.backbone.shape.any() {
+        if self.backbone.init.needs_weights() && self.backbone.shape.any() {
             return bad(
                 "shape",
                 "--layers/--hidden/--heads/--positions only apply to --init random (a pretrained checkpoint fixes its shape)",

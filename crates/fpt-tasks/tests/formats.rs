@@ -612,3 +612,20 @@ fn train_and_eval_samples_are_fixed_by_the_seed() {
     };
     assert_eq!(labels(t.as_ref()), labels(build(&s, 1).unwrap().as_ref()));
 }
+
+#[test]
+fn the_listops_cache_notices_a_changed_file() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("basic_train.tsv");
+    std::fs::write(&p, "Source\tTarget\n( ( ( [MAX 2 ) 9 ) ] )\t9\n").unwrap();
+    let a = fpt_tasks::listops::read_tsv_cached(&p, Brackets::Drop, 512).unwrap();
+    assert_eq!(a.labels, vec![9]);
+    std::fs::write(&p, "Source\tTarget\n( ( ( [MIN 2 ) 9 ) ] )\t2\n( ( [SM 7 ) ] )\t7\n").unwrap();
+    let b = fpt_tasks::listops::read_tsv_cached(&p, Brackets::Drop, 512).unwrap();
+    assert_eq!(b.labels, vec![2, 7]);
+    let c = fpt_tasks::listops::read_tsv_cached(&p, Brackets::Drop, 2).unwrap();
+    assert!(
+        matches!(&c.examples, fpt_tasks::Examples::Tokens(t) if t[0].len() == 2),
+        "max_len is part of the key"
+    );
+}

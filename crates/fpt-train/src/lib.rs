@@ -233,14 +233,28 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
 /// Mean loss and accuracy of `model` over a whole evaluation split.
 pub fn evaluate(model: &Fpt, task: &dyn Task, split: Split, batch_size: usize, device: &Device) -> Result<(f64, f64)> {
     let mut ctx = Ctx::eval();
+    evaluate_with(task, split, batch_size, device, &mut |inputs| {
+        Ok(model.forward(inputs, &mut ctx)?)
+    })
+}
+
+/// Mean loss and accuracy over a whole evaluation split of any model, given as `forward`
+/// from a batch's inputs to logits whose last dimension is the classes.
+pub fn evaluate_with(
+    task: &dyn Task,
+    split: Split,
+    batch_size: usize,
+    device: &Device,
+    forward: &mut dyn FnMut(&fpt_tasks::Inputs) -> Result<Tensor>,
+) -> Result<(f64, f64)> {
     let (mut loss_sum, mut correct, mut labels) = (0f64, 0usize, 0usize);
     let n = task.eval_len(split);
     let mut start = 0;
     while start < n {
         let batch = task.eval_batch(split, start, batch_size, device)?;
         let bsz = batch.inputs.batch_size();
-        let logits = model.forward(&batch.inputs, &mut ctx)?;
-        let classes = logits.dim(2)?;
+        let logits = forward(&batch.inputs)?;
+        let classes = logits.dim(candle_core::D::Minus1)?;
         let logits = logits.reshape(((), classes))?;
         let targets = batch.labels.flatten_all()?;
         let count = targets.elem_count();
@@ -473,13 +487,21 @@ impl Trainer {
         })
     }
 
+    /// Examples per evaluation forward pass: up to 64, fewer for long sequences (a forward
+    /// pass keeps every layer's `batch x heads x tokens^2` attention alive while trainable
+    /// tensors take part), never fewer than the training micro-batch.
+    pub fn eval_batch_size(&self) -> usize {
+        let t = self.task.dims().seq_len.max(1);
+        (((1usize << 20) / (t * t)).clamp(1, 64)).max(self.spec.train.micro_batch_size)
+    }
+
     /// Loss and accuracy on a whole evaluation split.
     pub fn evaluate(&self, split: Split) -> Result<(f64, f64)> {
         evaluate(
             &self.model,
             self.task.as_ref(),
             split,
-            self.spec.train.micro_batch_size.max(64),
+            self.eval_batch_size(),
             &self.device,
         )
     }

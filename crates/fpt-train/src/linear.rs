@@ -3,7 +3,7 @@
 //! transformer has to beat on a task (`fpt train --linear-baseline`).
 
 use crate::{optim, write_atomic, Result, TrainError};
-use candle_core::{DType, Device, Tensor, Var};
+use candle_core::{Device, Tensor, Var};
 use fpt_nn::{ops, Rng};
 use fpt_spec::RunSpec;
 use fpt_tasks::{InputKind, Inputs, Split, Task};
@@ -94,23 +94,9 @@ pub fn train_linear(
         Ok(y.reshape(((), d.classes))?)
     };
     let evaluate = |task: &dyn Task, split: Split| -> Result<(f64, f64)> {
-        let (mut loss, mut correct, mut n) = (0.0, 0usize, 0usize);
-        let total = task.eval_len(split);
-        let mut start = 0;
-        while start < total {
-            let batch = task.eval_batch(split, start, 256, device)?;
-            let y = logits(&features(&batch.inputs, d.input, device)?)?;
-            let targets = batch.labels.flatten_all()?;
-            let c = targets.elem_count();
-            loss += ops::cross_entropy(&y, &targets)?
-                .to_dtype(DType::F64)?
-                .to_scalar::<f64>()?
-                * c as f64;
-            correct += ops::correct(&y, &targets)?;
-            n += c;
-            start += batch.inputs.batch_size().max(1);
-        }
-        Ok((loss / n.max(1) as f64, correct as f64 / n.max(1) as f64))
+        crate::evaluate_with(task, split, 256, device, &mut |inputs| {
+            logits(&features(inputs, d.input, device)?)
+        })
     };
     for step in 1..=spec.train.steps {
         let batch = task.train_batch(spec.train.batch_size, &mut data, device)?;
