@@ -1212,9 +1212,6 @@ pub mod table {
         /// Backbone substitutions (keys: the paper's backbone names).
         #[serde(default)]
         pub backbones: BTreeMap<String, Substitute>,
-        /// Seeds per cell (the mean is reported).
-        #[serde(default)]
-        pub seeds: Option<usize>,
     }
 
     impl ScaleSettings {
@@ -1236,7 +1233,6 @@ pub mod table {
                 all: self.all.merged(&over.all),
                 tasks,
                 backbones,
-                seeds: over.seeds.or(self.seeds),
             }
         }
 
