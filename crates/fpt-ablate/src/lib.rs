@@ -47,6 +47,14 @@ pub enum AblateError {
     /// A run failed.
     #[error(transparent)]
     Train(#[from] fpt_train::TrainError),
+    /// A run panicked.
+    #[error("{}: {msg}", dir.display())]
+    Panicked {
+        /// The run directory.
+        dir: PathBuf,
+        /// The panic's message.
+        msg: String,
+    },
 }
 
 /// Result alias for this crate.
@@ -470,7 +478,22 @@ pub fn run(cells: &[Cell], out: &Path, opts: &RunOptions, log: &mut (dyn FnMut(&
                     }
                 };
                 let device = opts.device.clone().unwrap_or(candle_core::Device::Cpu);
-                match run_one(&spec, &dir, opts.force, &device, &mut progress) {
+                // A panic inside one run is that run's failure, not the table's.
+                let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    run_one(&spec, &dir, opts.force, &device, &mut progress)
+                }))
+                .unwrap_or_else(|p| {
+                    let why = p
+                        .downcast_ref::<String>()
+                        .cloned()
+                        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                        .unwrap_or_else(|| "a panic".into());
+                    Err(AblateError::Panicked {
+                        dir: dir.clone(),
+                        msg: format!("the run panicked: {why}"),
+                    })
+                });
+                match outcome {
                     Ok(r) => {
                         done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         say(format!(
