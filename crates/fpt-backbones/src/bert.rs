@@ -322,10 +322,11 @@ pub struct Bert {
 }
 
 impl Bert {
-    fn assemble(
+    pub(crate) fn assemble(
         config: &BertConfig,
         tensors: HashMap<String, Tensor>,
         groups: &TrainGroups,
+        origin: String,
     ) -> candle_core::Result<Self> {
         let mut t = ParamTaker::new(tensors, groups, ROLE_RULES);
         let eps = config.layer_norm_eps;
@@ -354,19 +355,20 @@ impl Bert {
             layers,
             dropout: true,
             named: t.named,
-            origin: String::new(),
+            origin,
         })
     }
 
     /// Loads `model.safetensors` (see the module docs for the accepted names), checking
     /// every tensor's presence and shape.
     pub fn load(config: &BertConfig, weights: &Path, groups: &TrainGroups, device: &Device) -> Result<Self> {
-        Self::from_tensors(
+        let origin = weights.display().to_string();
+        Ok(Self::assemble(
             config,
             Self::read(config, weights, device)?,
             groups,
-            weights.display().to_string(),
-        )
+            origin,
+        )?)
     }
 
     /// The checkpoint's tensors under fpt's names, every one checked.
@@ -387,29 +389,16 @@ impl Bert {
         )
     }
 
-    /// The model from tensors under fpt's names.
-    pub(crate) fn from_tensors(
-        config: &BertConfig,
-        tensors: HashMap<String, Tensor>,
-        groups: &TrainGroups,
-        origin: String,
-    ) -> Result<Self> {
-        let mut m = Self::assemble(config, tensors, groups)?;
-        m.origin = origin;
-        Ok(m)
-    }
-
     /// BERT's default random init: weights and embeddings N(0, 0.02), biases 0,
     /// LayerNorm 1/0.
     pub fn random(config: &BertConfig, groups: &TrainGroups, device: &Device, rng: &mut Rng) -> Result<Self> {
         let tensors = crate::random_tensors(&config.param_specs(), &|_| 0.02, device, rng)?;
-        let mut m = Self::assemble(config, tensors, groups)?;
         let c = config;
-        m.origin = format!(
+        let origin = format!(
             "random init ({} layers x {} wide x {} heads)",
             c.num_hidden_layers, c.hidden_size, c.num_attention_heads
         );
-        Ok(m)
+        Ok(Self::assemble(config, tensors, groups, origin)?)
     }
 
     /// The config this model was built from.

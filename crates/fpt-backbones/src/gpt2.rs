@@ -230,10 +230,11 @@ pub struct Gpt2 {
 }
 
 impl Gpt2 {
-    fn assemble(
+    pub(crate) fn assemble(
         config: &Gpt2Config,
         tensors: HashMap<String, Tensor>,
         groups: &TrainGroups,
+        origin: String,
     ) -> candle_core::Result<Self> {
         let mut t = ParamTaker::new(tensors, groups, ROLE_RULES);
         let eps = config.layer_norm_epsilon;
@@ -258,7 +259,7 @@ impl Gpt2 {
             ln_f,
             dropout: true,
             named: t.named,
-            origin: String::new(),
+            origin,
         })
     }
 
@@ -266,12 +267,13 @@ impl Gpt2 {
     /// tensor the config implies is present with its shape. `wte` is shape-checked but not
     /// loaded (FPT feeds input embeddings).
     pub fn load(config: &Gpt2Config, weights: &Path, groups: &TrainGroups, device: &Device) -> Result<Self> {
-        Self::from_tensors(
+        let origin = weights.display().to_string();
+        Ok(Self::assemble(
             config,
             Self::read(config, weights, device)?,
             groups,
-            weights.display().to_string(),
-        )
+            origin,
+        )?)
     }
 
     /// The checkpoint's tensors under fpt's names, every one checked.
@@ -285,18 +287,6 @@ impl Gpt2 {
             &[".attn.bias", ".attn.masked_bias", "lm_head."],
             device,
         )
-    }
-
-    /// The model from tensors under fpt's names.
-    pub(crate) fn from_tensors(
-        config: &Gpt2Config,
-        tensors: HashMap<String, Tensor>,
-        groups: &TrainGroups,
-        origin: String,
-    ) -> Result<Self> {
-        let mut m = Self::assemble(config, tensors, groups)?;
-        m.origin = origin;
-        Ok(m)
     }
 
     /// GPT-2's default random init: weights N(0, 0.02), biases 0, LayerNorm 1/0; with
@@ -314,8 +304,7 @@ impl Gpt2 {
         };
         let std = |n: &str| if n.ends_with("c_proj.weight") { proj_std } else { 0.02 };
         let tensors = crate::random_tensors(&config.param_specs(), &std, device, rng)?;
-        let mut m = Self::assemble(config, tensors, groups)?;
-        m.origin = format!(
+        let origin = format!(
             "random init ({} c_proj, {} layers x {} wide x {} heads)",
             match residual {
                 ResidualInit::Scaled => "scaled",
@@ -325,7 +314,7 @@ impl Gpt2 {
             config.n_embd,
             config.n_head
         );
-        Ok(m)
+        Ok(Self::assemble(config, tensors, groups, origin)?)
     }
 
     /// Writes `config.json` and `model.safetensors` in the Hub's format (Conv1D weights

@@ -680,19 +680,19 @@ pub fn load(spec: &BackboneSpec, groups: &TrainGroups, device: &Device, rng: &mu
                 return Ok(match config {
                     Config::Gpt2(c) => {
                         let t = stats_only(gpt2::Gpt2::read(&c, w, device)?, rng)?;
-                        Box::new(gpt2::Gpt2::from_tensors(&c, t, groups, origin)?)
+                        Box::new(gpt2::Gpt2::assemble(&c, t, groups, origin)?)
                     }
                     Config::Bert(c) => {
                         let t = stats_only(bert::Bert::read(&c, w, device)?, rng)?;
-                        Box::new(bert::Bert::from_tensors(&c, t, groups, origin)?)
+                        Box::new(bert::Bert::assemble(&c, t, groups, origin)?)
                     }
                     Config::T5(c) => {
                         let t = stats_only(t5::T5Encoder::read(&c, w, device)?, rng)?;
-                        Box::new(t5::T5Encoder::from_tensors(&c, t, groups, origin)?)
+                        Box::new(t5::T5Encoder::assemble(&c, t, groups, origin)?)
                     }
                     Config::Vit(c) => {
                         let t = stats_only(vit::Vit::read(&c, w, device)?, rng)?;
-                        Box::new(vit::Vit::from_tensors(&c, t, groups, origin)?)
+                        Box::new(vit::Vit::assemble(&c, t, groups, origin)?)
                     }
                 });
             }

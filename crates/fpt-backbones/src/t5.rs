@@ -230,10 +230,11 @@ pub struct T5Encoder {
 }
 
 impl T5Encoder {
-    fn assemble(
+    pub(crate) fn assemble(
         config: &T5Config,
         tensors: HashMap<String, Tensor>,
         groups: &TrainGroups,
+        origin: String,
     ) -> candle_core::Result<Self> {
         let mut t = ParamTaker::new(tensors, groups, ROLE_RULES);
         let no_bias =
@@ -268,18 +269,19 @@ impl T5Encoder {
             final_ln,
             dropout: true,
             named: t.named,
-            origin: String::new(),
+            origin,
         })
     }
 
     /// Loads the encoder from `model.safetensors` (an encoder-only or a full T5 checkpoint).
     pub fn load(config: &T5Config, weights: &Path, groups: &TrainGroups, device: &Device) -> Result<Self> {
-        Self::from_tensors(
+        let origin = weights.display().to_string();
+        Ok(Self::assemble(
             config,
             Self::read(config, weights, device)?,
             groups,
-            weights.display().to_string(),
-        )
+            origin,
+        )?)
     }
 
     /// The checkpoint's tensors under fpt's names, every one checked.
@@ -295,30 +297,17 @@ impl T5Encoder {
         )
     }
 
-    /// The model from tensors under fpt's names.
-    pub(crate) fn from_tensors(
-        config: &T5Config,
-        tensors: HashMap<String, Tensor>,
-        groups: &TrainGroups,
-        origin: String,
-    ) -> Result<Self> {
-        let mut m = Self::assemble(config, tensors, groups)?;
-        m.origin = origin;
-        Ok(m)
-    }
-
     /// Random init in the spirit of T5's `_init_weights` (N(0, 0.02) for every matrix and
     /// the bias table, RMS norm weights 1). T5's own init scales each matrix by its fan-in;
     /// the fixed 0.02 keeps random rows comparable with the other backbones.
     pub fn random(config: &T5Config, groups: &TrainGroups, device: &Device, rng: &mut Rng) -> Result<Self> {
         let tensors = crate::random_tensors(&config.param_specs(), &|_| 0.02, device, rng)?;
-        let mut m = Self::assemble(config, tensors, groups)?;
         let c = config;
-        m.origin = format!(
+        let origin = format!(
             "random init ({} layers x {} wide x {} heads)",
             c.num_layers, c.d_model, c.num_heads
         );
-        Ok(m)
+        Ok(Self::assemble(config, tensors, groups, origin)?)
     }
 
     /// The `[heads, t, t]` relative-position bias for `t` tokens.

@@ -296,10 +296,11 @@ pub struct Vit {
 }
 
 impl Vit {
-    fn assemble(
+    pub(crate) fn assemble(
         config: &VitConfig,
         tensors: HashMap<String, Tensor>,
         groups: &TrainGroups,
+        origin: String,
     ) -> candle_core::Result<Self> {
         let mut t = ParamTaker::new(tensors, groups, ROLE_RULES);
         let eps = config.layer_norm_eps;
@@ -333,30 +334,19 @@ impl Vit {
             ln,
             dropout: true,
             named: t.named,
-            origin: String::new(),
+            origin,
         })
     }
 
     /// Loads `model.safetensors`; fpt's position table starts at zero.
     pub fn load(config: &VitConfig, weights: &Path, groups: &TrainGroups, device: &Device) -> Result<Self> {
-        Self::from_tensors(
+        let origin = weights.display().to_string();
+        Ok(Self::assemble(
             config,
             Self::read(config, weights, device)?,
             groups,
-            weights.display().to_string(),
-        )
-    }
-
-    /// The model from tensors under fpt's names.
-    pub(crate) fn from_tensors(
-        config: &VitConfig,
-        tensors: HashMap<String, Tensor>,
-        groups: &TrainGroups,
-        origin: String,
-    ) -> Result<Self> {
-        let mut m = Self::assemble(config, tensors, groups)?;
-        m.origin = origin;
-        Ok(m)
+            origin,
+        )?)
     }
 
     /// The checkpoint's tensors under fpt's names (HF or timm), every one checked, plus
@@ -472,13 +462,12 @@ impl Vit {
             "fpt.position_embeddings.weight".into(),
             Tensor::zeros((FPT_POSITIONS, config.hidden_size), DType::F32, device)?,
         );
-        let mut m = Self::assemble(config, tensors, groups)?;
         let c = config;
-        m.origin = format!(
+        let origin = format!(
             "random init ({} layers x {} wide x {} heads)",
             c.num_hidden_layers, c.hidden_size, c.num_attention_heads
         );
-        Ok(m)
+        Ok(Self::assemble(config, tensors, groups, origin)?)
     }
 }
 
