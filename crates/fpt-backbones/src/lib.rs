@@ -674,35 +674,40 @@ pub fn load(spec: &BackboneSpec, groups: &TrainGroups, device: &Device, rng: &mu
         _ => {
             let files = hub::resolve(&spec.source, spec.init.needs_weights())?;
             let config = Config::from_file(&files.config)?;
-            if spec.init == Init::StatsOnly {
-                let w = files.weights.as_ref().expect("resolve returns weights when asked");
-                let origin = format!("statistics-only init from {}", w.display());
+            if let Some(w) = files.weights.as_ref().filter(|_| spec.init.needs_weights()) {
+                // Pretrained: the checkpoint as read; statistics-only: each tensor redrawn.
+                let stats = spec.init == Init::StatsOnly;
+                let origin = if stats {
+                    format!("statistics-only init from {}", w.display())
+                } else {
+                    w.display().to_string()
+                };
+                let mut prep = |t| if stats { stats_only(t, rng) } else { Ok(t) };
                 return Ok(match config {
-                    Config::Gpt2(c) => {
-                        let t = stats_only(gpt2::Gpt2::read(&c, w, device)?, rng)?;
-                        Box::new(gpt2::Gpt2::assemble(&c, t, groups, origin)?)
-                    }
-                    Config::Bert(c) => {
-                        let t = stats_only(bert::Bert::read(&c, w, device)?, rng)?;
-                        Box::new(bert::Bert::assemble(&c, t, groups, origin)?)
-                    }
-                    Config::T5(c) => {
-                        let t = stats_only(t5::T5Encoder::read(&c, w, device)?, rng)?;
-                        Box::new(t5::T5Encoder::assemble(&c, t, groups, origin)?)
-                    }
-                    Config::Vit(c) => {
-                        let t = stats_only(vit::Vit::read(&c, w, device)?, rng)?;
-                        Box::new(vit::Vit::assemble(&c, t, groups, origin)?)
-                    }
-                });
-            }
-            if spec.init == Init::Pretrained {
-                let w = files.weights.as_ref().expect("resolve returns weights when asked");
-                return Ok(match config {
-                    Config::Gpt2(c) => Box::new(gpt2::Gpt2::load(&c, w, groups, device)?),
-                    Config::Bert(c) => Box::new(bert::Bert::load(&c, w, groups, device)?),
-                    Config::T5(c) => Box::new(t5::T5Encoder::load(&c, w, groups, device)?),
-                    Config::Vit(c) => Box::new(vit::Vit::load(&c, w, groups, device)?),
+                    Config::Gpt2(c) => Box::new(gpt2::Gpt2::assemble(
+                        &c,
+                        prep(gpt2::Gpt2::read(&c, w, device)?)?,
+                        groups,
+                        origin,
+                    )?),
+                    Config::Bert(c) => Box::new(bert::Bert::assemble(
+                        &c,
+                        prep(bert::Bert::read(&c, w, device)?)?,
+                        groups,
+                        origin,
+                    )?),
+                    Config::T5(c) => Box::new(t5::T5Encoder::assemble(
+                        &c,
+                        prep(t5::T5Encoder::read(&c, w, device)?)?,
+                        groups,
+                        origin,
+                    )?),
+                    Config::Vit(c) => Box::new(vit::Vit::assemble(
+                        &c,
+                        prep(vit::Vit::read(&c, w, device)?)?,
+                        groups,
+                        origin,
+                    )?),
                 });
             }
             config
