@@ -18,9 +18,11 @@
 //!     backbone: BackboneSpec {
 //!         source: "gpt2".into(),
 //!         init: Init::Random,
-//!         shape: ShapeOverrides { layers: Some(4), hidden: Some(128), heads: Some(4), positions: None },
+//!         shape: ShapeOverrides { layers: Some(4), hidden: Some(128), heads: Some(4), ..Default::default() },
 //!         residual_init: Default::default(),
 //!         depth: None,
+//!         final_norm: true,
+//!         bit_pretrain: None,
 //!     },
 //!     train_groups: TrainGroups::fpt(),
 //!     train: TrainSpec { steps: 4000, ..TrainSpec::default() },

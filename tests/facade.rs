@@ -18,9 +18,12 @@ fn facade_trains_a_tiny_model() {
                 hidden: Some(16),
                 heads: Some(2),
                 positions: Some(16),
+                ..Default::default()
             },
             residual_init: ResidualInit::Unscaled,
             depth: None,
+            final_norm: true,
+            bit_pretrain: None,
         },
         train_groups: TrainGroups::fpt(),
         train: TrainSpec {

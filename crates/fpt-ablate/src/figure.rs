@@ -281,6 +281,8 @@ pub fn render(
                 shape: Default::default(),
                 residual_init: ResidualInit::Scaled,
                 depth: None,
+                final_norm: true,
+                bit_pretrain: None,
             };
             match param_std(&spec) {
                 Ok(series) => {

@@ -255,33 +255,36 @@ fn plan(s: &CellSettings, metric: Metric, sc: &ScaleSettings, notes: &mut Vec<St
     if metric == Metric::PaperOnly || model == "literature" {
         return Plan::PaperOnly("the paper's number (cited or stated), not an experiment".into());
     }
-    match model {
-        "transformer" => {}
-        "lstm" => return Plan::Unavailable("LSTM backbones are not built yet (issue 7)".into()),
+    let lstm = match model {
+        "transformer" => false,
+        "lstm" => true,
         "output-only" => {
             return Plan::Unavailable("output-only training on cached features is not built yet (issue 7)".into())
         }
         other => return Plan::Unavailable(format!("unknown model `{other}`")),
-    }
-    let init = match s.init.as_deref().unwrap_or("pretrained") {
+    };
+    let init = match s.init.as_deref().unwrap_or(if lstm { "random" } else { "pretrained" }) {
         "pretrained" => Init::Pretrained,
         "random" => Init::Random,
         "stats-only" => Init::StatsOnly,
-        "bit-pretrained" => {
-            return Plan::Unavailable(
-                "Bit Memory pretraining of the backbone (Table 2's Bit row) is not built yet (issue 7)".into(),
-            )
-        }
+        "bit-pretrained" => Init::BitPretrained,
         other => return Plan::Unavailable(format!("unknown init `{other}`")),
     };
-    if s.last_attention == Some(true) {
-        return Plan::Unavailable("training only the last attention layer is not built yet (issue 7)".into());
+    if lstm && init != Init::Random {
+        return Plan::Unavailable(format!("an LSTM has no `{init}` weights (random init only)"));
     }
-    let groups: TrainGroups = match s.train.as_deref().unwrap_or("fpt").parse() {
+    let mut groups: TrainGroups = match s.train.as_deref().unwrap_or("fpt").parse() {
         Ok(g) => g,
         Err(e) => return Plan::Unavailable(e.to_string()),
     };
-    let name = s.backbone.clone().unwrap_or_else(|| "gpt2".into());
+    if s.last_attention == Some(true) {
+        groups.last_attention = true;
+    }
+    let name = if lstm {
+        "lstm".to_string()
+    } else {
+        s.backbone.clone().unwrap_or_else(|| "gpt2".into())
+    };
     let Some(task_name) = s.task.as_deref() else {
         return Plan::Unavailable("the cell names no task".into());
     };
@@ -308,32 +311,41 @@ fn plan(s: &CellSettings, metric: Metric, sc: &ScaleSettings, notes: &mut Vec<St
                 shape: Default::default(),
                 residual_init: ResidualInit::Scaled,
                 depth: s.depth,
+                final_norm: true,
+                bit_pretrain: None,
             },
             task,
             groups,
         }));
     }
-    let (source, shape) = match sc.backbones.get(&name) {
+    let (source, mut shape) = match sc.backbones.get(&name) {
         Some(sub) if sub.source == "none" => return Plan::Unavailable(sub.note.clone()),
         Some(sub) => {
             notes.push(format!("{name} -> {}: {}", sub.source, sub.note));
             (
                 sub.source.clone(),
-                if init == Init::Random {
-                    sub.shape
-                } else {
+                if init.needs_weights() {
                     Default::default()
+                } else {
+                    sub.shape
                 },
             )
         }
         None => (name.clone(), Default::default()),
     };
+    if lstm {
+        shape.layers = s.lstm_layers.or(shape.layers);
+        shape.lstm_residual = s.lstm_residual.filter(|&r| r);
+        shape.lstm_positions = s.lstm_positions.filter(|&p| p);
+    }
     let backbone = BackboneSpec {
         source,
         init,
         shape,
         residual_init: ResidualInit::Scaled,
         depth: s.depth,
+        final_norm: true,
+        bit_pretrain: (init == Init::BitPretrained).then(|| sc.bit_pretrain.unwrap_or_default()),
     };
     // What this machine lacks: data, weights, depth.
     if let Err(e) = fpt_tasks::check_present(&task) {
@@ -342,8 +354,9 @@ fn plan(s: &CellSettings, metric: Metric, sc: &ScaleSettings, notes: &mut Vec<St
     if let Err(e) = fpt_backbones::hub::resolves_offline(&backbone.source, init.needs_weights())
         .map(|_| ())
         .or_else(|e| {
-            // Random init of a built-in config (gpt2, ...) needs no files.
-            if init == Init::Random && fpt_backbones::param_specs(&backbone).is_ok() {
+            // Random init (and Bit pretraining from it) of a built-in config (gpt2, lstm,
+            // ...) needs no files.
+            if !init.needs_weights() && fpt_backbones::param_specs(&backbone).is_ok() {
                 Ok(())
             } else {
                 Err(e)
@@ -370,7 +383,8 @@ fn plan(s: &CellSettings, metric: Metric, sc: &ScaleSettings, notes: &mut Vec<St
         steps,
         batch_size,
         micro_batch_size: o.micro_batch_size.unwrap_or(batch_size),
-        lr: s.lr.or(o.lr).unwrap_or(1e-3),
+        // The paper: 1e-3 for transformers, 3e-4 for LSTMs (App. B).
+        lr: s.lr.or(if lstm { Some(3e-4) } else { o.lr }).unwrap_or(1e-3),
         eval_every: o.eval_every.unwrap_or(steps.div_ceil(4)).max(1),
         ..TrainSpec::default()
     };

@@ -232,6 +232,9 @@ impl BertConfig {
         if let Some(p) = o.positions {
             self.max_position_embeddings = p + self.longformer.map_or(0, |l| l.position_offset);
         }
+        if let Some(v) = o.vocab {
+            self.vocab_size = v;
+        }
         self.validate()
             .map_err(|m| BackboneError::Unsupported(format!("invalid BERT shape: {m}")))?;
         Ok(self)
@@ -472,6 +475,10 @@ impl Backbone for Bert {
             h = l.out_ln.forward(&(m + h1)?)?;
         }
         Ok(h)
+    }
+
+    fn config(&self) -> crate::Config {
+        crate::Config::Bert(self.config.clone())
     }
 
     crate::backbone_common!(layers, num_hidden_layers);

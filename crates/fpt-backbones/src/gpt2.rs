@@ -14,7 +14,7 @@ use fpt_nn::{ops, Ctx, LayerNorm, Linear, Param, Rng};
 use fpt_spec::{ResidualInit, Role, ShapeOverrides, TrainGroups};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// The reference code's freezing rule for GPT-2 names, first match wins.
 pub const ROLE_RULES: &[(&str, Role)] = &[
@@ -157,6 +157,9 @@ impl Gpt2Config {
         if let Some(p) = o.positions {
             self.n_positions = p;
         }
+        if let Some(v) = o.vocab {
+            self.vocab_size = v;
+        }
         self.validate()
             .map_err(|m| BackboneError::Unsupported(format!("invalid GPT-2 shape: {m}")))?;
         Ok(self)
@@ -204,7 +207,7 @@ impl Gpt2Config {
 }
 
 /// Whether a checkpoint tensor is a Conv1D weight stored `[in, out]`.
-fn is_conv1d_weight(name: &str) -> bool {
+pub(crate) fn is_conv1d_weight(name: &str) -> bool {
     name.ends_with(".weight") && (name.contains(".c_attn.") || name.contains(".c_proj.") || name.contains(".c_fc."))
 }
 
@@ -222,7 +225,8 @@ pub struct Gpt2 {
     config: Gpt2Config,
     wpe: Param,
     blocks: Vec<Block>,
-    ln_f: LayerNorm,
+    /// `None` after [`Backbone::drop_final_norm`].
+    ln_f: Option<LayerNorm>,
     /// Dropouts on (the reference keeps GPT-2's dropouts on during training).
     dropout: bool,
     named: Vec<(String, Role, Param)>,
@@ -256,7 +260,7 @@ impl Gpt2 {
             config: config.clone(),
             wpe,
             blocks,
-            ln_f,
+            ln_f: Some(ln_f),
             dropout: true,
             named: t.named,
             origin,
@@ -315,39 +319,6 @@ impl Gpt2 {
             config.n_head
         );
         Ok(Self::assemble(config, tensors, groups, origin)?)
-    }
-
-    /// Writes `config.json` and `model.safetensors` in the Hub's format (Conv1D weights
-    /// `[in, out]`, no prefix); `wte` is drawn from N(0, 0.02) with `rng` since FPT never
-    /// trains it. Files are written to temporary names and renamed.
-    pub fn save_pretrained(&self, dir: &Path, rng: &mut Rng) -> Result<()> {
-        let io = |path: PathBuf| move |source| BackboneError::Io { path, source };
-        std::fs::create_dir_all(dir).map_err(io(dir.to_path_buf()))?;
-        let mut out: HashMap<String, Tensor> = HashMap::new();
-        for (name, _, p) in &self.named {
-            let t = p.tensor().to_device(&Device::Cpu)?;
-            let t = if is_conv1d_weight(name) {
-                t.t()?.contiguous()?
-            } else {
-                t
-            };
-            out.insert(name.clone(), t);
-        }
-        let c = &self.config;
-        out.insert(
-            "wte.weight".into(),
-            fpt_nn::init::normal(&[c.vocab_size, c.n_embd], 0.0, 0.02, rng, &Device::Cpu)?,
-        );
-        let w_tmp = dir.join("model.safetensors.tmp");
-        candle_core::safetensors::save(&out, &w_tmp)?;
-        std::fs::rename(&w_tmp, dir.join("model.safetensors")).map_err(io(w_tmp))?;
-        let mut cfg = serde_json::to_value(c).expect("config serialises");
-        cfg["model_type"] = "gpt2".into();
-        cfg["architectures"] = serde_json::json!(["GPT2Model"]);
-        let c_tmp = dir.join("config.json.tmp");
-        std::fs::write(&c_tmp, serde_json::to_string_pretty(&cfg).expect("json")).map_err(io(c_tmp.clone()))?;
-        std::fs::rename(&c_tmp, dir.join("config.json")).map_err(io(c_tmp))?;
-        Ok(())
     }
 
     /// The config this model was built from.
@@ -429,7 +400,20 @@ impl Backbone for Gpt2 {
         for (i, b) in self.blocks.iter().enumerate() {
             h = self.block_forward(i, b, &h, ctx)?;
         }
-        self.ln_f.forward(&h)
+        match &self.ln_f {
+            Some(ln) => ln.forward(&h),
+            None => Ok(h),
+        }
+    }
+
+    fn drop_final_norm(&mut self) -> Result<()> {
+        self.ln_f = None;
+        crate::drop_named(&mut self.named, "ln_f.");
+        Ok(())
+    }
+
+    fn config(&self) -> crate::Config {
+        crate::Config::Gpt2(self.config.clone())
     }
 
     crate::backbone_common!(blocks, n_layer);

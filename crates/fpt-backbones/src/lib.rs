@@ -18,6 +18,7 @@
 pub mod bert;
 pub mod gpt2;
 pub mod hub;
+pub mod lstm;
 pub mod t5;
 pub mod vit;
 
@@ -157,6 +158,21 @@ pub trait Backbone: Send + Sync {
     /// Keeps only the first `layers` blocks (the final norm, where the architecture has one,
     /// stays); their parameters leave [`Backbone::params`] and the counts.
     fn truncate(&mut self, layers: usize) -> Result<()>;
+    /// Removes the final norm (GPT-2's `ln_f`, T5's final RMS norm, ViT's `layernorm`), so
+    /// the output is the last block's residual stream (Tables 11-12 "without final norm").
+    fn drop_final_norm(&mut self) -> Result<()> {
+        Err(BackboneError::Unsupported(format!(
+            "{} has no final norm to drop",
+            self.architecture()
+        )))
+    }
+    /// The architecture's config as the model now stands (after any depth cut).
+    fn config(&self) -> Config;
+}
+
+/// Drops the named parameters whose names contain `part`.
+pub(crate) fn drop_named(named: &mut Vec<(String, Role, Param)>, part: &str) {
+    named.retain(|(n, _, _)| !n.contains(part));
 }
 
 /// The `Backbone` methods every architecture implements the same way, for a struct with
@@ -226,7 +242,7 @@ pub(crate) fn attention(
 pub fn layer_index(name: &str) -> Option<usize> {
     let parts: Vec<&str> = name.split('.').collect();
     parts.windows(2).find_map(|w| match w[0] {
-        "h" | "layer" | "block" | "blocks" => w[1].parse().ok(),
+        "h" | "layer" | "layers" | "block" | "blocks" => w[1].parse().ok(),
         _ => None,
     })
 }
@@ -257,6 +273,8 @@ pub enum Config {
     T5(t5::T5Config),
     /// ViT.
     Vit(vit::VitConfig),
+    /// The layer-norm LSTM baseline.
+    Lstm(lstm::LstmConfig),
 }
 
 impl Config {
@@ -268,6 +286,7 @@ impl Config {
             .or_else(|| bert::BertConfig::builtin(name).map(Config::Bert))
             .or_else(|| t5::T5Config::builtin(name).map(Config::T5))
             .or_else(|| vit::VitConfig::builtin(name).map(Config::Vit))
+            .or_else(|| lstm::LstmConfig::builtin(name).map(Config::Lstm))
     }
 
     /// Reads a `config.json`, picking the architecture from its `model_type`.
@@ -286,9 +305,10 @@ impl Config {
             Some("longformer") => Ok(Config::Bert(bert::BertConfig::from_longformer_json(&text, path)?)),
             Some("t5") => Ok(Config::T5(t5::T5Config::from_json(&text, path)?)),
             Some("vit") => Ok(Config::Vit(vit::VitConfig::from_json(&text, path)?)),
+            Some("fpt-lstm") => Ok(Config::Lstm(lstm::LstmConfig::from_json(&text, path)?)),
             Some(other) => Err(BackboneError::Config {
                 path: path.to_path_buf(),
-                msg: format!("model_type `{other}` is not supported (supported: gpt2, bert, longformer, t5, vit)"),
+                msg: format!("model_type `{other}` is not supported (supported: gpt2, bert, longformer, t5, vit, fpt-lstm)"),
             }),
             // timm checkpoints name their architecture instead.
             None if v.get("architecture").and_then(|a| a.as_str()).is_some_and(|a| a.starts_with("vit_")) => {
@@ -308,6 +328,7 @@ impl Config {
             Config::Bert(c) => Config::Bert(c.with_overrides(o)?),
             Config::T5(c) => Config::T5(c.with_overrides(o)?),
             Config::Vit(c) => Config::Vit(c.with_overrides(o)?),
+            Config::Lstm(c) => Config::Lstm(c.with_overrides(o)?),
         })
     }
 
@@ -319,6 +340,7 @@ impl Config {
             Config::Bert(_) => "bert",
             Config::T5(_) => "t5",
             Config::Vit(_) => "vit",
+            Config::Lstm(_) => "lstm",
         }
     }
 
@@ -329,16 +351,18 @@ impl Config {
             Config::Bert(c) => c.num_hidden_layers,
             Config::T5(c) => c.num_layers,
             Config::Vit(c) => c.num_hidden_layers,
+            Config::Lstm(c) => c.num_layers,
         }
     }
 
-    /// Attention heads per block.
+    /// Attention heads per block (0 for an LSTM).
     pub fn heads(&self) -> usize {
         match self {
             Config::Gpt2(c) => c.n_head,
             Config::Bert(c) => c.num_attention_heads,
             Config::T5(c) => c.num_heads,
             Config::Vit(c) => c.num_attention_heads,
+            Config::Lstm(_) => 0,
         }
     }
 
@@ -349,6 +373,7 @@ impl Config {
             Config::Bert(c) => c.hidden_size,
             Config::T5(c) => c.d_model,
             Config::Vit(c) => c.hidden_size,
+            Config::Lstm(c) => c.hidden_size,
         }
     }
 
@@ -359,6 +384,7 @@ impl Config {
             Config::Bert(c) => c.param_specs(),
             Config::T5(c) => c.param_specs(),
             Config::Vit(c) => c.param_specs(),
+            Config::Lstm(c) => c.param_specs(),
         }
     }
 
@@ -416,6 +442,20 @@ impl Config {
                 vit::FPT_POSITIONS,
                 c.layer_norm_eps
             ),
+            Config::Lstm(c) => format!(
+                "layer-norm lstm: {} layers, hidden {}, {}, {}, {:?} LayerNorm init, {:?} initial state, dropout {}",
+                c.num_layers,
+                c.hidden_size,
+                if c.residual { "residual" } else { "no residual" },
+                if c.positions {
+                    format!("{} learned positions", c.max_positions)
+                } else {
+                    "no positions".to_string()
+                },
+                c.ln_init,
+                c.initial_state,
+                c.dropout
+            ),
         }
     }
 
@@ -426,6 +466,7 @@ impl Config {
             Config::Bert(c) => serde_json::to_value(c),
             Config::T5(c) => serde_json::to_value(c),
             Config::Vit(c) => serde_json::to_value(c),
+            Config::Lstm(c) => serde_json::to_value(c),
         }
         .expect("config serialises")
     }
@@ -451,6 +492,8 @@ pub(crate) struct ParamTaker<'a> {
     tensors: std::collections::HashMap<String, Tensor>,
     groups: &'a TrainGroups,
     rules: &'static [(&'static str, Role)],
+    /// The last block's index (for `TrainGroups::last_attention`).
+    last_block: Option<usize>,
     /// Every parameter taken, in order, with its name and role.
     pub named: Vec<(String, Role, Param)>,
 }
@@ -461,10 +504,12 @@ impl<'a> ParamTaker<'a> {
         groups: &'a TrainGroups,
         rules: &'static [(&'static str, Role)],
     ) -> Self {
+        let last_block = tensors.keys().filter_map(|n| layer_index(n)).max();
         Self {
             tensors,
             groups,
             rules,
+            last_block,
             named: Vec::new(),
         }
     }
@@ -473,7 +518,11 @@ impl<'a> ParamTaker<'a> {
     pub(crate) fn take(&mut self, name: String) -> candle_core::Result<Param> {
         let t = self.tensors.remove(&name).expect("tensor checked by the caller");
         let role = role_by_rules(&name, self.rules);
-        let p = Param::new(t, self.groups.trains(role))?;
+        let last_attention = self.groups.last_attention
+            && role == Role::Attention
+            && self.last_block.is_some()
+            && layer_index(&name) == self.last_block;
+        let p = Param::new(t, self.groups.trains(role) || last_attention)?;
         self.named.push((name, role, p.clone()));
         Ok(p)
     }
@@ -708,6 +757,12 @@ pub fn load(spec: &BackboneSpec, groups: &TrainGroups, device: &Device, rng: &mu
                         groups,
                         origin,
                     )?),
+                    Config::Lstm(c) => Box::new(lstm::Lstm::assemble(
+                        &c,
+                        prep(lstm::Lstm::read(&c, w, device)?)?,
+                        groups,
+                        origin,
+                    )?),
                 });
             }
             config
@@ -718,6 +773,7 @@ pub fn load(spec: &BackboneSpec, groups: &TrainGroups, device: &Device, rng: &mu
         Config::Bert(c) => Box::new(bert::Bert::random(&c, groups, device, rng)?),
         Config::T5(c) => Box::new(t5::T5Encoder::random(&c, groups, device, rng)?),
         Config::Vit(c) => Box::new(vit::Vit::random(&c, groups, device, rng)?),
+        Config::Lstm(c) => Box::new(lstm::Lstm::random(&c, groups, device, rng)?),
     })
 }
 
@@ -731,4 +787,73 @@ pub fn param_specs(spec: &BackboneSpec) -> Result<(Config, Vec<ParamSpec>)> {
     let config = config.with_overrides(&spec.shape)?;
     let specs = config.param_specs();
     Ok((config, specs))
+}
+
+/// Writes `backbone` as a checkpoint directory that [`load`] (and, for GPT-2, BERT and T5,
+/// Hugging Face `transformers`) reads: `config.json` (with `model_type`) and
+/// `model.safetensors` under the Hub's tensor names (GPT-2's Conv1D weights back in
+/// `[in, out]` layout). Tensors the backbone does not use with input embeddings (GPT-2's
+/// `wte`, BERT's word and type embeddings, T5's `shared`) come from `extra` when given
+/// (e.g. the token table `fpt pretrain` trained) and are otherwise drawn from N(0, 0.02)
+/// with `rng`. Each file is written to a temporary name and renamed. ViT and Longformer
+/// are not written (their fpt position tables have no Hub counterpart).
+pub fn save_pretrained(
+    backbone: &dyn Backbone,
+    dir: &Path,
+    extra: std::collections::HashMap<String, Tensor>,
+    rng: &mut Rng,
+) -> Result<()> {
+    let config = backbone.config();
+    let (model_type, arch, transposed): (&str, &str, fn(&str) -> bool) = match &config {
+        Config::Gpt2(_) => ("gpt2", "GPT2Model", gpt2::is_conv1d_weight),
+        Config::Bert(c) if c.longformer.is_none() => ("bert", "BertModel", |_| false),
+        Config::T5(_) => ("t5", "T5EncoderModel", |_| false),
+        Config::Lstm(_) => ("fpt-lstm", "FptLstm", |_| false),
+        other => {
+            return Err(BackboneError::Unsupported(format!(
+                "saving a {} backbone is not supported (gpt2, bert, t5 and lstm are)",
+                other.architecture()
+            )))
+        }
+    };
+    let io = |path: PathBuf| move |source| BackboneError::Io { path, source };
+    std::fs::create_dir_all(dir).map_err(io(dir.to_path_buf()))?;
+    let have: std::collections::HashMap<String, Tensor> = backbone
+        .params()
+        .into_iter()
+        .map(|(n, _, p)| (n, p.tensor().clone()))
+        .collect();
+    let mut out: std::collections::HashMap<String, Tensor> = std::collections::HashMap::new();
+    for spec in config.param_specs() {
+        let t = match have.get(&spec.name).or_else(|| extra.get(&spec.name)) {
+            Some(t) => t.to_device(&Device::Cpu)?,
+            None if !spec.used => fpt_nn::init::normal(&spec.shape, 0.0, 0.02, rng, &Device::Cpu)?,
+            None => {
+                return Err(BackboneError::Unsupported(format!(
+                    "cannot save: the backbone has no tensor `{}` (a dropped final norm?)",
+                    spec.name
+                )))
+            }
+        };
+        if t.dims() != spec.shape.as_slice() {
+            return Err(BackboneError::Shape {
+                path: dir.join("model.safetensors"),
+                tensor: spec.name.clone(),
+                expected: spec.shape.clone(),
+                found: t.dims().to_vec(),
+            });
+        }
+        let t = if transposed(&spec.name) { t.t()?.contiguous()? } else { t };
+        out.insert(spec.name, t);
+    }
+    let w_tmp = dir.join("model.safetensors.tmp");
+    candle_core::safetensors::save(&out, &w_tmp)?;
+    std::fs::rename(&w_tmp, dir.join("model.safetensors")).map_err(io(w_tmp))?;
+    let mut cfg = config.to_json();
+    cfg["model_type"] = model_type.into();
+    cfg["architectures"] = serde_json::json!([arch]);
+    let c_tmp = dir.join("config.json.tmp");
+    std::fs::write(&c_tmp, serde_json::to_string_pretty(&cfg).expect("json")).map_err(io(c_tmp.clone()))?;
+    std::fs::rename(&c_tmp, dir.join("config.json")).map_err(io(c_tmp))?;
+    Ok(())
 }

@@ -223,7 +223,8 @@ pub struct T5Encoder {
     config: T5Config,
     rel_bias: Param,
     blocks: Vec<Block>,
-    final_ln: Param,
+    /// `None` after [`Backbone::drop_final_norm`].
+    final_ln: Option<Param>,
     dropout: bool,
     named: Vec<(String, Role, Param)>,
     origin: String,
@@ -266,7 +267,7 @@ impl T5Encoder {
             config: config.clone(),
             rel_bias: rel_bias.expect("at least one block"),
             blocks,
-            final_ln,
+            final_ln: Some(final_ln),
             dropout: true,
             named: t.named,
             origin,
@@ -370,7 +371,20 @@ impl Backbone for T5Encoder {
             let m = drop(ctx, &blk.wi.forward(&x)?.relu()?)?;
             h = (&h + drop(ctx, &blk.wo.forward(&m)?)?)?;
         }
-        drop(ctx, &rms_norm(&h, self.final_ln.tensor(), eps)?)
+        match &self.final_ln {
+            Some(w) => drop(ctx, &rms_norm(&h, w.tensor(), eps)?),
+            None => drop(ctx, &h),
+        }
+    }
+
+    fn drop_final_norm(&mut self) -> Result<()> {
+        self.final_ln = None;
+        crate::drop_named(&mut self.named, "final_layer_norm.");
+        Ok(())
+    }
+
+    fn config(&self) -> crate::Config {
+        crate::Config::T5(self.config.clone())
     }
 
     crate::backbone_common!(blocks, num_layers);

@@ -289,7 +289,8 @@ pub struct Vit {
     config: VitConfig,
     positions: Param,
     layers: Vec<Layer>,
-    ln: LayerNorm,
+    /// `None` after [`Backbone::drop_final_norm`].
+    ln: Option<LayerNorm>,
     dropout: bool,
     named: Vec<(String, Role, Param)>,
     origin: String,
@@ -331,7 +332,7 @@ impl Vit {
             config: config.clone(),
             positions,
             layers,
-            ln,
+            ln: Some(ln),
             dropout: true,
             named: t.named,
             origin,
@@ -514,7 +515,20 @@ impl Backbone for Vit {
             let m = ops::gelu_erf(&l.intermediate.forward(&x)?)?;
             h = (drop(ctx, &l.output.forward(&m)?, c.hidden_dropout_prob)? + &h)?;
         }
-        self.ln.forward(&h)
+        match &self.ln {
+            Some(ln) => ln.forward(&h),
+            None => Ok(h),
+        }
+    }
+
+    fn drop_final_norm(&mut self) -> Result<()> {
+        self.ln = None;
+        crate::drop_named(&mut self.named, "layernorm.");
+        Ok(())
+    }
+
+    fn config(&self) -> crate::Config {
+        crate::Config::Vit(self.config.clone())
     }
 
     crate::backbone_common!(layers, num_hidden_layers);

@@ -132,6 +132,7 @@ fn random_init_and_errors() {
             hidden: Some(30),
             heads: Some(4),
             positions: None,
+            ..Default::default()
         });
     let e = cfg.unwrap_err().to_string();
     assert!(

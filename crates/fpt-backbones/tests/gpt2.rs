@@ -95,7 +95,7 @@ fn save_pretrained_round_trips() {
     )
     .unwrap();
     let tmp = tempfile::tempdir().unwrap();
-    a.save_pretrained(tmp.path(), &mut Rng::new(4)).unwrap();
+    fpt_backbones::save_pretrained(&a, tmp.path(), Default::default(), &mut Rng::new(4)).unwrap();
     let b = load_tiny(tmp.path()).unwrap();
     let x = Tensor::randn(0f32, 1.0, (2, 5, 32), &Device::Cpu).unwrap();
     let (ya, yb) = (
@@ -182,6 +182,7 @@ fn random_init_follows_gpt2_defaults() {
             hidden: Some(256),
             heads: Some(4),
             positions: Some(64),
+            ..Default::default()
         })
         .unwrap();
     let m = Gpt2::random(
@@ -305,6 +306,8 @@ fn statistics_only_init_keeps_each_tensors_mean_and_std_and_nothing_else() {
         shape: Default::default(),
         residual_init: Default::default(),
         depth: None,
+        final_norm: true,
+        bit_pretrain: None,
     };
     let load =
         |init, seed| fpt_backbones::load(&spec(init), &TrainGroups::fpt(), &Device::Cpu, &mut Rng::new(seed)).unwrap();

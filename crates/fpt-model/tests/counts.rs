@@ -59,6 +59,7 @@ fn materialised_vars_match_the_spec_count() {
             hidden: Some(64),
             heads: Some(4),
             positions: Some(32),
+            ..Default::default()
         })
         .unwrap();
     let dev = Device::Cpu;
@@ -85,6 +86,7 @@ fn too_long_inputs_are_refused() {
             hidden: Some(16),
             heads: Some(2),
             positions: Some(8),
+            ..Default::default()
         })
         .unwrap();
     let dev = Device::Cpu;

@@ -16,6 +16,7 @@ fn tiny_backbone(groups: &TrainGroups, rng: &mut Rng) -> Gpt2 {
             hidden: Some(16),
             heads: Some(2),
             positions: Some(12),
+            ..Default::default()
         })
         .unwrap();
     Gpt2::random(&cfg, ResidualInit::Scaled, groups, &Device::Cpu, rng).unwrap()

@@ -14,13 +14,13 @@ use std::str::FromStr;
 #[derive(Debug, thiserror::Error)]
 pub enum SpecError {
     /// A `--train` list named a group that does not exist.
-    #[error("unknown parameter group `{0}` (expected a comma-separated list of: in, out, ln, pos, attn, ff, or `all` / `fpt` / `none`)")]
+    #[error("unknown parameter group `{0}` (expected a comma-separated list of: in, out, ln, pos, attn, ff, rec, last-attn, or `all` / `fpt` / `none`)")]
     UnknownGroup(String),
     /// An unknown task name.
     #[error("unknown task `{0}` (known tasks: {known})", known = TaskName::ALL.iter().map(|t| t.as_str()).collect::<Vec<_>>().join(", "))]
     UnknownTask(String),
     /// An unknown init mode.
-    #[error("unknown init `{0}` (expected `pretrained`, `random` or `stats-only`)")]
+    #[error("unknown init `{0}` (expected `pretrained`, `random`, `stats-only` or `bit-pretrained`)")]
     UnknownInit(String),
     /// A value that is out of its valid range.
     #[error("invalid value for `{field}`: {msg}")]
@@ -52,6 +52,9 @@ pub enum Role {
     Attention,
     /// Feed-forward (MLP) weights and biases.
     FeedForward,
+    /// Recurrent-cell weights (the LSTM baselines' input-to-hidden and hidden-to-hidden
+    /// maps): frozen in the FPT setting, trained with `all` or `rec`.
+    Recurrent,
     /// Anything else (e.g. GPT-2's token embedding `wte`, unused with input embeddings);
     /// always frozen.
     Other,
@@ -59,13 +62,14 @@ pub enum Role {
 
 impl Role {
     /// All roles, in report order.
-    pub const ALL: [Role; 7] = [
+    pub const ALL: [Role; 8] = [
         Role::Input,
         Role::Output,
         Role::LayerNorm,
         Role::Positions,
         Role::Attention,
         Role::FeedForward,
+        Role::Recurrent,
         Role::Other,
     ];
 
@@ -78,6 +82,7 @@ impl Role {
             Role::Positions => "pos",
             Role::Attention => "attn",
             Role::FeedForward => "ff",
+            Role::Recurrent => "rec",
             Role::Other => "other",
         }
     }
@@ -92,6 +97,7 @@ impl fmt::Display for Role {
             Role::Positions => "positions",
             Role::Attention => "attention",
             Role::FeedForward => "feed_forward",
+            Role::Recurrent => "recurrent",
             Role::Other => "other",
         };
         f.write_str(s)
@@ -114,6 +120,17 @@ pub struct TrainGroups {
     pub attention: bool,
     /// Train the feed-forward weights.
     pub feed_forward: bool,
+    /// Train recurrent-cell weights (LSTM baselines).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub recurrent: bool,
+    /// Train the attention weights of the last block only (paper Table 14's "+ last attn
+    /// layer"); "last" is the backbone's last block after any depth cut.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub last_attention: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 impl Default for TrainGroups {
@@ -132,6 +149,8 @@ impl TrainGroups {
             positions: true,
             attention: false,
             feed_forward: false,
+            recurrent: false,
+            last_attention: false,
         }
     }
 
@@ -144,6 +163,8 @@ impl TrainGroups {
             positions: true,
             attention: true,
             feed_forward: true,
+            recurrent: true,
+            last_attention: false,
         }
     }
 
@@ -156,6 +177,8 @@ impl TrainGroups {
             positions: false,
             attention: false,
             feed_forward: false,
+            recurrent: false,
+            last_attention: false,
         }
     }
 
@@ -168,6 +191,7 @@ impl TrainGroups {
             Role::Positions => self.positions,
             Role::Attention => self.attention,
             Role::FeedForward => self.feed_forward,
+            Role::Recurrent => self.recurrent,
             Role::Other => false,
         }
     }
@@ -180,6 +204,7 @@ impl TrainGroups {
             Role::Positions => self.positions = on,
             Role::Attention => self.attention = on,
             Role::FeedForward => self.feed_forward = on,
+            Role::Recurrent => self.recurrent = on,
             Role::Other => {}
         }
     }
@@ -188,7 +213,8 @@ impl TrainGroups {
 impl FromStr for TrainGroups {
     type Err = SpecError;
 
-    /// Parses `in,out,ln,pos,attn,ff` (any subset, any order), `all`, `fpt` or `none`.
+    /// Parses `in,out,ln,pos,attn,ff,rec,last-attn` (any subset, any order), `all`, `fpt`
+    /// or `none`.
     /// Long names (`input`, `layer_norm`, `feed_forward`, ...) are accepted too.
     fn from_str(s: &str) -> Result<Self> {
         let s = s.trim();
@@ -207,6 +233,11 @@ impl FromStr for TrainGroups {
                 "pos" | "positions" => Role::Positions,
                 "attn" | "attention" => Role::Attention,
                 "ff" | "mlp" | "feed_forward" => Role::FeedForward,
+                "rec" | "recurrent" => Role::Recurrent,
+                "last-attn" | "last_attention" => {
+                    g.last_attention = true;
+                    continue;
+                }
                 other => return Err(SpecError::UnknownGroup(other.to_string())),
             };
             g.set(role, true);
@@ -222,6 +253,10 @@ impl fmt::Display for TrainGroups {
             .filter(|r| self.trains(**r))
             .map(|r| r.short())
             .collect();
+        let mut names = names;
+        if self.last_attention && !self.attention {
+            names.push("last-attn");
+        }
         if names.is_empty() {
             f.write_str("none")
         } else {
@@ -253,11 +288,14 @@ pub enum TaskName {
     Homology,
     /// Your own sequence-classification data (`custom:PATH`, JSONL).
     Custom,
+    /// Causal language modelling on a corpus (`text:austen`, `text:uniform`, `text:zipf`,
+    /// `text:parens`, `text:DIR`): what `fpt pretrain` trains.
+    Text,
 }
 
 impl TaskName {
     /// Every task, in the order the CLI lists them.
-    pub const ALL: [TaskName; 9] = [
+    pub const ALL: [TaskName; 10] = [
         TaskName::BitXor,
         TaskName::BitMemory,
         TaskName::ListOps,
@@ -267,6 +305,7 @@ impl TaskName {
         TaskName::Cifar10Lra,
         TaskName::Homology,
         TaskName::Custom,
+        TaskName::Text,
     ];
 
     /// The name used on the command line and in files.
@@ -281,6 +320,7 @@ impl TaskName {
             TaskName::Cifar10Lra => "cifar10-lra",
             TaskName::Homology => "homology",
             TaskName::Custom => "custom",
+            TaskName::Text => "text",
         }
     }
 
@@ -381,9 +421,13 @@ pub struct DataOptions {
     /// horizontal flip, rotation up to 20 degrees). `None` = on (the reference code).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub augment: Option<bool>,
-    /// Maximum tokens per sequence (ListOps 512, homology 1024, custom: the longest record).
+    /// Maximum tokens per sequence (ListOps 512, homology 1024, custom: the longest record;
+    /// text: the window, 128).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_len: Option<usize>,
+    /// Vocabulary of the artificial text corpora (`text:uniform|zipf|parens`; 4096).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vocab: Option<usize>,
 }
 
 impl DataOptions {
@@ -451,7 +495,24 @@ impl TaskSpec {
             t.path = Some(path.into());
             return Ok(t);
         }
+        if let Some(corpus) = s.strip_prefix("text:") {
+            if corpus.is_empty() {
+                return Err(SpecError::Invalid {
+                    field: "task",
+                    msg: "`text:` needs a corpus: text:austen, text:uniform, text:zipf, text:parens or text:DIR".into(),
+                });
+            }
+            let mut t = Self::new(TaskName::Text);
+            t.path = Some(corpus.into());
+            return Ok(t);
+        }
         let name: TaskName = s.parse()?;
+        if name == TaskName::Text {
+            return Err(SpecError::Invalid {
+                field: "task",
+                msg: "write the text task as text:CORPUS (austen, uniform, zipf, parens, or a directory)".into(),
+            });
+        }
         if name == TaskName::Custom {
             return Err(SpecError::Invalid {
                 field: "task",
@@ -465,6 +526,7 @@ impl TaskSpec {
     pub fn label(&self) -> String {
         match (&self.name, &self.path) {
             (TaskName::Custom, Some(p)) => format!("custom:{}", p.display()),
+            (TaskName::Text, Some(p)) => format!("text:{}", p.display()),
             (n, _) => n.to_string(),
         }
     }
@@ -482,6 +544,10 @@ pub enum Init {
     /// Every tensor drawn from a Gaussian with the mean and standard deviation of the
     /// corresponding pretrained tensor, LayerNorm and positions included (paper Table 9).
     StatsOnly,
+    /// The architecture's random init, then every parameter trained on Bit Memory
+    /// ([`BitPretrainSpec`]), then frozen like a pretrained checkpoint (paper Table 2's "Bit"
+    /// row).
+    BitPretrained,
 }
 
 impl Init {
@@ -498,6 +564,7 @@ impl FromStr for Init {
             "pretrained" => Ok(Init::Pretrained),
             "random" => Ok(Init::Random),
             "stats-only" => Ok(Init::StatsOnly),
+            "bit-pretrained" => Ok(Init::BitPretrained),
             other => Err(SpecError::UnknownInit(other.to_string())),
         }
     }
@@ -509,6 +576,7 @@ impl fmt::Display for Init {
             Init::Pretrained => "pretrained",
             Init::Random => "random",
             Init::StatsOnly => "stats-only",
+            Init::BitPretrained => "bit-pretrained",
         })
     }
 }
@@ -555,12 +623,54 @@ pub struct ShapeOverrides {
     /// Maximum positions (size of the learned position table).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub positions: Option<usize>,
+    /// Token vocabulary (GPT-2's `wte` rows; `fpt pretrain` sets it to the corpus's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vocab: Option<usize>,
+    /// LSTM only: residual connections around each layer (paper Table 5).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lstm_residual: Option<bool>,
+    /// LSTM only: a learned, zero-initialised position table added to the inputs (Table 5).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lstm_positions: Option<bool>,
 }
 
 impl ShapeOverrides {
     /// Whether any override is set.
     pub fn any(&self) -> bool {
-        self.layers.is_some() || self.hidden.is_some() || self.heads.is_some() || self.positions.is_some()
+        self.layers.is_some()
+            || self.hidden.is_some()
+            || self.heads.is_some()
+            || self.positions.is_some()
+            || self.vocab.is_some()
+            || self.lstm_residual.is_some()
+            || self.lstm_positions.is_some()
+    }
+}
+
+/// How a `bit-pretrained` backbone is made: the random backbone, every parameter trained
+/// on Bit Memory (with a fresh input and output layer) for `steps`, then saved and loaded
+/// frozen. Backbones are cached by this spec and the architecture, so every run that asks
+/// for the same one shares it (as the paper's Bit row shares one model across tasks).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct BitPretrainSpec {
+    /// Training steps on Bit Memory.
+    pub steps: usize,
+    /// Batch size.
+    pub batch_size: usize,
+    /// Adam learning rate.
+    pub lr: f64,
+    /// Seed of the pretraining run (independent of the downstream run's seed).
+    pub seed: u64,
+}
+
+impl Default for BitPretrainSpec {
+    fn default() -> Self {
+        Self {
+            steps: 2000,
+            batch_size: 8,
+            lr: 1e-3,
+            seed: 0,
+        }
     }
 }
 
@@ -578,9 +688,24 @@ pub struct BackboneSpec {
     /// Residual-projection init for random GPT-2 backbones.
     #[serde(default)]
     pub residual_init: ResidualInit,
-    /// Use only the first `depth` blocks (paper Tables 11-12); the final LayerNorm stays.
+    /// Use only the first `depth` blocks (paper Tables 11-12).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub depth: Option<usize>,
+    /// With a depth cut, keep the final norm (GPT-2's `ln_f`, T5's final RMS norm, ViT's
+    /// `norm`) on top of the kept blocks (the default) or drop it.
+    #[serde(default = "default_true", skip_serializing_if = "is_true")]
+    pub final_norm: bool,
+    /// How a `bit-pretrained` backbone is trained (defaults when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bit_pretrain: Option<BitPretrainSpec>,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+fn is_true(b: &bool) -> bool {
+    *b
 }
 
 /// Learning-rate schedule. The paper uses a constant rate.
@@ -810,6 +935,18 @@ impl RunSpec {
         if self.backbone.depth == Some(0) {
             return bad("depth", "must be at least 1 block");
         }
+        if self.backbone.depth.is_some() && self.train_groups.last_attention {
+            return bad(
+                "train_groups.last_attention",
+                "`last-attn` trains the checkpoint's last block, which a depth cut removes; use one or the other",
+            );
+        }
+        if !self.backbone.final_norm && self.backbone.depth.is_none() {
+            return bad("final_norm", "dropping the final norm is a depth-cut option; set depth too");
+        }
+        if self.backbone.bit_pretrain.is_some() && self.backbone.init != Init::BitPretrained {
+            return bad("bit_pretrain", "only applies to init `bit-pretrained`");
+        }
         if self.backbone.init.needs_weights() && self.backbone.shape.any() {
             return bad(
                 "shape",
@@ -894,6 +1031,8 @@ mod tests {
                 shape: ShapeOverrides::default(),
                 residual_init: ResidualInit::Scaled,
                 depth: None,
+                final_norm: true,
+                bit_pretrain: None,
             },
             train_groups: TrainGroups::fpt(),
             train: TrainSpec::default(),
@@ -1209,9 +1348,13 @@ pub mod table {
         /// Per-task settings (keys: task names).
         #[serde(default)]
         pub tasks: BTreeMap<String, TaskOverrides>,
-        /// Backbone substitutions (keys: the paper's backbone names).
+        /// Backbone substitutions (keys: the paper's backbone names; `lstm` for the LSTM
+        /// baselines).
         #[serde(default)]
         pub backbones: BTreeMap<String, Substitute>,
+        /// How `bit-pretrained` backbones are trained at this scale (defaults when absent).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub bit_pretrain: Option<super::BitPretrainSpec>,
     }
 
     impl ScaleSettings {
@@ -1233,6 +1376,7 @@ pub mod table {
                 all: self.all.merged(&over.all),
                 tasks,
                 backbones,
+                bit_pretrain: over.bit_pretrain.or(self.bit_pretrain),
             }
         }
 

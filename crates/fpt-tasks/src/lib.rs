@@ -14,6 +14,7 @@ pub mod homology;
 pub mod idx;
 pub mod images;
 pub mod listops;
+pub mod text;
 
 use candle_core::{Device, Tensor};
 use fpt_nn::Rng;
@@ -212,6 +213,7 @@ pub fn build(spec: &TaskSpec, seed: u64) -> Result<Box<dyn Task>> {
         TaskName::Cifar10 | TaskName::Cifar10Lra => Box::new(images::cifar_task(&dir(), spec, seed)?),
         TaskName::Homology => Box::new(homology::task(&dir(), spec, seed)?),
         TaskName::Custom => Box::new(custom::task(&dir(), spec, seed)?),
+        TaskName::Text => Box::new(text::TextTask::new(spec, seed)?),
         TaskName::BitXor => Box::new(BitXor::new(
             spec.n_bits.unwrap_or(5),
             spec.patch.unwrap_or(1),
@@ -325,6 +327,22 @@ pub fn dims_of(spec: &TaskSpec) -> Option<TaskDims> {
             homology::CLASSES,
         ),
         TaskName::Custom => return None,
+        TaskName::Text => {
+            let corpus = spec.path.as_deref()?;
+            let t = spec.data.max_len.unwrap_or(text::DEFAULT_SEQ_LEN);
+            let vocab = if text::ARTIFICIAL.iter().any(|k| Path::new(k) == corpus) {
+                spec.data.vocab.unwrap_or(text::DEFAULT_VOCAB)
+            } else {
+                text::corpus_vocab(&text::corpus_dir(corpus)).ok()?
+            };
+            TaskDims {
+                input: InputKind::Tokens { vocab },
+                seq_len: t,
+                readout_tokens: t,
+                labels_per_example: t,
+                classes: vocab,
+            }
+        }
     })
 }
 
@@ -338,11 +356,31 @@ pub fn check_present(spec: &TaskSpec) -> Result<()> {
         what,
         hint: match spec.name {
             TaskName::Custom => "give custom:PATH".into(),
+            TaskName::Text => "run `fpt fetch austen`, or give text:DIR of a prepared corpus".into(),
             n => format!("run `fpt fetch {n}`"),
         },
     };
     let files: Vec<PathBuf> = match spec.name {
         TaskName::BitXor | TaskName::BitMemory => Vec::new(),
+        TaskName::Text => match spec.path.as_deref() {
+            Some(c) if text::ARTIFICIAL.iter().any(|k| Path::new(k) == c) => Vec::new(),
+            Some(c) => {
+                let d = text::corpus_dir(c);
+                return match [text::CORPUS_JSON, text::TRAIN_IDS, text::TEST_IDS]
+                    .iter()
+                    .find(|f| !d.join(f).is_file())
+                {
+                    Some(f) => Err(TaskError::Missing {
+                        task: "text".into(),
+                        dir: d.clone(),
+                        what: format!("{f} not found"),
+                        hint: "run `fpt fetch austen`, or give text:DIR of a prepared corpus".into(),
+                    }),
+                    None => Ok(()),
+                };
+            }
+            None => return Err(missing("no corpus named (text:CORPUS)".into())),
+        },
         TaskName::ListOps => vec![listops::split_file(&dir, "train")],
         TaskName::Mnist | TaskName::FashionMnist => {
             for stem in ["train-images", "train-labels", "t10k-images", "t10k-labels"] {

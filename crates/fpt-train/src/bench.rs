@@ -111,9 +111,12 @@ impl Shape {
                     hidden: Some(self.hidden),
                     heads: Some(self.heads),
                     positions: Some(self.tokens.max(1024)),
+                ..Default::default()
                 },
                 residual_init: Default::default(),
                 depth: None,
+                final_norm: true,
+                bit_pretrain: None,
             },
             train_groups: groups,
             train: TrainSpec {

@@ -35,6 +35,7 @@ pub mod bench;
 pub mod checkpoint;
 pub mod linear;
 pub mod optim;
+pub mod pretrain;
 
 use candle_core::{DType, Device, Tensor, Var};
 use fpt_model::{Fpt, HeadConfig};
@@ -319,9 +320,13 @@ impl Trainer {
         let t = &spec.train;
         let master = Rng::new(t.seed);
         let mut init_rng = master.fork("init");
-        let mut backbone = fpt_backbones::load(&spec.backbone, &spec.train_groups, device, &mut init_rng)?;
+        let source = pretrain::resolve_backbone(&spec.backbone, device)?;
+        let mut backbone = fpt_backbones::load(&source, &spec.train_groups, device, &mut init_rng)?;
         if let Some(k) = spec.backbone.depth {
             backbone.truncate(k)?;
+            if !spec.backbone.final_norm {
+                backbone.drop_final_norm()?;
+            }
         }
         backbone.set_dropout(spec.backbone_dropout);
         let weights = backbone.origin().to_string();
@@ -742,7 +747,7 @@ fn run_loop(
     Ok(result)
 }
 
-fn run_dir_err(path: &Path, msg: impl Into<String>) -> TrainError {
+pub(crate) fn run_dir_err(path: &Path, msg: impl Into<String>) -> TrainError {
     TrainError::RunDir {
         path: path.to_path_buf(),
         msg: msg.into(),

@@ -22,9 +22,12 @@ fn tiny(steps: usize) -> RunSpec {
                 hidden: Some(32),
                 heads: Some(2),
                 positions: Some(32),
+                ..Default::default()
             },
             residual_init: ResidualInit::Scaled,
             depth: None,
+            final_norm: true,
+            bit_pretrain: None,
         },
         train_groups: TrainGroups::fpt(),
         train: TrainSpec {
@@ -290,6 +293,8 @@ fn gpt2_base_trainable_file_is_under_4_mb() {
             shape: ShapeOverrides::default(),
             residual_init: ResidualInit::Scaled,
             depth: None,
+            final_norm: true,
+            bit_pretrain: None,
         },
         train_groups: TrainGroups::fpt(),
         train: TrainSpec::default(),

@@ -24,9 +24,12 @@ fn tiny(task: TaskName, steps: usize) -> RunSpec {
                 hidden: Some(32),
                 heads: Some(2),
                 positions: Some(32),
+                ..Default::default()
             },
             residual_init: ResidualInit::Scaled,
             depth: None,
+            final_norm: true,
+            bit_pretrain: None,
         },
         train_groups: TrainGroups::fpt(),
         train: TrainSpec {

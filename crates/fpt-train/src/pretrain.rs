@@ -1,0 +1,190 @@
+//! Backbones fpt trains itself: the paper's "Bit" init (Table 2: a backbone fully trained on
+//! Bit Memory, then frozen) and `fpt pretrain` (causal language modelling on a corpus).
+//!
+//! Both are ordinary runs of the [`Trainer`](crate::Trainer) with every group trained
+//! (`--train all`), so they checkpoint and resume like any run; [`export_backbone`] then
+//! writes the trained backbone as a checkpoint directory (`config.json` +
+//! `model.safetensors`, the Hub's format for GPT-2 and BERT) that `--backbone DIR` loads.
+
+use crate::{Event, Result, TrainError};
+use candle_core::{Device, Tensor};
+use fpt_spec::{BackboneSpec, BitPretrainSpec, Init, RunSpec, TaskName, TaskSpec, TrainGroups, TrainSpec};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+/// Where self-trained backbones are cached: `$FPT_HOME/backbones`.
+pub fn backbones_home() -> PathBuf {
+    fpt_tasks::fetch::home().join("backbones")
+}
+
+/// The run that makes a `bit-pretrained` backbone: the same architecture and shape,
+/// randomly initialised, every parameter trained on Bit Memory.
+pub fn bit_memory_run(spec: &BackboneSpec, bp: &BitPretrainSpec) -> RunSpec {
+    let mut task = TaskSpec::new(TaskName::BitMemory);
+    task.eval_examples = 256;
+    RunSpec {
+        task,
+        backbone: BackboneSpec {
+            source: spec.source.clone(),
+            init: Init::Random,
+            shape: spec.shape,
+            residual_init: spec.residual_init,
+            depth: None,
+            final_norm: true,
+            bit_pretrain: None,
+        },
+        train_groups: TrainGroups::all(),
+        train: TrainSpec {
+            steps: bp.steps,
+            batch_size: bp.batch_size,
+            micro_batch_size: bp.batch_size,
+            lr: bp.lr,
+            eval_every: bp.steps.div_ceil(4).max(1),
+            seed: bp.seed,
+            ..TrainSpec::default()
+        },
+        input_dropout: 0.1,
+        orth_gain: 1.41,
+        backbone_dropout: true,
+    }
+}
+
+/// 16 hex digits of the SHA-256 of a run spec's JSON.
+fn key_of(spec: &RunSpec) -> String {
+    use sha2::Digest;
+    let json = serde_json::to_vec(spec).expect("spec serialises");
+    sha2::Sha256::digest(&json)[..8].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Serialises the building of self-trained backbones within a process (`--jobs` runs
+/// share one).
+static BUILDING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// The backbone a run actually loads. For `bit-pretrained`, the cached Bit Memory backbone
+/// (trained first if missing: `$FPT_HOME/backbones/bit-memory-<key>`, its training run
+/// beside it in `<dir>.run`, resumed if interrupted), as a pretrained checkpoint
+/// directory; every other spec as it is.
+pub fn resolve_backbone(spec: &BackboneSpec, device: &Device) -> Result<BackboneSpec> {
+    if spec.init != Init::BitPretrained {
+        return Ok(spec.clone());
+    }
+    let bp = spec.bit_pretrain.unwrap_or_default();
+    let run = bit_memory_run(spec, &bp);
+    let dir = backbones_home().join(format!("bit-memory-{}", key_of(&run)));
+    let _guard = BUILDING.lock().unwrap_or_else(|e| e.into_inner());
+    if !dir.join("config.json").is_file() {
+        let run_dir = dir.with_extension("run");
+        tracing::info!(
+            "bit-pretrained backbone: training {} ({}) on Bit Memory for {} steps into {}",
+            spec.source,
+            serde_json::to_string(&spec.shape).unwrap_or_default(),
+            bp.steps,
+            run_dir.display()
+        );
+        let mut log = |e: &Event| {
+            if let Event::Eval(r) = e {
+                tracing::info!(
+                    "bit-pretraining step {}: loss {:.4}, bit accuracy {:.4}",
+                    r.step,
+                    r.train_loss,
+                    r.test_accuracy
+                );
+            }
+        };
+        let result = if run_dir.join("spec.json").is_file() {
+            match std::fs::metadata(run_dir.join("result.json")) {
+                Ok(_) => None,
+                Err(_) => Some(crate::resume(&run_dir, Some(&run), device, &mut log)?),
+            }
+        } else {
+            Some(crate::train(&run, &run_dir, device, &mut log)?)
+        };
+        let card = format!(
+            "# Bit Memory backbone\n\n{} ({}) with its default random init, every parameter trained \
+             on Bit Memory (paper Table 2's \"Bit\" row), then saved by fpt for use as a frozen \
+             backbone.\n\n- steps: {}, batch {}, Adam lr {}, seed {}\n- final bit accuracy: {}\n- training run: {}\n",
+            spec.source,
+            serde_json::to_string(&spec.shape).unwrap_or_default(),
+            bp.steps,
+            bp.batch_size,
+            bp.lr,
+            bp.seed,
+            result
+                .as_ref()
+                .map(|r| format!("{:.4}", r.test_accuracy))
+                .unwrap_or_else(|| "see the run's result.json".into()),
+            run_dir.display()
+        );
+        export_backbone(&run_dir, &dir, false, &card)?;
+    }
+    Ok(BackboneSpec {
+        source: dir.display().to_string(),
+        init: Init::Pretrained,
+        shape: Default::default(),
+        residual_init: spec.residual_init,
+        depth: spec.depth,
+        final_norm: spec.final_norm,
+        bit_pretrain: None,
+    })
+}
+
+/// Writes the backbone of the finished run in `run_dir` (its last checkpoint) to
+/// `model_dir` as a checkpoint directory, with `card` as its `README.md`. With
+/// `token_table`, the run's input embedding becomes the backbone's token table (`wte`).
+/// The directory is assembled under a temporary name and renamed into place.
+pub fn export_backbone(run_dir: &Path, model_dir: &Path, token_table: bool, card: &str) -> Result<()> {
+    let spec = crate::saved_spec(run_dir)?;
+    let cpu = Device::Cpu;
+    let tr = crate::Trainer::new(&spec, &cpu)?;
+    let last = crate::checkpoint::latest(run_dir)?
+        .ok_or_else(|| crate::run_dir_err(run_dir, "has no checkpoint to export (did the run diverge?)"))?;
+    let loaded = crate::checkpoint::load(&last, &cpu)?;
+    crate::checkpoint::load_trainable(tr.model(), &loaded.trainable, &last.join(crate::checkpoint::TRAINABLE_FILE))?;
+    let mut extra: HashMap<String, Tensor> = HashMap::new();
+    if token_table {
+        let input = tr
+            .model()
+            .params()
+            .into_iter()
+            .find(|(n, _, _)| n == "input.weight")
+            .map(|(_, _, p)| p.tensor().clone())
+            .expect("every model has an input layer");
+        let table = match tr.model().backbone().architecture() {
+            "gpt2" => "wte.weight",
+            "bert" => "embeddings.word_embeddings.weight",
+            other => {
+                return Err(TrainError::RunDir {
+                    path: run_dir.to_path_buf(),
+                    msg: format!("exporting a token table for a {other} backbone is not supported"),
+                })
+            }
+        };
+        extra.insert(table.to_string(), input);
+    }
+    let parent = model_dir.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(parent).map_err(|source| TrainError::Io {
+        path: parent.to_path_buf(),
+        source,
+    })?;
+    let tmp = model_dir.with_extension("tmp");
+    let _ = std::fs::remove_dir_all(&tmp);
+    fpt_backbones::save_pretrained(
+        tr.model().backbone(),
+        &tmp,
+        extra,
+        &mut fpt_nn::Rng::new(spec.train.seed).fork("export"),
+    )?;
+    crate::write_atomic(&tmp.join("README.md"), card.as_bytes())?;
+    if model_dir.exists() {
+        // An earlier export of the same run (e.g. `fpt pretrain` finishing twice): replace.
+        std::fs::remove_dir_all(model_dir).map_err(|source| TrainError::Io {
+            path: model_dir.to_path_buf(),
+            source,
+        })?;
+    }
+    std::fs::rename(&tmp, model_dir).map_err(|source| TrainError::Io {
+        path: model_dir.to_path_buf(),
+        source,
+    })?;
+    Ok(())
+}
