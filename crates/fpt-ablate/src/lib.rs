@@ -255,12 +255,10 @@ fn plan(s: &CellSettings, metric: Metric, sc: &ScaleSettings, notes: &mut Vec<St
     if metric == Metric::PaperOnly || model == "literature" {
         return Plan::PaperOnly("the paper's number (cited or stated), not an experiment".into());
     }
-    let lstm = match model {
-        "transformer" => false,
-        "lstm" => true,
-        "output-only" => {
-            return Plan::Unavailable("output-only training on cached features is not built yet (issue 7)".into())
-        }
+    let (lstm, cached) = match model {
+        "transformer" => (false, false),
+        "lstm" => (true, false),
+        "output-only" => (false, true),
         other => return Plan::Unavailable(format!("unknown model `{other}`")),
     };
     let init = match s.init.as_deref().unwrap_or(if lstm { "random" } else { "pretrained" }) {
@@ -279,6 +277,12 @@ fn plan(s: &CellSettings, metric: Metric, sc: &ScaleSettings, notes: &mut Vec<St
     };
     if s.last_attention == Some(true) {
         groups.last_attention = true;
+    }
+    if cached {
+        groups = TrainGroups {
+            output: true,
+            ..TrainGroups::none()
+        };
     }
     let name = if lstm {
         "lstm".to_string()
@@ -300,7 +304,12 @@ fn plan(s: &CellSettings, metric: Metric, sc: &ScaleSettings, notes: &mut Vec<St
     if let Some(n) = o.eval_examples {
         task.eval_examples = n;
     }
-    task.train_examples = o.train_examples.filter(|_| !task.name.is_generated());
+    task.train_examples = if cached {
+        o.cached_examples.or(o.train_examples)
+    } else {
+        o.train_examples
+    }
+    .filter(|_| !task.name.is_generated());
     task.data.max_len = o.max_len;
     if metric.is_counted() {
         // Counted from the paper's own backbone config: no weights, no substitution.
@@ -385,6 +394,7 @@ fn plan(s: &CellSettings, metric: Metric, sc: &ScaleSettings, notes: &mut Vec<St
         micro_batch_size: o.micro_batch_size.unwrap_or(batch_size),
         // The paper: 1e-3 for transformers, 3e-4 for LSTMs (App. B).
         lr: s.lr.or(if lstm { Some(3e-4) } else { o.lr }).unwrap_or(1e-3),
+        cached_epochs: cached.then(|| o.cached_epochs.unwrap_or(10)),
         eval_every: o.eval_every.unwrap_or(steps.div_ceil(4)).max(1),
         ..TrainSpec::default()
     };

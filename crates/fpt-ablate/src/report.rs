@@ -175,6 +175,7 @@ impl Report {
                             r.ours = match c.metric {
                                 Metric::TrainAccuracy => res.train_accuracy.map(|a| 100.0 * a),
                                 Metric::StepsToConvergence => res.converged_step.map(|s| s as f64),
+                                Metric::Speedup => res.cached.as_ref().map(|c| c.speedup),
                                 _ => Some(100.0 * res.test_accuracy),
                             };
                             if c.metric == Metric::StepsToConvergence && r.ours.is_none() {
@@ -207,6 +208,7 @@ impl Report {
         match metric {
             Metric::TestAccuracy | Metric::TrainAccuracy => format!("{v:.1}%"),
             Metric::StepsToConvergence => format!("{v:.0}"),
+            Metric::Speedup => format!("{v:.0}×"),
             Metric::ParamsTotal | Metric::ParamsTrained => {
                 if v >= 1e6 {
                     format!("{:.1}M", v / 1e6)

@@ -222,3 +222,56 @@ fn a_malformed_table_is_an_error_naming_the_file() {
     let e = load_table(&d.path().join("tables"), "table1").unwrap_err().to_string();
     assert!(e.contains("table1.toml") && e.contains("title"), "{e}");
 }
+
+/// The run spec of cell (row, col) of a real table at a scale.
+fn cell_spec(id: &str, scale: &str, row: usize, col: usize) -> Plan {
+    let dir = root().join("data/tables");
+    let t = load_table(&dir, id).unwrap();
+    let cells = expand(&t, &load_scales(&dir).unwrap(), scale).unwrap();
+    cells
+        .into_iter()
+        .find(|c| c.row == row && c.col == col)
+        .unwrap()
+        .plan
+}
+
+#[test]
+fn lstm_bit_pretrained_last_attention_and_output_only_cells_become_runs() {
+    use fpt_spec::Init;
+    // Table 3, row LSTM* (12 layers, residual, positions), column Bit Memory (col 0).
+    let Plan::Run { spec, .. } = cell_spec("table3", "smoke", 2, 0) else {
+        panic!("LSTM* runs")
+    };
+    assert_eq!(spec.backbone.source, "lstm");
+    assert_eq!(spec.backbone.init, Init::Random);
+    assert_eq!(spec.backbone.shape.layers, Some(12));
+    assert_eq!(spec.backbone.shape.lstm_residual, Some(true));
+    assert_eq!(spec.backbone.shape.lstm_positions, Some(true));
+    assert_eq!(spec.backbone.shape.hidden, Some(32), "the smoke scale's substitution");
+    assert_eq!(spec.train.lr, 3e-4, "the paper's LSTM learning rate");
+    // Table 2, row Bit: the stand-in backbone, Bit Memory pretraining at the scale's budget.
+    let Plan::Run { spec, .. } = cell_spec("table2", "cpu", 2, 0) else {
+        panic!("Bit runs")
+    };
+    assert_eq!(spec.backbone.init, Init::BitPretrained);
+    assert_eq!(spec.backbone.bit_pretrain.unwrap().steps, 300);
+    // Table 14, the last-attention column trains ff and the last block's attention (it
+    // runs where CIFAR-10 is present; otherwise it waits for the data, not for code).
+    let t14 = load_table(&root().join("data/tables"), "table14").unwrap();
+    let col = t14.cols.iter().position(|r| r.set.last_attention == Some(true)).unwrap();
+    match cell_spec("table14", "paper", 0, col) {
+        Plan::Run { spec, .. } => assert!(spec.train_groups.last_attention),
+        Plan::Unavailable(why) => assert!(why.contains("data not present"), "{why}"),
+        other => panic!("{other:?}"),
+    }
+    // Table 10: the speedup and accuracy cells share one output-only run on cached features.
+    let (a, b) = (cell_spec("table10", "smoke", 0, 0), cell_spec("table10", "smoke", 0, 1));
+    match (a, b) {
+        (Plan::Run { spec, key }, Plan::Run { key: key2, .. }) => {
+            assert_eq!(key, key2);
+            assert_eq!(spec.train.cached_epochs, Some(2));
+            assert_eq!(spec.train_groups.to_string(), "out");
+        }
+        (a, b) => panic!("{a:?} {b:?}"),
+    }
+}

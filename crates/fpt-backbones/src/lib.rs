@@ -185,7 +185,13 @@ macro_rules! backbone_common {
         }
 
         fn param_specs(&self) -> Vec<ParamSpec> {
-            self.config.param_specs()
+            // The config's tensors, less any the model has dropped (a final norm).
+            let have: std::collections::HashSet<&str> = self.named.iter().map(|(n, _, _)| n.as_str()).collect();
+            self.config
+                .param_specs()
+                .into_iter()
+                .filter(|s| !s.used || have.contains(s.name.as_str()))
+                .collect()
         }
 
         fn set_dropout(&mut self, on: bool) {

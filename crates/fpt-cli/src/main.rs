@@ -391,6 +391,11 @@ struct TrainArgs {
     /// Stop after N evaluations without improvement.
     #[arg(long)]
     early_stop_patience: Option<usize>,
+    /// Output-only training on cached features (paper Table 10): compute the frozen model's
+    /// read-out features once, then train the output layer on them for N epochs; reports
+    /// the per-epoch speedup over FPT training. Needs `--train out`.
+    #[arg(long, value_name = "N")]
+    cached_epochs: Option<usize>,
     /// Device: `cpu`, or `cuda` / `cuda:N` when built with `--features cuda`.
     #[arg(long, default_value = "cpu")]
     device: String,
@@ -539,6 +544,9 @@ fn spec_from_args(a: &TrainArgs, given: &dyn Fn(&str) -> bool, base: Option<RunS
     }
     if set("convergence_tolerance") {
         t.convergence_tolerance = a.convergence_tolerance;
+    }
+    if set("cached_epochs") {
+        t.cached_epochs = a.cached_epochs;
     }
     if set("early_stop_patience") {
         t.early_stop_patience = a.early_stop_patience;

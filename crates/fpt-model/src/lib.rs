@@ -176,6 +176,13 @@ impl Fpt {
 
     /// Logits `[batch, labels_per_example, classes]`.
     pub fn forward(&self, inputs: &Inputs, ctx: &mut Ctx) -> Result<Tensor> {
+        let f = self.features(inputs, ctx)?;
+        self.head(&f)
+    }
+
+    /// The backbone's last `readout_tokens` hidden states `[batch, readout, hidden]`: what
+    /// the output layer reads (and what output-only training caches).
+    pub fn features(&self, inputs: &Inputs, ctx: &mut Ctx) -> Result<Tensor> {
         let x = match (&self.input, inputs) {
             (InputLayer::Linear(l), Inputs::Vectors(x)) => {
                 let h = l.forward(x)?;
@@ -189,10 +196,15 @@ impl Fpt {
             }
         };
         let h = self.backbone.forward(&x, ctx)?;
-        let (b, t, _) = h.dims3()?;
+        let t = h.dim(1)?;
         let r = self.dims.readout_tokens;
-        let last = h.narrow(1, t - r, r)?;
-        let out = self.output.forward(&last)?; // [b, r, output_dim]
+        Ok(h.narrow(1, t - r, r)?)
+    }
+
+    /// The output layer on [`Fpt::features`]: logits `[batch, labels_per_example, classes]`.
+    pub fn head(&self, features: &Tensor) -> Result<Tensor> {
+        let b = features.dim(0)?;
+        let out = self.output.forward(features)?; // [b, r, output_dim]
         Ok(out.reshape((b, self.dims.labels_per_example, self.dims.classes))?)
     }
 

@@ -841,6 +841,12 @@ pub struct TrainSpec {
     /// by more than `convergence_tolerance`; `None` = never stop early.
     #[serde(default)]
     pub early_stop_patience: Option<usize>,
+    /// Output-only training on cached features (paper Table 10, reservoir computing): the
+    /// frozen model's read-out features are computed once for the training set, then the
+    /// output layer is trained on them for this many epochs (`steps` is then ignored).
+    /// Needs `train_groups` = `out`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cached_epochs: Option<usize>,
 }
 
 impl Default for TrainSpec {
@@ -858,6 +864,7 @@ impl Default for TrainSpec {
             checkpoint_every: None,
             convergence_tolerance: 0.01,
             early_stop_patience: None,
+            cached_epochs: None,
         }
     }
 }
@@ -934,6 +941,21 @@ impl RunSpec {
         }
         if self.backbone.depth == Some(0) {
             return bad("depth", "must be at least 1 block");
+        }
+        if let Some(e) = t.cached_epochs {
+            if e == 0 {
+                return bad("cached_epochs", "must be at least 1");
+            }
+            let out_only = TrainGroups {
+                output: true,
+                ..TrainGroups::none()
+            };
+            if self.train_groups != out_only {
+                return bad(
+                    "cached_epochs",
+                    "output-only training on cached features trains the output layer alone (--train out)",
+                );
+            }
         }
         if self.backbone.depth.is_some() && self.train_groups.last_attention {
             return bad(
@@ -1099,6 +1121,9 @@ pub mod table {
         ConfigHidden,
         /// Attention heads (from its config).
         ConfigHeads,
+        /// Per-epoch speedup of output-only training on cached features over FPT training
+        /// (Table 10), as a factor.
+        Speedup,
         /// A number only the paper gives (a hyperparameter, a citation): shown, not run.
         PaperOnly,
     }
@@ -1312,6 +1337,13 @@ pub mod table {
         /// Learning rate.
         #[serde(default)]
         pub lr: Option<f64>,
+        /// Epochs of output-only training on cached features (Table 10).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub cached_epochs: Option<usize>,
+        /// Training examples whose features output-only training caches (datasets; `None`:
+        /// `train_examples`, else the whole split).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub cached_examples: Option<usize>,
     }
 
     impl TaskOverrides {
@@ -1330,7 +1362,9 @@ pub mod table {
                 n_bits,
                 patch,
                 max_len,
-                lr
+                lr,
+                cached_epochs,
+                cached_examples
             )
         }
     }

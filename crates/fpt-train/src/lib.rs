@@ -36,6 +36,7 @@ pub mod checkpoint;
 pub mod linear;
 pub mod optim;
 pub mod pretrain;
+pub mod reservoir;
 
 use candle_core::{DType, Device, Tensor, Var};
 use fpt_model::{Fpt, HeadConfig};
@@ -172,6 +173,10 @@ pub struct RunResult {
     pub stopped_early: bool,
     /// A trivial baseline's accuracy for this task, where one is known.
     pub baseline_accuracy: Option<f64>,
+    /// Output-only training on cached features: its timings and the speedup per epoch
+    /// over FPT training (paper Table 10).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cached: Option<reservoir::CachedStats>,
 }
 
 /// What the loop reports while it runs.
@@ -556,7 +561,7 @@ impl RunState {
     }
 }
 
-fn metrics_append(path: &Path, rec: &EvalRecord) -> Result<()> {
+pub(crate) fn metrics_append(path: &Path, rec: &EvalRecord) -> Result<()> {
     let io = |source| TrainError::Io {
         path: path.to_path_buf(),
         source,
@@ -737,6 +742,7 @@ fn run_loop(
         diverged_at_step: diverged,
         stopped_early,
         baseline_accuracy: tr.task().baseline().map(|b| b.0),
+        cached: None,
     };
     write_atomic(
         &out_dir.join("result.json"),
@@ -775,6 +781,9 @@ pub fn train(spec: &RunSpec, out_dir: &Path, device: &Device, on_event: &mut dyn
         serde_json::to_string_pretty(spec).expect("spec serialises").as_bytes(),
     )?;
     metrics_truncate(&out_dir.join("metrics.jsonl"), 0)?;
+    if spec.train.cached_epochs.is_some() {
+        return reservoir::run(tr, out_dir, device, on_event);
+    }
     run_loop(tr, RunState::default(), out_dir, device, on_event)
 }
 
@@ -812,6 +821,11 @@ pub fn resume(
     }
     let _span = tracing::info_span!("run", task = %saved.task.name, backbone = %saved.backbone.source).entered();
     let mut tr = Trainer::new(&saved, device)?;
+    if saved.train.cached_epochs.is_some() {
+        // Output-only runs keep no checkpoints (their state is one small layer): rerun.
+        metrics_truncate(&out_dir.join("metrics.jsonl"), 0)?;
+        return reservoir::run(tr, out_dir, device, on_event);
+    }
     let run = match checkpoint::latest(out_dir)? {
         Some(dir) => {
             let loaded = checkpoint::load(&dir, device)?;
