@@ -228,11 +228,7 @@ fn cell_spec(id: &str, scale: &str, row: usize, col: usize) -> Plan {
     let dir = root().join("data/tables");
     let t = load_table(&dir, id).unwrap();
     let cells = expand(&t, &load_scales(&dir).unwrap(), scale).unwrap();
-    cells
-        .into_iter()
-        .find(|c| c.row == row && c.col == col)
-        .unwrap()
-        .plan
+    cells.into_iter().find(|c| c.row == row && c.col == col).unwrap().plan
 }
 
 #[test]
@@ -258,7 +254,11 @@ fn lstm_bit_pretrained_last_attention_and_output_only_cells_become_runs() {
     // Table 14, the last-attention column trains ff and the last block's attention (it
     // runs where CIFAR-10 is present; otherwise it waits for the data, not for code).
     let t14 = load_table(&root().join("data/tables"), "table14").unwrap();
-    let col = t14.cols.iter().position(|r| r.set.last_attention == Some(true)).unwrap();
+    let col = t14
+        .cols
+        .iter()
+        .position(|r| r.set.last_attention == Some(true))
+        .unwrap();
     match cell_spec("table14", "paper", 0, col) {
         Plan::Run { spec, .. } => assert!(spec.train_groups.last_attention),
         Plan::Unavailable(why) => assert!(why.contains("data not present"), "{why}"),

@@ -849,7 +849,11 @@ pub fn save_pretrained(
                 found: t.dims().to_vec(),
             });
         }
-        let t = if transposed(&spec.name) { t.t()?.contiguous()? } else { t };
+        let t = if transposed(&spec.name) {
+            t.t()?.contiguous()?
+        } else {
+            t
+        };
         out.insert(spec.name, t);
     }
     let w_tmp = dir.join("model.safetensors.tmp");

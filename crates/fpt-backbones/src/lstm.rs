@@ -307,7 +307,12 @@ impl Lstm {
     /// Loads a `model.safetensors` written by [`crate::save_pretrained`] (every tensor checked).
     pub fn load(config: &LstmConfig, weights: &std::path::Path, groups: &TrainGroups, device: &Device) -> Result<Self> {
         let origin = weights.display().to_string();
-        Ok(Self::assemble(config, Self::read(config, weights, device)?, groups, origin)?)
+        Ok(Self::assemble(
+            config,
+            Self::read(config, weights, device)?,
+            groups,
+            origin,
+        )?)
     }
 
     /// The config this model was built from.
@@ -316,7 +321,11 @@ impl Lstm {
     }
 
     /// The checkpoint's tensors (fpt's names, `[out, in]` layout), every one checked.
-    pub(crate) fn read(config: &LstmConfig, weights: &std::path::Path, device: &Device) -> Result<HashMap<String, Tensor>> {
+    pub(crate) fn read(
+        config: &LstmConfig,
+        weights: &std::path::Path,
+        device: &Device,
+    ) -> Result<HashMap<String, Tensor>> {
         crate::read_checked(
             weights,
             &config.param_specs(),

@@ -20,7 +20,13 @@ fn config(layers: usize, hidden: usize, residual: bool, positions: bool) -> Lstm
 }
 
 fn vec_of(t: &Tensor) -> Vec<f64> {
-    t.flatten_all().unwrap().to_vec1::<f32>().unwrap().into_iter().map(f64::from).collect()
+    t.flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap()
+        .into_iter()
+        .map(f64::from)
+        .collect()
 }
 
 /// The reference LayerNorm: unbiased variance, eps inside the root.
@@ -59,8 +65,18 @@ fn reference(model: &Lstm, p: &HashMap<String, Vec<f64>>, xs: &[Vec<f64>]) -> Ve
         let (mut hs, mut cs) = (vec![0.0; h], vec![0.0; h]);
         let mut out = Vec::new();
         for x in &seq {
-            let i2h = ln(&affine(g("i2h.weight"), g("i2h.bias"), x), g("ln_i2h.weight"), g("ln_i2h.bias"), 1e-6);
-            let h2h = ln(&affine(g("h2h.weight"), g("h2h.bias"), &hs), g("ln_h2h.weight"), g("ln_h2h.bias"), 1e-6);
+            let i2h = ln(
+                &affine(g("i2h.weight"), g("i2h.bias"), x),
+                g("ln_i2h.weight"),
+                g("ln_i2h.bias"),
+                1e-6,
+            );
+            let h2h = ln(
+                &affine(g("h2h.weight"), g("h2h.bias"), &hs),
+                g("ln_h2h.weight"),
+                g("ln_h2h.bias"),
+                1e-6,
+            );
             let pre: Vec<f64> = i2h.iter().zip(&h2h).map(|(a, b)| a + b).collect();
             let c_new: Vec<f64> = (0..h)
                 .map(|k| sig(pre[h + k]) * cs[k] + sig(pre[k]) * pre[3 * h + k].tanh())
@@ -70,7 +86,10 @@ fn reference(model: &Lstm, p: &HashMap<String, Vec<f64>>, xs: &[Vec<f64>]) -> Ve
             out.push(hs.clone());
         }
         seq = if c.residual {
-            seq.iter().zip(&out).map(|(a, b)| a.iter().zip(b).map(|(x, y)| x + y).collect()).collect()
+            seq.iter()
+                .zip(&out)
+                .map(|(a, b)| a.iter().zip(b).map(|(x, y)| x + y).collect())
+                .collect()
         } else {
             out
         };
@@ -100,7 +119,15 @@ fn matches_a_plain_reimplementation_of_the_reference_cell() {
         let model = if positions {
             let mut tensors: HashMap<String, Tensor> = HashMap::new();
             for (n, v) in &p {
-                let shape = model.params().iter().find(|(m, _, _)| m == n).unwrap().2.tensor().dims().to_vec();
+                let shape = model
+                    .params()
+                    .iter()
+                    .find(|(m, _, _)| m == n)
+                    .unwrap()
+                    .2
+                    .tensor()
+                    .dims()
+                    .to_vec();
                 tensors.insert(
                     n.clone(),
                     Tensor::from_vec(v.iter().map(|&x| x as f32).collect::<Vec<_>>(), shape, &Device::Cpu).unwrap(),
@@ -108,7 +135,13 @@ fn matches_a_plain_reimplementation_of_the_reference_cell() {
             }
             let tmp = tempfile::tempdir().unwrap();
             candle_core::safetensors::save(&tensors, tmp.path().join("model.safetensors")).unwrap();
-            let mut m = Lstm::load(&cfg, tmp.path().join("model.safetensors").as_path(), &TrainGroups::fpt(), &Device::Cpu).unwrap();
+            let mut m = Lstm::load(
+                &cfg,
+                tmp.path().join("model.safetensors").as_path(),
+                &TrainGroups::fpt(),
+                &Device::Cpu,
+            )
+            .unwrap();
             m.set_dropout(false);
             m
         } else {
@@ -121,7 +154,9 @@ fn matches_a_plain_reimplementation_of_the_reference_cell() {
         let xv = vec_of(&x);
         let yv = vec_of(&y);
         for e in 0..b {
-            let xs: Vec<Vec<f64>> = (0..t).map(|s| xv[(e * t + s) * 6..(e * t + s + 1) * 6].to_vec()).collect();
+            let xs: Vec<Vec<f64>> = (0..t)
+                .map(|s| xv[(e * t + s) * 6..(e * t + s + 1) * 6].to_vec())
+                .collect();
             let want = reference(&model, &p, &xs);
             for s in 0..t {
                 for k in 0..6 {
@@ -164,11 +199,18 @@ fn init_quirks_and_roles_follow_the_reference() {
         }
     }
     let all = Lstm::random(&cfg, &TrainGroups::all(), &Device::Cpu, &mut Rng::new(2)).unwrap();
-    assert!(all.params().iter().all(|(_, _, p)| p.is_trainable()), "`all` trains the cell weights too");
+    assert!(
+        all.params().iter().all(|(_, _, p)| p.is_trainable()),
+        "`all` trains the cell weights too"
+    );
     let mut unit = cfg.clone();
     unit.ln_init = LnInit::Unit;
     let u = Lstm::random(&unit, &TrainGroups::fpt(), &Device::Cpu, &mut Rng::new(2)).unwrap();
-    let (_, _, w) = u.params().into_iter().find(|(n, _, _)| n == "layers.0.ln_cell.weight").unwrap();
+    let (_, _, w) = u
+        .params()
+        .into_iter()
+        .find(|(n, _, _)| n == "layers.0.ln_cell.weight")
+        .unwrap();
     assert!(vec_of(w.tensor()).iter().all(|&x| x == 1.0));
 }
 
@@ -180,8 +222,16 @@ fn random_initial_state_comes_from_the_call_stream() {
     m.set_dropout(false);
     let x = Tensor::randn(0f32, 1.0, (1, 3, 8), &Device::Cpu).unwrap();
     let run = |ctx: &mut Ctx| vec_of(&m.forward(&x, ctx).unwrap());
-    assert_eq!(run(&mut Ctx::eval()), run(&mut Ctx::eval()), "evaluation is reproducible");
-    assert_ne!(run(&mut Ctx::train(1)), run(&mut Ctx::train(2)), "the state is drawn per call");
+    assert_eq!(
+        run(&mut Ctx::eval()),
+        run(&mut Ctx::eval()),
+        "evaluation is reproducible"
+    );
+    assert_ne!(
+        run(&mut Ctx::train(1)),
+        run(&mut Ctx::train(2)),
+        "the state is drawn per call"
+    );
 }
 
 #[test]
@@ -223,7 +273,9 @@ fn the_builtin_lstm_is_the_papers_standard_one_and_refuses_heads() {
         final_norm: true,
         bit_pretrain: None,
     };
-    let e = fpt_backbones::param_specs(&spec).err().expect("heads do not apply").to_string();
+    let e = fpt_backbones::param_specs(&spec)
+        .expect_err("heads do not apply")
+        .to_string();
     assert!(e.contains("no attention heads"), "{e}");
     let (cfg, specs) = fpt_backbones::param_specs(&fpt_spec::BackboneSpec {
         shape: Default::default(),
@@ -242,12 +294,20 @@ fn gradients_reach_the_trained_groups_only() {
     let mut m = Lstm::random(&cfg, &TrainGroups::fpt(), &Device::Cpu, &mut Rng::new(5)).unwrap();
     m.set_dropout(false);
     let x = Tensor::randn(0f32, 1.0, (2, 4, 8), &Device::Cpu).unwrap();
-    let loss = m.forward(&x, &mut Ctx::eval()).unwrap().sqr().unwrap().sum_all().unwrap();
+    let loss = m
+        .forward(&x, &mut Ctx::eval())
+        .unwrap()
+        .sqr()
+        .unwrap()
+        .sum_all()
+        .unwrap();
     let grads = loss.backward().unwrap();
     for (name, _, p) in m.params() {
         match p.var() {
             Some(v) => {
-                let g = grads.get(v.as_tensor()).unwrap_or_else(|| panic!("{name} got no gradient"));
+                let g = grads
+                    .get(v.as_tensor())
+                    .unwrap_or_else(|| panic!("{name} got no gradient"));
                 let norm = vec_of(g).iter().map(|x| x * x).sum::<f64>();
                 assert!(norm > 0.0, "{name}: zero gradient");
             }

@@ -426,3 +426,153 @@ fn dataset_tasks_train_inspect_and_explain_missing_data() {
         stderr(&o)
     );
 }
+
+#[test]
+fn pretrain_writes_a_backbone_that_train_loads_and_lstm_flags_work() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("pre");
+    let o = fpt(&[
+        "pretrain",
+        "--corpus",
+        "zipf",
+        "--vocab",
+        "64",
+        "--seq-len",
+        "16",
+        "--layers",
+        "1",
+        "--hidden",
+        "16",
+        "--heads",
+        "2",
+        "--steps",
+        "6",
+        "--batch-size",
+        "4",
+        "--eval-every",
+        "3",
+        "--eval-examples",
+        "8",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        stdout.contains("held-out perplexity") && stdout.contains("unigram"),
+        "{stdout}"
+    );
+    let model = out.join("model");
+    let card = std::fs::read_to_string(model.join("README.md")).unwrap();
+    assert!(card.contains("tokens seen | 384 (6 steps x 4 windows)"), "{card}");
+    // The backbone loads frozen for a downstream task.
+    let run = tmp.path().join("down");
+    let o = fpt(&[
+        "train",
+        "--task",
+        "bit-xor",
+        "--backbone",
+        model.to_str().unwrap(),
+        "--steps",
+        "2",
+        "--eval-every",
+        "2",
+        "--eval-examples",
+        "8",
+        "--out",
+        run.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("result.json")).unwrap()).unwrap();
+    assert_eq!(r["weights"], model.join("model.safetensors").display().to_string());
+    // Resuming a finished pretraining run refuses a changed spec by name.
+    fails_with(
+        &[
+            "pretrain",
+            "--corpus",
+            "zipf",
+            "--vocab",
+            "64",
+            "--seq-len",
+            "16",
+            "--layers",
+            "1",
+            "--hidden",
+            "16",
+            "--heads",
+            "2",
+            "--steps",
+            "7",
+            "--batch-size",
+            "4",
+            "--eval-every",
+            "3",
+            "--eval-examples",
+            "8",
+            "--resume",
+            out.to_str().unwrap(),
+        ],
+        &["train.steps"],
+    );
+    // A missing English corpus names the fetch command.
+    fails_with(
+        &[
+            "pretrain",
+            "--corpus",
+            "austen",
+            "--out",
+            tmp.path().join("x").to_str().unwrap(),
+        ],
+        &["fpt fetch austen"],
+    );
+    // LSTM flags: a 2-layer residual LSTM with positions, frozen.
+    let lstm = tmp.path().join("lstm");
+    let o = fpt(&[
+        "train",
+        "--task",
+        "bit-xor",
+        "--backbone",
+        "lstm",
+        "--init",
+        "random",
+        "--layers",
+        "2",
+        "--hidden",
+        "16",
+        "--lstm-residual",
+        "--lstm-positions",
+        "--steps",
+        "2",
+        "--eval-every",
+        "2",
+        "--eval-examples",
+        "8",
+        "--out",
+        lstm.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(lstm.join("result.json")).unwrap()).unwrap();
+    assert!(
+        r["weights"].as_str().unwrap().contains("residual, learned positions"),
+        "{}",
+        r["weights"]
+    );
+    fails_with(
+        &[
+            "train",
+            "--task",
+            "bit-xor",
+            "--backbone",
+            "lstm",
+            "--init",
+            "random",
+            "--heads",
+            "4",
+            "--out",
+            tmp.path().join("y").to_str().unwrap(),
+        ],
+        &["no attention heads"],
+    );
+}

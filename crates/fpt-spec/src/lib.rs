@@ -964,7 +964,10 @@ impl RunSpec {
             );
         }
         if !self.backbone.final_norm && self.backbone.depth.is_none() {
-            return bad("final_norm", "dropping the final norm is a depth-cut option; set depth too");
+            return bad(
+                "final_norm",
+                "dropping the final norm is a depth-cut option; set depth too",
+            );
         }
         if self.backbone.bit_pretrain.is_some() && self.backbone.init != Init::BitPretrained {
             return bad("bit_pretrain", "only applies to init `bit-pretrained`");

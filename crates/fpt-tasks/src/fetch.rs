@@ -554,6 +554,77 @@ pub fn generate_listops(dir: &Path, c: &listops::GenConfig, report: &mut dyn FnM
     Ok(())
 }
 
+/// `fpt fetch austen`: Jane Austen's six novels from Debian's `r-cran-janeaustenr` package
+/// (sha256-pinned), prepared as a text corpus under `$FPT_HOME/data/austen`: `train.txt` /
+/// `test.txt` (the last 10% of each novel's lines held out), a byte-level BPE of
+/// [`AUSTEN_VOCAB`] tokens trained on `train.txt` only (`tokenizer.json`), both splits
+/// encoded (`train.ids`, `test.ids`: u16 little-endian) and `corpus.json`.
+pub fn fetch_austen(report: &mut dyn FnMut(Event)) -> Result<Fetched> {
+    let dir = home().join("data").join("austen");
+    if dir.join(MANIFEST).is_file() && dir.join(crate::text::CORPUS_JSON).is_file() {
+        return Ok(Fetched::AlreadyThere(dir));
+    }
+    let deb = checked_download(AUSTEN_DEB, AUSTEN_DEB_SHA256, report).map_err(|m| fetch_err("austen", m))?;
+    let xz = ar_member(&deb, "data.tar.xz").map_err(|m| fetch_err("austen", m))?;
+    let mut tar = Vec::new();
+    lzma_rs::xz_decompress(&mut std::io::BufReader::new(xz), &mut tar)
+        .map_err(|e| fetch_err("austen", format!("xz: {e:?}")))?;
+    let files = untar(&tar, &|n| n == "Rdata.rdb").map_err(|m| fetch_err("austen", m))?;
+    let (_, rdb) = files
+        .into_iter()
+        .next()
+        .ok_or_else(|| fetch_err("austen", "the package has no data/Rdata.rdb"))?;
+    let novels = crate::text::austen_novels(&rdb, Path::new("r-cran-janeaustenr/data/Rdata.rdb"))?;
+    let (mut train, mut test) = (String::new(), String::new());
+    for lines in &novels {
+        let cut = lines.len() - lines.len() / 10;
+        for (i, l) in lines.iter().enumerate() {
+            let s = if i < cut { &mut train } else { &mut test };
+            s.push_str(l);
+            s.push('\n');
+        }
+    }
+    report(Event::Log(&format!(
+        "{} novels, {} lines; training a {AUSTEN_VOCAB}-token byte-level BPE on the training text",
+        novels.len(),
+        novels.iter().map(|n| n.len()).sum::<usize>()
+    )));
+    let manifest = serde_json::json!({
+        "source": format!("Debian package r-cran-janeaustenr 1.0.0-1 ({AUSTEN_DEB}), sha256 {AUSTEN_DEB_SHA256}"),
+        "split": "the last 10% of each novel's lines is held out (test.txt)",
+    });
+    install_with(&dir, manifest, |tmp| {
+        let write = |name: &str, bytes: &[u8]| -> Result<()> {
+            let p = tmp.join(name);
+            std::fs::write(&p, bytes).map_err(TaskError::io(&p))
+        };
+        write("train.txt", train.as_bytes())?;
+        write("test.txt", test.as_bytes())?;
+        let tok = crate::text::train_bpe(&tmp.join("train.txt"), AUSTEN_VOCAB, &tmp.join(crate::text::TOKENIZER))?;
+        let mut counts = serde_json::Map::new();
+        for (split, text) in [("train", &train), ("test", &test)] {
+            let ids = crate::text::encode(&tok, text, &tmp.join(crate::text::TOKENIZER))?;
+            counts.insert(split.into(), ids.len().into());
+            let bytes: Vec<u8> = ids.iter().flat_map(|&i| (i as u16).to_le_bytes()).collect();
+            write(&format!("{split}.ids"), &bytes)?;
+        }
+        let info = serde_json::json!({
+            "corpus": "austen",
+            "vocab": AUSTEN_VOCAB,
+            "tokens": counts,
+            "tokenizer": "byte-level BPE trained with the `tokenizers` crate on train.txt",
+        });
+        write(
+            crate::text::CORPUS_JSON,
+            serde_json::to_string_pretty(&info).expect("json").as_bytes(),
+        )
+    })?;
+    Ok(Fetched::Fetched {
+        dir,
+        source: "Debian package r-cran-janeaustenr".into(),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -637,72 +708,4 @@ mod tests {
             .collect();
         assert_eq!(left.len(), 1, "no temporary directories left: {left:?}");
     }
-}
-
-/// `fpt fetch austen`: Jane Austen's six novels from Debian's `r-cran-janeaustenr` package
-/// (sha256-pinned), prepared as a text corpus under `$FPT_HOME/data/austen`: `train.txt` /
-/// `test.txt` (the last 10% of each novel's lines held out), a byte-level BPE of
-/// [`AUSTEN_VOCAB`] tokens trained on `train.txt` only (`tokenizer.json`), both splits
-/// encoded (`train.ids`, `test.ids`: u16 little-endian) and `corpus.json`.
-pub fn fetch_austen(report: &mut dyn FnMut(Event)) -> Result<Fetched> {
-    let dir = home().join("data").join("austen");
-    if dir.join(MANIFEST).is_file() && dir.join(crate::text::CORPUS_JSON).is_file() {
-        return Ok(Fetched::AlreadyThere(dir));
-    }
-    let deb = checked_download(AUSTEN_DEB, AUSTEN_DEB_SHA256, report).map_err(|m| fetch_err("austen", m))?;
-    let xz = ar_member(&deb, "data.tar.xz").map_err(|m| fetch_err("austen", m))?;
-    let mut tar = Vec::new();
-    lzma_rs::xz_decompress(&mut std::io::BufReader::new(xz), &mut tar)
-        .map_err(|e| fetch_err("austen", format!("xz: {e:?}")))?;
-    let files = untar(&tar, &|n| n == "Rdata.rdb").map_err(|m| fetch_err("austen", m))?;
-    let (_, rdb) = files
-        .into_iter()
-        .next()
-        .ok_or_else(|| fetch_err("austen", "the package has no data/Rdata.rdb"))?;
-    let novels = crate::text::austen_novels(&rdb, Path::new("r-cran-janeaustenr/data/Rdata.rdb"))?;
-    let (mut train, mut test) = (String::new(), String::new());
-    for lines in &novels {
-        let cut = lines.len() - lines.len() / 10;
-        for (i, l) in lines.iter().enumerate() {
-            let s = if i < cut { &mut train } else { &mut test };
-            s.push_str(l);
-            s.push('\n');
-        }
-    }
-    report(Event::Log(&format!(
-        "{} novels, {} lines; training a {AUSTEN_VOCAB}-token byte-level BPE on the training text",
-        novels.len(),
-        novels.iter().map(|n| n.len()).sum::<usize>()
-    )));
-    let manifest = serde_json::json!({
-        "source": format!("Debian package r-cran-janeaustenr 1.0.0-1 ({AUSTEN_DEB}), sha256 {AUSTEN_DEB_SHA256}"),
-        "split": "the last 10% of each novel's lines is held out (test.txt)",
-    });
-    install_with(&dir, manifest, |tmp| {
-        let write = |name: &str, bytes: &[u8]| -> Result<()> {
-            let p = tmp.join(name);
-            std::fs::write(&p, bytes).map_err(TaskError::io(&p))
-        };
-        write("train.txt", train.as_bytes())?;
-        write("test.txt", test.as_bytes())?;
-        let tok = crate::text::train_bpe(&tmp.join("train.txt"), AUSTEN_VOCAB, &tmp.join(crate::text::TOKENIZER))?;
-        let mut counts = serde_json::Map::new();
-        for (split, text) in [("train", &train), ("test", &test)] {
-            let ids = crate::text::encode(&tok, text, &tmp.join(crate::text::TOKENIZER))?;
-            counts.insert(split.into(), ids.len().into());
-            let bytes: Vec<u8> = ids.iter().flat_map(|&i| (i as u16).to_le_bytes()).collect();
-            write(&format!("{split}.ids"), &bytes)?;
-        }
-        let info = serde_json::json!({
-            "corpus": "austen",
-            "vocab": AUSTEN_VOCAB,
-            "tokens": counts,
-            "tokenizer": "byte-level BPE trained with the `tokenizers` crate on train.txt",
-        });
-        write(crate::text::CORPUS_JSON, serde_json::to_string_pretty(&info).expect("json").as_bytes())
-    })?;
-    Ok(Fetched::Fetched {
-        dir,
-        source: "Debian package r-cran-janeaustenr".into(),
-    })
 }

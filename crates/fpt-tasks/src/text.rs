@@ -76,9 +76,15 @@ pub fn corpus_dir(name: &Path) -> PathBuf {
 fn read_ids(path: &Path) -> Result<Vec<u16>> {
     let bytes = std::fs::read(path).map_err(TaskError::io(path))?;
     if bytes.len() % 2 != 0 {
-        return Err(TaskError::data(path, format!("{} bytes: not a whole number of u16 ids", bytes.len())));
+        return Err(TaskError::data(
+            path,
+            format!("{} bytes: not a whole number of u16 ids", bytes.len()),
+        ));
     }
-    Ok(bytes.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect())
+    Ok(bytes
+        .chunks_exact(2)
+        .map(|c| u16::from_le_bytes([c[0], c[1]]))
+        .collect())
 }
 
 /// The vocabulary size recorded in a prepared corpus's `corpus.json`.
@@ -143,10 +149,12 @@ impl TextTask {
     /// window (default 128), `spec.data.vocab` the artificial vocabulary (default 4096).
     pub fn new(spec: &TaskSpec, seed: u64) -> Result<Self> {
         let invalid = |msg: String| TaskError::Invalid { task: "text", msg };
-        let name = spec
-            .path
-            .clone()
-            .ok_or_else(|| invalid(format!("name a corpus: text:austen, text:DIR, or one of text:{}", ARTIFICIAL.join(", text:"))))?;
+        let name = spec.path.clone().ok_or_else(|| {
+            invalid(format!(
+                "name a corpus: text:austen, text:DIR, or one of text:{}",
+                ARTIFICIAL.join(", text:")
+            ))
+        })?;
         let seq_len = spec.data.max_len.unwrap_or(DEFAULT_SEQ_LEN);
         if seq_len < 2 {
             return Err(invalid(format!("window of {seq_len} tokens (need at least 2)")));
@@ -166,7 +174,9 @@ impl TextTask {
             }
             None => {
                 if spec.data.vocab.is_some() {
-                    return Err(invalid("`vocab` applies to the artificial corpora only (a prepared corpus has its tokenizer's)".into()));
+                    return Err(invalid(
+                        "`vocab` applies to the artificial corpora only (a prepared corpus has its tokenizer's)".into(),
+                    ));
                 }
                 let dir = corpus_dir(&name);
                 let vocab = corpus_vocab(&dir)?;
@@ -212,7 +222,12 @@ impl TextTask {
                 let all = (ids.len() - 1) / self.seq_len;
                 let take = if n == 0 { all } else { n.min(all) };
                 (0..take)
-                    .map(|k| ids[k * self.seq_len..k * self.seq_len + w].iter().map(|&x| x as u32).collect())
+                    .map(|k| {
+                        ids[k * self.seq_len..k * self.seq_len + w]
+                            .iter()
+                            .map(|&x| x as u32)
+                            .collect()
+                    })
                     .collect()
             }
             Source::Artificial { kind, cdf } => {
@@ -336,7 +351,10 @@ pub fn austen_novels(rdb: &[u8], path: &Path) -> Result<Vec<Vec<String>>> {
         z.read_to_end(&mut out)
             .map_err(|e| bad(format!("record at byte {at}: zlib: {e}")))?;
         if out.len() != want {
-            return Err(bad(format!("record at byte {at}: {} bytes, header says {want}", out.len())));
+            return Err(bad(format!(
+                "record at byte {at}: {} bytes, header says {want}",
+                out.len()
+            )));
         }
         at += 4 + z.total_in() as usize;
         novels.push(r_strings(&out).map_err(|m| bad(format!("record {}: {m}", novels.len())))?);
@@ -372,7 +390,10 @@ fn r_strings(b: &[u8]) -> std::result::Result<Vec<String>, String> {
     }
     let flags = int(&mut at)?;
     if flags & 0xff != 16 {
-        return Err(format!("object type {} (a character vector, 16, expected)", flags & 0xff));
+        return Err(format!(
+            "object type {} (a character vector, 16, expected)",
+            flags & 0xff
+        ));
     }
     let len = int(&mut at)?;
     if len < 0 {
@@ -389,7 +410,9 @@ fn r_strings(b: &[u8]) -> std::result::Result<Vec<String>, String> {
             out.push(String::new()); // NA
             continue;
         }
-        let s = b.get(at..at + n as usize).ok_or_else(|| format!("element {i}: truncated"))?;
+        let s = b
+            .get(at..at + n as usize)
+            .ok_or_else(|| format!("element {i}: truncated"))?;
         at += n as usize;
         out.push(String::from_utf8_lossy(s).into_owned());
     }
@@ -410,20 +433,15 @@ pub fn train_bpe(train: &Path, vocab: usize, out: &Path) -> Result<tokenizers::T
         .initial_alphabet(ByteLevel::alphabet().into_iter().collect())
         .special_tokens(vec![AddedToken::from("<|endoftext|>", true)])
         .build();
-    let mut tok: tokenizers::TokenizerImpl<
-        BPE,
-        tokenizers::NormalizerWrapper,
-        ByteLevel,
-        ByteLevel,
-        ByteLevel,
-    > = TokenizerBuilder::new()
-        .with_model(BPE::default())
-        .with_normalizer(None)
-        .with_pre_tokenizer(Some(ByteLevel::default().add_prefix_space(false)))
-        .with_post_processor(Some(ByteLevel::default()))
-        .with_decoder(Some(ByteLevel::default()))
-        .build()
-        .map_err(err)?;
+    let mut tok: tokenizers::TokenizerImpl<BPE, tokenizers::NormalizerWrapper, ByteLevel, ByteLevel, ByteLevel> =
+        TokenizerBuilder::new()
+            .with_model(BPE::default())
+            .with_normalizer(None)
+            .with_pre_tokenizer(Some(ByteLevel::default().add_prefix_space(false)))
+            .with_post_processor(Some(ByteLevel::default()))
+            .with_decoder(Some(ByteLevel::default()))
+            .build()
+            .map_err(err)?;
     tok.train_from_files(&mut trainer, vec![train.display().to_string()])
         .map_err(err)?;
     tok.save(out, false).map_err(err)?;

@@ -50,9 +50,16 @@ fn reads_the_character_vectors_of_an_r_lazy_load_database() {
     let mut ints = r_character(&["x"]);
     let at = 2 + 16 + 5;
     ints[at..at + 4].copy_from_slice(&13i32.to_be_bytes());
-    let e = austen_novels(&record(&ints), Path::new("Rdata.rdb")).unwrap_err().to_string();
-    assert!(e.contains("Rdata.rdb") && e.contains("record 0") && e.contains("type 13"), "{e}");
-    let e = austen_novels(&record(b"RDX2\nnot xdr"), Path::new("Rdata.rdb")).unwrap_err().to_string();
+    let e = austen_novels(&record(&ints), Path::new("Rdata.rdb"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("Rdata.rdb") && e.contains("record 0") && e.contains("type 13"),
+        "{e}"
+    );
+    let e = austen_novels(&record(b"RDX2\nnot xdr"), Path::new("Rdata.rdb"))
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("not an XDR"), "{e}");
     let mut cut = record(&r_character(&["a long enough line"]));
     cut.truncate(cut.len() - 6);
@@ -65,9 +72,15 @@ fn bpe_round_trips_and_prepared_corpora_give_shifted_windows() {
     let tmp = tempfile::tempdir().unwrap();
     let text = "It is a truth universally acknowledged, that a single man in possession of a good fortune, must be in want of a wife.\n".repeat(40);
     std::fs::write(tmp.path().join("train.txt"), &text).unwrap();
-    let tok = fpt_tasks::text::train_bpe(&tmp.path().join("train.txt"), 400, &tmp.path().join("tokenizer.json")).unwrap();
+    let tok =
+        fpt_tasks::text::train_bpe(&tmp.path().join("train.txt"), 400, &tmp.path().join("tokenizer.json")).unwrap();
     let ids = fpt_tasks::text::encode(&tok, &text, Path::new("t")).unwrap();
-    assert!(ids.len() < text.len() / 3, "BPE merges: {} ids for {} bytes", ids.len(), text.len());
+    assert!(
+        ids.len() < text.len() / 3,
+        "BPE merges: {} ids for {} bytes",
+        ids.len(),
+        text.len()
+    );
     assert!(ids.iter().all(|&i| i < 400));
     assert_eq!(tok.decode(&ids, false).unwrap(), text, "decoding restores the text");
 
@@ -86,11 +99,21 @@ fn bpe_round_trips_and_prepared_corpora_give_shifted_windows() {
     // 41 held-out ids: 4 windows of 10 inputs, each overlapping the next by one token.
     assert_eq!(task.eval_len(Split::Test), 4);
     let b = task.eval_batch(Split::Test, 1, 1, &Device::Cpu).unwrap();
-    let Inputs::Tokens(x) = &b.inputs else { panic!("token inputs") };
-    assert_eq!(x.flatten_all().unwrap().to_vec1::<u32>().unwrap(), (10..20).collect::<Vec<u32>>());
-    assert_eq!(b.labels.flatten_all().unwrap().to_vec1::<u32>().unwrap(), (11..21).collect::<Vec<u32>>());
+    let Inputs::Tokens(x) = &b.inputs else {
+        panic!("token inputs")
+    };
+    assert_eq!(
+        x.flatten_all().unwrap().to_vec1::<u32>().unwrap(),
+        (10..20).collect::<Vec<u32>>()
+    );
+    assert_eq!(
+        b.labels.flatten_all().unwrap().to_vec1::<u32>().unwrap(),
+        (11..21).collect::<Vec<u32>>()
+    );
     let b = task.train_batch(3, &mut Rng::new(1), &Device::Cpu).unwrap();
-    let Inputs::Tokens(x) = &b.inputs else { panic!("token inputs") };
+    let Inputs::Tokens(x) = &b.inputs else {
+        panic!("token inputs")
+    };
     let (x, y) = (x.to_vec2::<u32>().unwrap(), b.labels.to_vec2::<u32>().unwrap());
     for (xi, yi) in x.iter().zip(&y) {
         assert_eq!(&xi[1..], &yi[..9], "labels are the inputs shifted by one");
@@ -116,7 +139,9 @@ fn stats(corpus: &str) -> (Vec<u32>, f64, f64) {
     spec.data.max_len = Some(255);
     let mut task = TextTask::new(&spec, 0).unwrap();
     let b = task.train_batch(40, &mut Rng::new(7), &Device::Cpu).unwrap();
-    let Inputs::Tokens(x) = &b.inputs else { panic!("token inputs") };
+    let Inputs::Tokens(x) = &b.inputs else {
+        panic!("token inputs")
+    };
     let rows = x.to_vec2::<u32>().unwrap();
     let (mut pops, mut n) = (0usize, 0usize);
     for r in &rows {

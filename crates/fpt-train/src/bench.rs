@@ -111,7 +111,7 @@ impl Shape {
                     hidden: Some(self.hidden),
                     heads: Some(self.heads),
                     positions: Some(self.tokens.max(1024)),
-                ..Default::default()
+                    ..Default::default()
                 },
                 residual_init: Default::default(),
                 depth: None,

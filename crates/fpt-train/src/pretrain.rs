@@ -53,7 +53,10 @@ pub fn bit_memory_run(spec: &BackboneSpec, bp: &BitPretrainSpec) -> RunSpec {
 fn key_of(spec: &RunSpec) -> String {
     use sha2::Digest;
     let json = serde_json::to_vec(spec).expect("spec serialises");
-    sha2::Sha256::digest(&json)[..8].iter().map(|b| format!("{b:02x}")).collect()
+    sha2::Sha256::digest(&json)[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// Serialises the building of self-trained backbones within a process (`--jobs` runs
@@ -139,7 +142,11 @@ pub fn export_backbone(run_dir: &Path, model_dir: &Path, token_table: bool, card
     let last = crate::checkpoint::latest(run_dir)?
         .ok_or_else(|| crate::run_dir_err(run_dir, "has no checkpoint to export (did the run diverge?)"))?;
     let loaded = crate::checkpoint::load(&last, &cpu)?;
-    crate::checkpoint::load_trainable(tr.model(), &loaded.trainable, &last.join(crate::checkpoint::TRAINABLE_FILE))?;
+    crate::checkpoint::load_trainable(
+        tr.model(),
+        &loaded.trainable,
+        &last.join(crate::checkpoint::TRAINABLE_FILE),
+    )?;
     let mut extra: HashMap<String, Tensor> = HashMap::new();
     if token_table {
         let input = tr

@@ -78,7 +78,10 @@ fn score(model: &fpt_model::Fpt, feats: &Tensor, labels: &Tensor, chunk: usize) 
         let flat = logits.reshape(((), classes))?;
         let y = labels.narrow(0, at, k)?.flatten_all()?;
         let m = y.dim(0)?;
-        loss += ops::cross_entropy(&flat, &y)?.to_dtype(DType::F64)?.to_scalar::<f64>()? * m as f64;
+        loss += ops::cross_entropy(&flat, &y)?
+            .to_dtype(DType::F64)?
+            .to_scalar::<f64>()?
+            * m as f64;
         correct += ops::correct(&flat, &y)?;
         count += m;
         at += k;
@@ -254,7 +257,9 @@ pub(crate) fn run(
     };
     write_atomic(
         &out_dir.join("result.json"),
-        serde_json::to_string_pretty(&result).expect("result serialises").as_bytes(),
+        serde_json::to_string_pretty(&result)
+            .expect("result serialises")
+            .as_bytes(),
     )?;
     Ok(result)
 }

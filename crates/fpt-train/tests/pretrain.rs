@@ -4,7 +4,10 @@
 //! binary (the bit-pretrained cache lives there).
 
 use candle_core::{Device, Tensor};
-use fpt_spec::{BackboneSpec, BitPretrainSpec, Init, ResidualInit, RunSpec, ShapeOverrides, TaskName, TaskSpec, TrainGroups, TrainSpec};
+use fpt_spec::{
+    BackboneSpec, BitPretrainSpec, Init, ResidualInit, RunSpec, ShapeOverrides, TaskName, TaskSpec, TrainGroups,
+    TrainSpec,
+};
 use fpt_train::{pretrain, train, Trainer};
 use std::collections::HashMap;
 use std::sync::OnceLock;
@@ -99,17 +102,29 @@ fn bit_pretrained_backbones_are_trained_once_cached_and_loaded_frozen() {
     assert!(checked >= 8);
     assert!(tr.weights().contains("bit-memory-"), "{}", tr.weights());
     // A second request reuses the cache: same directory, no new training.
-    let stamp = std::fs::metadata(dir.join("model.safetensors")).unwrap().modified().unwrap();
+    let stamp = std::fs::metadata(dir.join("model.safetensors"))
+        .unwrap()
+        .modified()
+        .unwrap();
     let again = pretrain::resolve_backbone(&bb, &Device::Cpu).unwrap();
     assert_eq!(again.source, resolved.source);
     assert_eq!(
-        std::fs::metadata(dir.join("model.safetensors")).unwrap().modified().unwrap(),
+        std::fs::metadata(dir.join("model.safetensors"))
+            .unwrap()
+            .modified()
+            .unwrap(),
         stamp
     );
     // Another pretraining budget is another backbone.
     let mut other = bb.clone();
-    other.bit_pretrain = Some(BitPretrainSpec { steps: 5, ..bb.bit_pretrain.unwrap() });
-    assert_ne!(pretrain::resolve_backbone(&other, &Device::Cpu).unwrap().source, resolved.source);
+    other.bit_pretrain = Some(BitPretrainSpec {
+        steps: 5,
+        ..bb.bit_pretrain.unwrap()
+    });
+    assert_ne!(
+        pretrain::resolve_backbone(&other, &Device::Cpu).unwrap().source,
+        resolved.source
+    );
 }
 
 #[test]
@@ -125,7 +140,11 @@ fn a_language_model_exports_its_token_table_and_loads_as_a_backbone() {
     let out = tempfile::tempdir().unwrap();
     let run_dir = out.path().join("run");
     let r = train(&s, &run_dir, &Device::Cpu, &mut |_| {}).unwrap();
-    assert!(r.test_loss.unwrap() < (50f64).ln(), "the LM beats a uniform guess: {:?}", r.test_loss);
+    assert!(
+        r.test_loss.unwrap() < (50f64).ln(),
+        "the LM beats a uniform guess: {:?}",
+        r.test_loss
+    );
     let model_dir = out.path().join("model");
     pretrain::export_backbone(&run_dir, &model_dir, true, "card").unwrap();
     let cfg: serde_json::Value =
@@ -135,7 +154,11 @@ fn a_language_model_exports_its_token_table_and_loads_as_a_backbone() {
     let st = candle_core::safetensors::load(model_dir.join("model.safetensors"), &Device::Cpu).unwrap();
     let last = fpt_train::checkpoint::latest(&run_dir).unwrap().unwrap();
     let trained = fpt_train::checkpoint::load(&last, &Device::Cpu).unwrap().trainable;
-    assert_eq!(values(&st["wte.weight"]), values(&trained["input.weight"]), "wte is the trained embedding");
+    assert_eq!(
+        values(&st["wte.weight"]),
+        values(&trained["input.weight"]),
+        "wte is the trained embedding"
+    );
     // GPT-2's Conv1D layout on disk: [in, out].
     assert_eq!(st["h.0.mlp.c_fc.weight"].dims(), &[32, 128]);
     let down = spec(
@@ -195,7 +218,10 @@ fn output_only_training_caches_features_and_reports_a_speedup() {
     // The spec is refused unless only the output layer trains.
     let mut bad = s.clone();
     bad.train_groups = TrainGroups::fpt();
-    let e = train(&bad, &out.path().join("x"), &Device::Cpu, &mut |_| {}).err().unwrap().to_string();
+    let e = train(&bad, &out.path().join("x"), &Device::Cpu, &mut |_| {})
+        .err()
+        .unwrap()
+        .to_string();
     assert!(e.contains("cached_epochs") && e.contains("--train out"), "{e}");
 }
 
@@ -232,24 +258,44 @@ fn a_depth_cut_can_drop_the_final_norm() {
     let with = Trainer::new(&spec(xor(), bb.clone(), TrainGroups::fpt(), 1), &Device::Cpu).unwrap();
     bb.final_norm = false;
     let without = Trainer::new(&spec(xor(), bb.clone(), TrainGroups::fpt(), 1), &Device::Cpu).unwrap();
-    let names = |tr: &Trainer| -> Vec<String> { tr.model().backbone().params().into_iter().map(|(n, _, _)| n).collect() };
+    let names =
+        |tr: &Trainer| -> Vec<String> { tr.model().backbone().params().into_iter().map(|(n, _, _)| n).collect() };
     assert!(names(&with).iter().any(|n| n.starts_with("ln_f.")));
     assert!(!names(&without).iter().any(|n| n.starts_with("ln_f.")));
     let counts = |tr: &Trainer| tr.model().param_counts();
-    assert_eq!(counts(&with).total - counts(&without).total, 2 * 32, "ln_f leaves the counts");
+    assert_eq!(
+        counts(&with).total - counts(&without).total,
+        2 * 32,
+        "ln_f leaves the counts"
+    );
     assert_eq!(counts(&with).trainable - counts(&without).trainable, 2 * 32);
     // Same init (same seed): the outputs differ only by the final LayerNorm.
     let x = Tensor::randn(0f32, 1.0, (2, 10, 32), &Device::Cpu).unwrap();
     let ctx = || fpt_nn::Ctx::eval();
     let a = with.model().backbone().forward(&x, &mut ctx()).unwrap();
     let b = without.model().backbone().forward(&x, &mut ctx()).unwrap();
-    let (_, _, w) = with.model().backbone().params().into_iter().find(|(n, _, _)| n == "ln_f.weight").unwrap();
-    let (_, _, bias) = with.model().backbone().params().into_iter().find(|(n, _, _)| n == "ln_f.bias").unwrap();
+    let (_, _, w) = with
+        .model()
+        .backbone()
+        .params()
+        .into_iter()
+        .find(|(n, _, _)| n == "ln_f.weight")
+        .unwrap();
+    let (_, _, bias) = with
+        .model()
+        .backbone()
+        .params()
+        .into_iter()
+        .find(|(n, _, _)| n == "ln_f.bias")
+        .unwrap();
     let normed = fpt_nn::ops::layer_norm_composed(&b, w.tensor(), bias.tensor(), 1e-5).unwrap();
     let diff = values(&(normed - &a).unwrap()).iter().fold(0f32, |m, v| m.max(v.abs()));
     assert!(diff < 1e-4, "{diff}");
     // Without a depth cut the option is refused.
     bb.depth = None;
-    let e = spec(xor(), bb, TrainGroups::fpt(), 1).validate().unwrap_err().to_string();
+    let e = spec(xor(), bb, TrainGroups::fpt(), 1)
+        .validate()
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("final_norm"), "{e}");
 }
