@@ -439,21 +439,7 @@ impl Backbone for Bert {
 
     fn forward(&self, embeds: &Tensor, ctx: &mut Ctx) -> candle_core::Result<Tensor> {
         let c = &self.config;
-        let (_, t, width) = embeds.dims3()?;
-        if width != c.hidden_size {
-            candle_core::bail!(
-                "{}: input width {width} does not match hidden_size {}",
-                self.architecture(),
-                c.hidden_size
-            )
-        }
-        if t > self.max_positions() {
-            candle_core::bail!(
-                "{}: {t} tokens exceed the {} learned positions",
-                self.architecture(),
-                self.max_positions()
-            )
-        }
+        let t = crate::check_embeds(self, embeds)?;
         let mask = match c.longformer {
             Some(l) => Mask::Band(l.one_sided_window),
             None => Mask::None,
@@ -463,7 +449,7 @@ impl Backbone for Bert {
         let tt = self.token_type.tensor().narrow(0, 0, 1)?;
         let h = embeds.broadcast_add(&pos)?.broadcast_add(&tt)?;
         let mut h = drop(ctx, &self.emb_ln.forward(&h)?, c.hidden_dropout_prob)?;
-        let (nh, hd) = (c.num_attention_heads, width / c.num_attention_heads);
+        let (nh, hd) = (c.num_attention_heads, c.hidden_size / c.num_attention_heads);
         for l in &self.layers {
             let (q, k, v) = (l.query.forward(&h)?, l.key.forward(&h)?, l.value.forward(&h)?);
             let dropout = self.dropout.then_some((&mut *ctx, c.attention_probs_dropout_prob));

@@ -382,16 +382,7 @@ impl Backbone for Gpt2 {
     }
 
     fn forward(&self, embeds: &Tensor, ctx: &mut Ctx) -> candle_core::Result<Tensor> {
-        let (_, t, width) = embeds.dims3()?;
-        if width != self.config.n_embd {
-            candle_core::bail!("gpt2: input width {width} does not match n_embd {}", self.config.n_embd)
-        }
-        if t > self.config.n_positions {
-            candle_core::bail!(
-                "gpt2: {t} tokens exceed the {} learned positions",
-                self.config.n_positions
-            )
-        }
+        let t = crate::check_embeds(self, embeds)?;
         let pos = self.wpe.tensor().narrow(0, 0, t)?;
         let mut h = embeds.broadcast_add(&pos)?;
         if self.dropout {

@@ -170,6 +170,27 @@ pub trait Backbone: Send + Sync {
     fn config(&self) -> Config;
 }
 
+/// Checks input embeddings `[batch, tokens, width]` against a backbone's width and
+/// position table; returns the number of tokens.
+pub(crate) fn check_embeds(b: &dyn Backbone, embeds: &Tensor) -> candle_core::Result<usize> {
+    let (_, t, width) = embeds.dims3()?;
+    if width != b.hidden_size() {
+        candle_core::bail!(
+            "{}: input width {width} does not match the hidden size {}",
+            b.architecture(),
+            b.hidden_size()
+        )
+    }
+    if t > b.max_positions() {
+        candle_core::bail!(
+            "{}: {t} tokens exceed the {} learned positions",
+            b.architecture(),
+            b.max_positions()
+        )
+    }
+    Ok(t)
+}
+
 /// Drops the named parameters whose names contain `part`.
 pub(crate) fn drop_named(named: &mut Vec<(String, Role, Param)>, part: &str) {
     named.retain(|(n, _, _)| !n.contains(part));

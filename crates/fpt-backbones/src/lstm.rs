@@ -396,16 +396,7 @@ impl Backbone for Lstm {
     }
 
     fn forward(&self, embeds: &Tensor, ctx: &mut Ctx) -> candle_core::Result<Tensor> {
-        let (_, t, width) = embeds.dims3()?;
-        if width != self.config.hidden_size {
-            candle_core::bail!(
-                "lstm: input width {width} does not match hidden_size {}",
-                self.config.hidden_size
-            )
-        }
-        if t > self.config.max_positions {
-            candle_core::bail!("lstm: {t} tokens exceed max_positions {}", self.config.max_positions)
-        }
+        let t = crate::check_embeds(self, embeds)?;
         let mut x = match &self.wpe {
             Some(p) => embeds.broadcast_add(&p.tensor().narrow(0, 0, t)?)?,
             None => embeds.clone(),

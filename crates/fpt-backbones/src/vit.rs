@@ -491,20 +491,14 @@ impl Backbone for Vit {
 
     fn forward(&self, embeds: &Tensor, ctx: &mut Ctx) -> candle_core::Result<Tensor> {
         let c = &self.config;
-        let (_, t, width) = embeds.dims3()?;
-        if width != c.hidden_size {
-            candle_core::bail!("vit: input width {width} does not match hidden_size {}", c.hidden_size)
-        }
-        if t > FPT_POSITIONS {
-            candle_core::bail!("vit: {t} tokens exceed the {FPT_POSITIONS} positions")
-        }
+        let t = crate::check_embeds(self, embeds)?;
         let drop = |ctx: &mut Ctx, x: &Tensor, p: f64| if self.dropout { ctx.dropout(x, p) } else { Ok(x.clone()) };
         let mut h = drop(
             ctx,
             &embeds.broadcast_add(&self.positions.tensor().narrow(0, 0, t)?)?,
             c.hidden_dropout_prob,
         )?;
-        let (nh, hd) = (c.num_attention_heads, width / c.num_attention_heads);
+        let (nh, hd) = (c.num_attention_heads, c.hidden_size / c.num_attention_heads);
         for l in &self.layers {
             let x = l.ln_before.forward(&h)?;
             let (q, k, v) = (l.query.forward(&x)?, l.key.forward(&x)?, l.value.forward(&x)?);

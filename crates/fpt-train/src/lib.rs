@@ -744,13 +744,18 @@ fn run_loop(
         baseline_accuracy: tr.task().baseline().map(|b| b.0),
         cached: None,
     };
+    write_result(out_dir, &result)?;
+    Ok(result)
+}
+
+/// Writes `result.json` atomically.
+pub(crate) fn write_result(out_dir: &Path, result: &RunResult) -> Result<()> {
     write_atomic(
         &out_dir.join("result.json"),
-        serde_json::to_string_pretty(&result)
+        serde_json::to_string_pretty(result)
             .expect("result serialises")
             .as_bytes(),
-    )?;
-    Ok(result)
+    )
 }
 
 pub(crate) fn run_dir_err(path: &Path, msg: impl Into<String>) -> TrainError {

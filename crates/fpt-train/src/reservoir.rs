@@ -15,7 +15,7 @@
 //! shape, batch and task, timed after a warm-up step, times the steps in an epoch) over the
 //! median time of a cached epoch after the first.
 
-use crate::{metrics_append, optim, write_atomic, EvalRecord, Event, Result, RunResult, Trainer};
+use crate::{metrics_append, optim, EvalRecord, Event, Result, RunResult, Trainer};
 use candle_core::{DType, Device, Tensor};
 use fpt_nn::{ops, Ctx, Rng};
 use fpt_tasks::Split;
@@ -255,11 +255,6 @@ pub(crate) fn run(
             speedup: fpt_epoch / epoch_seconds.max(1e-9),
         }),
     };
-    write_atomic(
-        &out_dir.join("result.json"),
-        serde_json::to_string_pretty(&result)
-            .expect("result serialises")
-            .as_bytes(),
-    )?;
+    crate::write_result(out_dir, &result)?;
     Ok(result)
 }
