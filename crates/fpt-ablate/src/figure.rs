@@ -1,8 +1,9 @@
-//! Figures, as SVG written by hand (no plotting dependency): Figure 1's grouped bars from
-//! Table 1's cells (ours filled, the paper's outlined), and Figure 6's standard deviation of
-//! the attention and feed-forward parameters by layer. Figures 3-5 (attention maps) need the
-//! attention probabilities of a trained run, which fpt does not export yet; their report
-//! says so.
+//! Figures, as SVG written by hand and rasterised to PNG with `resvg` (system fonts for the
+//! labels): Figure 1's grouped bars from Table 1's cells (ours filled, the paper's
+//! outlined), Figures 3-5's first-layer attention maps of a trained run (recorded through
+//! `Ctx::attention` on a held-out example), Figure 6's standard deviation of the attention
+//! and feed-forward parameters by layer, and a learning-curve plot per table from its runs'
+//! `metrics.jsonl`.
 
 use crate::{expand, io, Report, Result};
 use fpt_spec::table::{Kind, ScaleSettings, TableSpec};
@@ -95,17 +96,25 @@ fn bars_svg(
     s
 }
 
-/// Lines over layers: one polyline per series.
+/// Lines over layer index (Figure 6).
 fn lines_svg(title: &str, series: &[(String, Vec<f64>)]) -> String {
-    let (w, h, left, bottom, top) = (700.0, 420.0, 60.0, 70.0, 40.0);
-    let n = series.iter().map(|s| s.1.len()).max().unwrap_or(1).max(2);
-    let ymax = series
+    let pts: Vec<(String, Vec<(f64, f64)>)> = series
         .iter()
-        .flat_map(|s| s.1.iter().copied())
-        .fold(0.0f64, f64::max)
-        .max(1e-6)
-        * 1.1;
-    let x = |i: usize| left + (w - left - 20.0) * i as f64 / (n - 1) as f64;
+        .map(|(n, v)| (n.clone(), v.iter().enumerate().map(|(i, y)| (i as f64, *y)).collect()))
+        .collect();
+    xy_svg(title, "layer", &pts)
+}
+
+/// Lines through `(x, y)` points, one per series, with a legend below.
+fn xy_svg(title: &str, xlabel: &str, series: &[(String, Vec<(f64, f64)>)]) -> String {
+    let rows = series.len().div_ceil(3) as f64;
+    let (w, left, bottom, top) = (700.0, 60.0, 56.0 + 14.0 * rows, 40.0);
+    let h = 360.0 + bottom;
+    let all = || series.iter().flat_map(|s| s.1.iter().copied());
+    let ymax = all().map(|p| p.1).fold(0.0f64, f64::max).max(1e-6) * 1.1;
+    let (xmin, xmax) = all().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), p| (a.min(p.0), b.max(p.0)));
+    let (xmin, xmax) = if xmin.is_finite() && xmax > xmin { (xmin, xmax) } else { (0.0, 1.0) };
+    let x = |v: f64| left + (w - left - 20.0) * (v - xmin) / (xmax - xmin);
     let y = |v: f64| top + (h - bottom - top) * (1.0 - v / ymax);
     let mut s = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"{}\" y=\"20\" text-anchor=\"middle\" font-size=\"15\">{}</text>\n",
@@ -124,34 +133,37 @@ fn lines_svg(title: &str, series: &[(String, Vec<f64>)]) -> String {
             y(v) + 4.0
         );
     }
-    for i in 0..n {
+    let integers = all().all(|p| p.0.fract() == 0.0) && xmax - xmin <= 24.0;
+    let ticks: Vec<f64> = if integers {
+        (xmin as i64..=xmax as i64).map(|v| v as f64).collect()
+    } else {
+        (0..=4).map(|k| xmin + (xmax - xmin) * k as f64 / 4.0).collect()
+    };
+    for t in ticks {
         let _ = writeln!(
             s,
-            "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">{i}</text>",
-            x(i),
+            "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">{t:.0}</text>",
+            x(t),
             h - bottom + 16.0
         );
     }
     let _ = writeln!(
         s,
-        "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">layer</text>",
+        "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>",
         w / 2.0,
-        h - bottom + 34.0
+        h - bottom + 32.0,
+        esc(xlabel)
     );
     for (k, (name, vals)) in series.iter().enumerate() {
         let c = COLORS[k % COLORS.len()];
-        let pts: Vec<String> = vals
-            .iter()
-            .enumerate()
-            .map(|(i, v)| format!("{:.1},{:.1}", x(i), y(*v)))
-            .collect();
+        let pts: Vec<String> = vals.iter().map(|(a, b)| format!("{:.1},{:.1}", x(*a), y(*b))).collect();
         let _ = writeln!(
             s,
             "<polyline points=\"{}\" fill=\"none\" stroke=\"{c}\" stroke-width=\"2\"/>",
             pts.join(" ")
         );
         let lx = left + 10.0 + (k % 3) as f64 * 210.0;
-        let ly = h - 22.0 + (k / 3) as f64 * 14.0 - 14.0;
+        let ly = h - bottom + 40.0 + (k / 3) as f64 * 14.0;
         let _ = writeln!(
             s,
             "<rect x=\"{lx}\" y=\"{}\" width=\"12\" height=\"3\" fill=\"{c}\"/><text x=\"{}\" y=\"{}\">{}</text>",
@@ -165,15 +177,157 @@ fn lines_svg(title: &str, series: &[(String, Vec<f64>)]) -> String {
     s
 }
 
-fn write_all(dir: &Path, files: &[(&str, String)]) -> Result<()> {
+/// The learning curves (held-out accuracy by step) of a table's finished runs, one line
+/// per cell that ran, as SVG; `None` when no cell has a `metrics.jsonl`.
+pub fn learning_curves(report: &Report) -> Option<String> {
+    let mut series = Vec::new();
+    for c in &report.cells {
+        let Some(run) = &c.run else { continue };
+        let Ok(text) = std::fs::read_to_string(Path::new(run).join("metrics.jsonl")) else {
+            continue;
+        };
+        let pts: Vec<(f64, f64)> = text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<fpt_train::EvalRecord>(l).ok())
+            .map(|r| (r.step as f64, 100.0 * r.test_accuracy))
+            .collect();
+        if !pts.is_empty() {
+            series.push((format!("{} / {}", c.row, c.col), pts));
+        }
+    }
+    (!series.is_empty()).then(|| {
+        xy_svg(
+            &format!("{}: held-out accuracy (%) by step, scale {}", report.id, report.scale),
+            "step",
+            &series,
+        )
+    })
+}
+
+/// Writes each file atomically; every `*.svg` also as a `*.png` beside it.
+pub(crate) fn write_all(dir: &Path, files: &[(&str, String)]) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(io(dir))?;
-    for (name, text) in files {
+    let write = |name: &str, bytes: &[u8]| -> Result<()> {
         let p = dir.join(name);
         let tmp = dir.join(format!("{name}.part"));
-        std::fs::write(&tmp, text).map_err(io(&tmp))?;
-        std::fs::rename(&tmp, &p).map_err(io(&p))?;
+        std::fs::write(&tmp, bytes).map_err(io(&tmp))?;
+        std::fs::rename(&tmp, &p).map_err(io(&p))
+    };
+    for (name, text) in files {
+        write(name, text.as_bytes())?;
+        if let Some(stem) = name.strip_suffix(".svg") {
+            match png(text) {
+                Ok(bytes) => write(&format!("{stem}.png"), &bytes)?,
+                Err(e) => tracing::warn!("{}: no PNG: {e}", dir.join(name).display()),
+            }
+        }
     }
     Ok(())
+}
+
+/// An SVG rasterised at its own size (text with the system's fonts).
+pub fn png(svg: &str) -> std::result::Result<Vec<u8>, String> {
+    use std::sync::{Arc, OnceLock};
+    static FONTS: OnceLock<Arc<resvg::usvg::fontdb::Database>> = OnceLock::new();
+    let fonts = FONTS.get_or_init(|| {
+        let mut db = resvg::usvg::fontdb::Database::new();
+        db.load_system_fonts();
+        Arc::new(db)
+    });
+    let opt = resvg::usvg::Options {
+        fontdb: fonts.clone(),
+        ..Default::default()
+    };
+    let tree = resvg::usvg::Tree::from_str(svg, &opt).map_err(|e| e.to_string())?;
+    let size = tree.size().to_int_size();
+    let mut pix = resvg::tiny_skia::Pixmap::new(size.width(), size.height()).ok_or("empty image")?;
+    resvg::render(&tree, resvg::tiny_skia::Transform::default(), &mut pix.as_mut());
+    pix.encode_png().map_err(|e| e.to_string())
+}
+
+/// A heatmap of `m` (rows: queries, columns: keys), white to dark blue by value / max.
+fn heatmap_svg(title: &str, m: &[Vec<f32>], marks: &[(usize, usize)]) -> String {
+    let t = m.len().max(1);
+    let cell = (480.0 / t as f64).clamp(2.0, 40.0);
+    let (left, top) = (60.0, 40.0);
+    let (w, h) = (left + cell * t as f64 + 20.0, top + cell * t as f64 + 50.0);
+    let max = m.iter().flatten().fold(0f32, |a, &b| a.max(b)).max(1e-9);
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w:.0}\" height=\"{h:.0}\" font-family=\"sans-serif\" font-size=\"11\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"{:.0}\" y=\"18\" text-anchor=\"middle\" font-size=\"13\">{}</text>\n",
+        w / 2.0,
+        esc(title)
+    );
+    for (i, row) in m.iter().enumerate() {
+        for (j, &v) in row.iter().enumerate() {
+            let a = (v / max).clamp(0.0, 1.0);
+            let (r, g, b) = (
+                (255.0 * (1.0 - a) + 8.0 * a) as u8,
+                (255.0 * (1.0 - a) + 48.0 * a) as u8,
+                (255.0 * (1.0 - a) + 107.0 * a) as u8,
+            );
+            let _ = writeln!(
+                s,
+                "<rect x=\"{:.2}\" y=\"{:.2}\" width=\"{cell:.2}\" height=\"{cell:.2}\" fill=\"rgb({r},{g},{b})\"/>",
+                left + j as f64 * cell,
+                top + i as f64 * cell
+            );
+        }
+    }
+    for &(i, j) in marks {
+        let _ = writeln!(
+            s,
+            "<rect x=\"{:.2}\" y=\"{:.2}\" width=\"{cell:.2}\" height=\"{cell:.2}\" fill=\"none\" stroke=\"#d62728\" stroke-width=\"1\"/>",
+            left + j as f64 * cell,
+            top + i as f64 * cell
+        );
+    }
+    let step = (t / 10).max(1);
+    for k in (0..t).step_by(step) {
+        let c = k as f64 * cell + cell / 2.0;
+        let _ = writeln!(
+            s,
+            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{k}</text><text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{k}</text>",
+            left + c,
+            top + cell * t as f64 + 14.0,
+            left - 4.0,
+            top + c + 4.0
+        );
+    }
+    let _ = writeln!(
+        s,
+        "<text x=\"{:.0}\" y=\"{:.0}\" text-anchor=\"middle\">key position</text><text x=\"14\" y=\"{:.0}\" transform=\"rotate(-90 14 {:.0})\" text-anchor=\"middle\">query position</text>\n</svg>",
+        left + cell * t as f64 / 2.0,
+        h - 12.0,
+        top + cell * t as f64 / 2.0,
+        top + cell * t as f64 / 2.0
+    );
+    s
+}
+
+/// The first attention layer of the trained run in `run_dir` (its last checkpoint) on the
+/// first held-out example: per head `[queries][keys]`.
+pub fn first_layer_attention(spec: &fpt_spec::RunSpec, run_dir: &Path) -> std::result::Result<Vec<Vec<Vec<f32>>>, String> {
+    let cpu = candle_core::Device::Cpu;
+    let s = |e: &dyn std::fmt::Display| e.to_string();
+    let tr = fpt_train::Trainer::new(spec, &cpu).map_err(|e| s(&e))?;
+    let last = fpt_train::checkpoint::latest(run_dir)
+        .map_err(|e| s(&e))?
+        .ok_or("the run has no checkpoint")?;
+    let loaded = fpt_train::checkpoint::load(&last, &cpu).map_err(|e| s(&e))?;
+    fpt_train::checkpoint::load_trainable(tr.model(), &loaded.trainable, &last).map_err(|e| s(&e))?;
+    let batch = tr
+        .task()
+        .eval_batch(fpt_tasks::Split::Test, 0, 1, &cpu)
+        .map_err(|e| s(&e))?;
+    let mut ctx = fpt_nn::Ctx::eval();
+    ctx.attention = Some(Vec::new());
+    tr.model().forward(&batch.inputs, &mut ctx).map_err(|e| s(&e))?;
+    let first = ctx
+        .attention
+        .and_then(|v| v.into_iter().next())
+        .ok_or("the backbone has no attention layer")?;
+    let probs = first.squeeze(0).map_err(|e| s(&e))?; // [heads, T, T]
+    probs.to_vec3::<f32>().map_err(|e| s(&e))
 }
 
 /// Standard deviation of every attention and feed-forward tensor, by layer and by
@@ -321,10 +475,96 @@ pub fn render(
                 }
             }
         }
-        Kind::AttentionMap | Kind::Table => {
-            md.push_str("Not drawn: fpt does not yet export the first-layer attention probabilities of a trained run (the figure needs them); the run it would draw from is the spec's defaults.\n");
+        Kind::AttentionMap => {
+            let cells = expand(fig, scales, scale)?;
+            let cell = &cells[0];
+            for n in &cell.notes {
+                md.push_str(&format!("Substitution: {n}\n\n"));
+            }
+            match &cell.plan {
+                crate::Plan::Run { spec, key } => {
+                    let run = crate::run_dir(out, key);
+                    md.push_str(&format!("Run: `{}` ({}).\n\n", run.display(), crate::command_for(out, key)));
+                    match first_layer_attention(spec, &run) {
+                        Ok(heads) => attention_report(fig, spec, &heads, &dir, md)?,
+                        Err(e) => {
+                            md.push_str(&format!("Not drawn: {e} (run `fpt run-table {}` first).\n", fig.id));
+                            write_all(&dir, &[("report.md", md)])?;
+                        }
+                    }
+                }
+                crate::Plan::Unavailable(why) | crate::Plan::PaperOnly(why) => {
+                    md.push_str(&format!("Not drawn: {why}\n"));
+                    write_all(&dir, &[("report.md", md)])?;
+                }
+                crate::Plan::Count(_) => {
+                    md.push_str("Not drawn: the figure's defaults name no run\n");
+                    write_all(&dir, &[("report.md", md)])?;
+                }
+            }
+        }
+        Kind::Table => {
+            md.push_str("Not a figure.\n");
             write_all(&dir, &[("report.md", md)])?;
         }
     }
     Ok(dir)
+}
+
+/// Draws the mean first-layer attention over heads, and for Bit XOR measures how much of
+/// each read-out token's attention falls on the two bits it XORs (the paper's Figure 3
+/// observation), against a uniform spread over the keys it can see.
+fn attention_report(
+    fig: &TableSpec,
+    spec: &fpt_spec::RunSpec,
+    heads: &[Vec<Vec<f32>>],
+    dir: &Path,
+    mut md: String,
+) -> Result<()> {
+    let t = heads[0].len();
+    let nh = heads.len() as f32;
+    let mean: Vec<Vec<f32>> = (0..t)
+        .map(|i| (0..t).map(|j| heads.iter().map(|h| h[i][j]).sum::<f32>() / nh).collect())
+        .collect();
+    let mut marks = Vec::new();
+    let mut summary = serde_json::json!({ "heads": heads.len(), "tokens": t, "backbone": spec.backbone.source });
+    if spec.task.name == fpt_spec::TaskName::BitXor {
+        let n = t / 2;
+        let mut rows = Vec::new();
+        md.push_str("Bit XOR: read-out token at position n+j XORs bits j and n+j. Attention mass on those two keys (first layer):\n\n| read-out position | mean over heads | best head | uniform over visible keys |\n|---|---|---|---|\n");
+        for j in 0..n {
+            let q = n + j;
+            marks.push((q, j));
+            marks.push((q, q));
+            let on = |h: &Vec<Vec<f32>>| h[q][j] + h[q][q];
+            let best = heads.iter().map(on).fold(0f32, f32::max);
+            // Causal attention: the first query sees only itself.
+            let visible = if heads[0][0].iter().skip(1).all(|&v| v == 0.0) {
+                q + 1
+            } else {
+                t
+            };
+            let uniform = 2.0 / visible as f32;
+            md.push_str(&format!("| {q} | {:.3} | {best:.3} | {uniform:.3} |\n", mean[q][j] + mean[q][q]));
+            rows.push(serde_json::json!({ "query": q, "mean": mean[q][j] + mean[q][q], "best_head": best, "uniform": uniform }));
+        }
+        summary["xor_mass"] = rows.into();
+        md.push('\n');
+    }
+    let svg = heatmap_svg(&format!("{}: first-layer attention, mean over heads", fig.id), &mean, &marks);
+    md.push_str(&format!(
+        "![{}](figure.svg)\n\nRows: query positions; columns: key positions; darker = more attention (mean over the first layer's {} heads, first held-out example){}.\n",
+        fig.id,
+        heads.len(),
+        if marks.is_empty() { "" } else { "; red boxes: the two bits each read-out token XORs" }
+    ));
+    summary["mean"] = serde_json::to_value(&mean).expect("json");
+    write_all(
+        dir,
+        &[
+            ("figure.svg", svg),
+            ("report.md", md),
+            ("report.json", serde_json::to_string_pretty(&summary).expect("json")),
+        ],
+    )
 }

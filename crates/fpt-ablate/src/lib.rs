@@ -226,6 +226,23 @@ pub fn scale_of(table: &TableSpec, scales: &BTreeMap<String, ScaleSettings>, sca
 pub fn expand(table: &TableSpec, scales: &BTreeMap<String, ScaleSettings>, scale: &str) -> Result<Vec<Cell>> {
     let sc = scale_of(table, scales, scale)?;
     let mut cells = Vec::new();
+    if table.kind == fpt_spec::table::Kind::AttentionMap {
+        // An attention-map figure draws from one run: its defaults.
+        let s = table.defaults.clone();
+        let metric = Metric::TestAccuracy;
+        let mut notes = Vec::new();
+        let plan = plan(&s, metric, &sc, &mut notes);
+        cells.push(Cell {
+            row: 0,
+            col: 0,
+            settings: s,
+            metric,
+            paper: String::new(),
+            plan,
+            notes,
+        });
+        return Ok(cells);
+    }
     for (r, row) in table.rows.iter().enumerate() {
         for (c, col) in table.cols.iter().enumerate() {
             let mut s = table.defaults.merged(&row.set).merged(&col.set);

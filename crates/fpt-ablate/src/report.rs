@@ -336,16 +336,16 @@ impl Report {
         let dir = out.join(&self.id).join(&self.scale);
         std::fs::create_dir_all(&dir).map_err(io(&dir))?;
         let json = serde_json::to_string_pretty(self).expect("report serialises");
-        for (name, text) in [
-            ("report.md", self.markdown(out)),
-            ("report.json", json),
-            ("report.csv", self.csv()),
-        ] {
-            let p = dir.join(name);
-            let tmp = dir.join(format!("{name}.part"));
-            std::fs::write(&tmp, text).map_err(io(&tmp))?;
-            std::fs::rename(&tmp, &p).map_err(io(&p))?;
+        let mut md = self.markdown(out);
+        let curves = crate::figure::learning_curves(self);
+        if curves.is_some() {
+            md.push_str("\n## Learning curves\n\n![learning curves](curves.svg)\n");
         }
+        let mut files = vec![("report.md", md), ("report.json", json), ("report.csv", self.csv())];
+        if let Some(svg) = curves {
+            files.push(("curves.svg", svg));
+        }
+        crate::figure::write_all(&dir, &files)?;
         Ok(dir)
     }
 }

@@ -183,6 +183,12 @@ fn a_table_runs_reports_skips_finished_cells_and_shards() {
         md.contains("| FPT |") && md.contains("tiny test fixture") && md.contains("not at this scale"),
         "{md}"
     );
+    // Learning curves of the four runs, as SVG and PNG.
+    assert!(md.contains("![learning curves](curves.svg)"), "{md}");
+    let curves = std::fs::read_to_string(dir.join("curves.svg")).unwrap();
+    assert_eq!(curves.matches("<polyline").count(), 4);
+    assert!(curves.contains("FPT / fpt") && curves.contains("Random / all"), "{curves}");
+    assert_eq!(&std::fs::read(dir.join("curves.png")).unwrap()[..4], b"\x89PNG");
     let json: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).unwrap()).unwrap();
     assert_eq!(json["cells"].as_array().unwrap().len(), 6);
@@ -274,4 +280,55 @@ fn lstm_bit_pretrained_last_attention_and_output_only_cells_become_runs() {
         }
         (a, b) => panic!("{a:?} {b:?}"),
     }
+}
+
+#[test]
+fn an_attention_map_figure_trains_its_run_and_draws_svg_and_png() {
+    let d = tempfile::tempdir().unwrap();
+    write_mini(d.path());
+    let tables = d.path().join("tables");
+    std::fs::write(
+        tables.join("fig3.toml"),
+        r#"
+id = "fig3"
+title = "attention"
+caption = "first-layer attention on Bit XOR"
+kind = "attention-map"
+[defaults]
+task = "bit-xor"
+backbone = "gpt2"
+init = "pretrained"
+train = "fpt"
+"#,
+    )
+    .unwrap();
+    let fig = load_table(&tables, "fig3").unwrap();
+    let scales = load_scales(&tables).unwrap();
+    let out = d.path().join("results");
+    // Before its run exists the figure says what is missing.
+    let dir = fpt_ablate::figure::render(&fig, &tables, &scales, "mini", &out).unwrap();
+    let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
+    assert!(md.contains("Not drawn") && md.contains("no checkpoint"), "{md}");
+    let cells = expand(&fig, &scales, "mini").unwrap();
+    assert_eq!(cells.len(), 1);
+    assert_eq!(run(&cells, &out, &RunOptions::default(), &mut |_| {}).unwrap(), 1);
+    let dir = fpt_ablate::figure::render(&fig, &tables, &scales, "mini", &out).unwrap();
+    let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
+    assert!(md.contains("| read-out position |") && md.contains("figure.svg"), "{md}");
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).unwrap()).unwrap();
+    let t = json["tokens"].as_u64().unwrap() as usize;
+    assert_eq!(t, 10, "Bit XOR of 5 bits: 10 tokens");
+    let mean = json["mean"].as_array().unwrap();
+    for row in mean {
+        let sum: f64 = row.as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).sum();
+        assert!((sum - 1.0).abs() < 1e-4, "attention rows are distributions: {sum}");
+    }
+    // GPT-2 is causal: the first query attends only to itself.
+    assert!((mean[0][0].as_f64().unwrap() - 1.0).abs() < 1e-5);
+    assert_eq!(json["xor_mass"].as_array().unwrap().len(), 5);
+    let svg = std::fs::read_to_string(dir.join("figure.svg")).unwrap();
+    assert!(svg.starts_with("<svg") && svg.matches("<rect").count() > 100);
+    let png = std::fs::read(dir.join("figure.png")).unwrap();
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
 }

@@ -452,8 +452,8 @@ impl Backbone for Bert {
         let (nh, hd) = (c.num_attention_heads, c.hidden_size / c.num_attention_heads);
         for l in &self.layers {
             let (q, k, v) = (l.query.forward(&h)?, l.key.forward(&h)?, l.value.forward(&h)?);
-            let dropout = self.dropout.then_some((&mut *ctx, c.attention_probs_dropout_prob));
-            let o = crate::attention(&q, &k, &v, nh, 1.0 / (hd as f64).sqrt(), mask, None, dropout)?;
+            let dropout = self.dropout.then_some(c.attention_probs_dropout_prob);
+            let o = crate::attention(&q, &k, &v, nh, 1.0 / (hd as f64).sqrt(), mask, None, ctx, dropout)?;
             let a = drop(ctx, &l.attn_out.forward(&o)?, c.hidden_dropout_prob)?;
             let h1 = l.attn_ln.forward(&(a + &h)?)?;
             let m = ops::gelu_erf(&l.intermediate.forward(&h1)?)?;

@@ -343,7 +343,7 @@ impl Gpt2 {
         if c.scale_attn_by_inverse_layer_idx {
             scale /= (i + 1) as f64;
         }
-        let dropout = self.dropout.then_some((&mut *ctx, c.attn_pdrop));
+        let dropout = self.dropout.then_some(c.attn_pdrop);
         let o = crate::attention(
             &part(0)?,
             &part(1)?,
@@ -352,6 +352,7 @@ impl Gpt2 {
             scale,
             ops::Mask::Causal,
             None,
+            ctx,
             dropout,
         )?;
         let o = b.attn_proj.forward(&o)?;

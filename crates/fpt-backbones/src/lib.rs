@@ -236,8 +236,8 @@ pub(crate) use backbone_common;
 
 /// Multi-head attention over projected `q, k, v: [b, t, heads * d]`: scores `q k^T`
 /// times `scale`, plus `bias` (`[1 or b, heads, t, t]`) where given, softmax over the keys
-/// `mask` leaves visible, probabilities dropped with `dropout` (context and rate) where
-/// given; returns `[b, t, heads * d]`.
+/// `mask` leaves visible, probabilities dropped at rate `dropout` where given (and recorded
+/// in `ctx.attention` when it is `Some`); returns `[b, t, heads * d]`.
 #[allow(clippy::too_many_arguments)] // q, k, v and the attention's settings; a struct would only rename them
 pub(crate) fn attention(
     q: &Tensor,
@@ -247,7 +247,8 @@ pub(crate) fn attention(
     scale: f64,
     mask: fpt_nn::ops::Mask,
     bias: Option<&Tensor>,
-    dropout: Option<(&mut Ctx, f64)>,
+    ctx: &mut Ctx,
+    dropout: Option<f64>,
 ) -> candle_core::Result<Tensor> {
     let (b, t, width) = q.dims3()?;
     let d = width / heads;
@@ -258,8 +259,11 @@ pub(crate) fn attention(
         Some(bias) => fpt_nn::ops::masked_softmax(&(scores * scale)?.broadcast_add(bias)?, 1.0, mask)?,
         None => fpt_nn::ops::masked_softmax(&scores, scale, mask)?,
     };
+    if let Some(rec) = ctx.attention.as_mut() {
+        rec.push(probs.detach());
+    }
     let probs = match dropout {
-        Some((ctx, p)) => ctx.dropout(&probs, p)?,
+        Some(p) => ctx.dropout(&probs, p)?,
         None => probs,
     };
     probs.matmul(&v)?.transpose(1, 2)?.reshape((b, t, width))

@@ -364,8 +364,8 @@ impl Backbone for T5Encoder {
             let x = rms_norm(&h, blk.ln_attn.tensor(), eps)?;
             let (q, k, v) = (blk.q.forward(&x)?, blk.k.forward(&x)?, blk.v.forward(&x)?);
             // T5 does not scale scores by 1/sqrt(d_kv).
-            let dropout = self.dropout.then_some((&mut *ctx, c.dropout_rate));
-            let o = crate::attention(&q, &k, &v, nh, 1.0, ops::Mask::None, Some(&bias), dropout)?;
+            let dropout = self.dropout.then_some(c.dropout_rate);
+            let o = crate::attention(&q, &k, &v, nh, 1.0, ops::Mask::None, Some(&bias), ctx, dropout)?;
             h = (&h + drop(ctx, &blk.o.forward(&o)?)?)?;
             let x = rms_norm(&h, blk.ln_ff.tensor(), eps)?;
             let m = drop(ctx, &blk.wi.forward(&x)?.relu()?)?;

@@ -903,6 +903,13 @@ fn run_table(a: RunTableArgs) -> Result<()> {
                 println!("{id}: {} | figure ({:?})", table.title, table.kind);
                 continue;
             }
+            if table.kind == fpt_spec::table::Kind::AttentionMap && !a.report_only {
+                // The figure draws from one trained run: train it first (shared with any
+                // table cell of the same spec).
+                let cells = fpt_ablate::expand(&table, &scales, &a.scale)?;
+                let mut log = |line: &str| eprintln!("fpt run-table: {id}: {line}");
+                fpt_ablate::run(&cells, &a.out, &opts, &mut log)?;
+            }
             let dir = fpt_ablate::figure::render(&table, &a.tables, &scales, &a.scale, &a.out)?;
             println!("{id}: {}", dir.join("report.md").display());
             continue;

@@ -62,6 +62,9 @@ pub struct Ctx {
     pub train: bool,
     /// The stream dropout masks are drawn from.
     pub rng: Rng,
+    /// When `Some`, every attention layer appends its probabilities `[batch, heads,
+    /// queries, keys]` (detached), in layer order: what the attention-map figures draw.
+    pub attention: Option<Vec<candle_core::Tensor>>,
 }
 
 impl Ctx {
@@ -70,6 +73,7 @@ impl Ctx {
         Self {
             train: true,
             rng: Rng::new(seed),
+            attention: None,
         }
     }
 
@@ -78,6 +82,7 @@ impl Ctx {
         Self {
             train: false,
             rng: Rng::new(0),
+            attention: None,
         }
     }
 

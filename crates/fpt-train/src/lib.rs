@@ -356,6 +356,7 @@ impl Trainer {
             ctx: Ctx {
                 train: true,
                 rng: master.fork("dropout"),
+                attention: None,
             },
             weights,
             step: 0,
