@@ -412,6 +412,10 @@ fn plan(s: &CellSettings, metric: Metric, sc: &ScaleSettings, notes: &mut Vec<St
         // The paper: 1e-3 for transformers, 3e-4 for LSTMs (App. B).
         lr: s.lr.or(if lstm { Some(3e-4) } else { o.lr }).unwrap_or(1e-3),
         cached_epochs: cached.then(|| o.cached_epochs.unwrap_or(10)),
+        train_eval: match metric {
+            Metric::TrainAccuracy => fpt_spec::TrainEval::Final,
+            _ => o.train_eval.unwrap_or(fpt_spec::TrainEval::Final),
+        },
         eval_every: o.eval_every.unwrap_or(steps.div_ceil(4)).max(1),
         ..TrainSpec::default()
     };

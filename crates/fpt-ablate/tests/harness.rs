@@ -256,7 +256,8 @@ fn lstm_bit_pretrained_last_attention_and_output_only_cells_become_runs() {
         panic!("Bit runs")
     };
     assert_eq!(spec.backbone.init, Init::BitPretrained);
-    assert_eq!(spec.backbone.bit_pretrain.unwrap().steps, 300);
+    assert_eq!(spec.backbone.bit_pretrain.unwrap().steps, 200);
+    assert_eq!(spec.train.train_eval, fpt_spec::TrainEval::Never, "the cpu scale skips train-split evaluation");
     // Table 14, the last-attention column trains ff and the last block's attention (it
     // runs where CIFAR-10 is present; otherwise it waits for the data, not for code).
     let t14 = load_table(&root().join("data/tables"), "table14").unwrap();

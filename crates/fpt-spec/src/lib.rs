@@ -1347,6 +1347,10 @@ pub mod table {
         /// `train_examples`, else the whole split).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pub cached_examples: Option<usize>,
+        /// Accuracy on the training split (`never`, `final`, `every`); cells that report
+        /// training accuracy always measure it. `None`: `final`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub train_eval: Option<super::TrainEval>,
     }
 
     impl TaskOverrides {
@@ -1367,7 +1371,8 @@ pub mod table {
                 max_len,
                 lr,
                 cached_epochs,
-                cached_examples
+                cached_examples,
+                train_eval
             )
         }
     }
