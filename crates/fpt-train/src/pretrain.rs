@@ -74,13 +74,17 @@ pub fn resolve_backbone(spec: &BackboneSpec, device: &Device) -> Result<Backbone
     let bp = spec.bit_pretrain.unwrap_or_default();
     let run = bit_memory_run(spec, &bp);
     let dir = backbones_home().join(format!("bit-memory-{}", key_of(&run)));
+    let shape = if spec.shape.any() {
+        serde_json::to_string(&spec.shape).unwrap_or_default()
+    } else {
+        "its own shape".into()
+    };
     let _guard = BUILDING.lock().unwrap_or_else(|e| e.into_inner());
     if !dir.join("config.json").is_file() {
         let run_dir = dir.with_extension("run");
         tracing::info!(
-            "bit-pretrained backbone: training {} ({}) on Bit Memory for {} steps into {}",
+            "bit-pretrained backbone: training {} ({shape}) on Bit Memory for {} steps into {}",
             spec.source,
-            serde_json::to_string(&spec.shape).unwrap_or_default(),
             bp.steps,
             run_dir.display()
         );
@@ -107,7 +111,7 @@ pub fn resolve_backbone(spec: &BackboneSpec, device: &Device) -> Result<Backbone
              on Bit Memory (paper Table 2's \"Bit\" row), then saved by fpt for use as a frozen \
              backbone.\n\n- steps: {}, batch {}, Adam lr {}, seed {}\n- final bit accuracy: {}\n- training run: {}\n",
             spec.source,
-            serde_json::to_string(&spec.shape).unwrap_or_default(),
+            shape,
             bp.steps,
             bp.batch_size,
             bp.lr,
