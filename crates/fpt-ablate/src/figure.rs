@@ -113,7 +113,11 @@ fn xy_svg(title: &str, xlabel: &str, series: &[(String, Vec<(f64, f64)>)]) -> St
     let all = || series.iter().flat_map(|s| s.1.iter().copied());
     let ymax = all().map(|p| p.1).fold(0.0f64, f64::max).max(1e-6) * 1.1;
     let (xmin, xmax) = all().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), p| (a.min(p.0), b.max(p.0)));
-    let (xmin, xmax) = if xmin.is_finite() && xmax > xmin { (xmin, xmax) } else { (0.0, 1.0) };
+    let (xmin, xmax) = if xmin.is_finite() && xmax > xmin {
+        (xmin, xmax)
+    } else {
+        (0.0, 1.0)
+    };
     let x = |v: f64| left + (w - left - 20.0) * (v - xmin) / (xmax - xmin);
     let y = |v: f64| top + (h - bottom - top) * (1.0 - v / ymax);
     let mut s = format!(
@@ -306,7 +310,10 @@ fn heatmap_svg(title: &str, m: &[Vec<f32>], marks: &[(usize, usize)]) -> String 
 
 /// The first attention layer of the trained run in `run_dir` (its last checkpoint) on the
 /// first held-out example: per head `[queries][keys]`.
-pub fn first_layer_attention(spec: &fpt_spec::RunSpec, run_dir: &Path) -> std::result::Result<Vec<Vec<Vec<f32>>>, String> {
+pub fn first_layer_attention(
+    spec: &fpt_spec::RunSpec,
+    run_dir: &Path,
+) -> std::result::Result<Vec<Vec<Vec<f32>>>, String> {
     let cpu = candle_core::Device::Cpu;
     let s = |e: &dyn std::fmt::Display| e.to_string();
     let tr = fpt_train::Trainer::new(spec, &cpu).map_err(|e| s(&e))?;
@@ -484,7 +491,11 @@ pub fn render(
             match &cell.plan {
                 crate::Plan::Run { spec, key } => {
                     let run = crate::run_dir(out, key);
-                    md.push_str(&format!("Run: `{}` ({}).\n\n", run.display(), crate::command_for(out, key)));
+                    md.push_str(&format!(
+                        "Run: `{}` ({}).\n\n",
+                        run.display(),
+                        crate::command_for(out, key)
+                    ));
                     match first_layer_attention(spec, &run) {
                         Ok(heads) => attention_report(fig, spec, &heads, &dir, md)?,
                         Err(e) => {
@@ -524,7 +535,11 @@ fn attention_report(
     let t = heads[0].len();
     let nh = heads.len() as f32;
     let mean: Vec<Vec<f32>> = (0..t)
-        .map(|i| (0..t).map(|j| heads.iter().map(|h| h[i][j]).sum::<f32>() / nh).collect())
+        .map(|i| {
+            (0..t)
+                .map(|j| heads.iter().map(|h| h[i][j]).sum::<f32>() / nh)
+                .collect()
+        })
         .collect();
     let mut marks = Vec::new();
     let mut summary = serde_json::json!({ "heads": heads.len(), "tokens": t, "backbone": spec.backbone.source });
@@ -545,13 +560,20 @@ fn attention_report(
                 t
             };
             let uniform = 2.0 / visible as f32;
-            md.push_str(&format!("| {q} | {:.3} | {best:.3} | {uniform:.3} |\n", mean[q][j] + mean[q][q]));
+            md.push_str(&format!(
+                "| {q} | {:.3} | {best:.3} | {uniform:.3} |\n",
+                mean[q][j] + mean[q][q]
+            ));
             rows.push(serde_json::json!({ "query": q, "mean": mean[q][j] + mean[q][q], "best_head": best, "uniform": uniform }));
         }
         summary["xor_mass"] = rows.into();
         md.push('\n');
     }
-    let svg = heatmap_svg(&format!("{}: first-layer attention, mean over heads", fig.id), &mean, &marks);
+    let svg = heatmap_svg(
+        &format!("{}: first-layer attention, mean over heads", fig.id),
+        &mean,
+        &marks,
+    );
     md.push_str(&format!(
         "![{}](figure.svg)\n\nRows: query positions; columns: key positions; darker = more attention (mean over the first layer's {} heads, first held-out example){}.\n",
         fig.id,

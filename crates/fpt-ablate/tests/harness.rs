@@ -187,7 +187,10 @@ fn a_table_runs_reports_skips_finished_cells_and_shards() {
     assert!(md.contains("![learning curves](curves.svg)"), "{md}");
     let curves = std::fs::read_to_string(dir.join("curves.svg")).unwrap();
     assert_eq!(curves.matches("<polyline").count(), 4);
-    assert!(curves.contains("FPT / fpt") && curves.contains("Random / all"), "{curves}");
+    assert!(
+        curves.contains("FPT / fpt") && curves.contains("Random / all"),
+        "{curves}"
+    );
     assert_eq!(&std::fs::read(dir.join("curves.png")).unwrap()[..4], b"\x89PNG");
     let json: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).unwrap()).unwrap();
@@ -257,7 +260,11 @@ fn lstm_bit_pretrained_last_attention_and_output_only_cells_become_runs() {
     };
     assert_eq!(spec.backbone.init, Init::BitPretrained);
     assert_eq!(spec.backbone.bit_pretrain.unwrap().steps, 200);
-    assert_eq!(spec.train.train_eval, fpt_spec::TrainEval::Never, "the cpu scale skips train-split evaluation");
+    assert_eq!(
+        spec.train.train_eval,
+        fpt_spec::TrainEval::Never,
+        "the cpu scale skips train-split evaluation"
+    );
     // Table 14, the last-attention column trains ff and the last block's attention (it
     // runs where CIFAR-10 is present; otherwise it waits for the data, not for code).
     let t14 = load_table(&root().join("data/tables"), "table14").unwrap();
@@ -315,7 +322,10 @@ train = "fpt"
     assert_eq!(run(&cells, &out, &RunOptions::default(), &mut |_| {}).unwrap(), 1);
     let dir = fpt_ablate::figure::render(&fig, &tables, &scales, "mini", &out).unwrap();
     let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
-    assert!(md.contains("| read-out position |") && md.contains("figure.svg"), "{md}");
+    assert!(
+        md.contains("| read-out position |") && md.contains("figure.svg"),
+        "{md}"
+    );
     let json: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).unwrap()).unwrap();
     let t = json["tokens"].as_u64().unwrap() as usize;

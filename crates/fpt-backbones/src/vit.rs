@@ -503,7 +503,17 @@ impl Backbone for Vit {
             let x = l.ln_before.forward(&h)?;
             let (q, k, v) = (l.query.forward(&x)?, l.key.forward(&x)?, l.value.forward(&x)?);
             let dropout = self.dropout.then_some(c.attention_probs_dropout_prob);
-            let o = crate::attention(&q, &k, &v, nh, 1.0 / (hd as f64).sqrt(), ops::Mask::None, None, ctx, dropout)?;
+            let o = crate::attention(
+                &q,
+                &k,
+                &v,
+                nh,
+                1.0 / (hd as f64).sqrt(),
+                ops::Mask::None,
+                None,
+                ctx,
+                dropout,
+            )?;
             h = (drop(ctx, &l.attn_out.forward(&o)?, c.hidden_dropout_prob)? + &h)?;
             let x = l.ln_after.forward(&h)?;
             let m = ops::gelu_erf(&l.intermediate.forward(&x)?)?;

@@ -1162,7 +1162,10 @@ fn main() {
         std::env::set_var("RAYON_NUM_THREADS", fpt_nn::num_threads().to_string());
     }
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("FPT_LOG").unwrap_or_else(|_| "warn,fpt_train::pretrain=info,fpt_train::reservoir=info".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("FPT_LOG")
+                .unwrap_or_else(|_| "warn,fpt_train::pretrain=info,fpt_train::reservoir=info".into()),
+        )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
