@@ -161,11 +161,16 @@ fn xy_svg(title: &str, xlabel: &str, series: &[(String, Vec<(f64, f64)>)]) -> St
     for (k, (name, vals)) in series.iter().enumerate() {
         let c = COLORS[k % COLORS.len()];
         let pts: Vec<String> = vals.iter().map(|(a, b)| format!("{:.1},{:.1}", x(*a), y(*b))).collect();
-        let _ = writeln!(
-            s,
-            "<polyline points=\"{}\" fill=\"none\" stroke=\"{c}\" stroke-width=\"2\"/>",
-            pts.join(" ")
-        );
+        if pts.len() > 1 {
+            let _ = writeln!(
+                s,
+                "<polyline points=\"{}\" fill=\"none\" stroke=\"{c}\" stroke-width=\"2\"/>",
+                pts.join(" ")
+            );
+        }
+        for (a, b) in vals {
+            let _ = writeln!(s, "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"2.5\" fill=\"{c}\"/>", x(*a), y(*b));
+        }
         let lx = left + 10.0 + (k % 3) as f64 * 210.0;
         let ly = h - bottom + 40.0 + (k / 3) as f64 * 14.0;
         let _ = writeln!(
@@ -236,6 +241,19 @@ pub fn png(svg: &str) -> std::result::Result<Vec<u8>, String> {
     let fonts = FONTS.get_or_init(|| {
         let mut db = resvg::usvg::fontdb::Database::new();
         db.load_system_fonts();
+        // The SVGs ask for `sans-serif`; map it to a sans face this system has.
+        let families: Vec<String> = db
+            .faces()
+            .flat_map(|f| f.families.iter().map(|(name, _)| name.clone()))
+            .collect();
+        let pick = ["DejaVu Sans", "Liberation Sans", "Noto Sans", "FreeSans", "Arial", "Helvetica"]
+            .iter()
+            .map(|s| s.to_string())
+            .find(|f| families.contains(f))
+            .or_else(|| families.first().cloned());
+        if let Some(f) = pick {
+            db.set_sans_serif_family(f);
+        }
         Arc::new(db)
     });
     let opt = resvg::usvg::Options {

@@ -59,11 +59,11 @@ fn cache(
         if got == 0 {
             break;
         }
-        feats.push(model.features(&b.inputs, &mut Ctx::eval())?.detach());
+        feats.push(model.features(&b.inputs, &mut Ctx::eval())?.detach().contiguous()?);
         labels.push(b.labels);
         done += got;
     }
-    Ok((Tensor::cat(&feats, 0)?, Tensor::cat(&labels, 0)?))
+    Ok((Tensor::cat(&feats, 0)?.contiguous()?, Tensor::cat(&labels, 0)?.contiguous()?))
 }
 
 /// Mean loss and accuracy of the head on cached features.

@@ -215,6 +215,11 @@ fn output_only_training_caches_features_and_reports_a_speedup() {
         metrics[0].train_loss,
         metrics[5].train_loss
     );
+    // Fewer examples than one feature chunk (a single forward pass) work the same way.
+    let mut small = s.clone();
+    small.train.steps = 2;
+    let r = train(&small, &out.path().join("small"), &Device::Cpu, &mut |_| {}).unwrap();
+    assert_eq!(r.cached.unwrap().train_examples, 32);
     // The spec is refused unless only the output layer trains.
     let mut bad = s.clone();
     bad.train_groups = TrainGroups::fpt();
