@@ -113,10 +113,11 @@ fn xy_svg(title: &str, xlabel: &str, series: &[(String, Vec<(f64, f64)>)]) -> St
     let all = || series.iter().flat_map(|s| s.1.iter().copied());
     let ymax = all().map(|p| p.1).fold(0.0f64, f64::max).max(1e-6) * 1.1;
     let (xmin, xmax) = all().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), p| (a.min(p.0), b.max(p.0)));
-    let (xmin, xmax) = if xmin.is_finite() && xmax > xmin {
-        (xmin, xmax)
-    } else {
-        (0.0, 1.0)
+    let (xmin, xmax) = match (xmin.is_finite(), xmax > xmin) {
+        (true, true) => (xmin, xmax),
+        // One x value (one evaluation per run): centre it.
+        (true, false) => (xmin - 1.0, xmin + 1.0),
+        _ => (0.0, 1.0),
     };
     let x = |v: f64| left + (w - left - 20.0) * (v - xmin) / (xmax - xmin);
     let y = |v: f64| top + (h - bottom - top) * (1.0 - v / ymax);
@@ -169,7 +170,12 @@ fn xy_svg(title: &str, xlabel: &str, series: &[(String, Vec<(f64, f64)>)]) -> St
             );
         }
         for (a, b) in vals {
-            let _ = writeln!(s, "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"2.5\" fill=\"{c}\"/>", x(*a), y(*b));
+            let _ = writeln!(
+                s,
+                "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"2.5\" fill=\"{c}\"/>",
+                x(*a),
+                y(*b)
+            );
         }
         let lx = left + 10.0 + (k % 3) as f64 * 210.0;
         let ly = h - bottom + 40.0 + (k / 3) as f64 * 14.0;
@@ -246,11 +252,18 @@ pub fn png(svg: &str) -> std::result::Result<Vec<u8>, String> {
             .faces()
             .flat_map(|f| f.families.iter().map(|(name, _)| name.clone()))
             .collect();
-        let pick = ["DejaVu Sans", "Liberation Sans", "Noto Sans", "FreeSans", "Arial", "Helvetica"]
-            .iter()
-            .map(|s| s.to_string())
-            .find(|f| families.contains(f))
-            .or_else(|| families.first().cloned());
+        let pick = [
+            "DejaVu Sans",
+            "Liberation Sans",
+            "Noto Sans",
+            "FreeSans",
+            "Arial",
+            "Helvetica",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .find(|f| families.contains(f))
+        .or_else(|| families.first().cloned());
         if let Some(f) = pick {
             db.set_sans_serif_family(f);
         }

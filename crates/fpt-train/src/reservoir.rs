@@ -63,7 +63,10 @@ fn cache(
         labels.push(b.labels);
         done += got;
     }
-    Ok((Tensor::cat(&feats, 0)?.contiguous()?, Tensor::cat(&labels, 0)?.contiguous()?))
+    Ok((
+        Tensor::cat(&feats, 0)?.contiguous()?,
+        Tensor::cat(&labels, 0)?.contiguous()?,
+    ))
 }
 
 /// Mean loss and accuracy of the head on cached features.
