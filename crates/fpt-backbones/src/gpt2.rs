@@ -334,7 +334,6 @@ impl Gpt2 {
 
         let a = b.ln_1.forward(h)?;
         let qkv = b.c_attn.forward(&a)?; // [b, t, 3c]
-        let part = |k: usize| qkv.narrow(2, k * width, width);
         let mut scale = if c.scale_attn_weights {
             1.0 / (hd as f64).sqrt()
         } else {
@@ -344,17 +343,7 @@ impl Gpt2 {
             scale /= (i + 1) as f64;
         }
         let dropout = self.dropout.then_some(c.attn_pdrop);
-        let o = crate::attention(
-            &part(0)?,
-            &part(1)?,
-            &part(2)?,
-            nh,
-            scale,
-            ops::Mask::Causal,
-            None,
-            ctx,
-            dropout,
-        )?;
+        let o = crate::attention_packed(&qkv, nh, scale, ops::Mask::Causal, ctx, dropout)?;
         let o = b.attn_proj.forward(&o)?;
         let h = (h + drop(ctx, &o, c.resid_pdrop)?)?;
 

@@ -265,3 +265,85 @@ fn gelu_erf_matches_reference_and_finite_differences() -> Result<()> {
         1e-6,
     )
 }
+
+/// The fused attention (split and packed) against its composed reference, values and
+/// gradients, with each mask kind, with and without dropout; and its gradient against
+/// central finite differences in f32 (the fused kernel is f32 only).
+#[test]
+fn fused_attention_matches_reference_and_finite_differences() -> Result<()> {
+    let (b, t, heads, d) = (2, 7, 3, 4);
+    let c = heads * d;
+    for mask in [ops::Mask::None, ops::Mask::Causal, ops::Mask::Band(2)] {
+        for dropout in [None, Some((0.3, 42u64))] {
+            let spec = ops::AttentionSpec {
+                heads,
+                scale: 0.4,
+                mask,
+                dropout,
+            };
+            let qkv = Var::from_tensor(&randn(&[b, t, 3 * c], 1, DType::F32)?)?;
+            let x = qkv.as_tensor();
+            let parts: Vec<Var> = (0..3)
+                .map(|i| Var::from_tensor(&x.narrow(2, i * c, c)?.contiguous()?))
+                .collect::<Result<_>>()?;
+            let (q, k, v) = (parts[0].as_tensor(), parts[1].as_tensor(), parts[2].as_tensor());
+            let fused = ops::attention(q, k, v, spec)?;
+            let packed = ops::attention_packed(x, spec)?;
+            let reference = ops::attention_composed(q, k, v, spec)?;
+            let what = format!("{mask:?} dropout {dropout:?}");
+            assert!(max_abs_diff(&fused, &reference)? < 1e-5, "{what}: values");
+            assert!(max_abs_diff(&packed, &reference)? < 1e-5, "{what}: packed values");
+            let gf = loss(&fused, 3)?.backward()?;
+            let gr = loss(&reference, 3)?.backward()?;
+            let gp = loss(&packed, 3)?.backward()?;
+            let gpacked = gp.get(&qkv).expect("packed gradient");
+            for (i, p) in parts.iter().enumerate() {
+                let want = gr.get(p).expect("reference gradient");
+                let got = gf.get(p).expect("fused gradient");
+                assert!(max_abs_diff(got, want)? < 1e-5, "{what}: gradient {i}");
+                let got = gpacked.narrow(2, i * c, c)?;
+                assert!(max_abs_diff(&got, want)? < 1e-5, "{what}: packed gradient {i}");
+            }
+            // Finite differences on the packed op (f32: step 1e-2, loose tolerance).
+            let g = gpacked.flatten_all()?.to_vec1::<f32>()?;
+            let base = x.flatten_all()?.to_vec1::<f32>()?;
+            let h = 1e-2f32;
+            for j in (0..base.len()).step_by(11) {
+                let eval = |delta: f32| -> Result<f64> {
+                    let mut p = base.clone();
+                    p[j] += delta;
+                    let xi = Tensor::from_vec(p, x.shape(), &Device::Cpu)?;
+                    loss(&ops::attention_packed(&xi, spec)?, 3)?
+                        .to_dtype(DType::F64)?
+                        .to_scalar::<f64>()
+                };
+                let num = (eval(h)? - eval(-h)?) / (2.0 * h as f64);
+                let err = (num - g[j] as f64).abs() / (1.0 + num.abs());
+                assert!(err < 2e-3, "{what}: elem {j}: analytic {} numeric {num}", g[j]);
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn fused_attention_dropout_depends_on_the_seed_only() -> Result<()> {
+    let x = randn(&[1, 6, 3 * 8], 5, DType::F32)?;
+    let spec = |seed| ops::AttentionSpec {
+        heads: 2,
+        scale: 0.5,
+        mask: ops::Mask::Causal,
+        dropout: Some((0.5, seed)),
+    };
+    let a = ops::attention_packed(&x, spec(1))?;
+    let b = ops::attention_packed(&x, spec(1))?;
+    let c = ops::attention_packed(&x, spec(2))?;
+    assert_eq!(max_abs_diff(&a, &b)?, 0.0);
+    assert!(max_abs_diff(&a, &c)? > 1e-3, "another seed, another mask");
+    let m = ops::attention_dropout_mask(1, 2, 6, 0.5, 1, &Device::Cpu)?;
+    let kept = m.flatten_all()?.to_vec1::<f32>()?;
+    assert!(kept.iter().all(|&v| v == 0.0 || v == 2.0));
+    let zeros = kept.iter().filter(|&&v| v == 0.0).count();
+    assert!((18..=54).contains(&zeros), "{zeros} of 72 dropped at p = 0.5");
+    Ok(())
+}

@@ -329,11 +329,10 @@ fn convergence_step_and_early_stopping() {
     let accs: Vec<f64> = m.iter().map(|v| v["test_accuracy"].as_f64().unwrap()).collect();
     let steps: Vec<usize> = m.iter().map(|v| v["step"].as_u64().unwrap() as usize).collect();
     let best = accs.iter().cloned().fold(f64::MIN, f64::max);
-    // converged_step: first evaluation within 0.01 of the best that stays within it.
-    let first = (0..accs.len())
-        .find(|&i| accs[i..].iter().all(|&a| a >= best - 0.01))
-        .unwrap();
-    assert_eq!(r.converged_step, Some(steps[first]));
+    // converged_step: first evaluation within 0.01 of the best that stays within it (none
+    // when the last evaluation fell below that).
+    let first = (0..accs.len()).find(|&i| accs[i..].iter().all(|&a| a >= best - 0.01));
+    assert_eq!(r.converged_step, first.map(|i| steps[i]), "accuracies {accs:?}");
     if r.stopped_early {
         assert!(r.steps < 200);
     }

@@ -36,6 +36,23 @@ fn gemm_into<T: WithDType>(
 ) {
     debug_assert!(dst.len() >= m * n && lhs.len() >= m * k && rhs.len() >= k * n);
     let threads = crate::num_threads();
+    if T::DTYPE == candle_core::DType::F32 {
+        // SAFETY: T is f32 (checked by its dtype); the views cover the slices as above.
+        unsafe {
+            super::sgemm::sgemm(
+                m,
+                n,
+                k,
+                super::sgemm::MatRef::new(lhs.as_ptr() as *const f32, lhs_rs, lhs_cs),
+                super::sgemm::MatRef::new(rhs.as_ptr() as *const f32, rhs_rs, rhs_cs),
+                dst.as_mut_ptr() as *mut f32,
+                n,
+                accumulate,
+                threads,
+            )
+        };
+        return;
+    }
     // Below ~2M multiply-adds (a few tens of microseconds) handing work to rayon costs more
     // than it saves.
     let par = if threads > 1 && m * n * k >= 1 << 21 {

@@ -7,13 +7,19 @@
 //! matmul, its backward computes only the gradients of
 //! arguments that take part in backprop, so a frozen weight never gets one.
 
+mod attention;
 mod dropout;
 mod gelu;
 mod layer_norm;
 mod linear;
 mod loss;
+pub(crate) mod sgemm;
 mod softmax;
 
+pub use attention::{
+    attention, attention_composed, attention_packed, attention_probs, dropout_mask as attention_dropout_mask,
+    AttentionSpec,
+};
 pub use dropout::dropout;
 pub use gelu::{gelu_erf, gelu_erf_composed, gelu_new, gelu_new_composed};
 pub use layer_norm::{layer_norm, layer_norm_composed};

@@ -22,7 +22,7 @@ pub enum Mask {
 
 impl Mask {
     /// The visible keys `lo..hi` of row `r` of a `[.., tq, tk]` tensor.
-    fn range(self, r: usize, tq: usize, tk: usize) -> (usize, usize) {
+    pub(crate) fn range(self, r: usize, tq: usize, tk: usize) -> (usize, usize) {
         let i = r % tq;
         match self {
             Mask::None => (0, tk),

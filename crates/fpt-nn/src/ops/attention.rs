@@ -1,0 +1,537 @@
+//! Fused multi-head self-attention on CPU: `softmax(scale * Q K^T, mask)` with dropout on
+//! the probabilities, times `V`, heads merged, in one op per layer.
+//!
+//! The composed version (split heads, two batched matmuls, softmax, dropout mask, merge
+//! heads) copies Q, K and V into head-major layout, stores the `[batch, heads, t, t]`
+//! probabilities and a dropout mask of the same size for backward, and its backward
+//! re-assembles the gradients of Q, K and V through candle's `narrow`/`cat`. This op reads
+//! Q, K and V in place (row stride and column offset per head), runs each (example, head)
+//! as one task with products from [`super::sgemm`], and stores nothing but its inputs:
+//! backward recomputes the probabilities (as FlashAttention does; attention is ~2% of a
+//! GPT-2 base step's FLOPs at 64 tokens) and writes the gradients of Q, K and V straight
+//! into one buffer. The dropout mask is drawn from a seed per call, a separate stream per
+//! (example, head), so backward regenerates the same mask instead of storing it.
+//!
+//! Gradients, for P = softmax(S), P' = P * M (M: dropout's 0 or 1/(1-p)), O = P' V:
+//! dV = P'^T dO; dP = (dO V^T) * M; dS = scale * P * (dP - rowsum(dP * P)); dQ = dS K;
+//! dK = dS^T Q.
+
+use super::sgemm::{sgemm, MatRef};
+use super::{tracks, unsupported, Mask};
+use crate::Rng;
+use candle_core::backend::BackendStorage as _;
+use candle_core::{CpuStorage, CustomOp1, CustomOp3, DType, Layout, Result, Shape, Tensor, D};
+use rayon::prelude::*;
+use std::cell::RefCell;
+
+/// What a self-attention call computes besides Q, K and V.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttentionSpec {
+    /// Heads; the width of Q, K and V is a multiple of it.
+    pub heads: usize,
+    /// Multiplies the scores before the softmax.
+    pub scale: f64,
+    /// Which keys each query sees.
+    pub mask: Mask,
+    /// Dropout on the probabilities: probability and the seed of its mask (`None`: off).
+    pub dropout: Option<(f64, u64)>,
+}
+
+/// The dropout stream of (example, head) `bh` for a call seeded with `seed`.
+fn head_rng(seed: u64, bh: usize) -> Rng {
+    let mut z = seed ^ (bh as u64 + 1).wrapping_mul(0xD6E8_FEB8_6659_FD93);
+    z = (z ^ (z >> 32)).wrapping_mul(0xD6E8_FEB8_6659_FD93);
+    Rng::new(z ^ (z >> 29))
+}
+
+/// Fills `out` (`t * t`) with one head's dropout multipliers: 0 with probability `p`, else
+/// `1 / (1 - p)`, drawn row by row (the same draws as [`dropout_mask`]).
+fn fill_mask(out: &mut [f32], seed: u64, bh: usize, p: f64) {
+    let mut r = head_rng(seed, bh);
+    let (pf, keep) = (p as f32, (1.0 / (1.0 - p)) as f32);
+    for v in out.iter_mut() {
+        *v = if r.uniform_f32() < pf { 0.0 } else { keep };
+    }
+}
+
+/// The dropout multipliers the fused op applies, as a `[batch, heads, t, t]` tensor (for
+/// the composed reference and for tests).
+pub fn dropout_mask(
+    batch: usize,
+    heads: usize,
+    t: usize,
+    p: f64,
+    seed: u64,
+    device: &candle_core::Device,
+) -> Result<Tensor> {
+    let mut m = vec![0f32; batch * heads * t * t];
+    for (bh, chunk) in m.chunks_mut(t * t).enumerate() {
+        fill_mask(chunk, seed, bh, p);
+    }
+    Tensor::from_vec(m, (batch, heads, t, t), device)
+}
+
+/// Geometry of Q, K and V inside their buffers.
+#[derive(Debug, Clone, Copy)]
+struct Geom {
+    b: usize,
+    t: usize,
+    /// Model width (heads * d).
+    c: usize,
+    heads: usize,
+    d: usize,
+    /// Row stride of Q, K and V (3c when packed, c when split).
+    row: usize,
+}
+
+#[derive(Clone, Copy)]
+struct Ptrs {
+    q: *const f32,
+    k: *const f32,
+    v: *const f32,
+}
+// SAFETY: read-only views of buffers that outlive the parallel loop.
+unsafe impl Send for Ptrs {}
+unsafe impl Sync for Ptrs {}
+
+#[derive(Clone, Copy)]
+struct OutPtrs {
+    q: *mut f32,
+    k: *mut f32,
+    v: *mut f32,
+}
+// SAFETY: each task writes the disjoint columns of its own head.
+unsafe impl Send for OutPtrs {}
+unsafe impl Sync for OutPtrs {}
+
+thread_local! {
+    static SCRATCH: RefCell<[Vec<f32>; 3]> = const { RefCell::new([Vec::new(), Vec::new(), Vec::new()]) };
+}
+
+fn grow(v: &mut Vec<f32>, n: usize) {
+    if v.len() < n {
+        v.resize(n, 0.0);
+    }
+}
+
+/// `p` := masked softmax of `scale * p`, rows of `t`; hidden keys get 0.
+fn softmax_rows(p: &mut [f32], t: usize, scale: f32, mask: Mask) {
+    for (i, row) in p.chunks_mut(t).enumerate() {
+        let (lo, hi) = mask.range(i, t, t);
+        let mut max = f32::NEG_INFINITY;
+        for &v in &row[lo..hi] {
+            max = max.max(v * scale);
+        }
+        let mut sum = 0f32;
+        for v in &mut row[lo..hi] {
+            let e = (*v * scale - max).exp();
+            *v = e;
+            sum += e;
+        }
+        let inv = 1.0 / sum;
+        for v in &mut row[lo..hi] {
+            *v *= inv;
+        }
+        row[..lo].fill(0.0);
+        row[hi..].fill(0.0);
+    }
+}
+
+/// `s = Q K^T` for head `bh` (unscaled).
+unsafe fn scores(g: &Geom, x: Ptrs, bh: usize, s: &mut [f32]) {
+    let base = (bh / g.heads) * g.t * g.row + (bh % g.heads) * g.d;
+    // SAFETY: the head's rows lie inside the buffers (checked shapes).
+    unsafe {
+        sgemm(
+            g.t,
+            g.t,
+            g.d,
+            MatRef::new(x.q.add(base), g.row, 1),
+            MatRef::new(x.k.add(base), 1, g.row),
+            s.as_mut_ptr(),
+            g.t,
+            false,
+            1,
+        )
+    }
+}
+
+fn forward(g: Geom, x: Ptrs, spec: &AttentionSpec) -> Vec<f32> {
+    let mut out = vec![0f32; g.b * g.t * g.c];
+    let o = OutPtrs {
+        q: out.as_mut_ptr(),
+        k: std::ptr::null_mut(),
+        v: std::ptr::null_mut(),
+    };
+    let tt = g.t * g.t;
+    let head = |bh: usize| {
+        let (o, x) = (o, x); // capture the Send wrappers whole
+        SCRATCH.with_borrow_mut(|[s, m, _]| {
+            grow(s, tt);
+            let s = &mut s[..tt];
+            // SAFETY: shapes were checked; each head writes its own columns of `out`.
+            unsafe { scores(&g, x, bh, s) };
+            softmax_rows(s, g.t, spec.scale as f32, spec.mask);
+            if let Some((p, seed)) = spec.dropout {
+                grow(m, tt);
+                let m = &mut m[..tt];
+                fill_mask(m, seed, bh, p);
+                for (a, b) in s.iter_mut().zip(m.iter()) {
+                    *a *= b;
+                }
+            }
+            let (bi, hi) = (bh / g.heads, bh % g.heads);
+            let base = bi * g.t * g.row + hi * g.d;
+            // SAFETY: as above.
+            unsafe {
+                sgemm(
+                    g.t,
+                    g.d,
+                    g.t,
+                    MatRef::new(s.as_ptr(), g.t, 1),
+                    MatRef::new(x.v.add(base), g.row, 1),
+                    o.q.add(bi * g.t * g.c + hi * g.d),
+                    g.c,
+                    false,
+                    1,
+                )
+            };
+        })
+    };
+    run_heads(g.b * g.heads, tt * g.d, head);
+    out
+}
+
+/// Runs `f` for every (example, head), in parallel when there is enough work.
+fn run_heads(n: usize, work_per_head: usize, f: impl Fn(usize) + Send + Sync) {
+    if crate::num_threads() > 1 && n > 1 && n * work_per_head >= 1 << 18 {
+        (0..n).into_par_iter().for_each(f);
+    } else {
+        (0..n).for_each(f);
+    }
+}
+
+/// Gradients of Q, K and V written through `dx` (row stride `row_out`, same offsets as Q, K
+/// and V in their buffers).
+fn backward(g: Geom, x: Ptrs, dout: &[f32], dx: OutPtrs, row_out: usize, spec: &AttentionSpec) {
+    let tt = g.t * g.t;
+    let scale = spec.scale as f32;
+    let dop = dout.as_ptr() as usize;
+    let head = |bh: usize| {
+        let (dx, x) = (dx, x); // capture the Send wrappers whole
+        SCRATCH.with_borrow_mut(|[s, w, m]| {
+            grow(s, tt);
+            grow(w, tt);
+            let (s, w) = (&mut s[..tt], &mut w[..tt]);
+            let (bi, hi) = (bh / g.heads, bh % g.heads);
+            let base = bi * g.t * g.row + hi * g.d;
+            let obase = bi * g.t * row_out + hi * g.d;
+            let dbase = bi * g.t * g.c + hi * g.d;
+            let dop = dop as *const f32;
+            // SAFETY: shapes were checked; each head reads its own rows and writes its own
+            // columns of the gradient buffers.
+            unsafe {
+                scores(&g, x, bh, s);
+                softmax_rows(s, g.t, scale, spec.mask);
+                // w = P' (dropped probabilities).
+                let mask = match spec.dropout {
+                    Some((p, seed)) => {
+                        grow(m, tt);
+                        let m = &mut m[..tt];
+                        fill_mask(m, seed, bh, p);
+                        for ((wv, sv), mv) in w.iter_mut().zip(s.iter()).zip(m.iter()) {
+                            *wv = sv * mv;
+                        }
+                        Some(&m[..])
+                    }
+                    None => {
+                        w.copy_from_slice(s);
+                        None
+                    }
+                };
+                if !dx.v.is_null() {
+                    // dV = P'^T dO
+                    sgemm(
+                        g.t,
+                        g.d,
+                        g.t,
+                        MatRef::new(w.as_ptr(), 1, g.t),
+                        MatRef::new(dop.add(dbase), g.c, 1),
+                        dx.v.add(obase),
+                        row_out,
+                        false,
+                        1,
+                    );
+                }
+                // w = dO V^T, then dP = w * M
+                sgemm(
+                    g.t,
+                    g.t,
+                    g.d,
+                    MatRef::new(dop.add(dbase), g.c, 1),
+                    MatRef::new(x.v.add(base), 1, g.row),
+                    w.as_mut_ptr(),
+                    g.t,
+                    false,
+                    1,
+                );
+                if let Some(m) = mask {
+                    for (a, b) in w.iter_mut().zip(m.iter()) {
+                        *a *= b;
+                    }
+                }
+                // w = dS = scale * P * (dP - rowsum(dP * P)), zero where hidden.
+                for (i, (wr, sr)) in w.chunks_mut(g.t).zip(s.chunks(g.t)).enumerate() {
+                    let (lo, hi) = spec.mask.range(i, g.t, g.t);
+                    let dot: f32 = (lo..hi).map(|j| wr[j] * sr[j]).sum();
+                    for j in lo..hi {
+                        wr[j] = scale * sr[j] * (wr[j] - dot);
+                    }
+                    wr[..lo].fill(0.0);
+                    wr[hi..].fill(0.0);
+                }
+                if !dx.q.is_null() {
+                    // dQ = dS K
+                    sgemm(
+                        g.t,
+                        g.d,
+                        g.t,
+                        MatRef::new(w.as_ptr(), g.t, 1),
+                        MatRef::new(x.k.add(base), g.row, 1),
+                        dx.q.add(obase),
+                        row_out,
+                        false,
+                        1,
+                    );
+                }
+                if !dx.k.is_null() {
+                    // dK = dS^T Q
+                    sgemm(
+                        g.t,
+                        g.d,
+                        g.t,
+                        MatRef::new(w.as_ptr(), 1, g.t),
+                        MatRef::new(x.q.add(base), g.row, 1),
+                        dx.k.add(obase),
+                        row_out,
+                        false,
+                        1,
+                    );
+                }
+            }
+        })
+    };
+    run_heads(g.b * g.heads, tt * g.d, head);
+}
+
+/// Q, K and V packed as `[b, t, 3c]` (GPT-2's `c_attn` output).
+struct Packed(AttentionSpec);
+/// Q, K and V as three `[b, t, c]` tensors.
+struct Split(AttentionSpec);
+
+fn geom(shape: &Shape, heads: usize, packed: bool) -> Result<Geom> {
+    let (b, t, w) = shape.dims3()?;
+    let c = if packed { w / 3 } else { w };
+    if (packed && w % 3 != 0) || heads == 0 || c % heads != 0 {
+        candle_core::bail!("attention: width {w} does not split into {heads} heads (packed: {packed})")
+    }
+    Ok(Geom {
+        b,
+        t,
+        c,
+        heads,
+        d: c / heads,
+        row: w,
+    })
+}
+
+fn cpu_f32<'a>(s: &'a CpuStorage, l: &Layout) -> Result<&'a [f32]> {
+    match s.dtype() {
+        DType::F32 => super::cpu_slice::<f32>(s, l, "attention"),
+        dt => Err(unsupported("attention", dt)),
+    }
+}
+
+impl CustomOp1 for Packed {
+    fn name(&self) -> &'static str {
+        "fpt-attention-packed"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let g = geom(l.shape(), self.0.heads, true)?;
+        let x = cpu_f32(s, l)?;
+        let p = x.as_ptr();
+        // SAFETY: offsets c and 2c stay inside rows of 3c.
+        let ptrs = unsafe {
+            Ptrs {
+                q: p,
+                k: p.add(g.c),
+                v: p.add(2 * g.c),
+            }
+        };
+        Ok((CpuStorage::F32(forward(g, ptrs, &self.0)), Shape::from((g.b, g.t, g.c))))
+    }
+
+    fn bwd(&self, arg: &Tensor, _res: &Tensor, dy: &Tensor) -> Result<Option<Tensor>> {
+        if !tracks(arg) {
+            return Ok(None);
+        }
+        let g = geom(arg.shape(), self.0.heads, true)?;
+        let mut dx = vec![0f32; g.b * g.t * g.row];
+        super::with_cpu_slice::<f32, _>(arg, "attention", |x| {
+            super::with_cpu_slice::<f32, _>(dy, "attention", |dout| {
+                let p = x.as_ptr();
+                let d = dx.as_mut_ptr();
+                // SAFETY: offsets c and 2c stay inside rows of 3c, in both buffers.
+                unsafe {
+                    let ptrs = Ptrs {
+                        q: p,
+                        k: p.add(g.c),
+                        v: p.add(2 * g.c),
+                    };
+                    let outs = OutPtrs {
+                        q: d,
+                        k: d.add(g.c),
+                        v: d.add(2 * g.c),
+                    };
+                    backward(g, ptrs, dout, outs, g.row, &self.0);
+                }
+                Ok(())
+            })
+        })?;
+        Ok(Some(Tensor::from_vec(dx, arg.shape(), arg.device())?))
+    }
+}
+
+impl CustomOp3 for Split {
+    fn name(&self) -> &'static str {
+        "fpt-attention"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let g = geom(l1.shape(), self.0.heads, false)?;
+        if l2.shape() != l1.shape() || l3.shape() != l1.shape() {
+            candle_core::bail!(
+                "attention: q {:?}, k {:?}, v {:?} differ",
+                l1.shape(),
+                l2.shape(),
+                l3.shape()
+            )
+        }
+        let ptrs = Ptrs {
+            q: cpu_f32(s1, l1)?.as_ptr(),
+            k: cpu_f32(s2, l2)?.as_ptr(),
+            v: cpu_f32(s3, l3)?.as_ptr(),
+        };
+        Ok((CpuStorage::F32(forward(g, ptrs, &self.0)), Shape::from((g.b, g.t, g.c))))
+    }
+
+    fn bwd(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        _res: &Tensor,
+        dy: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let g = geom(q.shape(), self.0.heads, false)?;
+        let n = g.b * g.t * g.c;
+        let want = [tracks(q), tracks(k), tracks(v)];
+        let mut bufs: [Vec<f32>; 3] = std::array::from_fn(|i| if want[i] { vec![0f32; n] } else { Vec::new() });
+        {
+            let [bq, bk, bv] = &mut bufs;
+            let ptr = |b: &mut Vec<f32>, w: bool| if w { b.as_mut_ptr() } else { std::ptr::null_mut() };
+            let outs = OutPtrs {
+                q: ptr(bq, want[0]),
+                k: ptr(bk, want[1]),
+                v: ptr(bv, want[2]),
+            };
+            super::with_cpu_slice::<f32, _>(q, "attention", |qs| {
+                super::with_cpu_slice::<f32, _>(k, "attention", |ks| {
+                    super::with_cpu_slice::<f32, _>(v, "attention", |vs| {
+                        super::with_cpu_slice::<f32, _>(dy, "attention", |dout| {
+                            let ptrs = Ptrs {
+                                q: qs.as_ptr(),
+                                k: ks.as_ptr(),
+                                v: vs.as_ptr(),
+                            };
+                            backward(g, ptrs, dout, outs, g.c, &self.0);
+                            Ok(())
+                        })
+                    })
+                })
+            })?;
+        }
+        let [bq, bk, bv] = bufs;
+        let wrap = |b: Vec<f32>, w: bool| -> Result<Option<Tensor>> {
+            Ok(if w {
+                Some(Tensor::from_vec(b, q.shape(), q.device())?)
+            } else {
+                None
+            })
+        };
+        Ok((wrap(bq, want[0])?, wrap(bk, want[1])?, wrap(bv, want[2])?))
+    }
+}
+
+fn fused_ok(t: &Tensor) -> bool {
+    t.device().is_cpu() && t.dtype() == DType::F32
+}
+
+/// Multi-head self-attention of `q`, `k`, `v` (`[b, t, c]` each), heads merged back to
+/// `[b, t, c]`. Fused on CPU for f32 (see the module docs); composed of candle ops
+/// elsewhere ([`attention_composed`], with the same dropout mask).
+pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, spec: AttentionSpec) -> Result<Tensor> {
+    if !fused_ok(q) {
+        return attention_composed(q, k, v, spec);
+    }
+    let (q, k, v) = (q.contiguous()?, k.contiguous()?, v.contiguous()?);
+    q.apply_op3(&k, &v, Split(spec))
+}
+
+/// [`attention`] on Q, K and V packed side by side in `[b, t, 3c]` (GPT-2's `c_attn`
+/// output): the gradient comes back as one `[b, t, 3c]` tensor.
+pub fn attention_packed(qkv: &Tensor, spec: AttentionSpec) -> Result<Tensor> {
+    if !fused_ok(qkv) {
+        let c = qkv.dim(D::Minus1)? / 3;
+        return attention_composed(
+            &qkv.narrow(2, 0, c)?,
+            &qkv.narrow(2, c, c)?,
+            &qkv.narrow(2, 2 * c, c)?,
+            spec,
+        );
+    }
+    qkv.contiguous()?.apply_op1(Packed(spec))
+}
+
+/// The probabilities `[b, heads, t, t]` (before dropout) the attention of `q` and `k` uses,
+/// composed of candle ops.
+pub fn attention_probs(q: &Tensor, k: &Tensor, heads: usize, scale: f64, mask: Mask) -> Result<Tensor> {
+    let (b, t, c) = q.dims3()?;
+    let split = |x: &Tensor| x.reshape((b, t, heads, c / heads))?.transpose(1, 2)?.contiguous();
+    let scores = split(q)?.matmul(&split(k)?.t()?)?;
+    super::masked_softmax(&scores, scale, mask)
+}
+
+/// [`attention`] composed of stock candle ops (every device; the reference in tests).
+pub fn attention_composed(q: &Tensor, k: &Tensor, v: &Tensor, spec: AttentionSpec) -> Result<Tensor> {
+    let (b, t, c) = q.dims3()?;
+    let h = spec.heads;
+    let mut probs = attention_probs(q, k, h, spec.scale, spec.mask)?;
+    if let Some((p, seed)) = spec.dropout {
+        let m = dropout_mask(b, h, t, p, seed, &candle_core::Device::Cpu)?
+            .to_dtype(q.dtype())?
+            .to_device(q.device())?;
+        probs = probs.mul(&m)?;
+    }
+    let v = v.reshape((b, t, h, c / h))?.transpose(1, 2)?.contiguous()?;
+    probs.matmul(&v)?.transpose(1, 2)?.reshape((b, t, c))
+}
