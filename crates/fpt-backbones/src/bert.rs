@@ -169,7 +169,7 @@ impl BertConfig {
             other => return Err(bad(format!("attention_window must be a number or a list, got {other}"))),
         };
         let w = windows[0];
-        if w == 0 || w % 2 != 0 || windows.iter().any(|&x| x != w) {
+        if w == 0 || !w.is_multiple_of(2) || windows.iter().any(|&x| x != w) {
             return Err(bad(format!(
                 "attention_window {windows:?}: fpt supports one positive even window for all layers"
             )));
@@ -195,7 +195,7 @@ impl BertConfig {
         if self.hidden_size == 0 || self.num_hidden_layers == 0 || self.num_attention_heads == 0 {
             return Err("hidden_size, num_hidden_layers and num_attention_heads must be positive".into());
         }
-        if self.hidden_size % self.num_attention_heads != 0 {
+        if !self.hidden_size.is_multiple_of(self.num_attention_heads) {
             return Err(format!(
                 "hidden_size {} is not divisible by num_attention_heads {}",
                 self.hidden_size, self.num_attention_heads

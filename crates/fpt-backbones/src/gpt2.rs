@@ -127,7 +127,7 @@ impl Gpt2Config {
         if self.n_embd == 0 || self.n_layer == 0 || self.n_head == 0 || self.n_positions == 0 {
             return Err("n_embd, n_layer, n_head and n_positions must be positive".into());
         }
-        if self.n_embd % self.n_head != 0 {
+        if !self.n_embd.is_multiple_of(self.n_head) {
             return Err(format!(
                 "n_embd {} is not divisible by n_head {}",
                 self.n_embd, self.n_head

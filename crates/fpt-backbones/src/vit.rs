@@ -177,7 +177,7 @@ impl VitConfig {
         if self.hidden_size == 0 || self.num_hidden_layers == 0 || self.num_attention_heads == 0 {
             return Err("hidden_size, num_hidden_layers and num_attention_heads must be positive".into());
         }
-        if self.hidden_size % self.num_attention_heads != 0 {
+        if !self.hidden_size.is_multiple_of(self.num_attention_heads) {
             return Err(format!(
                 "hidden_size {} is not divisible by num_attention_heads {}",
                 self.hidden_size, self.num_attention_heads
@@ -186,7 +186,7 @@ impl VitConfig {
         if self.hidden_act != "gelu" {
             return Err(format!("hidden_act `{}` is not supported (gelu only)", self.hidden_act));
         }
-        if self.patch_size == 0 || self.image_size % self.patch_size != 0 {
+        if self.patch_size == 0 || !self.image_size.is_multiple_of(self.patch_size) {
             return Err(format!(
                 "image_size {} is not a multiple of patch_size {}",
                 self.image_size, self.patch_size

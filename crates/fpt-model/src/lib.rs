@@ -134,7 +134,7 @@ impl Fpt {
                 backbone.max_positions()
             )));
         }
-        if dims.readout_tokens == 0 || (dims.labels_per_example * dims.classes) % dims.readout_tokens != 0 {
+        if dims.readout_tokens == 0 || !(dims.labels_per_example * dims.classes).is_multiple_of(dims.readout_tokens) {
             return Err(ModelError::Mismatch(format!(
                 "{} labels x {} classes cannot be spread over {} read-out tokens",
                 dims.labels_per_example, dims.classes, dims.readout_tokens

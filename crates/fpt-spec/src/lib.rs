@@ -901,7 +901,7 @@ impl RunSpec {
         if t.batch_size == 0 {
             return bad("batch_size", "must be at least 1");
         }
-        if t.micro_batch_size == 0 || t.batch_size % t.micro_batch_size != 0 {
+        if t.micro_batch_size == 0 || !t.batch_size.is_multiple_of(t.micro_batch_size) {
             return Err(SpecError::Invalid {
                 field: "micro_batch_size",
                 msg: format!("{} does not divide batch_size {}", t.micro_batch_size, t.batch_size),

@@ -77,7 +77,7 @@ impl EvalSets {
 }
 
 fn check(task: &'static str, n: usize, patch: usize) -> Result<()> {
-    if n == 0 || patch == 0 || n % patch != 0 {
+    if n == 0 || patch == 0 || !n.is_multiple_of(patch) {
         return Err(TaskError::Invalid {
             task,
             msg: format!("n_bits {n} must be a positive multiple of patch {patch}"),

@@ -671,7 +671,7 @@ fn run_loop(
         run.last_lr = out.lr;
         run.last_grad_norm = out.grad_norm;
         on_event(&Event::Step { step, loss: out.loss });
-        if step % t.eval_every == 0 || step == t.steps {
+        if step.is_multiple_of(t.eval_every) || step == t.steps {
             let before = run.best().map(|b| b.test_accuracy);
             let with_train = every_train || (step == t.steps && t.train_eval == TrainEval::Final);
             let rec = evaluate_now(&tr, &mut run, with_train, &started, &metrics)?;
@@ -685,7 +685,7 @@ fn run_loop(
                 on_event(&Event::StoppedEarly(step));
             }
         }
-        if t.checkpoint_every.is_some_and(|c| step % c == 0) && step < t.steps && !stopped_early {
+        if t.checkpoint_every.is_some_and(|c| step.is_multiple_of(c)) && step < t.steps && !stopped_early {
             let mut snapshot = run.clone();
             snapshot.elapsed_s += started.elapsed().as_secs_f64();
             let dir = checkpoint::save(out_dir, &tr, &snapshot)?;

@@ -410,6 +410,7 @@ unsafe fn kernel(kc: usize, pa: *const f32, pb: *const f32, c: *mut f32, ldc: us
 mod tests {
     use super::*;
 
+    #[allow(clippy::too_many_arguments)]
     fn naive(
         m: usize,
         n: usize,
@@ -510,54 +511,6 @@ mod tests {
         }
         for (x, y) in c1.iter().zip(&c2) {
             assert!((x - y).abs() < 1e-4, "{x} vs {y}");
-        }
-    }
-}
-
-#[cfg(test)]
-mod speed {
-    use super::*;
-    #[test]
-    #[ignore]
-    fn speed() {
-        for &(m, k, n, at, bt) in &[
-            (1024usize, 768usize, 3072usize, false, true),
-            (1024, 768, 2304, false, true),
-            (1024, 3072, 768, false, true),
-            (1024, 768, 768, false, false),
-            (768, 1024, 3072, true, false),
-        ] {
-            let a = vec![0.5f32; m * k];
-            let b = vec![0.25f32; k * n];
-            let mut c = vec![0f32; m * n];
-            let (ars, acs) = if at { (1, m) } else { (k, 1) };
-            let (brs, bcs) = if bt { (1, k) } else { (n, 1) };
-            for threads in [1, 2] {
-                let mut ts = vec![];
-                for _ in 0..15 {
-                    let t = std::time::Instant::now();
-                    unsafe {
-                        sgemm(
-                            m,
-                            n,
-                            k,
-                            MatRef::new(a.as_ptr(), ars, acs),
-                            MatRef::new(b.as_ptr(), brs, bcs),
-                            c.as_mut_ptr(),
-                            n,
-                            false,
-                            threads,
-                        )
-                    };
-                    ts.push(t.elapsed().as_secs_f64());
-                }
-                ts.sort_by(|x, y| x.total_cmp(y));
-                println!(
-                    "{m}x{k}x{n} at={at} bt={bt} threads {threads}: best {:.1} median {:.1} GFLOP/s",
-                    2.0 * (m * n * k) as f64 / ts[0] / 1e9,
-                    2.0 * (m * n * k) as f64 / ts[7] / 1e9
-                );
-            }
         }
     }
 }
