@@ -330,7 +330,14 @@ impl Gpt2 {
         let c = &self.config;
         let width = h.dim(2)?;
         let (nh, hd) = (c.n_head, width / c.n_head);
-        let drop = |ctx: &mut Ctx, x: &Tensor, p: f64| if self.dropout { ctx.dropout(x, p) } else { Ok(x.clone()) };
+        // h + dropout(branch), fused (the mask is redrawn in backward, not stored).
+        let residual = |ctx: &mut Ctx, h: &Tensor, branch: &Tensor| {
+            if self.dropout {
+                ctx.dropout_add(h, branch, c.resid_pdrop)
+            } else {
+                h + branch
+            }
+        };
 
         let a = b.ln_1.forward(h)?;
         let qkv = b.c_attn.forward(&a)?; // [b, t, 3c]
@@ -345,12 +352,12 @@ impl Gpt2 {
         let dropout = self.dropout.then_some(c.attn_pdrop);
         let o = crate::attention_packed(&qkv, nh, scale, ops::Mask::Causal, ctx, dropout)?;
         let o = b.attn_proj.forward(&o)?;
-        let h = (h + drop(ctx, &o, c.resid_pdrop)?)?;
+        let h = residual(ctx, h, &o)?;
 
         let m = b.ln_2.forward(&h)?;
         let m = ops::gelu_new(&b.c_fc.forward(&m)?)?;
         let m = b.mlp_proj.forward(&m)?;
-        h + drop(ctx, &m, c.resid_pdrop)?
+        residual(ctx, &h, &m)
     }
 }
 

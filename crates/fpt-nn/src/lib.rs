@@ -99,4 +99,18 @@ impl Ctx {
         }
         ops::dropout(x, p, &mut self.rng)
     }
+
+    /// `x + dropout(y)` (a residual branch) with probability `p` when training, `x + y`
+    /// otherwise; fused on CPU (the mask is redrawn in backward, not stored).
+    pub fn dropout_add(
+        &mut self,
+        x: &candle_core::Tensor,
+        y: &candle_core::Tensor,
+        p: f64,
+    ) -> candle_core::Result<candle_core::Tensor> {
+        if !self.train || p <= 0.0 {
+            return x + y;
+        }
+        ops::dropout_add(x, y, p, self.rng.next_u64())
+    }
 }

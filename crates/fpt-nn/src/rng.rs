@@ -32,6 +32,15 @@ impl Rng {
         Self { s }
     }
 
+    /// Stream number `index` of a family seeded by `seed`: the streams of one seed are
+    /// independent of each other, so pieces of one random tensor (a dropout mask's chunks,
+    /// one attention head's mask) can be drawn in parallel and drawn again identically.
+    pub fn stream(seed: u64, index: u64) -> Self {
+        let mut z = seed ^ index.wrapping_add(1).wrapping_mul(0xD6E8_FEB8_6659_FD93);
+        z = (z ^ (z >> 32)).wrapping_mul(0xD6E8_FEB8_6659_FD93);
+        Rng::new(z ^ (z >> 29))
+    }
+
     /// An independent stream derived from this generator's seed material and a label, e.g.
     /// `rng.fork("data")`. Does not advance `self`.
     pub fn fork(&self, label: &str) -> Self {

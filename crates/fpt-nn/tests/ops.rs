@@ -347,3 +347,34 @@ fn fused_attention_dropout_depends_on_the_seed_only() -> Result<()> {
     assert!((18..=54).contains(&zeros), "{zeros} of 72 dropped at p = 0.5");
     Ok(())
 }
+
+#[test]
+fn fused_dropout_add_matches_reference() -> Result<()> {
+    let (p, seed) = (0.25, 9u64);
+    let shape = [3, 50_000]; // several mask chunks, drawn in parallel
+    let x = Var::from_tensor(&randn(&shape, 1, DType::F32)?)?;
+    let y = Var::from_tensor(&randn(&shape, 2, DType::F32)?)?;
+    let fused = ops::dropout_add(x.as_tensor(), y.as_tensor(), p, seed)?;
+    let mask = Tensor::from_vec(ops::dropout_mask_values(150_000, p, seed), &shape, &Device::Cpu)?;
+    let reference = (x.as_tensor() + y.as_tensor().mul(&mask)?)?;
+    assert_eq!(max_abs_diff(&fused, &reference)?, 0.0);
+    let kept = mask.flatten_all()?.to_vec1::<f32>()?;
+    let dropped = kept.iter().filter(|&&v| v == 0.0).count() as f64 / kept.len() as f64;
+    assert!((dropped - p).abs() < 0.01, "dropped {dropped}");
+    assert!(kept.iter().all(|&v| v == 0.0 || (v - 1.0 / 0.75).abs() < 1e-6));
+    let gf = loss(&fused, 4)?.backward()?;
+    let gr = loss(&reference, 4)?.backward()?;
+    for v in [&x, &y] {
+        assert_eq!(
+            max_abs_diff(gf.get(v).expect("fused"), gr.get(v).expect("reference"))?,
+            0.0
+        );
+    }
+    // Another seed draws another mask; a frozen branch input gets no gradient.
+    let other = ops::dropout_add(x.as_tensor(), y.as_tensor(), p, seed + 1)?;
+    assert!(max_abs_diff(&fused, &other)? > 0.1);
+    let frozen = y.as_tensor().detach();
+    let g = loss(&ops::dropout_add(x.as_tensor(), &frozen, p, seed)?, 4)?.backward()?;
+    assert!(g.get(&frozen).is_none() && g.get(&x).is_some());
+    Ok(())
+}

@@ -37,17 +37,10 @@ pub struct AttentionSpec {
     pub dropout: Option<(f64, u64)>,
 }
 
-/// The dropout stream of (example, head) `bh` for a call seeded with `seed`.
-fn head_rng(seed: u64, bh: usize) -> Rng {
-    let mut z = seed ^ (bh as u64 + 1).wrapping_mul(0xD6E8_FEB8_6659_FD93);
-    z = (z ^ (z >> 32)).wrapping_mul(0xD6E8_FEB8_6659_FD93);
-    Rng::new(z ^ (z >> 29))
-}
-
 /// Fills `out` (`t * t`) with one head's dropout multipliers: 0 with probability `p`, else
 /// `1 / (1 - p)`, drawn row by row (the same draws as [`dropout_mask`]).
 fn fill_mask(out: &mut [f32], seed: u64, bh: usize, p: f64) {
-    let mut r = head_rng(seed, bh);
+    let mut r = Rng::stream(seed, bh as u64);
     let (pf, keep) = (p as f32, (1.0 / (1.0 - p)) as f32);
     for v in out.iter_mut() {
         *v = if r.uniform_f32() < pf { 0.0 } else { keep };
@@ -124,7 +117,7 @@ fn softmax_rows(p: &mut [f32], t: usize, scale: f32, mask: Mask) {
         }
         let mut sum = 0f32;
         for v in &mut row[lo..hi] {
-            let e = (*v * scale - max).exp();
+            let e = super::fastmath::exp_f32(*v * scale - max);
             *v = e;
             sum += e;
         }
@@ -151,6 +144,7 @@ unsafe fn scores(g: &Geom, x: Ptrs, bh: usize, s: &mut [f32]) {
             s.as_mut_ptr(),
             g.t,
             false,
+            None,
             1,
         )
     }
@@ -193,6 +187,7 @@ fn forward(g: Geom, x: Ptrs, spec: &AttentionSpec) -> Vec<f32> {
                     o.q.add(bi * g.t * g.c + hi * g.d),
                     g.c,
                     false,
+                    None,
                     1,
                 )
             };
@@ -260,6 +255,7 @@ fn backward(g: Geom, x: Ptrs, dout: &[f32], dx: OutPtrs, row_out: usize, spec: &
                         dx.v.add(obase),
                         row_out,
                         false,
+                        None,
                         1,
                     );
                 }
@@ -273,6 +269,7 @@ fn backward(g: Geom, x: Ptrs, dout: &[f32], dx: OutPtrs, row_out: usize, spec: &
                     w.as_mut_ptr(),
                     g.t,
                     false,
+                    None,
                     1,
                 );
                 if let Some(m) = mask {
@@ -301,6 +298,7 @@ fn backward(g: Geom, x: Ptrs, dout: &[f32], dx: OutPtrs, row_out: usize, spec: &
                         dx.q.add(obase),
                         row_out,
                         false,
+                        None,
                         1,
                     );
                 }
@@ -315,6 +313,7 @@ fn backward(g: Geom, x: Ptrs, dout: &[f32], dx: OutPtrs, row_out: usize, spec: &
                         dx.k.add(obase),
                         row_out,
                         false,
+                        None,
                         1,
                     );
                 }

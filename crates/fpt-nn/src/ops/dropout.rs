@@ -1,10 +1,63 @@
-//! Inverted dropout whose mask comes from the run's [`Rng`], so dropout is reproducible
-//! from the seed (candle's own CPU random numbers cannot be seeded).
+//! Inverted dropout whose mask comes from a seed drawn from the run's [`Rng`], so dropout
+//! is reproducible from the run's seed (candle's own CPU random numbers cannot be seeded).
+//!
+//! The mask is drawn in chunks of [`CHUNK`] elements, chunk `i` from [`Rng::stream`]`(seed,
+//! i)`, so it is drawn in parallel and can be drawn again identically: [`dropout_add`]
+//! (the residual branch `x + dropout(y)`) stores no mask and redraws it in backward.
 
-use super::{cpu_slice, unsupported};
+use super::{cpu_slice, tracks, unsupported, use_par};
 use crate::Rng;
 use candle_core::backend::BackendStorage as _;
 use candle_core::{CpuStorage, CudaStorage, CustomOp2, DType, Layout, Result, Shape, Tensor};
+use rayon::prelude::*;
+
+/// Elements per mask chunk (one random stream each).
+const CHUNK: usize = 16_384;
+
+/// Calls `f(chunk_index, start, len)` for each chunk of `n` elements, in parallel when large.
+fn for_chunks(n: usize, f: impl Fn(usize, usize, usize) + Send + Sync) {
+    let chunks = n.div_ceil(CHUNK);
+    let g = |c: usize| f(c, c * CHUNK, CHUNK.min(n - c * CHUNK));
+    if use_par(n) {
+        (0..chunks).into_par_iter().for_each(g);
+    } else {
+        (0..chunks).for_each(g);
+    }
+}
+
+/// Draws one chunk's multipliers: 0 with probability `p`, else `1 / (1 - p)`.
+fn draw(out: &mut [f32], seed: u64, chunk: usize, p: f64) {
+    let mut r = Rng::stream(seed, chunk as u64);
+    let (pf, keep) = (p as f32, (1.0 / (1.0 - p)) as f32);
+    for v in out {
+        *v = if r.uniform_f32() < pf { 0.0 } else { keep };
+    }
+}
+
+/// The dropout multipliers (0 or `1 / (1 - p)`) of `n` elements for `seed`.
+pub fn dropout_mask_values(n: usize, p: f64, seed: u64) -> Vec<f32> {
+    let mut m = vec![0f32; n];
+    let ptr = SyncPtr(m.as_mut_ptr());
+    for_chunks(n, |c, start, len| {
+        // SAFETY: chunks are disjoint ranges of `m`.
+        let out = unsafe { std::slice::from_raw_parts_mut(ptr.get().add(start), len) };
+        draw(out, seed, c, p);
+    });
+    m
+}
+
+#[derive(Clone, Copy)]
+struct SyncPtr(*mut f32);
+// SAFETY: used only to hand disjoint chunks of one buffer to parallel tasks.
+unsafe impl Send for SyncPtr {}
+unsafe impl Sync for SyncPtr {}
+
+impl SyncPtr {
+    /// The pointer (a method, so closures capture the `Send` wrapper, not its field).
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
 
 /// Multiplies by a constant mask; the mask gets no gradient.
 struct MaskMul;
@@ -46,7 +99,8 @@ impl CustomOp2 for MaskMul {
     }
 }
 
-/// Zeroes each element with probability `p` and scales the rest by `1 / (1 - p)`.
+/// Zeroes each element with probability `p` and scales the rest by `1 / (1 - p)`; the mask
+/// is drawn from a seed taken from `rng`.
 pub fn dropout(x: &Tensor, p: f64, rng: &mut Rng) -> Result<Tensor> {
     if p <= 0.0 {
         return Ok(x.clone());
@@ -54,11 +108,87 @@ pub fn dropout(x: &Tensor, p: f64, rng: &mut Rng) -> Result<Tensor> {
     if p >= 1.0 {
         return x.zeros_like();
     }
-    let keep = (1.0 / (1.0 - p)) as f32;
-    let pf = p as f32;
-    let mask: Vec<f32> = (0..x.elem_count())
-        .map(|_| if rng.uniform_f32() < pf { 0.0 } else { keep })
-        .collect();
-    let mask = Tensor::from_vec(mask, x.shape(), x.device())?.to_dtype(x.dtype())?;
+    let seed = rng.next_u64();
+    let mask =
+        Tensor::from_vec(dropout_mask_values(x.elem_count(), p, seed), x.shape(), x.device())?.to_dtype(x.dtype())?;
     x.contiguous()?.apply_op2(&mask, MaskMul)
+}
+
+/// `x + y * mask`, the mask redrawn from `(p, seed)` in backward instead of stored.
+struct DropoutAdd {
+    p: f64,
+    seed: u64,
+}
+
+impl DropoutAdd {
+    /// `out[i] = a[i] + b[i] * m[i]` (or `b[i] * m[i]` without `a`), chunk by chunk.
+    fn run(&self, a: Option<&[f32]>, b: &[f32]) -> Vec<f32> {
+        let n = b.len();
+        let mut out = vec![0f32; n];
+        let ptr = SyncPtr(out.as_mut_ptr());
+        for_chunks(n, |c, start, len| {
+            // SAFETY: chunks are disjoint ranges of `out`.
+            let o = unsafe { std::slice::from_raw_parts_mut(ptr.get().add(start), len) };
+            draw(o, self.seed, c, self.p);
+            let bs = &b[start..start + len];
+            match a {
+                Some(a) => {
+                    for ((o, &x), &y) in o.iter_mut().zip(&a[start..start + len]).zip(bs) {
+                        *o = x + y * *o;
+                    }
+                }
+                None => {
+                    for (o, &y) in o.iter_mut().zip(bs) {
+                        *o *= y;
+                    }
+                }
+            }
+        });
+        out
+    }
+}
+
+impl CustomOp2 for DropoutAdd {
+    fn name(&self) -> &'static str {
+        "fpt-dropout-add"
+    }
+
+    fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> Result<(CpuStorage, Shape)> {
+        if s1.dtype() != DType::F32 {
+            return Err(unsupported("dropout_add", s1.dtype()));
+        }
+        let (a, b) = (
+            cpu_slice::<f32>(s1, l1, "dropout_add")?,
+            cpu_slice::<f32>(s2, l2, "dropout_add")?,
+        );
+        Ok((CpuStorage::F32(self.run(Some(a), b)), l1.shape().clone()))
+    }
+
+    fn bwd(&self, x: &Tensor, y: &Tensor, _res: &Tensor, dy: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let dyv = if tracks(y) {
+            let v = super::with_cpu_slice::<f32, _>(dy, "dropout_add", |g| Ok(self.run(None, g)))?;
+            Some(Tensor::from_vec(v, y.shape(), y.device())?)
+        } else {
+            None
+        };
+        Ok((tracks(x).then(|| dy.clone()), dyv))
+    }
+}
+
+/// `x + dropout(y)` (a residual branch), with the mask drawn from `seed`: fused on CPU for
+/// f32 (the mask is never stored; backward redraws it), composed elsewhere. The mask equals
+/// [`dropout_mask_values`]`(n, p, seed)`.
+pub fn dropout_add(x: &Tensor, y: &Tensor, p: f64, seed: u64) -> Result<Tensor> {
+    if p <= 0.0 {
+        return x + y;
+    }
+    if x.shape() != y.shape() {
+        candle_core::bail!("dropout_add: shapes {:?} and {:?} differ", x.shape(), y.shape())
+    }
+    if x.device().is_cpu() && x.dtype() == DType::F32 && y.dtype() == DType::F32 {
+        return x.contiguous()?.apply_op2(&y.contiguous()?, DropoutAdd { p, seed });
+    }
+    let mask =
+        Tensor::from_vec(dropout_mask_values(y.elem_count(), p, seed), y.shape(), y.device())?.to_dtype(y.dtype())?;
+    x + y.mul(&mask)?
 }

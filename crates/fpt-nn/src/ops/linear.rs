@@ -48,6 +48,7 @@ fn gemm_into<T: WithDType>(
                 dst.as_mut_ptr() as *mut f32,
                 n,
                 accumulate,
+                None,
                 threads,
             )
         };
@@ -87,10 +88,43 @@ fn gemm_into<T: WithDType>(
     }
 }
 
-fn cpu_forward<T: WithDType>(x: &[T], w: &[T], b: Option<&[T]>, n: usize) -> Vec<T> {
-    let k = w.len() / n;
-    let m = x.len() / k;
-    let mut y = match b {
+/// A fresh `[m, n]` = `lhs @ rhs (+ bias)`: on the AVX-512 path written once, with no
+/// zero-fill first; elsewhere filled (zeros or bias rows) and accumulated into.
+#[allow(clippy::too_many_arguments)]
+fn gemm_alloc<T: WithDType>(
+    m: usize,
+    n: usize,
+    k: usize,
+    lhs: &[T],
+    lhs_rs: usize,
+    lhs_cs: usize,
+    rhs: &[T],
+    rhs_rs: usize,
+    rhs_cs: usize,
+    bias: Option<&[T]>,
+) -> Vec<T> {
+    if T::DTYPE == candle_core::DType::F32 && super::sgemm::has_avx512() && k > 0 {
+        let mut y: Vec<T> = Vec::with_capacity(m * n);
+        // SAFETY: T is f32; every element of the m x n output is written (accumulate is off)
+        // through the raw pointer before the length is set; the views cover the slices.
+        unsafe {
+            super::sgemm::sgemm(
+                m,
+                n,
+                k,
+                super::sgemm::MatRef::new(lhs.as_ptr() as *const f32, lhs_rs, lhs_cs),
+                super::sgemm::MatRef::new(rhs.as_ptr() as *const f32, rhs_rs, rhs_cs),
+                y.as_mut_ptr() as *mut f32,
+                n,
+                false,
+                bias.map(|b| std::slice::from_raw_parts(b.as_ptr() as *const f32, b.len())),
+                crate::num_threads(),
+            );
+            y.set_len(m * n);
+        }
+        return y;
+    }
+    let mut y = match bias {
         Some(b) => {
             let mut y = Vec::with_capacity(m * n);
             for _ in 0..m {
@@ -100,9 +134,27 @@ fn cpu_forward<T: WithDType>(x: &[T], w: &[T], b: Option<&[T]>, n: usize) -> Vec
         }
         None => vec![T::zero(); m * n],
     };
-    // rhs = W^T: element (kk, j) = w[j * k + kk] -> row stride 1, column stride k.
-    gemm_into(&mut y, b.is_some(), m, n, k, x, k, 1, w, 1, k);
+    gemm_into(
+        &mut y,
+        bias.is_some(),
+        m,
+        n,
+        k,
+        lhs,
+        lhs_rs,
+        lhs_cs,
+        rhs,
+        rhs_rs,
+        rhs_cs,
+    );
     y
+}
+
+fn cpu_forward<T: WithDType>(x: &[T], w: &[T], b: Option<&[T]>, n: usize) -> Vec<T> {
+    let k = w.len() / n;
+    let m = x.len() / k;
+    // rhs = W^T: element (kk, j) = w[j * k + kk] -> row stride 1, column stride k.
+    gemm_alloc(m, n, k, x, k, 1, w, 1, k, b)
 }
 
 impl LinearOp {
@@ -187,10 +239,8 @@ impl LinearOp {
             with_cpu_slice::<T, _>(w, "linear", |ws| {
                 with_cpu_slice::<T, _>(dy, "linear", |g| {
                     let m = g.len() / n;
-                    let mut dx = vec![T::zero(); m * k];
                     // rhs = W: [n, k] row-major -> row stride k, column stride 1.
-                    gemm_into(&mut dx, false, m, k, n, g, n, 1, ws, k, 1);
-                    Ok(dx)
+                    Ok(gemm_alloc(m, k, n, g, n, 1, ws, k, 1, None))
                 })
             })
         }
@@ -211,10 +261,8 @@ impl LinearOp {
             with_cpu_slice::<T, _>(x, "linear", |xs| {
                 with_cpu_slice::<T, _>(dy, "linear", |g| {
                     let m = g.len() / n;
-                    let mut dw = vec![T::zero(); n * k];
                     // lhs = dy^T: element (j, i) = g[i * n + j] -> row stride 1, column stride n.
-                    gemm_into(&mut dw, false, n, k, m, g, 1, n, xs, k, 1);
-                    Ok(dw)
+                    Ok(gemm_alloc(n, k, m, g, 1, n, xs, k, 1, None))
                 })
             })
         }

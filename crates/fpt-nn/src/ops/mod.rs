@@ -9,6 +9,7 @@
 
 mod attention;
 mod dropout;
+pub(crate) mod fastmath;
 mod gelu;
 mod layer_norm;
 mod linear;
@@ -20,7 +21,7 @@ pub use attention::{
     attention, attention_composed, attention_packed, attention_probs, dropout_mask as attention_dropout_mask,
     AttentionSpec,
 };
-pub use dropout::dropout;
+pub use dropout::{dropout, dropout_add, dropout_mask_values};
 pub use gelu::{gelu_erf, gelu_erf_composed, gelu_new, gelu_new_composed};
 pub use layer_norm::{layer_norm, layer_norm_composed};
 pub use linear::{linear, linear_composed};

@@ -57,6 +57,12 @@ impl MatRef {
 }
 
 #[derive(Clone, Copy)]
+struct BiasPtr(*const f32);
+// SAFETY: read-only, alive for the product.
+unsafe impl Send for BiasPtr {}
+unsafe impl Sync for BiasPtr {}
+
+#[derive(Clone, Copy)]
 struct OutPtr(*mut f32);
 // SAFETY: threads write disjoint tiles of the output.
 unsafe impl Send for OutPtr {}
@@ -84,8 +90,9 @@ pub(crate) fn has_avx512() -> bool {
 }
 
 /// `c[i * ldc + j] (+)= sum_p a(i, p) * b(p, j)` for an `m x k` matrix `a` and a `k x n`
-/// matrix `b`; `accumulate` adds to `c`, otherwise `c` is overwritten. Uses up to `threads`
-/// rayon workers.
+/// matrix `b`; `accumulate` adds to `c`, otherwise `c` is overwritten (with `bias[j]` added
+/// to every row when a bias is given: the linear layer's `x W^T + b` in one pass). Uses up
+/// to `threads` rayon workers.
 ///
 /// # Safety
 /// `a` and `b` must address every element of their `m x k` and `k x n` extents, and `c`
@@ -100,24 +107,36 @@ pub(crate) unsafe fn sgemm(
     c: *mut f32,
     ldc: usize,
     accumulate: bool,
+    bias: Option<&[f32]>,
     threads: usize,
 ) {
     if m == 0 || n == 0 {
         return;
     }
-    if k == 0 {
-        if !accumulate {
-            for i in 0..m {
-                // SAFETY: row i of c is valid for n writes.
-                unsafe { std::slice::from_raw_parts_mut(c.add(i * ldc), n).fill(0.0) };
-            }
-        }
-        return;
+    let bias = if accumulate { None } else { bias };
+    if let Some(b) = bias {
+        assert!(b.len() >= n, "sgemm: bias of {} for {n} columns", b.len());
     }
     #[cfg(target_arch = "x86_64")]
-    if has_avx512() {
+    if has_avx512() && k > 0 {
+        let bias = bias.map_or(std::ptr::null(), |b| b.as_ptr());
         // SAFETY: forwarded contract; the CPU has AVX-512F.
-        unsafe { blocked(m, n, k, a, b, OutPtr(c), ldc, accumulate, threads) };
+        unsafe { blocked(m, n, k, a, b, OutPtr(c), ldc, accumulate, bias, threads) };
+        return;
+    }
+    let mut accumulate = accumulate;
+    if !accumulate && (bias.is_some() || k == 0) {
+        for i in 0..m {
+            // SAFETY: row i of c is valid for n writes.
+            let row = unsafe { std::slice::from_raw_parts_mut(c.add(i * ldc), n) };
+            match bias {
+                Some(b) => row.copy_from_slice(&b[..n]),
+                None => row.fill(0.0),
+            }
+        }
+        accumulate = true;
+    }
+    if k == 0 {
         return;
     }
     // SAFETY: forwarded contract.
@@ -246,8 +265,10 @@ unsafe fn blocked(
     c: OutPtr,
     ldc: usize,
     accumulate: bool,
+    bias: *const f32,
     threads: usize,
 ) {
+    let bias = BiasPtr(bias);
     // Small products are not worth waking another thread for.
     let threads = if m * n * k < 1 << 20 { 1 } else { threads.max(1) };
     let mut pb = PACK_B.lock().map(|mut v| v.pop()).ok().flatten().unwrap_or_default();
@@ -262,6 +283,8 @@ unsafe fn blocked(
         for pc in (0..k).step_by(KC) {
             let kc = KC.min(k - pc);
             let acc = accumulate || pc > 0;
+            // The bias goes in with the first depth block.
+            let bias = if pc == 0 { bias } else { BiasPtr(std::ptr::null()) };
             pack_b(&mut pb, b, pc, kc, jc, nc, threads);
             let pb = &pb[..];
             if split_rows {
@@ -271,7 +294,7 @@ unsafe fn blocked(
                     if r0 < r1 {
                         PACK_A.with_borrow_mut(|pa| {
                             // SAFETY: rows r0..r1 of c belong to this task only.
-                            unsafe { rows(pa, a, pb, c, ldc, r0, r1, pc, kc, jc, nc, 0, nc.div_ceil(NR), acc) }
+                            unsafe { rows(pa, a, pb, c, ldc, r0, r1, pc, kc, jc, nc, 0, nc.div_ceil(NR), acc, bias) }
                         });
                     }
                 });
@@ -283,14 +306,14 @@ unsafe fn blocked(
                     if s0 < s1 {
                         PACK_A.with_borrow_mut(|pa| {
                             // SAFETY: columns of slivers s0..s1 belong to this task only.
-                            unsafe { rows(pa, a, pb, c, ldc, 0, m, pc, kc, jc, nc, s0, s1, acc) }
+                            unsafe { rows(pa, a, pb, c, ldc, 0, m, pc, kc, jc, nc, s0, s1, acc, bias) }
                         });
                     }
                 });
             } else {
                 PACK_A.with_borrow_mut(|pa| {
                     // SAFETY: a single task writes all of c.
-                    unsafe { rows(pa, a, pb, c, ldc, 0, m, pc, kc, jc, nc, 0, nc.div_ceil(NR), acc) }
+                    unsafe { rows(pa, a, pb, c, ldc, 0, m, pc, kc, jc, nc, 0, nc.div_ceil(NR), acc, bias) }
                 });
             }
         }
@@ -318,6 +341,7 @@ unsafe fn rows(
     s0: usize,
     s1: usize,
     acc: bool,
+    bias: BiasPtr,
 ) {
     for ic in (r0..r1).step_by(MC) {
         let mc = MC.min(r1 - ic);
@@ -341,6 +365,7 @@ unsafe fn rows(
                         mr,
                         nr,
                         acc,
+                        if bias.0.is_null() { bias.0 } else { bias.0.add(jc + j0) },
                     )
                 };
             }
@@ -352,7 +377,17 @@ unsafe fn rows(
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn kernel(kc: usize, pa: *const f32, pb: *const f32, c: *mut f32, ldc: usize, mr: usize, nr: usize, acc: bool) {
+unsafe fn kernel(
+    kc: usize,
+    pa: *const f32,
+    pb: *const f32,
+    c: *mut f32,
+    ldc: usize,
+    mr: usize,
+    nr: usize,
+    acc: bool,
+    bias: *const f32,
+) {
     use std::arch::x86_64::*;
     let mut r = [[_mm512_setzero_ps(); 2]; MR];
     let (mut pa, mut pb) = (pa, pb);
@@ -372,6 +407,22 @@ unsafe fn kernel(kc: usize, pa: *const f32, pb: *const f32, c: *mut f32, ldc: us
     }
     // SAFETY: rows ..mr and columns ..nr of the tile lie inside c.
     unsafe {
+        if !bias.is_null() {
+            let m0: __mmask16 = if nr >= 16 { 0xffff } else { (1u16 << nr) - 1 };
+            let m1: __mmask16 = if nr >= 32 {
+                0xffff
+            } else if nr > 16 {
+                (1u16 << (nr - 16)) - 1
+            } else {
+                0
+            };
+            let b0 = _mm512_maskz_loadu_ps(m0, bias);
+            let b1 = _mm512_maskz_loadu_ps(m1, bias.add(16));
+            for ri in r.iter_mut() {
+                ri[0] = _mm512_add_ps(ri[0], b0);
+                ri[1] = _mm512_add_ps(ri[1], b1);
+            }
+        }
         if nr == NR {
             for (i, ri) in r.iter().enumerate().take(mr) {
                 let row = c.add(i * ldc);
@@ -433,13 +484,15 @@ mod tests {
         c
     }
 
-    fn check(m: usize, n: usize, k: usize, a_t: bool, b_t: bool, accumulate: bool, threads: usize) {
+    #[allow(clippy::too_many_arguments)]
+    fn check(m: usize, n: usize, k: usize, a_t: bool, b_t: bool, accumulate: bool, with_bias: bool, threads: usize) {
         let mut rng = crate::Rng::new((m * 131 + n * 17 + k) as u64);
         let a: Vec<f32> = (0..m * k).map(|_| rng.uniform_f32() - 0.5).collect();
         let b: Vec<f32> = (0..k * n).map(|_| rng.uniform_f32() - 0.5).collect();
         let (ars, acs) = if a_t { (1, m) } else { (k, 1) };
         let (brs, bcs) = if b_t { (1, k) } else { (n, 1) };
         let want = naive(m, n, k, &a, ars, acs, &b, brs, bcs);
+        let bias: Vec<f32> = (0..n).map(|j| j as f32 * 0.25 - 1.0).collect();
         let ldc = n + 3;
         let mut c: Vec<f32> = (0..m * ldc).map(|i| (i % 7) as f32).collect();
         let before = c.clone();
@@ -454,6 +507,7 @@ mod tests {
                 c.as_mut_ptr(),
                 ldc,
                 accumulate,
+                with_bias.then_some(&bias[..]),
                 threads,
             )
         };
@@ -464,10 +518,17 @@ mod tests {
                     assert_eq!(got, before[i * ldc + j] as f64, "padding ({i}, {j}) was written");
                     continue;
                 }
-                let w = want[i * n + j] + if accumulate { before[i * ldc + j] as f64 } else { 0.0 };
+                let w = want[i * n + j]
+                    + if accumulate {
+                        before[i * ldc + j] as f64
+                    } else if with_bias {
+                        bias[j] as f64
+                    } else {
+                        0.0
+                    };
                 assert!(
                     (got - w).abs() <= 1e-4 * (k as f64).sqrt() * (1.0 + w.abs()),
-                    "{m}x{n}x{k} a_t={a_t} b_t={b_t} acc={accumulate} t={threads}: ({i}, {j}) {got} vs {w}"
+                    "{m}x{n}x{k} a_t={a_t} b_t={b_t} acc={accumulate} bias={with_bias} t={threads}: ({i}, {j}) {got} vs {w}"
                 );
             }
         }
@@ -487,8 +548,10 @@ mod tests {
         ] {
             for &(a_t, b_t) in &[(false, false), (true, false), (false, true), (true, true)] {
                 for &accumulate in &[false, true] {
-                    for &threads in &[1, 2, 3] {
-                        check(m, n, k, a_t, b_t, accumulate, threads);
+                    for &with_bias in &[false, true] {
+                        for &threads in &[1, 2, 3] {
+                            check(m, n, k, a_t, b_t, accumulate, with_bias, threads);
+                        }
                     }
                 }
             }
@@ -506,7 +569,7 @@ mod tests {
         let (av, bv) = (MatRef::new(a.as_ptr(), k, 1), MatRef::new(b.as_ptr(), n, 1));
         // SAFETY: the views cover the vectors.
         unsafe {
-            sgemm(m, n, k, av, bv, c1.as_mut_ptr(), n, false, 2);
+            sgemm(m, n, k, av, bv, c1.as_mut_ptr(), n, false, None, 2);
             fallback(m, n, k, av, bv, c2.as_mut_ptr(), n, false, 2);
         }
         for (x, y) in c1.iter().zip(&c2) {
