@@ -111,20 +111,7 @@ fn grow(v: &mut Vec<f32>, n: usize) {
 fn softmax_rows(p: &mut [f32], t: usize, scale: f32, mask: Mask) {
     for (i, row) in p.chunks_mut(t).enumerate() {
         let (lo, hi) = mask.range(i, t, t);
-        let mut max = f32::NEG_INFINITY;
-        for &v in &row[lo..hi] {
-            max = max.max(v * scale);
-        }
-        let mut sum = 0f32;
-        for v in &mut row[lo..hi] {
-            let e = super::fastmath::exp_f32(*v * scale - max);
-            *v = e;
-            sum += e;
-        }
-        let inv = 1.0 / sum;
-        for v in &mut row[lo..hi] {
-            *v *= inv;
-        }
+        super::fastmath::softmax_in_place(&mut row[lo..hi], scale);
         row[..lo].fill(0.0);
         row[hi..].fill(0.0);
     }

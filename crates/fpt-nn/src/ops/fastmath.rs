@@ -1,5 +1,5 @@
-//! Branch-free `exp` and `tanh` for f32 that the compiler vectorizes, and elementwise
-//! loops compiled for AVX2 + FMA where the CPU has them (chosen at run time).
+//! Branch-free `exp` and `tanh` for f32, and GPT-2's GELU over slices in AVX2 + FMA
+//! intrinsics where the CPU has them (chosen at run time; a scalar loop otherwise).
 //!
 //! `exp_f32` is the Cephes `expf` scheme: x = n ln 2 + r with |r| <= ln 2 / 2, a degree-6
 //! polynomial for e^r, and 2^n put into the exponent bits; relative error about 2e-7 over
@@ -45,43 +45,189 @@ pub(crate) fn has_avx2_fma() -> bool {
     }
 }
 
-/// `out[i] = f(x[i])`, vectorized with AVX2 + FMA where available.
+/// `e^x` for 8 lanes: the same scheme as [`exp_f32`] in AVX2 + FMA intrinsics.
+#[cfg(target_arch = "x86_64")]
 #[inline(always)]
-pub(crate) fn map1(out: &mut [f32], x: &[f32], f: impl Fn(f32) -> f32 + Copy) {
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn wide(out: &mut [f32], x: &[f32], f: impl Fn(f32) -> f32 + Copy) {
-        for (o, &v) in out.iter_mut().zip(x) {
-            *o = f(v);
-        }
-    }
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2_fma() {
-        // SAFETY: the CPU has AVX2 and FMA.
-        return unsafe { wide(out, x, f) };
-    }
-    for (o, &v) in out.iter_mut().zip(x) {
-        *o = f(v);
+unsafe fn exp8(x: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
+    use std::arch::x86_64::*;
+    // SAFETY: the callers are compiled with AVX2 and FMA enabled.
+    unsafe {
+        let x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3)), _mm256_set1_ps(88.7));
+        let n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(LOG2E), _mm256_set1_ps(0.5)));
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_HI), x);
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_LO), r);
+        let mut p = _mm256_set1_ps(1.987_569_1e-4);
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.398_2e-3));
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.333_452e-3));
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.166_579_6e-2));
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.666_666_5e-1));
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5));
+        let y = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), _mm256_set1_ps(1.0));
+        let e = _mm256_slli_epi32::<23>(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)));
+        _mm256_mul_ps(y, _mm256_castsi256_ps(e))
     }
 }
 
-/// `out[i] = f(x[i], y[i])`, vectorized with AVX2 + FMA where available.
+/// `gelu_new` (and its derivative) for 8 lanes: `(y, dy/dx)`.
+#[cfg(target_arch = "x86_64")]
 #[inline(always)]
-pub(crate) fn map2(out: &mut [f32], x: &[f32], y: &[f32], f: impl Fn(f32, f32) -> f32 + Copy) {
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn wide(out: &mut [f32], x: &[f32], y: &[f32], f: impl Fn(f32, f32) -> f32 + Copy) {
-        for ((o, &a), &b) in out.iter_mut().zip(x).zip(y) {
-            *o = f(a, b);
+unsafe fn gelu_new8(x: std::arch::x86_64::__m256) -> (std::arch::x86_64::__m256, std::arch::x86_64::__m256) {
+    use std::arch::x86_64::*;
+    const C: f32 = 0.797_884_6; // sqrt(2/pi)
+    const A: f32 = 0.044_715;
+    // SAFETY: the callers are compiled with AVX2 and FMA enabled.
+    unsafe {
+        let one = _mm256_set1_ps(1.0);
+        let half = _mm256_set1_ps(0.5);
+        let x2 = _mm256_mul_ps(x, x);
+        let u = _mm256_mul_ps(
+            _mm256_set1_ps(C),
+            _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(A), x2), x, x),
+        );
+        // tanh(u) = 1 - 2 / (e^(2u) + 1)
+        let e = exp8(_mm256_add_ps(u, u));
+        let t = _mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.0), _mm256_add_ps(e, one)));
+        let opt = _mm256_add_ps(one, t);
+        let y = _mm256_mul_ps(_mm256_mul_ps(half, x), opt);
+        let dt = _mm256_mul_ps(
+            _mm256_fnmadd_ps(t, t, one),
+            _mm256_mul_ps(_mm256_set1_ps(C), _mm256_fmadd_ps(_mm256_set1_ps(3.0 * A), x2, one)),
+        );
+        let d = _mm256_fmadd_ps(_mm256_mul_ps(half, x), dt, _mm256_mul_ps(half, opt));
+        (y, d)
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn gelu_new_fwd_avx2(y: &mut [f32], x: &[f32]) {
+    use std::arch::x86_64::*;
+    let n8 = x.len() / 8 * 8;
+    for i in (0..n8).step_by(8) {
+        // SAFETY: i + 8 <= len of both slices.
+        unsafe { _mm256_storeu_ps(y.as_mut_ptr().add(i), gelu_new8(_mm256_loadu_ps(x.as_ptr().add(i))).0) };
+    }
+    for i in n8..x.len() {
+        y[i] = gelu_new_scalar(x[i]).0;
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn gelu_new_bwd_avx2(dx: &mut [f32], x: &[f32], dy: &[f32]) {
+    use std::arch::x86_64::*;
+    let n8 = x.len() / 8 * 8;
+    for i in (0..n8).step_by(8) {
+        // SAFETY: i + 8 <= len of the three slices.
+        unsafe {
+            let d = gelu_new8(_mm256_loadu_ps(x.as_ptr().add(i))).1;
+            _mm256_storeu_ps(
+                dx.as_mut_ptr().add(i),
+                _mm256_mul_ps(d, _mm256_loadu_ps(dy.as_ptr().add(i))),
+            );
         }
     }
+    for i in n8..x.len() {
+        dx[i] = dy[i] * gelu_new_scalar(x[i]).1;
+    }
+}
+
+/// `gelu_new` and its derivative in f32 (scalar, the vectorizable formulas).
+#[inline(always)]
+pub(crate) fn gelu_new_scalar(x: f32) -> (f32, f32) {
+    const C: f32 = 0.797_884_6;
+    const A: f32 = 0.044_715;
+    let t = tanh_f32(C * (x + A * x * x * x));
+    let y = 0.5 * x * (1.0 + t);
+    let dt = (1.0 - t * t) * C * (1.0 + 3.0 * A * x * x);
+    (y, 0.5 * (1.0 + t) + 0.5 * x * dt)
+}
+
+/// `y = gelu_new(x)` over slices: AVX2 + FMA where available.
+pub(crate) fn gelu_new_fwd(y: &mut [f32], x: &[f32]) {
     #[cfg(target_arch = "x86_64")]
     if has_avx2_fma() {
         // SAFETY: the CPU has AVX2 and FMA.
-        return unsafe { wide(out, x, y, f) };
+        return unsafe { gelu_new_fwd_avx2(y, x) };
     }
-    for ((o, &a), &b) in out.iter_mut().zip(x).zip(y) {
-        *o = f(a, b);
+    for (o, &v) in y.iter_mut().zip(x) {
+        *o = gelu_new_scalar(v).0;
+    }
+}
+
+/// `dx = dy * gelu_new'(x)` over slices: AVX2 + FMA where available.
+pub(crate) fn gelu_new_bwd(dx: &mut [f32], x: &[f32], dy: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_fma() {
+        // SAFETY: the CPU has AVX2 and FMA.
+        return unsafe { gelu_new_bwd_avx2(dx, x, dy) };
+    }
+    for ((d, &v), &g) in dx.iter_mut().zip(x).zip(dy) {
+        *d = g * gelu_new_scalar(v).1;
+    }
+}
+
+/// `row := softmax(scale * row)` in place (a non-empty slice): AVX2 + FMA where available.
+pub(crate) fn softmax_in_place(row: &mut [f32], scale: f32) {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_fma() {
+        // SAFETY: the CPU has AVX2 and FMA.
+        return unsafe { softmax_avx2(row, scale) };
+    }
+    let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v * scale));
+    let mut sum = 0f32;
+    for v in row.iter_mut() {
+        let e = exp_f32(*v * scale - max);
+        *v = e;
+        sum += e;
+    }
+    let inv = 1.0 / sum;
+    for v in row.iter_mut() {
+        *v *= inv;
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn softmax_avx2(row: &mut [f32], scale: f32) {
+    use std::arch::x86_64::*;
+    let n8 = row.len() / 8 * 8;
+    let p = row.as_mut_ptr();
+    // SAFETY: every vector access covers i..i + 8 <= n8 <= row.len().
+    unsafe {
+        let sc = _mm256_set1_ps(scale);
+        let mut mv = _mm256_set1_ps(f32::NEG_INFINITY);
+        for i in (0..n8).step_by(8) {
+            mv = _mm256_max_ps(mv, _mm256_mul_ps(_mm256_loadu_ps(p.add(i)), sc));
+        }
+        let mut lanes = [0f32; 8];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), mv);
+        let mut max = lanes.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+        for &v in &row[n8..] {
+            max = max.max(v * scale);
+        }
+        let mx = _mm256_set1_ps(max);
+        let mut sv = _mm256_setzero_ps();
+        for i in (0..n8).step_by(8) {
+            let e = exp8(_mm256_fmsub_ps(_mm256_loadu_ps(p.add(i)), sc, mx));
+            _mm256_storeu_ps(p.add(i), e);
+            sv = _mm256_add_ps(sv, e);
+        }
+        _mm256_storeu_ps(lanes.as_mut_ptr(), sv);
+        let mut sum: f32 = lanes.iter().sum();
+        for v in &mut row[n8..] {
+            let e = exp_f32(*v * scale - max);
+            *v = e;
+            sum += e;
+        }
+        let inv = _mm256_set1_ps(1.0 / sum);
+        for i in (0..n8).step_by(8) {
+            _mm256_storeu_ps(p.add(i), _mm256_mul_ps(_mm256_loadu_ps(p.add(i)), inv));
+        }
+        let inv = 1.0 / sum;
+        for v in &mut row[n8..] {
+            *v *= inv;
+        }
     }
 }
 
@@ -107,15 +253,33 @@ mod tests {
         assert_eq!(tanh_f32(1e4), 1.0);
         assert_eq!(tanh_f32(-1e4), -1.0);
         assert!(exp_f32(-1e4) < 1e-37);
-        let mut out = vec![0f32; 37];
-        let xs: Vec<f32> = (0..37).map(|i| i as f32 * 0.3 - 5.0).collect();
-        map1(&mut out, &xs, tanh_f32);
-        for (o, &v) in out.iter().zip(&xs) {
-            assert!((o - v.tanh()).abs() < 3e-7);
+        // Softmax (vector body and tail) against the plain formula.
+        for n in [1usize, 7, 8, 29] {
+            let xs: Vec<f32> = (0..n).map(|i| (i as f32 * 0.7).sin() * 4.0).collect();
+            let mut got = xs.clone();
+            softmax_in_place(&mut got, 0.9);
+            let m = xs.iter().fold(f64::NEG_INFINITY, |a, &v| a.max(v as f64 * 0.9));
+            let z: f64 = xs.iter().map(|&v| (v as f64 * 0.9 - m).exp()).sum();
+            for (g, &v) in got.iter().zip(&xs) {
+                let want = (v as f64 * 0.9 - m).exp() / z;
+                assert!((*g as f64 - want).abs() < 1e-6, "n {n}: {g} vs {want}");
+            }
         }
-        map2(&mut out, &xs, &xs, |a, b| a * b);
-        for (o, &v) in out.iter().zip(&xs) {
-            assert_eq!(*o, v * v);
+        // The 8-lane GELU (and its tail) against the scalar formulas.
+        let xs: Vec<f32> = (0..37).map(|i| i as f32 * 0.3 - 5.0).collect();
+        let g: Vec<f32> = (0..37).map(|i| 1.0 + i as f32 * 0.01).collect();
+        let (mut y, mut d) = (vec![0f32; 37], vec![0f32; 37]);
+        gelu_new_fwd(&mut y, &xs);
+        gelu_new_bwd(&mut d, &xs, &g);
+        for i in 0..37 {
+            let (sy, sd) = gelu_new_scalar(xs[i]);
+            assert!((y[i] - sy).abs() <= 1e-6 * (1.0 + sy.abs()), "{i}: {} vs {sy}", y[i]);
+            assert!(
+                (d[i] - g[i] * sd).abs() <= 1e-6 * (1.0 + sd.abs()),
+                "{i}: {} vs {}",
+                d[i],
+                g[i] * sd
+            );
         }
     }
 }

@@ -37,16 +37,6 @@ trait Activation: Send + Sync + 'static {
     }
 }
 
-/// `gelu_new` and its derivative in f32 with the vectorizable tanh.
-#[inline(always)]
-fn new_f32(x: f32) -> (f32, f32) {
-    let (c, a) = (C as f32, A as f32);
-    let t = super::fastmath::tanh_f32(c * (x + a * x * x * x));
-    let y = 0.5 * x * (1.0 + t);
-    let dt = (1.0 - t * t) * c * (1.0 + 3.0 * a * x * x);
-    (y, 0.5 * (1.0 + t) + 0.5 * x * dt)
-}
-
 #[inline]
 fn tanh<T: Float>(u: T) -> T {
     // 1 - 2 / (exp(2u) + 1): exact in the limits (exp overflow gives 1, underflow -1).
@@ -70,10 +60,10 @@ impl Activation for New {
         half * (T::one() + t) + half * x * dt
     }
     fn f_f32(y: &mut [f32], x: &[f32]) {
-        super::fastmath::map1(y, x, |v| new_f32(v).0);
+        super::fastmath::gelu_new_fwd(y, x);
     }
     fn df_f32(dx: &mut [f32], x: &[f32], dy: &[f32]) {
-        super::fastmath::map2(dx, x, dy, |v, g| g * new_f32(v).1);
+        super::fastmath::gelu_new_bwd(dx, x, dy);
     }
 }
 
