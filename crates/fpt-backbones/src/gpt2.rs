@@ -326,7 +326,35 @@ impl Gpt2 {
         &self.config
     }
 
-    fn block_forward(&self, i: usize, b: &Block, h: &Tensor, ctx: &mut Ctx) -> candle_core::Result<Tensor> {
+    /// Positions, dropout and the blocks; with `last = Some(n)` the last block (and the
+    /// final norm) runs for the last `n` positions only.
+    fn run(&self, embeds: &Tensor, ctx: &mut Ctx, last: Option<usize>) -> candle_core::Result<Tensor> {
+        let t = crate::check_embeds(self, embeds)?;
+        let pos = self.wpe.tensor().narrow(0, 0, t)?;
+        let mut h = embeds.broadcast_add(&pos)?;
+        if self.dropout {
+            h = ctx.dropout(&h, self.config.embd_pdrop)?;
+        }
+        let n = self.blocks.len();
+        for (i, b) in self.blocks.iter().enumerate() {
+            h = self.block_forward(i, b, &h, ctx, last.filter(|_| i + 1 == n))?;
+        }
+        match &self.ln_f {
+            Some(ln) => ln.forward(&h),
+            None => Ok(h),
+        }
+    }
+
+    /// Block `i`; with `last = Some(n)`, only the last `n` positions come out (attention
+    /// queries, projection and feed-forward run on those; all positions are keys/values).
+    fn block_forward(
+        &self,
+        i: usize,
+        b: &Block,
+        h: &Tensor,
+        ctx: &mut Ctx,
+        last: Option<usize>,
+    ) -> candle_core::Result<Tensor> {
         let c = &self.config;
         let width = h.dim(2)?;
         let (nh, hd) = (c.n_head, width / c.n_head);
@@ -350,7 +378,18 @@ impl Gpt2 {
             scale /= (i + 1) as f64;
         }
         let dropout = self.dropout.then_some(c.attn_pdrop);
-        let o = crate::attention_packed(&qkv, nh, scale, ops::Mask::Causal, ctx, dropout)?;
+        let (o, h) = match last {
+            Some(n) => {
+                let t = h.dim(1)?;
+                let o = crate::attention_packed_last(&qkv, nh, scale, ops::Mask::Causal, ctx, dropout, n)?;
+                (o, h.narrow(1, t - n, n)?)
+            }
+            None => (
+                crate::attention_packed(&qkv, nh, scale, ops::Mask::Causal, ctx, dropout)?,
+                h.clone(),
+            ),
+        };
+        let h = &h;
         let o = b.attn_proj.forward(&o)?;
         let h = residual(ctx, h, &o)?;
 
@@ -379,19 +418,17 @@ impl Backbone for Gpt2 {
     }
 
     fn forward(&self, embeds: &Tensor, ctx: &mut Ctx) -> candle_core::Result<Tensor> {
+        self.run(embeds, ctx, None)
+    }
+
+    fn forward_last(&self, embeds: &Tensor, ctx: &mut Ctx, last: usize) -> candle_core::Result<Tensor> {
         let t = crate::check_embeds(self, embeds)?;
-        let pos = self.wpe.tensor().narrow(0, 0, t)?;
-        let mut h = embeds.broadcast_add(&pos)?;
-        if self.dropout {
-            h = ctx.dropout(&h, self.config.embd_pdrop)?;
+        // Recording attention maps needs every query; degenerate requests need no care.
+        if ctx.attention.is_some() || last == 0 || last >= t {
+            let h = self.run(embeds, ctx, None)?;
+            return h.narrow(1, t.saturating_sub(last), last.min(t));
         }
-        for (i, b) in self.blocks.iter().enumerate() {
-            h = self.block_forward(i, b, &h, ctx)?;
-        }
-        match &self.ln_f {
-            Some(ln) => ln.forward(&h),
-            None => Ok(h),
-        }
+        self.run(embeds, ctx, Some(last))
     }
 
     fn drop_final_norm(&mut self) -> Result<()> {

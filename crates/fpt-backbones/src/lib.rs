@@ -146,6 +146,16 @@ pub trait Backbone: Send + Sync {
     fn is_causal(&self) -> bool;
     /// Runs the blocks; `embeds: [batch, tokens, hidden]`.
     fn forward(&self, embeds: &Tensor, ctx: &mut Ctx) -> candle_core::Result<Tensor>;
+    /// The last `last` positions of [`Backbone::forward`], `[batch, last, hidden]`. A
+    /// causal backbone computes its last block's attention output, feed-forward and final
+    /// norm for those positions only (the others still serve as keys and values), which is
+    /// exact and saves most of a block when one token is read out; the default runs the
+    /// whole forward and narrows.
+    fn forward_last(&self, embeds: &Tensor, ctx: &mut Ctx, last: usize) -> candle_core::Result<Tensor> {
+        let h = self.forward(embeds, ctx)?;
+        let t = h.dim(1)?;
+        h.narrow(1, t.saturating_sub(last), last.min(t))
+    }
     /// Every materialised parameter with its checkpoint name and role.
     fn params(&self) -> Vec<(String, Role, &Param)>;
     /// Every parameter of the architecture (materialised or not) from the config.
@@ -312,6 +322,20 @@ pub(crate) fn attention_packed(
     let c = qkv.dim(2)? / 3;
     let part = |k: usize| qkv.narrow(2, k * c, c);
     attention(&part(0)?, &part(1)?, &part(2)?, heads, scale, mask, None, ctx, dropout)
+}
+
+/// [`attention_packed`] for the last `last` query positions only (`[b, last, c]`).
+pub(crate) fn attention_packed_last(
+    qkv: &Tensor,
+    heads: usize,
+    scale: f64,
+    mask: fpt_nn::ops::Mask,
+    ctx: &mut Ctx,
+    dropout: Option<f64>,
+    last: usize,
+) -> candle_core::Result<Tensor> {
+    let spec = attention_spec(heads, scale, mask, ctx, dropout);
+    fpt_nn::ops::attention_packed_last(qkv, spec, last)
 }
 
 /// The block index in a parameter name (`h.3.`, `encoder.layer.3.`, `encoder.block.3.`).

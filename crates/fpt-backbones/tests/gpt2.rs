@@ -356,3 +356,40 @@ fn statistics_only_init_keeps_each_tensors_mean_and_std_and_nothing_else() {
     }
     assert!(checked >= 4, "only {checked} tensors were large enough to check");
 }
+
+/// `forward_last` (the last block and final norm for the read-out positions only) equals the
+/// full forward's last positions, in values and in every gradient (input and trainable
+/// parameters), against the transformers golden output too.
+#[test]
+fn forward_last_equals_the_full_forward_on_the_read_out_positions() {
+    let model = load_tiny(&fixture()).unwrap();
+    let g = golden();
+    let x = Var::from_tensor(&g["inputs_embeds"]).unwrap();
+    let t = x.as_tensor().dim(1).unwrap();
+    for last in [1, 2] {
+        let part = model.forward_last(x.as_tensor(), &mut Ctx::eval(), last).unwrap();
+        let full = model
+            .forward(x.as_tensor(), &mut Ctx::eval())
+            .unwrap()
+            .narrow(1, t - last, last)
+            .unwrap();
+        assert_eq!(part.dims(), full.dims());
+        assert!(max_diff(&part, &full) <= 1e-5, "last {last}: values");
+        let golden_last = g["last_hidden_state"].narrow(1, t - last, last).unwrap();
+        assert!(max_diff(&part, &golden_last) <= 1e-4, "last {last}: vs transformers");
+        let w = g["loss_weights"].narrow(1, t - last, last).unwrap();
+        let gp = (part * &w).unwrap().sum_all().unwrap().backward().unwrap();
+        let gf = (full * &w).unwrap().sum_all().unwrap().backward().unwrap();
+        let d = max_diff(gp.get(&x).unwrap(), gf.get(&x).unwrap());
+        assert!(d <= 1e-5, "last {last}: input gradient differs by {d}");
+        for (name, _, p) in model.params() {
+            if let Some(v) = p.var() {
+                let (a, b) = (gp.get(v.as_tensor()), gf.get(v.as_tensor()));
+                assert_eq!(a.is_some(), b.is_some(), "{name}");
+                if let (Some(a), Some(b)) = (a, b) {
+                    assert!(max_diff(a, b) <= 1e-5, "last {last}: gradient of {name}");
+                }
+            }
+        }
+    }
+}

@@ -195,10 +195,7 @@ impl Fpt {
                 ))
             }
         };
-        let h = self.backbone.forward(&x, ctx)?;
-        let t = h.dim(1)?;
-        let r = self.dims.readout_tokens;
-        Ok(h.narrow(1, t - r, r)?)
+        Ok(self.backbone.forward_last(&x, ctx, self.dims.readout_tokens)?)
     }
 
     /// The output layer on [`Fpt::features`]: logits `[batch, labels_per_example, classes]`.

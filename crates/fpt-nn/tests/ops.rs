@@ -378,3 +378,58 @@ fn fused_dropout_add_matches_reference() -> Result<()> {
     assert!(g.get(&frozen).is_none() && g.get(&x).is_some());
     Ok(())
 }
+
+/// Attention for the last queries only: the last rows of the full attention, and the same
+/// gradient wherever only those rows feed the loss; with dropout, its gradient against
+/// finite differences.
+#[test]
+fn attention_for_the_last_queries_matches_the_full_one() -> Result<()> {
+    let (b, t, heads, d, last) = (2, 9, 2, 4, 3);
+    let c = heads * d;
+    for mask in [ops::Mask::Causal, ops::Mask::None] {
+        let spec = ops::AttentionSpec {
+            heads,
+            scale: 0.5,
+            mask,
+            dropout: None,
+        };
+        let qkv = Var::from_tensor(&randn(&[b, t, 3 * c], 3, DType::F32)?)?;
+        let part = ops::attention_packed_last(qkv.as_tensor(), spec, last)?;
+        let full = ops::attention_packed(qkv.as_tensor(), spec)?.narrow(1, t - last, last)?;
+        assert_eq!(part.dims(), &[b, last, c]);
+        assert!(max_abs_diff(&part, &full)? < 1e-6, "{mask:?}: values");
+        let gp = loss(&part, 5)?.backward()?;
+        let gf = loss(&full, 5)?.backward()?;
+        let d = max_abs_diff(gp.get(&qkv).expect("part"), gf.get(&qkv).expect("full"))?;
+        assert!(d < 1e-6, "{mask:?}: gradients differ by {d}");
+    }
+    let spec = ops::AttentionSpec {
+        heads,
+        scale: 0.5,
+        mask: ops::Mask::Causal,
+        dropout: Some((0.3, 11)),
+    };
+    let x = randn(&[b, t, 3 * c], 4, DType::F32)?;
+    let v = Var::from_tensor(&x)?;
+    let g = loss(&ops::attention_packed_last(v.as_tensor(), spec, last)?, 6)?
+        .backward()?
+        .get(&v)
+        .expect("gradient")
+        .flatten_all()?
+        .to_vec1::<f32>()?;
+    let base = x.flatten_all()?.to_vec1::<f32>()?;
+    for j in (0..base.len()).step_by(7) {
+        let eval = |delta: f32| -> Result<f64> {
+            let mut p = base.clone();
+            p[j] += delta;
+            let xi = Tensor::from_vec(p, x.shape(), &Device::Cpu)?;
+            loss(&ops::attention_packed_last(&xi, spec, last)?, 6)?
+                .to_dtype(DType::F64)?
+                .to_scalar::<f64>()
+        };
+        let num = (eval(1e-2)? - eval(-1e-2)?) / 2e-2;
+        let err = (num - g[j] as f64).abs() / (1.0 + num.abs());
+        assert!(err < 2e-3, "elem {j}: analytic {} numeric {num}", g[j]);
+    }
+    Ok(())
+}

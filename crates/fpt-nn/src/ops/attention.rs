@@ -68,7 +68,10 @@ pub fn dropout_mask(
 #[derive(Debug, Clone, Copy)]
 struct Geom {
     b: usize,
+    /// Keys (and rows of Q, K, V).
     t: usize,
+    /// Queries: the last `tq` rows (`t` unless only the last positions are read out).
+    tq: usize,
     /// Model width (heads * d).
     c: usize,
     heads: usize,
@@ -107,26 +110,26 @@ fn grow(v: &mut Vec<f32>, n: usize) {
     }
 }
 
-/// `p` := masked softmax of `scale * p`, rows of `t`; hidden keys get 0.
-fn softmax_rows(p: &mut [f32], t: usize, scale: f32, mask: Mask) {
+/// `p` := masked softmax of `scale * p`, `tq` rows of `t` keys; hidden keys get 0.
+fn softmax_rows(p: &mut [f32], tq: usize, t: usize, scale: f32, mask: Mask) {
     for (i, row) in p.chunks_mut(t).enumerate() {
-        let (lo, hi) = mask.range(i, t, t);
+        let (lo, hi) = mask.range(i, tq, t);
         super::fastmath::softmax_in_place(&mut row[lo..hi], scale);
         row[..lo].fill(0.0);
         row[hi..].fill(0.0);
     }
 }
 
-/// `s = Q K^T` for head `bh` (unscaled).
+/// `s = Q K^T` for head `bh` (unscaled; the last `tq` queries against all keys).
 unsafe fn scores(g: &Geom, x: Ptrs, bh: usize, s: &mut [f32]) {
     let base = (bh / g.heads) * g.t * g.row + (bh % g.heads) * g.d;
     // SAFETY: the head's rows lie inside the buffers (checked shapes).
     unsafe {
         sgemm(
-            g.t,
+            g.tq,
             g.t,
             g.d,
-            MatRef::new(x.q.add(base), g.row, 1),
+            MatRef::new(x.q.add(base + (g.t - g.tq) * g.row), g.row, 1),
             MatRef::new(x.k.add(base), 1, g.row),
             s.as_mut_ptr(),
             g.t,
@@ -138,13 +141,13 @@ unsafe fn scores(g: &Geom, x: Ptrs, bh: usize, s: &mut [f32]) {
 }
 
 fn forward(g: Geom, x: Ptrs, spec: &AttentionSpec) -> Vec<f32> {
-    let mut out = vec![0f32; g.b * g.t * g.c];
+    let mut out = vec![0f32; g.b * g.tq * g.c];
     let o = OutPtrs {
         q: out.as_mut_ptr(),
         k: std::ptr::null_mut(),
         v: std::ptr::null_mut(),
     };
-    let tt = g.t * g.t;
+    let tt = g.tq * g.t;
     let head = |bh: usize| {
         let (o, x) = (o, x); // capture the Send wrappers whole
         SCRATCH.with_borrow_mut(|[s, m, _]| {
@@ -152,7 +155,7 @@ fn forward(g: Geom, x: Ptrs, spec: &AttentionSpec) -> Vec<f32> {
             let s = &mut s[..tt];
             // SAFETY: shapes were checked; each head writes its own columns of `out`.
             unsafe { scores(&g, x, bh, s) };
-            softmax_rows(s, g.t, spec.scale as f32, spec.mask);
+            softmax_rows(s, g.tq, g.t, spec.scale as f32, spec.mask);
             if let Some((p, seed)) = spec.dropout {
                 grow(m, tt);
                 let m = &mut m[..tt];
@@ -166,12 +169,12 @@ fn forward(g: Geom, x: Ptrs, spec: &AttentionSpec) -> Vec<f32> {
             // SAFETY: as above.
             unsafe {
                 sgemm(
-                    g.t,
+                    g.tq,
                     g.d,
                     g.t,
                     MatRef::new(s.as_ptr(), g.t, 1),
                     MatRef::new(x.v.add(base), g.row, 1),
-                    o.q.add(bi * g.t * g.c + hi * g.d),
+                    o.q.add(bi * g.tq * g.c + hi * g.d),
                     g.c,
                     false,
                     None,
@@ -196,7 +199,7 @@ fn run_heads(n: usize, work_per_head: usize, f: impl Fn(usize) + Send + Sync) {
 /// Gradients of Q, K and V written through `dx` (row stride `row_out`, same offsets as Q, K
 /// and V in their buffers).
 fn backward(g: Geom, x: Ptrs, dout: &[f32], dx: OutPtrs, row_out: usize, spec: &AttentionSpec) {
-    let tt = g.t * g.t;
+    let tt = g.tq * g.t;
     let scale = spec.scale as f32;
     let dop = dout.as_ptr() as usize;
     let head = |bh: usize| {
@@ -208,13 +211,15 @@ fn backward(g: Geom, x: Ptrs, dout: &[f32], dx: OutPtrs, row_out: usize, spec: &
             let (bi, hi) = (bh / g.heads, bh % g.heads);
             let base = bi * g.t * g.row + hi * g.d;
             let obase = bi * g.t * row_out + hi * g.d;
-            let dbase = bi * g.t * g.c + hi * g.d;
+            let qbase = base + (g.t - g.tq) * g.row;
+            let dqbase = obase + (g.t - g.tq) * row_out;
+            let dbase = bi * g.tq * g.c + hi * g.d;
             let dop = dop as *const f32;
             // SAFETY: shapes were checked; each head reads its own rows and writes its own
             // columns of the gradient buffers.
             unsafe {
                 scores(&g, x, bh, s);
-                softmax_rows(s, g.t, scale, spec.mask);
+                softmax_rows(s, g.tq, g.t, scale, spec.mask);
                 // w = P' (dropped probabilities).
                 let mask = match spec.dropout {
                     Some((p, seed)) => {
@@ -236,7 +241,7 @@ fn backward(g: Geom, x: Ptrs, dout: &[f32], dx: OutPtrs, row_out: usize, spec: &
                     sgemm(
                         g.t,
                         g.d,
-                        g.t,
+                        g.tq,
                         MatRef::new(w.as_ptr(), 1, g.t),
                         MatRef::new(dop.add(dbase), g.c, 1),
                         dx.v.add(obase),
@@ -248,7 +253,7 @@ fn backward(g: Geom, x: Ptrs, dout: &[f32], dx: OutPtrs, row_out: usize, spec: &
                 }
                 // w = dO V^T, then dP = w * M
                 sgemm(
-                    g.t,
+                    g.tq,
                     g.t,
                     g.d,
                     MatRef::new(dop.add(dbase), g.c, 1),
@@ -266,7 +271,7 @@ fn backward(g: Geom, x: Ptrs, dout: &[f32], dx: OutPtrs, row_out: usize, spec: &
                 }
                 // w = dS = scale * P * (dP - rowsum(dP * P)), zero where hidden.
                 for (i, (wr, sr)) in w.chunks_mut(g.t).zip(s.chunks(g.t)).enumerate() {
-                    let (lo, hi) = spec.mask.range(i, g.t, g.t);
+                    let (lo, hi) = spec.mask.range(i, g.tq, g.t);
                     let dot: f32 = (lo..hi).map(|j| wr[j] * sr[j]).sum();
                     for j in lo..hi {
                         wr[j] = scale * sr[j] * (wr[j] - dot);
@@ -275,14 +280,14 @@ fn backward(g: Geom, x: Ptrs, dout: &[f32], dx: OutPtrs, row_out: usize, spec: &
                     wr[hi..].fill(0.0);
                 }
                 if !dx.q.is_null() {
-                    // dQ = dS K
+                    // dQ = dS K (the other rows of dQ stay zero)
                     sgemm(
-                        g.t,
+                        g.tq,
                         g.d,
                         g.t,
                         MatRef::new(w.as_ptr(), g.t, 1),
                         MatRef::new(x.k.add(base), g.row, 1),
-                        dx.q.add(obase),
+                        dx.q.add(dqbase),
                         row_out,
                         false,
                         None,
@@ -294,9 +299,9 @@ fn backward(g: Geom, x: Ptrs, dout: &[f32], dx: OutPtrs, row_out: usize, spec: &
                     sgemm(
                         g.t,
                         g.d,
-                        g.t,
+                        g.tq,
                         MatRef::new(w.as_ptr(), 1, g.t),
-                        MatRef::new(x.q.add(base), g.row, 1),
+                        MatRef::new(x.q.add(qbase), g.row, 1),
                         dx.k.add(obase),
                         row_out,
                         false,
@@ -310,20 +315,25 @@ fn backward(g: Geom, x: Ptrs, dout: &[f32], dx: OutPtrs, row_out: usize, spec: &
     run_heads(g.b * g.heads, tt * g.d, head);
 }
 
-/// Q, K and V packed as `[b, t, 3c]` (GPT-2's `c_attn` output).
-struct Packed(AttentionSpec);
+/// Q, K and V packed as `[b, t, 3c]` (GPT-2's `c_attn` output); the last `.1` queries.
+struct Packed(AttentionSpec, Option<usize>);
 /// Q, K and V as three `[b, t, c]` tensors.
 struct Split(AttentionSpec);
 
-fn geom(shape: &Shape, heads: usize, packed: bool) -> Result<Geom> {
+fn geom(shape: &Shape, heads: usize, packed: bool, last: Option<usize>) -> Result<Geom> {
     let (b, t, w) = shape.dims3()?;
     let c = if packed { w / 3 } else { w };
     if (packed && w % 3 != 0) || heads == 0 || c % heads != 0 {
         candle_core::bail!("attention: width {w} does not split into {heads} heads (packed: {packed})")
     }
+    let tq = last.unwrap_or(t);
+    if tq == 0 || tq > t {
+        candle_core::bail!("attention: cannot read out the last {tq} of {t} positions")
+    }
     Ok(Geom {
         b,
         t,
+        tq,
         c,
         heads,
         d: c / heads,
@@ -344,7 +354,7 @@ impl CustomOp1 for Packed {
     }
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
-        let g = geom(l.shape(), self.0.heads, true)?;
+        let g = geom(l.shape(), self.0.heads, true, self.1)?;
         let x = cpu_f32(s, l)?;
         let p = x.as_ptr();
         // SAFETY: offsets c and 2c stay inside rows of 3c.
@@ -355,14 +365,17 @@ impl CustomOp1 for Packed {
                 v: p.add(2 * g.c),
             }
         };
-        Ok((CpuStorage::F32(forward(g, ptrs, &self.0)), Shape::from((g.b, g.t, g.c))))
+        Ok((
+            CpuStorage::F32(forward(g, ptrs, &self.0)),
+            Shape::from((g.b, g.tq, g.c)),
+        ))
     }
 
     fn bwd(&self, arg: &Tensor, _res: &Tensor, dy: &Tensor) -> Result<Option<Tensor>> {
         if !tracks(arg) {
             return Ok(None);
         }
-        let g = geom(arg.shape(), self.0.heads, true)?;
+        let g = geom(arg.shape(), self.0.heads, true, self.1)?;
         let mut dx = vec![0f32; g.b * g.t * g.row];
         super::with_cpu_slice::<f32, _>(arg, "attention", |x| {
             super::with_cpu_slice::<f32, _>(dy, "attention", |dout| {
@@ -403,7 +416,7 @@ impl CustomOp3 for Split {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let g = geom(l1.shape(), self.0.heads, false)?;
+        let g = geom(l1.shape(), self.0.heads, false, None)?;
         if l2.shape() != l1.shape() || l3.shape() != l1.shape() {
             candle_core::bail!(
                 "attention: q {:?}, k {:?}, v {:?} differ",
@@ -428,7 +441,7 @@ impl CustomOp3 for Split {
         _res: &Tensor,
         dy: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let g = geom(q.shape(), self.0.heads, false)?;
+        let g = geom(q.shape(), self.0.heads, false, None)?;
         let n = g.b * g.t * g.c;
         let want = [tracks(q), tracks(k), tracks(v)];
         let mut bufs: [Vec<f32>; 3] = std::array::from_fn(|i| if want[i] { vec![0f32; n] } else { Vec::new() });
@@ -495,7 +508,20 @@ pub fn attention_packed(qkv: &Tensor, spec: AttentionSpec) -> Result<Tensor> {
             spec,
         );
     }
-    qkv.contiguous()?.apply_op1(Packed(spec))
+    qkv.contiguous()?.apply_op1(Packed(spec, None))
+}
+
+/// [`attention_packed`] for the last `last` query positions only (all positions still act
+/// as keys and values): `[b, last, c]`, equal to the last `last` rows of the full result
+/// without dropout (with dropout the mask is drawn for the `last x t` scores only). What a
+/// causal model's last block needs when only its last positions are read out.
+pub fn attention_packed_last(qkv: &Tensor, spec: AttentionSpec, last: usize) -> Result<Tensor> {
+    if !fused_ok(qkv) {
+        let full = attention_packed(qkv, spec)?;
+        let t = full.dim(1)?;
+        return full.narrow(1, t.saturating_sub(last), last.min(t));
+    }
+    qkv.contiguous()?.apply_op1(Packed(spec, Some(last)))
 }
 
 /// The probabilities `[b, heads, t, t]` (before dropout) the attention of `q` and `k` uses,

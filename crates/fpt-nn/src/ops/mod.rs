@@ -18,8 +18,8 @@ pub(crate) mod sgemm;
 mod softmax;
 
 pub use attention::{
-    attention, attention_composed, attention_packed, attention_probs, dropout_mask as attention_dropout_mask,
-    AttentionSpec,
+    attention, attention_composed, attention_packed, attention_packed_last, attention_probs,
+    dropout_mask as attention_dropout_mask, AttentionSpec,
 };
 pub use dropout::{dropout, dropout_add, dropout_mask_values};
 pub use gelu::{gelu_erf, gelu_erf_composed, gelu_new, gelu_new_composed};
