@@ -141,9 +141,10 @@ unsafe fn scores(g: &Geom, x: Ptrs, bh: usize, s: &mut [f32]) {
 }
 
 fn forward(g: Geom, x: Ptrs, spec: &AttentionSpec) -> Vec<f32> {
-    let mut out = vec![0f32; g.b * g.tq * g.c];
+    // Every slot is written by its head's product (no zero-fill first).
+    let mut out = super::uninit::<f32>(g.b * g.tq * g.c);
     let o = OutPtrs {
-        q: out.as_mut_ptr(),
+        q: out.as_mut_ptr() as *mut f32,
         k: std::ptr::null_mut(),
         v: std::ptr::null_mut(),
     };
@@ -184,7 +185,8 @@ fn forward(g: Geom, x: Ptrs, spec: &AttentionSpec) -> Vec<f32> {
         })
     };
     run_heads(g.b * g.heads, tt * g.d, head);
-    out
+    // SAFETY: each (example, head) product wrote its rows x columns of `out`.
+    unsafe { super::assume_init(out) }
 }
 
 /// Runs `f` for every (example, head), in parallel when there is enough work.
@@ -376,11 +378,18 @@ impl CustomOp1 for Packed {
             return Ok(None);
         }
         let g = geom(arg.shape(), self.0.heads, true, self.1)?;
-        let mut dx = vec![0f32; g.b * g.t * g.row];
+        // Every slot is written unless only the last queries ran (then the other rows of
+        // dQ stay zero).
+        let n = g.b * g.t * g.row;
+        let mut dx = if g.tq == g.t {
+            super::uninit::<f32>(n)
+        } else {
+            vec![std::mem::MaybeUninit::new(0f32); n]
+        };
         super::with_cpu_slice::<f32, _>(arg, "attention", |x| {
             super::with_cpu_slice::<f32, _>(dy, "attention", |dout| {
                 let p = x.as_ptr();
-                let d = dx.as_mut_ptr();
+                let d = dx.as_mut_ptr() as *mut f32;
                 // SAFETY: offsets c and 2c stay inside rows of 3c, in both buffers.
                 unsafe {
                     let ptrs = Ptrs {
@@ -398,6 +407,9 @@ impl CustomOp1 for Packed {
                 Ok(())
             })
         })?;
+        // SAFETY: the heads wrote dQ (its read-out rows; the rest is zero), dK and dV for
+        // every row and column.
+        let dx = unsafe { super::assume_init(dx) };
         Ok(Some(Tensor::from_vec(dx, arg.shape(), arg.device())?))
     }
 }

@@ -10,6 +10,7 @@ use crate::Rng;
 use candle_core::backend::BackendStorage as _;
 use candle_core::{CpuStorage, CudaStorage, CustomOp2, DType, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
+use std::mem::MaybeUninit;
 
 /// Elements per mask chunk (one random stream each).
 const CHUNK: usize = 16_384;
@@ -121,30 +122,35 @@ struct DropoutAdd {
 }
 
 impl DropoutAdd {
-    /// `out[i] = a[i] + b[i] * m[i]` (or `b[i] * m[i]` without `a`), chunk by chunk.
+    /// `out[i] = a[i] + b[i] * m[i]` (or `b[i] * m[i]` without `a`), chunk by chunk, the
+    /// multipliers drawn as [`draw`] draws them.
     fn run(&self, a: Option<&[f32]>, b: &[f32]) -> Vec<f32> {
         let n = b.len();
-        let mut out = vec![0f32; n];
-        let ptr = SyncPtr(out.as_mut_ptr());
+        let mut out = super::uninit::<f32>(n);
+        let ptr = SyncPtr(out.as_mut_ptr() as *mut f32);
+        let (pf, keep) = (self.p as f32, (1.0 / (1.0 - self.p)) as f32);
         for_chunks(n, |c, start, len| {
-            // SAFETY: chunks are disjoint ranges of `out`.
-            let o = unsafe { std::slice::from_raw_parts_mut(ptr.get().add(start), len) };
-            draw(o, self.seed, c, self.p);
+            // SAFETY: chunks are disjoint ranges of `out`; slots are written, never read.
+            let o = unsafe { std::slice::from_raw_parts_mut(ptr.get().add(start) as *mut MaybeUninit<f32>, len) };
+            let mut r = Rng::stream(self.seed, c as u64);
             let bs = &b[start..start + len];
             match a {
                 Some(a) => {
                     for ((o, &x), &y) in o.iter_mut().zip(&a[start..start + len]).zip(bs) {
-                        *o = x + y * *o;
+                        let m = if r.uniform_f32() < pf { 0.0 } else { keep };
+                        o.write(x + y * m);
                     }
                 }
                 None => {
                     for (o, &y) in o.iter_mut().zip(bs) {
-                        *o *= y;
+                        let m = if r.uniform_f32() < pf { 0.0 } else { keep };
+                        o.write(y * m);
                     }
                 }
             }
         });
-        out
+        // SAFETY: the chunks cover `out` and each writes all of its slots.
+        unsafe { super::assume_init(out) }
     }
 }
 

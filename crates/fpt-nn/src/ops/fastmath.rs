@@ -6,6 +6,8 @@
 //! the clamped range [-87.3, 88.7] (beyond it the result saturates at ~1e-38 or ~3e38, where
 //! the callers' results are already exact: tanh = +-1, softmax weights 0).
 
+use std::mem::MaybeUninit;
+
 const LOG2E: f32 = std::f32::consts::LOG2_E;
 const LN2_HI: f32 = 0.693_359_4;
 const LN2_LO: f32 = -2.121_944_4e-4;
@@ -100,35 +102,34 @@ unsafe fn gelu_new8(x: std::arch::x86_64::__m256) -> (std::arch::x86_64::__m256,
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn gelu_new_fwd_avx2(y: &mut [f32], x: &[f32]) {
+unsafe fn gelu_new_fwd_avx2(y: &mut [MaybeUninit<f32>], x: &[f32]) {
     use std::arch::x86_64::*;
-    let n8 = x.len() / 8 * 8;
+    let n8 = x.len().min(y.len()) / 8 * 8;
+    let yp = y.as_mut_ptr() as *mut f32;
     for i in (0..n8).step_by(8) {
-        // SAFETY: i + 8 <= len of both slices.
-        unsafe { _mm256_storeu_ps(y.as_mut_ptr().add(i), gelu_new8(_mm256_loadu_ps(x.as_ptr().add(i))).0) };
+        // SAFETY: i + 8 <= len of both slices (raw stores into the output slots).
+        unsafe { _mm256_storeu_ps(yp.add(i), gelu_new8(_mm256_loadu_ps(x.as_ptr().add(i))).0) };
     }
     for i in n8..x.len() {
-        y[i] = gelu_new_scalar(x[i]).0;
+        y[i].write(gelu_new_scalar(x[i]).0);
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn gelu_new_bwd_avx2(dx: &mut [f32], x: &[f32], dy: &[f32]) {
+unsafe fn gelu_new_bwd_avx2(dx: &mut [MaybeUninit<f32>], x: &[f32], dy: &[f32]) {
     use std::arch::x86_64::*;
-    let n8 = x.len() / 8 * 8;
+    let n8 = x.len().min(dx.len()).min(dy.len()) / 8 * 8;
+    let dp = dx.as_mut_ptr() as *mut f32;
     for i in (0..n8).step_by(8) {
-        // SAFETY: i + 8 <= len of the three slices.
+        // SAFETY: i + 8 <= len of the three slices (raw stores into the output slots).
         unsafe {
             let d = gelu_new8(_mm256_loadu_ps(x.as_ptr().add(i))).1;
-            _mm256_storeu_ps(
-                dx.as_mut_ptr().add(i),
-                _mm256_mul_ps(d, _mm256_loadu_ps(dy.as_ptr().add(i))),
-            );
+            _mm256_storeu_ps(dp.add(i), _mm256_mul_ps(d, _mm256_loadu_ps(dy.as_ptr().add(i))));
         }
     }
     for i in n8..x.len() {
-        dx[i] = dy[i] * gelu_new_scalar(x[i]).1;
+        dx[i].write(dy[i] * gelu_new_scalar(x[i]).1);
     }
 }
 
@@ -144,26 +145,26 @@ pub(crate) fn gelu_new_scalar(x: f32) -> (f32, f32) {
 }
 
 /// `y = gelu_new(x)` over slices: AVX2 + FMA where available.
-pub(crate) fn gelu_new_fwd(y: &mut [f32], x: &[f32]) {
+pub(crate) fn gelu_new_fwd(y: &mut [MaybeUninit<f32>], x: &[f32]) {
     #[cfg(target_arch = "x86_64")]
     if has_avx2_fma() {
         // SAFETY: the CPU has AVX2 and FMA.
         return unsafe { gelu_new_fwd_avx2(y, x) };
     }
     for (o, &v) in y.iter_mut().zip(x) {
-        *o = gelu_new_scalar(v).0;
+        o.write(gelu_new_scalar(v).0);
     }
 }
 
 /// `dx = dy * gelu_new'(x)` over slices: AVX2 + FMA where available.
-pub(crate) fn gelu_new_bwd(dx: &mut [f32], x: &[f32], dy: &[f32]) {
+pub(crate) fn gelu_new_bwd(dx: &mut [MaybeUninit<f32>], x: &[f32], dy: &[f32]) {
     #[cfg(target_arch = "x86_64")]
     if has_avx2_fma() {
         // SAFETY: the CPU has AVX2 and FMA.
         return unsafe { gelu_new_bwd_avx2(dx, x, dy) };
     }
     for ((d, &v), &g) in dx.iter_mut().zip(x).zip(dy) {
-        *d = g * gelu_new_scalar(v).1;
+        d.write(g * gelu_new_scalar(v).1);
     }
 }
 
@@ -268,9 +269,11 @@ mod tests {
         // The 8-lane GELU (and its tail) against the scalar formulas.
         let xs: Vec<f32> = (0..37).map(|i| i as f32 * 0.3 - 5.0).collect();
         let g: Vec<f32> = (0..37).map(|i| 1.0 + i as f32 * 0.01).collect();
-        let (mut y, mut d) = (vec![0f32; 37], vec![0f32; 37]);
+        let (mut y, mut d) = (super::super::uninit::<f32>(37), super::super::uninit::<f32>(37));
         gelu_new_fwd(&mut y, &xs);
         gelu_new_bwd(&mut d, &xs, &g);
+        // SAFETY: both functions write every slot.
+        let (y, d) = unsafe { (super::super::assume_init(y), super::super::assume_init(d)) };
         for i in 0..37 {
             let (sy, sd) = gelu_new_scalar(xs[i]);
             assert!((y[i] - sy).abs() <= 1e-6 * (1.0 + sy.abs()), "{i}: {} vs {sy}", y[i]);

@@ -6,11 +6,12 @@
 //! - `gelu_erf` (BERT's exact GELU): y = 0.5 x (1 + erf(x / sqrt 2));
 //!   dy/dx = 0.5 (1 + erf(x / sqrt 2)) + x exp(-x^2 / 2) / sqrt(2 pi).
 
-use super::{cpu_slice, unsupported, use_par, with_cpu_slice, Float};
+use super::{assume_init, cpu_slice, uninit, unsupported, use_par, with_cpu_slice, Float};
 use candle_core::backend::BackendStorage as _;
 use candle_core::{CpuStorage, CustomOp1, DType, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 use std::marker::PhantomData;
+use std::mem::MaybeUninit;
 
 const C: f64 = 0.797_884_560_802_865_4; // sqrt(2/pi)
 const A: f64 = 0.044_715;
@@ -24,15 +25,15 @@ trait Activation: Send + Sync + 'static {
     fn f<T: Float>(x: T) -> T;
     fn df<T: Float>(x: T) -> T;
     /// `y = f(x)` over f32 slices (a vectorized version where there is one).
-    fn f_f32(y: &mut [f32], x: &[f32]) {
+    fn f_f32(y: &mut [MaybeUninit<f32>], x: &[f32]) {
         for (a, &b) in y.iter_mut().zip(x) {
-            *a = Self::f(b);
+            a.write(Self::f(b));
         }
     }
     /// `dx = dy * f'(x)` over f32 slices.
-    fn df_f32(dx: &mut [f32], x: &[f32], dy: &[f32]) {
+    fn df_f32(dx: &mut [MaybeUninit<f32>], x: &[f32], dy: &[f32]) {
         for ((d, &v), &g) in dx.iter_mut().zip(x).zip(dy) {
-            *d = g * Self::df(v);
+            d.write(g * Self::df(v));
         }
     }
 }
@@ -59,10 +60,10 @@ impl Activation for New {
         let dt = (T::one() - t * t) * c * (T::one() + T::from(3.0 * A).unwrap() * x * x);
         half * (T::one() + t) + half * x * dt
     }
-    fn f_f32(y: &mut [f32], x: &[f32]) {
+    fn f_f32(y: &mut [MaybeUninit<f32>], x: &[f32]) {
         super::fastmath::gelu_new_fwd(y, x);
     }
-    fn df_f32(dx: &mut [f32], x: &[f32], dy: &[f32]) {
+    fn df_f32(dx: &mut [MaybeUninit<f32>], x: &[f32], dy: &[f32]) {
         super::fastmath::gelu_new_bwd(dx, x, dy);
     }
 }
@@ -91,19 +92,20 @@ fn f32_ref<T: Float>(x: &[T]) -> Option<&[f32]> {
     (T::DTYPE == DType::F32).then(|| unsafe { std::slice::from_raw_parts(x.as_ptr() as *const f32, x.len()) })
 }
 
-fn f32_mut<T: Float>(x: &mut [T]) -> Option<&mut [f32]> {
+fn f32_mut<T: Float>(x: &mut [MaybeUninit<T>]) -> Option<&mut [MaybeUninit<f32>]> {
     // SAFETY: as above.
-    (T::DTYPE == DType::F32).then(|| unsafe { std::slice::from_raw_parts_mut(x.as_mut_ptr() as *mut f32, x.len()) })
+    (T::DTYPE == DType::F32)
+        .then(|| unsafe { std::slice::from_raw_parts_mut(x.as_mut_ptr() as *mut MaybeUninit<f32>, x.len()) })
 }
 
 fn fwd_kernel<A: Activation, T: Float>(x: &[T]) -> Vec<T> {
-    let mut y = vec![T::zero(); x.len()];
-    let body = |(yc, xc): (&mut [T], &[T])| {
+    let mut y = uninit::<T>(x.len());
+    let body = |(yc, xc): (&mut [MaybeUninit<T>], &[T])| {
         if let (Some(yc), Some(xc)) = (f32_mut(yc), f32_ref(xc)) {
             return A::f_f32(yc, xc);
         }
         for (yv, &v) in yc.iter_mut().zip(xc) {
-            *yv = A::f(v);
+            yv.write(A::f(v));
         }
     };
     if use_par(x.len()) {
@@ -111,17 +113,19 @@ fn fwd_kernel<A: Activation, T: Float>(x: &[T]) -> Vec<T> {
     } else {
         y.chunks_mut(CHUNK).zip(x.chunks(CHUNK)).for_each(body);
     }
-    y
+    // SAFETY: the chunks cover y and each writes all of its slots.
+    unsafe { assume_init(y) }
 }
 
 fn bwd_kernel<A: Activation, T: Float>(x: &[T], dy: &[T]) -> Vec<T> {
-    let mut dx = vec![T::zero(); x.len()];
-    let body = |(dc, (xc, gc)): (&mut [T], (&[T], &[T]))| {
+    let mut dx = uninit::<T>(x.len());
+    type Item<'a, T> = (&'a mut [MaybeUninit<T>], (&'a [T], &'a [T]));
+    let body = |(dc, (xc, gc)): Item<T>| {
         if let (Some(dc), Some(xc), Some(gc)) = (f32_mut(dc), f32_ref(xc), f32_ref(gc)) {
             return A::df_f32(dc, xc, gc);
         }
         for ((d, &v), &g) in dc.iter_mut().zip(xc).zip(gc) {
-            *d = g * A::df(v);
+            d.write(g * A::df(v));
         }
     };
     if use_par(x.len()) {
@@ -133,7 +137,8 @@ fn bwd_kernel<A: Activation, T: Float>(x: &[T], dy: &[T]) -> Vec<T> {
             .zip(x.chunks(CHUNK).zip(dy.chunks(CHUNK)))
             .for_each(body);
     }
-    dx
+    // SAFETY: the chunks cover dx and each writes all of its slots.
+    unsafe { assume_init(dx) }
 }
 
 struct ActOp<A>(PhantomData<A>);

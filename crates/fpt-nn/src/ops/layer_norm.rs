@@ -4,10 +4,11 @@
 //! Backward, with xhat = (x - mean) * rstd and g = dy * gamma:
 //! dx = rstd * (g - mean(g) - xhat * mean(g * xhat)); dgamma = sum(dy * xhat); dbeta = sum(dy).
 
-use super::{cpu_slice, rows_per_task, tracks, unsupported, use_par, with_cpu_slice, Float};
+use super::{assume_init, cpu_slice, rows_per_task, tracks, uninit, unsupported, use_par, with_cpu_slice, Float};
 use candle_core::backend::BackendStorage as _;
 use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor, D};
 use rayon::prelude::*;
+use std::mem::MaybeUninit;
 
 struct LayerNormOp {
     eps: f64,
@@ -15,17 +16,17 @@ struct LayerNormOp {
 
 fn fwd_kernel<T: Float>(x: &[T], g: &[T], b: &[T], eps: f64) -> Vec<T> {
     let d = g.len();
-    let mut y = vec![T::zero(); x.len()];
+    let mut y = uninit::<T>(x.len());
     let eps = T::from(eps).unwrap();
     let inv_d = T::one() / T::from(d).unwrap();
     let chunk = d * rows_per_task(d);
-    let body = |(yc, xc): (&mut [T], &[T])| {
+    let body = |(yc, xc): (&mut [MaybeUninit<T>], &[T])| {
         for (yr, xr) in yc.chunks_mut(d).zip(xc.chunks(d)) {
             let mean = xr.iter().copied().sum::<T>() * inv_d;
             let var = xr.iter().map(|&v| (v - mean) * (v - mean)).sum::<T>() * inv_d;
             let rstd = T::one() / (var + eps).sqrt();
             for i in 0..d {
-                yr[i] = (xr[i] - mean) * rstd * g[i] + b[i];
+                yr[i].write((xr[i] - mean) * rstd * g[i] + b[i]);
             }
         }
     };
@@ -34,7 +35,8 @@ fn fwd_kernel<T: Float>(x: &[T], g: &[T], b: &[T], eps: f64) -> Vec<T> {
     } else {
         y.chunks_mut(chunk).zip(x.chunks(chunk)).for_each(body);
     }
-    y
+    // SAFETY: the chunks cover y (whole rows) and each writes all of its slots.
+    unsafe { assume_init(y) }
 }
 
 /// Returns (dx, dgamma, dbeta).

@@ -30,6 +30,26 @@ pub use softmax::{masked_softmax, masked_softmax_composed, Mask};
 
 use candle_core::{CpuStorage, DType, Error, Layout, Result, Storage, Tensor, WithDType};
 
+/// `n` uninitialised slots for a kernel output: cheaper than `vec![0; n]`, whose zero-fill
+/// is a sequential pass over memory before the (parallel) kernel writes it again.
+pub(crate) fn uninit<T>(n: usize) -> Vec<std::mem::MaybeUninit<T>> {
+    let mut v = Vec::with_capacity(n);
+    // SAFETY: MaybeUninit needs no initialisation.
+    unsafe { v.set_len(n) };
+    v
+}
+
+/// The vector once every slot has been written.
+///
+/// # Safety
+/// Every element of `v` must have been initialised.
+pub(crate) unsafe fn assume_init<T>(v: Vec<std::mem::MaybeUninit<T>>) -> Vec<T> {
+    let mut v = std::mem::ManuallyDrop::new(v);
+    // SAFETY: same allocation, layout and length; MaybeUninit<T> has T's layout, and the
+    // caller guarantees initialisation.
+    unsafe { Vec::from_raw_parts(v.as_mut_ptr() as *mut T, v.len(), v.capacity()) }
+}
+
 /// Float types the fused CPU kernels support.
 pub(crate) trait Float:
     WithDType + num_traits::Float + num_traits::NumAssign + Send + Sync + std::iter::Sum
