@@ -314,11 +314,15 @@ fn run_json(cmd: &mut Command, what: &str) -> Result<serde_json::Value> {
     serde_json::from_str(last).with_context(|| format!("{what} printed no JSON: {text}"))
 }
 
+/// One bench round of a shape: fpt's JSON entry and PyTorch's (when measured).
+type Round = (serde_json::Value, Option<serde_json::Value>);
+
 fn bench(args: &[String]) -> Result<()> {
     if args.first().map(String::as_str) != Some("step") {
-        bail!("usage: cargo xtask bench step [--shape NAME]... [--steps N] [--warmup N] [--json]");
+        bail!("usage: cargo xtask bench step [--shape NAME]... [--steps N] [--warmup N] [--rounds N] [--no-full] [--json]");
     }
     let (mut shapes, mut steps, mut warmup, mut json) = (Vec::new(), "5".to_string(), "2".to_string(), false);
+    let (mut rounds, mut no_full) = (1usize, false);
     let mut it = args[1..].iter();
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -326,6 +330,14 @@ fn bench(args: &[String]) -> Result<()> {
             "--steps" => steps = it.next().context("--steps needs a number")?.clone(),
             "--warmup" => warmup = it.next().context("--warmup needs a number")?.clone(),
             "--json" => json = true,
+            "--no-full" => no_full = true,
+            "--rounds" => {
+                rounds = it
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .filter(|&n: &usize| n > 0)
+                    .context("--rounds needs a positive number")?
+            }
             other => bail!("bench step: unknown argument `{other}`"),
         }
     }
@@ -346,34 +358,66 @@ fn bench(args: &[String]) -> Result<()> {
     }
     let script = root().join("bench").join("pytorch_fpt_step.py");
     let mut all = serde_json::Map::new();
+    let median = |mut v: Vec<f64>| -> Option<f64> {
+        v.sort_by(|a, b| a.total_cmp(b));
+        (!v.is_empty()).then(|| v[v.len() / 2])
+    };
     for s in &shapes {
-        eprintln!("xtask: bench {s}: fpt ...");
-        let ours = run_json(
-            Command::new(&bin).args(["bench", "--json", "--shape", s, "--steps", &steps, "--warmup", &warmup]),
-            "fpt bench",
-        )?;
-        let ours = ours.get(s.as_str()).cloned().context("fpt bench returned no entry")?;
-        let torch = if torch_ok {
-            eprintln!("xtask: bench {s}: pytorch ...");
-            Some(run_json(
-                Command::new(python())
-                    .arg(&script)
-                    .args(["--shape", s, "--steps", &steps, "--warmup", &warmup]),
-                "pytorch_fpt_step.py",
-            )?)
-        } else {
-            None
-        };
+        // Rounds alternate fpt and PyTorch, so both see the same machine: on shared cloud
+        // cores the speed drifts by 10-30% over minutes.
+        let mut round_rows: Vec<Round> = Vec::new();
+        for r in 1..=rounds {
+            eprintln!("xtask: bench {s} (round {r}/{rounds}): fpt ...");
+            let mut cmd = Command::new(&bin);
+            cmd.args(["bench", "--json", "--shape", s, "--steps", &steps, "--warmup", &warmup]);
+            if no_full {
+                cmd.arg("--no-full");
+            }
+            let ours = run_json(&mut cmd, "fpt bench")?;
+            let ours = ours.get(s.as_str()).cloned().context("fpt bench returned no entry")?;
+            let torch = if torch_ok {
+                eprintln!("xtask: bench {s} (round {r}/{rounds}): pytorch ...");
+                let mut cmd = Command::new(python());
+                cmd.arg(&script).args(["--shape", s, "--steps", &steps, "--warmup", &warmup]);
+                if no_full {
+                    cmd.arg("--no-full");
+                }
+                Some(run_json(&mut cmd, "pytorch_fpt_step.py")?)
+            } else {
+                None
+            };
+            round_rows.push((ours, torch));
+        }
         let f = |v: &serde_json::Value, k: &str| v.get(k).and_then(|x| x.as_f64());
-        let ours_ms = f(&ours, "ours_ms");
-        let pytorch_ms = torch.as_ref().and_then(|t| f(t, "pytorch_ms"));
-        let full_ms = f(&ours, "full_ms");
+        let med = |pick: &dyn Fn(&Round) -> Option<f64>| {
+            median(round_rows.iter().filter_map(pick).collect())
+        };
+        let ratios: Vec<f64> = round_rows
+            .iter()
+            .filter_map(|(o, t)| f(o, "ours_ms").zip(t.as_ref().and_then(|t| f(t, "pytorch_ms"))))
+            .map(|(a, b)| a / b)
+            .collect();
+        let ratio = median(ratios.clone());
+        // GFLOP/s, peak and memory come from the round with the median fpt time.
+        let mut order: Vec<usize> = (0..round_rows.len()).collect();
+        order.sort_by(|&a, &b| {
+            let r = |i: usize| f(&round_rows[i].0, "ours_ms").unwrap_or(f64::MAX);
+            r(a).total_cmp(&r(b))
+        });
+        let (ours, torch) = round_rows[order[order.len() / 2]].clone();
+        let ours_med = med(&|x| f(&x.0, "ours_ms"));
+        let torch_med = med(&|x| x.1.as_ref().and_then(|t| f(t, "pytorch_ms")));
+        let ours_ms = ours_med;
+        let pytorch_ms = torch_med;
+        let full_ms = med(&|x| f(&x.0, "full_ms"));
         let row = serde_json::json!({
             "ours_ms": ours_ms,
             "full_ms": full_ms,
             "pytorch_ms": pytorch_ms,
-            "pytorch_full_ms": torch.as_ref().and_then(|t| f(t, "pytorch_full_ms")),
-            "ratio_vs_pytorch": ours_ms.zip(pytorch_ms).map(|(a, b)| a / b),
+            "pytorch_full_ms": med(&|x| x.1.as_ref().and_then(|t| f(t, "pytorch_full_ms"))),
+            "ratio_vs_pytorch": ratio,
+            "round_ratios": ratios,
+            "rounds": rounds,
             "fpt_over_full": ours_ms.zip(full_ms).map(|(a, b)| a / b),
             "gflops": f(&ours, "gflops"),
             "peak_gflops": f(&ours, "peak_gflops"),

@@ -84,10 +84,13 @@ pub fn shape(name: &str) -> Option<Shape> {
 }
 
 impl Shape {
-    /// Matmul FLOPs of one step: the blocks' linear layers (12 C^2 multiply-adds per token
-    /// and layer) and attention (2 T^2 C per example and layer) forward, their
-    /// input-gradients backward (as much again for the linears, twice the attention), plus
-    /// the weight gradients of the linears when `full`.
+    /// Matmul FLOPs fpt executes for one step (2 per multiply-add), read out at the last
+    /// token: the blocks' linear layers (12 C^2 multiply-adds per token and layer, except
+    /// that the last block runs only Q/K/V (3 C^2) for every token and its projection and
+    /// MLP (9 C^2) for the read-out token), their input gradients in backward (as much
+    /// again), the weight gradients too when `full`; attention's two T x T products per
+    /// layer forward and five backward (four plus the recomputed scores; the last layer
+    /// has one query).
     pub fn step_flops(&self, full: bool) -> f64 {
         let (b, t, c, l) = (
             self.batch as f64,
@@ -95,9 +98,12 @@ impl Shape {
             self.hidden as f64,
             self.layers as f64,
         );
-        let linear = 2.0 * 12.0 * c * c * b * t * l;
-        let attention = 2.0 * 2.0 * t * t * c * b * l;
-        linear * if full { 3.0 } else { 2.0 } + attention * 3.0
+        let per_token = 12.0 * c * c;
+        let linear_macs = b * ((l - 1.0) * t * per_token + t * 3.0 * c * c + 9.0 * c * c);
+        let linear = 2.0 * linear_macs * if full { 3.0 } else { 2.0 };
+        let attn_macs = b * ((l - 1.0) * t * t * c + t * c);
+        let attention = 2.0 * attn_macs * 7.0;
+        linear + attention
     }
 
     fn spec(&self, groups: TrainGroups) -> RunSpec {
