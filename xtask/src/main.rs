@@ -378,7 +378,8 @@ fn bench(args: &[String]) -> Result<()> {
             let torch = if torch_ok {
                 eprintln!("xtask: bench {s} (round {r}/{rounds}): pytorch ...");
                 let mut cmd = Command::new(python());
-                cmd.arg(&script).args(["--shape", s, "--steps", &steps, "--warmup", &warmup]);
+                cmd.arg(&script)
+                    .args(["--shape", s, "--steps", &steps, "--warmup", &warmup]);
                 if no_full {
                     cmd.arg("--no-full");
                 }
@@ -389,9 +390,7 @@ fn bench(args: &[String]) -> Result<()> {
             round_rows.push((ours, torch));
         }
         let f = |v: &serde_json::Value, k: &str| v.get(k).and_then(|x| x.as_f64());
-        let med = |pick: &dyn Fn(&Round) -> Option<f64>| {
-            median(round_rows.iter().filter_map(pick).collect())
-        };
+        let med = |pick: &dyn Fn(&Round) -> Option<f64>| median(round_rows.iter().filter_map(pick).collect());
         let ratios: Vec<f64> = round_rows
             .iter()
             .filter_map(|(o, t)| f(o, "ours_ms").zip(t.as_ref().and_then(|t| f(t, "pytorch_ms"))))

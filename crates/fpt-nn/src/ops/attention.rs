@@ -38,13 +38,11 @@ pub struct AttentionSpec {
 }
 
 /// Fills `out` (`t * t`) with one head's dropout multipliers: 0 with probability `p`, else
-/// `1 / (1 - p)`, drawn row by row (the same draws as [`dropout_mask`]).
+/// `1 / (1 - p)`, from a key of the head's stream hashed with the element index (the same values
+/// as [`dropout_mask`]).
 fn fill_mask(out: &mut [f32], seed: u64, bh: usize, p: f64) {
-    let mut r = Rng::stream(seed, bh as u64);
-    let (pf, keep) = (p as f32, (1.0 / (1.0 - p)) as f32);
-    for v in out.iter_mut() {
-        *v = if r.uniform_f32() < pf { 0.0 } else { keep };
-    }
+    let key = (Rng::stream(seed, bh as u64).next_u64() >> 32) as u32;
+    super::fastmath::dropout_multipliers(out, key, 0, p);
 }
 
 /// The dropout multipliers the fused op applies, as a `[batch, heads, t, t]` tensor (for

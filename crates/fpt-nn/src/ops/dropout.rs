@@ -1,9 +1,11 @@
 //! Inverted dropout whose mask comes from a seed drawn from the run's [`Rng`], so dropout
 //! is reproducible from the run's seed (candle's own CPU random numbers cannot be seeded).
 //!
-//! The mask is drawn in chunks of [`CHUNK`] elements, chunk `i` from [`Rng::stream`]`(seed,
-//! i)`, so it is drawn in parallel and can be drawn again identically: [`dropout_add`]
-//! (the residual branch `x + dropout(y)`) stores no mask and redraws it in backward.
+//! The mask is drawn in chunks of [`CHUNK`] elements: chunk `i` takes a 32-bit key from
+//! [`Rng::stream`]`(seed, i)`, and element `j` of the chunk is dropped when a 32-bit hash of
+//! (key, j) falls below `p * 2^24` (vectorized, no sequential generator), so the mask is
+//! drawn in parallel and can be drawn again identically: [`dropout_add`] (the residual
+//! branch `x + dropout(y)`) stores no mask and redraws it in backward.
 
 use super::{cpu_slice, tracks, unsupported, use_par};
 use crate::Rng;
@@ -26,13 +28,14 @@ fn for_chunks(n: usize, f: impl Fn(usize, usize, usize) + Send + Sync) {
     }
 }
 
+/// The hash key of chunk `chunk` of a mask seeded by `seed`.
+fn chunk_key(seed: u64, chunk: usize) -> u32 {
+    (Rng::stream(seed, chunk as u64).next_u64() >> 32) as u32
+}
+
 /// Draws one chunk's multipliers: 0 with probability `p`, else `1 / (1 - p)`.
 fn draw(out: &mut [f32], seed: u64, chunk: usize, p: f64) {
-    let mut r = Rng::stream(seed, chunk as u64);
-    let (pf, keep) = (p as f32, (1.0 / (1.0 - p)) as f32);
-    for v in out {
-        *v = if r.uniform_f32() < pf { 0.0 } else { keep };
-    }
+    super::fastmath::dropout_multipliers(out, chunk_key(seed, chunk), 0, p);
 }
 
 /// The dropout multipliers (0 or `1 / (1 - p)`) of `n` elements for `seed`.
@@ -125,26 +128,31 @@ impl DropoutAdd {
     /// `out[i] = a[i] + b[i] * m[i]` (or `b[i] * m[i]` without `a`), chunk by chunk, the
     /// multipliers drawn as [`draw`] draws them.
     fn run(&self, a: Option<&[f32]>, b: &[f32]) -> Vec<f32> {
+        const BLOCK: usize = 1024;
         let n = b.len();
         let mut out = super::uninit::<f32>(n);
         let ptr = SyncPtr(out.as_mut_ptr() as *mut f32);
-        let (pf, keep) = (self.p as f32, (1.0 / (1.0 - self.p)) as f32);
         for_chunks(n, |c, start, len| {
             // SAFETY: chunks are disjoint ranges of `out`; slots are written, never read.
             let o = unsafe { std::slice::from_raw_parts_mut(ptr.get().add(start) as *mut MaybeUninit<f32>, len) };
-            let mut r = Rng::stream(self.seed, c as u64);
-            let bs = &b[start..start + len];
-            match a {
-                Some(a) => {
-                    for ((o, &x), &y) in o.iter_mut().zip(&a[start..start + len]).zip(bs) {
-                        let m = if r.uniform_f32() < pf { 0.0 } else { keep };
-                        o.write(x + y * m);
+            let key = chunk_key(self.seed, c);
+            let mut m = [0f32; BLOCK];
+            for (bi, ob) in o.chunks_mut(BLOCK).enumerate() {
+                let j0 = bi * BLOCK;
+                let m = &mut m[..ob.len()];
+                super::fastmath::dropout_multipliers(m, key, j0 as u32, self.p);
+                let bs = &b[start + j0..start + j0 + ob.len()];
+                match a {
+                    Some(a) => {
+                        let xs = &a[start + j0..start + j0 + ob.len()];
+                        for (((o, &x), &y), &mv) in ob.iter_mut().zip(xs).zip(bs).zip(m.iter()) {
+                            o.write(x + y * mv);
+                        }
                     }
-                }
-                None => {
-                    for (o, &y) in o.iter_mut().zip(bs) {
-                        let m = if r.uniform_f32() < pf { 0.0 } else { keep };
-                        o.write(y * m);
+                    None => {
+                        for ((o, &y), &mv) in ob.iter_mut().zip(bs).zip(m.iter()) {
+                            o.write(y * mv);
+                        }
                     }
                 }
             }

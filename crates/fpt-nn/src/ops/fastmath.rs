@@ -232,6 +232,39 @@ unsafe fn softmax_avx2(row: &mut [f32], scale: f32) {
     }
 }
 
+/// Dropout multipliers: `out[j] = 0` when `hash(key, first + j) / 2^24 < p`, else `keep`
+/// (`1 / (1 - p)`), with the 32-bit `lowbias32` hash (C. Wellons) of the key mixed with the
+/// counter. Vectorized with AVX2 where available; the same values either way.
+pub(crate) fn dropout_multipliers(out: &mut [f32], key: u32, first: u32, p: f64) {
+    let thr = (p * (1u32 << 24) as f64).round().clamp(0.0, (1u32 << 24) as f64) as i32;
+    let keep = (1.0 / (1.0 - p)) as f32;
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_fma() {
+        // SAFETY: the CPU has AVX2.
+        return unsafe { multipliers_avx2(out, key, first, thr, keep) };
+    }
+    multipliers_body(out, key, first, thr, keep)
+}
+
+#[inline(always)]
+fn multipliers_body(out: &mut [f32], key: u32, first: u32, thr: i32, keep: f32) {
+    for (j, o) in out.iter_mut().enumerate() {
+        let mut x = key ^ first.wrapping_add(j as u32).wrapping_mul(0x9E37_79B9);
+        x ^= x >> 16;
+        x = x.wrapping_mul(0x7feb_352d);
+        x ^= x >> 15;
+        x = x.wrapping_mul(0x846c_a68b);
+        x ^= x >> 16;
+        *o = if ((x >> 8) as i32) < thr { 0.0 } else { keep };
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn multipliers_avx2(out: &mut [f32], key: u32, first: u32, thr: i32, keep: f32) {
+    multipliers_body(out, key, first, thr, keep)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -266,6 +299,20 @@ mod tests {
                 assert!((*g as f64 - want).abs() < 1e-6, "n {n}: {g} vs {want}");
             }
         }
+        // Dropout multipliers: the vector and scalar paths agree, the rate is p.
+        let mut a = vec![0f32; 100_003];
+        let mut b = vec![0f32; 100_003];
+        dropout_multipliers(&mut a, 12345, 7, 0.3);
+        multipliers_body(
+            &mut b,
+            12345,
+            7,
+            (0.3f64 * (1u32 << 24) as f64).round() as i32,
+            (1.0 / 0.7) as f32,
+        );
+        assert_eq!(a, b);
+        let dropped = a.iter().filter(|&&v| v == 0.0).count() as f64 / a.len() as f64;
+        assert!((dropped - 0.3).abs() < 0.005, "{dropped}");
         // The 8-lane GELU (and its tail) against the scalar formulas.
         let xs: Vec<f32> = (0..37).map(|i| i as f32 * 0.3 - 5.0).collect();
         let g: Vec<f32> = (0..37).map(|i| 1.0 + i as f32 * 0.01).collect();
