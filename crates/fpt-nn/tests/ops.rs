@@ -433,3 +433,35 @@ fn attention_for_the_last_queries_matches_the_full_one() -> Result<()> {
     }
     Ok(())
 }
+
+/// A frozen `Linear` packs its weight once and reuses it: the same values and input
+/// gradient as the plain op, on the first and later calls, and a replaced weight is packed
+/// again (never read stale). Trainable weights take the plain path.
+#[test]
+fn frozen_linear_layer_reuses_its_packed_weight_exactly() -> Result<()> {
+    // Several column and depth blocks of the product.
+    let (m, k, n) = (37, 900, 3100);
+    let w = randn(&[n, k], 1, DType::F32)?;
+    let b = randn(&[n], 2, DType::F32)?;
+    let mut layer = fpt_nn::Linear::new(
+        fpt_nn::Param::new(w.clone(), false)?,
+        Some(fpt_nn::Param::new(b.clone(), false)?),
+    );
+    let x = Var::from_tensor(&randn(&[m, k], 3, DType::F32)?)?;
+    let want = ops::linear(x.as_tensor(), &w, Some(&b))?;
+    for _ in 0..2 {
+        let got = layer.forward(x.as_tensor())?;
+        assert_eq!(max_abs_diff(&got, &want)?, 0.0);
+        let g = loss(&got, 1)?.backward()?;
+        let gw = loss(&want, 1)?.backward()?;
+        assert_eq!(max_abs_diff(g.get(&x).expect("dx"), gw.get(&x).expect("dx"))?, 0.0);
+    }
+    let w2 = randn(&[n, k], 4, DType::F32)?;
+    layer.weight = fpt_nn::Param::new(w2.clone(), false)?;
+    let got = layer.forward(x.as_tensor())?;
+    assert_eq!(max_abs_diff(&got, &ops::linear(x.as_tensor(), &w2, Some(&b))?)?, 0.0);
+    let trainable = fpt_nn::Linear::new(fpt_nn::Param::new(w.clone(), true)?, None);
+    let got = trainable.forward(x.as_tensor())?;
+    assert!(max_abs_diff(&got, &ops::linear(x.as_tensor(), &w, None)?)? < 1e-4);
+    Ok(())
+}

@@ -16,6 +16,9 @@ use candle_core::{CpuStorage, CudaStorage, CustomOp2, CustomOp3, DType, Layout, 
 struct LinearOp {
     /// Leading dims of x, i.e. of y without its last dim.
     lead: Vec<usize>,
+    /// The weight packed for the forward product, when the caller keeps one (frozen
+    /// weights in [`crate::Linear`]).
+    packed: Option<std::sync::Arc<super::sgemm::PackedB>>,
 }
 
 /// `dst[m, n] (+)= lhs @ rhs` for `lhs: [m, k]` and `rhs: [k, n]` given by (row, column)
@@ -180,8 +183,29 @@ impl LinearOp {
         l2: &Layout,
         b: Option<(&CpuStorage, &Layout)>,
     ) -> Result<(CpuStorage, Shape)> {
-        let (n, _k) = self.check(l1, l2)?;
+        let (n, k) = self.check(l1, l2)?;
         let out = match s1.dtype() {
+            DType::F32 if self.packed.as_ref().is_some_and(|p| p.dims() == (k, n)) && k > 0 => {
+                let p = self.packed.as_ref().expect("checked");
+                let bias = b.map(|(s, l)| cpu_slice::<f32>(s, l, "linear")).transpose()?;
+                let x = cpu_slice::<f32>(s1, l1, "linear")?;
+                let m = x.len() / k;
+                let mut y = super::uninit::<f32>(m * n);
+                // SAFETY: x holds m x k; y has m * n slots, all written (overwrite mode).
+                unsafe {
+                    super::sgemm::sgemm_prepacked(
+                        m,
+                        super::sgemm::MatRef::new(x.as_ptr(), k, 1),
+                        p,
+                        y.as_mut_ptr() as *mut f32,
+                        n,
+                        bias,
+                        crate::num_threads(),
+                    );
+                }
+                // SAFETY: every slot was written.
+                CpuStorage::F32(unsafe { super::assume_init(y) })
+            }
             DType::F32 => {
                 let bias = b.map(|(s, l)| cpu_slice::<f32>(s, l, "linear")).transpose()?;
                 CpuStorage::F32(cpu_forward(
@@ -360,10 +384,21 @@ impl CustomOp3 for LinearOp {
 /// gradient of an argument only if it takes part in backprop: with a frozen (plain) `W` and
 /// `b`, only `x` gets one; with data `x`, only `W` and `b` do.
 pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
+    linear_prepacked(x, w, b, None)
+}
+
+/// [`linear`] whose forward product reads `packed` (the weight packed beforehand) instead of
+/// packing `w` again; everything else as [`linear`].
+pub(crate) fn linear_prepacked(
+    x: &Tensor,
+    w: &Tensor,
+    b: Option<&Tensor>,
+    packed: Option<std::sync::Arc<super::sgemm::PackedB>>,
+) -> Result<Tensor> {
     let x = x.contiguous()?;
     let w = w.contiguous()?;
     let lead = x.dims()[..x.rank().saturating_sub(1)].to_vec();
-    let op = LinearOp { lead };
+    let op = LinearOp { lead, packed };
     match b {
         Some(b) => x.apply_op3(&w, &b.contiguous()?, op),
         None => x.apply_op2(&w, op),

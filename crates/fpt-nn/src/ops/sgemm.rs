@@ -84,6 +84,94 @@ thread_local! {
 /// thread; a second concurrent caller gets its own buffer).
 static PACK_B: std::sync::Mutex<Vec<Vec<f32>>> = std::sync::Mutex::new(Vec::new());
 
+/// Where the product's B comes from: a matrix packed panel by panel as the product runs, or
+/// panels packed once beforehand.
+#[derive(Clone, Copy)]
+enum BSource<'a> {
+    Raw(MatRef),
+    Packed(&'a PackedB),
+}
+
+/// A `k x n` B packed once into the panels the product reads, in the order it reads them:
+/// a frozen weight that every step multiplies by is packed at its first use instead of at
+/// every product.
+pub(crate) struct PackedB {
+    k: usize,
+    n: usize,
+    /// Start of panel `i` (depth blocks within column blocks, in product order).
+    offsets: Vec<usize>,
+    data: Vec<f32>,
+}
+
+impl std::fmt::Debug for PackedB {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PackedB({} x {})", self.k, self.n)
+    }
+}
+
+impl PackedB {
+    /// Packs `b` (`k x n`).
+    pub(crate) fn new(b: MatRef, k: usize, n: usize, threads: usize) -> Self {
+        let mut offsets = Vec::new();
+        let mut total = 0;
+        for jc in (0..n).step_by(NC) {
+            let nc = NC.min(n - jc);
+            for pc in (0..k).step_by(KC) {
+                offsets.push(total);
+                total += KC.min(k - pc) * nc.div_ceil(NR) * NR;
+            }
+        }
+        let mut data = vec![0f32; total];
+        let mut i = 0;
+        for jc in (0..n).step_by(NC) {
+            let nc = NC.min(n - jc);
+            for pc in (0..k).step_by(KC) {
+                pack_b(&mut data[offsets[i]..], b, pc, KC.min(k - pc), jc, nc, threads);
+                i += 1;
+            }
+        }
+        Self { k, n, offsets, data }
+    }
+
+    /// `(k, n)`.
+    pub(crate) fn dims(&self) -> (usize, usize) {
+        (self.k, self.n)
+    }
+}
+
+/// [`sgemm`] (overwriting `c`, with an optional bias) against a [`PackedB`]; only on CPUs
+/// with AVX-512 (check [`has_avx512`]) and for `k > 0`.
+///
+/// # Safety
+/// As [`sgemm`]: `a` addresses its `m x k` extent and `c` is valid for `m` rows of `n`.
+pub(crate) unsafe fn sgemm_prepacked(
+    m: usize,
+    a: MatRef,
+    b: &PackedB,
+    c: *mut f32,
+    ldc: usize,
+    bias: Option<&[f32]>,
+    threads: usize,
+) {
+    let (k, n) = b.dims();
+    assert!(
+        has_avx512() && k > 0,
+        "sgemm_prepacked needs AVX-512 and a non-empty depth"
+    );
+    if m == 0 || n == 0 {
+        return;
+    }
+    if let Some(bv) = bias {
+        assert!(bv.len() >= n, "sgemm: bias of {} for {n} columns", bv.len());
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        let bias = bias.map_or(std::ptr::null(), |bv| bv.as_ptr());
+        // SAFETY: forwarded contract; the CPU has AVX-512F.
+        unsafe { blocked(m, n, k, a, BSource::Packed(b), OutPtr(c), ldc, false, bias, threads) };
+    }
+}
+
 /// Whether the AVX-512 path is used on this CPU.
 pub(crate) fn has_avx512() -> bool {
     #[cfg(target_arch = "x86_64")]
@@ -129,7 +217,7 @@ pub(crate) unsafe fn sgemm(
     if has_avx512() && k > 0 {
         let bias = bias.map_or(std::ptr::null(), |b| b.as_ptr());
         // SAFETY: forwarded contract; the CPU has AVX-512F.
-        unsafe { blocked(m, n, k, a, b, OutPtr(c), ldc, accumulate, bias, threads) };
+        unsafe { blocked(m, n, k, a, BSource::Raw(b), OutPtr(c), ldc, accumulate, bias, threads) };
         return;
     }
     let mut accumulate = accumulate;
@@ -276,7 +364,7 @@ unsafe fn blocked(
     n: usize,
     k: usize,
     a: MatRef,
-    b: MatRef,
+    b: BSource,
     c: OutPtr,
     ldc: usize,
     accumulate: bool,
@@ -286,11 +374,15 @@ unsafe fn blocked(
     let bias = BiasPtr(bias);
     // Small products are not worth waking another thread for.
     let threads = if m * n * k < 1 << 20 { 1 } else { threads.max(1) };
-    let mut pb = PACK_B.lock().map(|mut v| v.pop()).ok().flatten().unwrap_or_default();
-    let need = KC * NC.min(n).div_ceil(NR) * NR;
-    if pb.len() < need {
-        pb.resize(need, 0.0);
+    let mut pb = Vec::new();
+    if let BSource::Raw(_) = b {
+        pb = PACK_B.lock().map(|mut v| v.pop()).ok().flatten().unwrap_or_default();
+        let need = KC * NC.min(n).div_ceil(NR) * NR;
+        if pb.len() < need {
+            pb.resize(need, 0.0);
+        }
     }
+    let mut panel_index = 0;
     // Row split when each thread gets a few tiles of rows, else split B's slivers.
     let split_rows = threads > 1 && m >= 4 * MR * threads;
     for jc in (0..n).step_by(NC) {
@@ -300,8 +392,14 @@ unsafe fn blocked(
             let acc = accumulate || pc > 0;
             // The bias goes in with the first depth block.
             let bias = if pc == 0 { bias } else { BiasPtr(std::ptr::null()) };
-            pack_b(&mut pb, b, pc, kc, jc, nc, threads);
-            let pb = &pb[..];
+            let pb: &[f32] = match b {
+                BSource::Raw(b) => {
+                    pack_b(&mut pb, b, pc, kc, jc, nc, threads);
+                    &pb[..]
+                }
+                BSource::Packed(p) => &p.data[p.offsets[panel_index]..],
+            };
+            panel_index += 1;
             if split_rows {
                 let per = m.div_ceil(threads).div_ceil(MR) * MR;
                 (0..threads).into_par_iter().for_each(|t| {
@@ -333,8 +431,10 @@ unsafe fn blocked(
             }
         }
     }
-    if let Ok(mut pool) = PACK_B.lock() {
-        pool.push(pb);
+    if !pb.is_empty() {
+        if let Ok(mut pool) = PACK_B.lock() {
+            pool.push(pb);
+        }
     }
 }
 
@@ -597,6 +697,28 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_prepacked_b_gives_the_same_product() {
+        if !has_avx512() {
+            return;
+        }
+        // Two column blocks (n > NC) and two depth blocks (k > KC), transposed B, bias.
+        let (m, n, k) = (29, 3100, 800);
+        let mut rng = crate::Rng::new(8);
+        let a: Vec<f32> = (0..m * k).map(|_| rng.uniform_f32() - 0.5).collect();
+        let w: Vec<f32> = (0..n * k).map(|_| rng.uniform_f32() - 0.5).collect();
+        let bias: Vec<f32> = (0..n).map(|j| j as f32 * 1e-3).collect();
+        let (av, bv) = (MatRef::new(a.as_ptr(), k, 1), MatRef::new(w.as_ptr(), 1, k));
+        let packed = PackedB::new(bv, k, n, 2);
+        let (mut c1, mut c2) = (vec![0f32; m * n], vec![1f32; m * n]);
+        // SAFETY: the views cover the vectors.
+        unsafe {
+            sgemm(m, n, k, av, bv, c1.as_mut_ptr(), n, false, Some(&bias), 2);
+            sgemm_prepacked(m, av, &packed, c2.as_mut_ptr(), n, Some(&bias), 2);
+        }
+        assert_eq!(c1, c2);
     }
 
     #[test]
