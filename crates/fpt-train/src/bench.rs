@@ -232,8 +232,11 @@ pub struct BenchResult {
 
 /// Benchmarks one shape: the FPT step, then (if `full`) the full fine-tune step.
 pub fn run(shape: &Shape, warmup: usize, steps: usize, full: bool, device: &Device) -> Result<BenchResult> {
-    let peak = matmul_peak(device)?;
+    let before = matmul_peak(device)?;
     let ours = time_steps(shape, TrainGroups::fpt(), warmup, steps, device)?;
+    // The machine's speed drifts: the peak is the better of a measurement just before and
+    // one just after the FPT steps, so a slow moment does not flatter the fraction.
+    let peak = before.max(matmul_peak(device)?);
     let rss = peak_rss_mb();
     let full_ms = if full {
         Some(time_steps(shape, TrainGroups::all(), warmup, steps, device)?.median_ms)
