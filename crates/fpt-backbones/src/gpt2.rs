@@ -378,16 +378,10 @@ impl Gpt2 {
             scale /= (i + 1) as f64;
         }
         let dropout = self.dropout.then_some(c.attn_pdrop);
-        let (o, h) = match last {
-            Some(n) => {
-                let t = h.dim(1)?;
-                let o = crate::attention_packed_last(&qkv, nh, scale, ops::Mask::Causal, ctx, dropout, n)?;
-                (o, h.narrow(1, t - n, n)?)
-            }
-            None => (
-                crate::attention_packed(&qkv, nh, scale, ops::Mask::Causal, ctx, dropout)?,
-                h.clone(),
-            ),
+        let o = crate::attention_packed(&qkv, nh, scale, ops::Mask::Causal, ctx, dropout, last)?;
+        let h = match last {
+            Some(n) => h.narrow(1, h.dim(1)? - n, n)?,
+            None => h.clone(),
         };
         let h = &h;
         let o = b.attn_proj.forward(&o)?;

@@ -306,7 +306,9 @@ fn attention_spec(
 }
 
 /// [`attention`] of Q, K and V packed side by side in `qkv: [b, t, 3c]` (GPT-2's `c_attn`
-/// output): the fused op reads them in place and returns one gradient for `qkv`.
+/// output): the fused op reads them in place and returns one gradient for `qkv`. With
+/// `last = Some(n)` only the last `n` positions query (`[b, n, c]`; never while recording).
+#[allow(clippy::too_many_arguments)] // as attention()
 pub(crate) fn attention_packed(
     qkv: &Tensor,
     heads: usize,
@@ -314,28 +316,25 @@ pub(crate) fn attention_packed(
     mask: fpt_nn::ops::Mask,
     ctx: &mut Ctx,
     dropout: Option<f64>,
+    last: Option<usize>,
 ) -> candle_core::Result<Tensor> {
     if ctx.attention.is_none() {
         let spec = attention_spec(heads, scale, mask, ctx, dropout);
-        return fpt_nn::ops::attention_packed(qkv, spec);
+        return match last {
+            Some(n) => fpt_nn::ops::attention_packed_last(qkv, spec, n),
+            None => fpt_nn::ops::attention_packed(qkv, spec),
+        };
     }
     let c = qkv.dim(2)? / 3;
     let part = |k: usize| qkv.narrow(2, k * c, c);
-    attention(&part(0)?, &part(1)?, &part(2)?, heads, scale, mask, None, ctx, dropout)
-}
-
-/// [`attention_packed`] for the last `last` query positions only (`[b, last, c]`).
-pub(crate) fn attention_packed_last(
-    qkv: &Tensor,
-    heads: usize,
-    scale: f64,
-    mask: fpt_nn::ops::Mask,
-    ctx: &mut Ctx,
-    dropout: Option<f64>,
-    last: usize,
-) -> candle_core::Result<Tensor> {
-    let spec = attention_spec(heads, scale, mask, ctx, dropout);
-    fpt_nn::ops::attention_packed_last(qkv, spec, last)
+    let o = attention(&part(0)?, &part(1)?, &part(2)?, heads, scale, mask, None, ctx, dropout)?;
+    match last {
+        Some(n) => {
+            let t = o.dim(1)?;
+            o.narrow(1, t - n, n)
+        }
+        None => Ok(o),
+    }
 }
 
 /// The block index in a parameter name (`h.3.`, `encoder.layer.3.`, `encoder.block.3.`).

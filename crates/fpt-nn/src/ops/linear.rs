@@ -42,17 +42,15 @@ fn gemm_into<T: WithDType>(
     if T::DTYPE == candle_core::DType::F32 {
         // SAFETY: T is f32 (checked by its dtype); the views cover the slices as above.
         unsafe {
-            super::sgemm::sgemm(
+            sgemm_as_f32(
                 m,
                 n,
                 k,
-                super::sgemm::MatRef::new(lhs.as_ptr() as *const f32, lhs_rs, lhs_cs),
-                super::sgemm::MatRef::new(rhs.as_ptr() as *const f32, rhs_rs, rhs_cs),
-                dst.as_mut_ptr() as *mut f32,
-                n,
+                (lhs, lhs_rs, lhs_cs),
+                (rhs, rhs_rs, rhs_cs),
+                dst.as_mut_ptr(),
                 accumulate,
                 None,
-                threads,
             )
         };
         return;
@@ -91,6 +89,41 @@ fn gemm_into<T: WithDType>(
     }
 }
 
+/// `dst[m, n] (+)= lhs @ rhs (+ bias)` (row-major `dst`; operands as (slice, row stride,
+/// column stride)) through fpt's f32 product.
+///
+/// # Safety
+/// `T` must be f32; the operands must cover their extents and `dst` `m * n` writable slots.
+#[allow(clippy::too_many_arguments)]
+unsafe fn sgemm_as_f32<T: WithDType>(
+    m: usize,
+    n: usize,
+    k: usize,
+    lhs: (&[T], usize, usize),
+    rhs: (&[T], usize, usize),
+    dst: *mut T,
+    accumulate: bool,
+    bias: Option<&[T]>,
+) {
+    debug_assert_eq!(T::DTYPE, candle_core::DType::F32);
+    let view = |(s, rs, cs): (&[T], usize, usize)| super::sgemm::MatRef::new(s.as_ptr() as *const f32, rs, cs);
+    // SAFETY: T is f32 (caller), so the casts are identities; extents per the caller.
+    unsafe {
+        super::sgemm::sgemm(
+            m,
+            n,
+            k,
+            view(lhs),
+            view(rhs),
+            dst as *mut f32,
+            n,
+            accumulate,
+            bias.map(|b| std::slice::from_raw_parts(b.as_ptr() as *const f32, b.len())),
+            crate::num_threads(),
+        )
+    }
+}
+
 /// A fresh `[m, n]` = `lhs @ rhs (+ bias)`: on the AVX-512 path written once, with no
 /// zero-fill first; elsewhere filled (zeros or bias rows) and accumulated into.
 #[allow(clippy::too_many_arguments)]
@@ -111,17 +144,15 @@ fn gemm_alloc<T: WithDType>(
         // SAFETY: T is f32; every element of the m x n output is written (accumulate is off)
         // through the raw pointer before the length is set; the views cover the slices.
         unsafe {
-            super::sgemm::sgemm(
+            sgemm_as_f32(
                 m,
                 n,
                 k,
-                super::sgemm::MatRef::new(lhs.as_ptr() as *const f32, lhs_rs, lhs_cs),
-                super::sgemm::MatRef::new(rhs.as_ptr() as *const f32, rhs_rs, rhs_cs),
-                y.as_mut_ptr() as *mut f32,
-                n,
+                (lhs, lhs_rs, lhs_cs),
+                (rhs, rhs_rs, rhs_cs),
+                y.as_mut_ptr(),
                 false,
-                bias.map(|b| std::slice::from_raw_parts(b.as_ptr() as *const f32, b.len())),
-                crate::num_threads(),
+                bias,
             );
             y.set_len(m * n);
         }
