@@ -37,7 +37,7 @@ pub struct AttentionSpec {
     pub dropout: Option<(f64, u64)>,
 }
 
-/// Fills `out` (`t * t`) with one head's dropout multipliers: 0 with probability `p`, else
+/// Fills `out` (`tq * t`) with one head's dropout multipliers: 0 with probability `p`, else
 /// `1 / (1 - p)`, from a key of the head's stream hashed with the element index (the same values
 /// as [`dropout_mask`]).
 fn fill_mask(out: &mut [f32], seed: u64, bh: usize, p: f64) {
