@@ -12,19 +12,17 @@ use crate::Rng;
 use candle_core::backend::BackendStorage as _;
 use candle_core::{CpuStorage, CudaStorage, CustomOp2, DType, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
-use std::mem::MaybeUninit;
 
 /// Elements per mask chunk (one random stream each).
 const CHUNK: usize = 16_384;
 
-/// Calls `f(chunk_index, start, len)` for each chunk of `n` elements, in parallel when large.
-fn for_chunks(n: usize, f: impl Fn(usize, usize, usize) + Send + Sync) {
-    let chunks = n.div_ceil(CHUNK);
-    let g = |c: usize| f(c, c * CHUNK, CHUNK.min(n - c * CHUNK));
-    if use_par(n) {
-        (0..chunks).into_par_iter().for_each(g);
+/// Calls `f(chunk_index, chunk)` for each [`CHUNK`]-sized piece of `buf`, in parallel when
+/// large.
+fn for_chunks<T: Send>(buf: &mut [T], f: impl Fn(usize, &mut [T]) + Send + Sync) {
+    if use_par(buf.len()) {
+        buf.par_chunks_mut(CHUNK).enumerate().for_each(|(c, o)| f(c, o));
     } else {
-        (0..chunks).for_each(g);
+        buf.chunks_mut(CHUNK).enumerate().for_each(|(c, o)| f(c, o));
     }
 }
 
@@ -41,26 +39,8 @@ fn draw(out: &mut [f32], seed: u64, chunk: usize, p: f64) {
 /// The dropout multipliers (0 or `1 / (1 - p)`) of `n` elements for `seed`.
 pub fn dropout_mask_values(n: usize, p: f64, seed: u64) -> Vec<f32> {
     let mut m = vec![0f32; n];
-    let ptr = SyncPtr(m.as_mut_ptr());
-    for_chunks(n, |c, start, len| {
-        // SAFETY: chunks are disjoint ranges of `m`.
-        let out = unsafe { std::slice::from_raw_parts_mut(ptr.get().add(start), len) };
-        draw(out, seed, c, p);
-    });
+    for_chunks(&mut m, |c, out| draw(out, seed, c, p));
     m
-}
-
-#[derive(Clone, Copy)]
-struct SyncPtr(*mut f32);
-// SAFETY: used only to hand disjoint chunks of one buffer to parallel tasks.
-unsafe impl Send for SyncPtr {}
-unsafe impl Sync for SyncPtr {}
-
-impl SyncPtr {
-    /// The pointer (a method, so closures capture the `Send` wrapper, not its field).
-    fn get(self) -> *mut f32 {
-        self.0
-    }
 }
 
 /// Multiplies by a constant mask; the mask gets no gradient.
@@ -131,10 +111,8 @@ impl DropoutAdd {
         const BLOCK: usize = 1024;
         let n = b.len();
         let mut out = super::uninit::<f32>(n);
-        let ptr = SyncPtr(out.as_mut_ptr() as *mut f32);
-        for_chunks(n, |c, start, len| {
-            // SAFETY: chunks are disjoint ranges of `out`; slots are written, never read.
-            let o = unsafe { std::slice::from_raw_parts_mut(ptr.get().add(start) as *mut MaybeUninit<f32>, len) };
+        for_chunks(&mut out, |c, o| {
+            let start = c * CHUNK;
             let key = chunk_key(self.seed, c);
             let mut m = [0f32; BLOCK];
             for (bi, ob) in o.chunks_mut(BLOCK).enumerate() {
