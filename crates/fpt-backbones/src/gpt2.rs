@@ -10,7 +10,7 @@
 
 use crate::{role_by_rules, Backbone, BackboneError, ParamSpec, ParamTaker, Result};
 use candle_core::{Device, Tensor};
-use fpt_nn::{ops, Ctx, LayerNorm, Linear, Param, Rng};
+use fpt_nn::{ops, BranchMid, Ctx, LayerNorm, Linear, Param, PreNormBranch, Rng};
 use fpt_spec::{ResidualInit, Role, ShapeOverrides, TrainGroups};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -358,17 +358,10 @@ impl Gpt2 {
         let c = &self.config;
         let width = h.dim(2)?;
         let (nh, hd) = (c.n_head, width / c.n_head);
-        // h + dropout(branch), fused (the mask is redrawn in backward, not stored).
-        let residual = |ctx: &mut Ctx, h: &Tensor, branch: &Tensor| {
-            if self.dropout {
-                ctx.dropout_add(h, branch, c.resid_pdrop)
-            } else {
-                h + branch
-            }
+        // The residual dropout's (p, seed), drawn where `Ctx::dropout_add` would draw it.
+        let resid = |ctx: &mut Ctx| {
+            (self.dropout && ctx.train && c.resid_pdrop > 0.0).then(|| (c.resid_pdrop, ctx.rng.next_u64()))
         };
-
-        let a = b.ln_1.forward(h)?;
-        let qkv = b.c_attn.forward(&a)?; // [b, t, 3c]
         let mut scale = if c.scale_attn_weights {
             1.0 / (hd as f64).sqrt()
         } else {
@@ -378,19 +371,41 @@ impl Gpt2 {
             scale /= (i + 1) as f64;
         }
         let dropout = self.dropout.then_some(c.attn_pdrop);
-        let o = crate::attention_packed(&qkv, nh, scale, ops::Mask::Causal, ctx, dropout, last)?;
-        let h = match last {
-            Some(n) => h.narrow(1, h.dim(1)? - n, n)?,
-            None => h.clone(),
-        };
-        let h = &h;
-        let o = b.attn_proj.forward(&o)?;
-        let h = residual(ctx, h, &o)?;
 
-        let m = b.ln_2.forward(&h)?;
-        let m = ops::gelu_new(&b.c_fc.forward(&m)?)?;
-        let m = b.mlp_proj.forward(&m)?;
-        residual(ctx, &h, &m)
+        let h = if last.is_none() && ctx.attention.is_none() {
+            // The attention half as one branch (fused when its layers are frozen).
+            let spec = crate::attention_spec(nh, scale, ops::Mask::Causal, ctx, dropout);
+            let branch = PreNormBranch {
+                norm: &b.ln_1,
+                input: &b.c_attn,
+                mid: BranchMid::Attention(spec),
+                output: &b.attn_proj,
+            };
+            let r = resid(ctx);
+            branch.forward(h, r)?
+        } else {
+            let a = b.ln_1.forward(h)?;
+            let qkv = b.c_attn.forward(&a)?; // [b, t, 3c]
+            let o = crate::attention_packed(&qkv, nh, scale, ops::Mask::Causal, ctx, dropout, last)?;
+            let h = match last {
+                Some(n) => h.narrow(1, h.dim(1)? - n, n)?,
+                None => h.clone(),
+            };
+            let o = b.attn_proj.forward(&o)?;
+            // h + dropout(branch), fused (the mask is redrawn in backward, not stored).
+            match resid(ctx) {
+                Some((p, seed)) => ops::dropout_add(&h, &o, p, seed)?,
+                None => (h + o)?,
+            }
+        };
+        let branch = PreNormBranch {
+            norm: &b.ln_2,
+            input: &b.c_fc,
+            mid: BranchMid::GeluNew,
+            output: &b.mlp_proj,
+        };
+        let r = resid(ctx);
+        branch.forward(&h, r)
     }
 }
 

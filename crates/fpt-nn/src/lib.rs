@@ -21,7 +21,7 @@ pub mod ops;
 mod param;
 mod rng;
 
-pub use layers::{Embedding, LayerNorm, Linear};
+pub use layers::{BranchMid, Embedding, LayerNorm, Linear, PreNormBranch};
 pub use param::Param;
 pub use rng::Rng;
 

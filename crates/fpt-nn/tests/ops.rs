@@ -465,3 +465,117 @@ fn frozen_linear_layer_reuses_its_packed_weight_exactly() -> Result<()> {
     assert!(max_abs_diff(&got, &ops::linear(x.as_tensor(), &w, None)?)? < 1e-4);
     Ok(())
 }
+
+/// A pre-norm branch over frozen layers of widths `c -> mid_in`, `mid_out -> c`, with a
+/// trainable norm.
+fn branch_layers(
+    c: usize,
+    mid_in: usize,
+    mid_out: usize,
+    seed: u64,
+) -> Result<(fpt_nn::LayerNorm, fpt_nn::Linear, fpt_nn::Linear)> {
+    let frozen = |shape: &[usize], s: u64| -> Result<fpt_nn::Param> {
+        Ok(fpt_nn::Param::Frozen((randn(shape, s, DType::F32)? * 0.3)?))
+    };
+    let norm = fpt_nn::LayerNorm {
+        weight: fpt_nn::Param::new(((randn(&[c], seed, DType::F32)? * 0.2)? + 1.0)?, true)?,
+        bias: fpt_nn::Param::new((randn(&[c], seed + 1, DType::F32)? * 0.1)?, true)?,
+        eps: 1e-5,
+    };
+    let input = fpt_nn::Linear::new(frozen(&[mid_in, c], seed + 2)?, Some(frozen(&[mid_in], seed + 3)?));
+    let output = fpt_nn::Linear::new(frozen(&[c, mid_out], seed + 4)?, Some(frozen(&[c], seed + 5)?));
+    Ok((norm, input, output))
+}
+
+/// The fused pre-norm branch (GELU and packed-attention middles, with and without residual
+/// and attention dropout) against the same branch composed of the separate ops: values and
+/// the gradients of x and the norm's parameters, on the first call and on a repeated one
+/// (the packed weights reused); its x gradient against finite differences (f32); a trained
+/// weight turns fusion off and gets its gradient.
+#[test]
+fn fused_pre_norm_branch_matches_composed_and_finite_differences() -> Result<()> {
+    let (b, t, heads, d) = (2, 5, 2, 8);
+    let c = heads * d;
+    let avx512 = {
+        #[cfg(target_arch = "x86_64")]
+        {
+            std::is_x86_feature_detected!("avx512f")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    };
+    for attention in [false, true] {
+        for dropout in [None, Some((0.2, 17u64))] {
+            let (mid, mid_in, mid_out) = if attention {
+                let spec = ops::AttentionSpec {
+                    heads,
+                    scale: 0.35,
+                    mask: ops::Mask::Causal,
+                    dropout: dropout.map(|(p, s)| (p, s + 1)),
+                };
+                (fpt_nn::BranchMid::Attention(spec), 3 * c, c)
+            } else {
+                (fpt_nn::BranchMid::GeluNew, 4 * c, 4 * c)
+            };
+            let (norm, input, output) = branch_layers(c, mid_in, mid_out, 30)?;
+            let branch = fpt_nn::PreNormBranch {
+                norm: &norm,
+                input: &input,
+                mid,
+                output: &output,
+            };
+            let what = format!("attention {attention}, dropout {dropout:?}");
+            let x = Var::from_tensor(&randn(&[b, t, c], 3, DType::F32)?)?;
+            assert_eq!(branch.is_fused(x.as_tensor()), avx512, "{what}: fused iff AVX-512");
+            let reference = branch.forward_composed(x.as_tensor(), dropout)?;
+            let gr = loss(&reference, 8)?.backward()?;
+            let vars = [&x, norm.weight.var().unwrap(), norm.bias.var().unwrap()];
+            for round in 0..2 {
+                let fused = branch.forward(x.as_tensor(), dropout)?;
+                let dv = max_abs_diff(&fused, &reference)?;
+                assert!(dv < 1e-5, "{what} (call {round}): values differ by {dv}");
+                let gf = loss(&fused, 8)?.backward()?;
+                for (i, v) in vars.iter().enumerate() {
+                    let got = gf.get(v).unwrap_or_else(|| panic!("{what}: no gradient for input {i}"));
+                    let d = max_abs_diff(got, gr.get(v).expect("reference gradient"))?;
+                    assert!(d < 1e-4, "{what} (call {round}): gradient {i} differs by {d}");
+                }
+            }
+            // Finite differences on x through the fused op (f32: step 1e-2, loose tolerance).
+            let gf = loss(&branch.forward(x.as_tensor(), dropout)?, 8)?.backward()?;
+            let g = gf.get(&x).expect("gradient").flatten_all()?.to_vec1::<f32>()?;
+            let base = x.as_tensor().flatten_all()?.to_vec1::<f32>()?;
+            let h = 1e-2f32;
+            for j in (0..base.len()).step_by(13) {
+                let eval = |delta: f32| -> Result<f64> {
+                    let mut p = base.clone();
+                    p[j] += delta;
+                    let xi = Tensor::from_vec(p, (b, t, c), &Device::Cpu)?;
+                    loss(&branch.forward(&xi, dropout)?, 8)?
+                        .to_dtype(DType::F64)?
+                        .to_scalar::<f64>()
+                };
+                let num = (eval(h)? - eval(-h)?) / (2.0 * h as f64);
+                let err = (num - g[j] as f64).abs() / (1.0 + num.abs());
+                assert!(err < 3e-3, "{what}: elem {j}: analytic {} numeric {num}", g[j]);
+            }
+        }
+    }
+    // A trained weight: composed, and the weight gets its gradient.
+    let (norm, input, _) = branch_layers(c, 4 * c, 4 * c, 40)?;
+    let w = Var::from_tensor(&randn(&[c, 4 * c], 41, DType::F32)?)?;
+    let output = fpt_nn::Linear::new(fpt_nn::Param::Trainable(w.clone()), None);
+    let branch = fpt_nn::PreNormBranch {
+        norm: &norm,
+        input: &input,
+        mid: fpt_nn::BranchMid::GeluNew,
+        output: &output,
+    };
+    let x = randn(&[b, t, c], 4, DType::F32)?;
+    assert!(!branch.is_fused(&x));
+    let g = loss(&branch.forward(&x, None)?, 9)?.backward()?;
+    assert!(g.get(&w).is_some(), "the trained weight gets its gradient");
+    Ok(())
+}

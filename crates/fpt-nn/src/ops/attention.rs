@@ -348,66 +348,88 @@ fn cpu_f32<'a>(s: &'a CpuStorage, l: &Layout) -> Result<&'a [f32]> {
     }
 }
 
+/// Pointers to Q, K and V inside a packed `[b, t, 3c]` buffer.
+fn packed_ptrs(p: *const f32, g: &Geom) -> Ptrs {
+    // SAFETY (of the offsets): c and 2c stay inside rows of 3c.
+    Ptrs {
+        q: p,
+        k: p.wrapping_add(g.c),
+        v: p.wrapping_add(2 * g.c),
+    }
+}
+
+/// The attention output `[b, tq, c]` of a packed `qkv` (`[b, t, 3c]`, contiguous, f32)
+/// whose shape is `shape`.
+pub(super) fn packed_forward(
+    qkv: &[f32],
+    shape: &Shape,
+    spec: &AttentionSpec,
+    last: Option<usize>,
+) -> Result<Vec<f32>> {
+    let g = geom(shape, spec.heads, true, last)?;
+    if qkv.len() != g.b * g.t * g.row {
+        candle_core::bail!("attention: {} values for shape {shape:?}", qkv.len())
+    }
+    Ok(forward(g, packed_ptrs(qkv.as_ptr(), &g), spec))
+}
+
+/// The gradient `[b, t, 3c]` of a packed `qkv` given the output's gradient `dout`
+/// (`[b, tq, c]`).
+pub(super) fn packed_backward(
+    qkv: &[f32],
+    dout: &[f32],
+    shape: &Shape,
+    spec: &AttentionSpec,
+    last: Option<usize>,
+) -> Result<Vec<f32>> {
+    let g = geom(shape, spec.heads, true, last)?;
+    if qkv.len() != g.b * g.t * g.row || dout.len() != g.b * g.tq * g.c {
+        candle_core::bail!(
+            "attention: {} values and {} gradients for shape {shape:?}",
+            qkv.len(),
+            dout.len()
+        )
+    }
+    // Every slot is written unless only the last queries ran (then the other rows of dQ
+    // stay zero).
+    let n = g.b * g.t * g.row;
+    let mut dx = if g.tq == g.t {
+        super::uninit::<f32>(n)
+    } else {
+        vec![std::mem::MaybeUninit::new(0f32); n]
+    };
+    let d = dx.as_mut_ptr() as *mut f32;
+    let outs = OutPtrs {
+        q: d,
+        k: d.wrapping_add(g.c),
+        v: d.wrapping_add(2 * g.c),
+    };
+    backward(g, packed_ptrs(qkv.as_ptr(), &g), dout, outs, g.row, spec);
+    // SAFETY: the heads wrote dQ (its read-out rows; the rest is zero), dK and dV for
+    // every row and column.
+    Ok(unsafe { super::assume_init(dx) })
+}
+
 impl CustomOp1 for Packed {
     fn name(&self) -> &'static str {
         "fpt-attention-packed"
     }
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let out = packed_forward(cpu_f32(s, l)?, l.shape(), &self.0, self.1)?;
         let g = geom(l.shape(), self.0.heads, true, self.1)?;
-        let x = cpu_f32(s, l)?;
-        let p = x.as_ptr();
-        // SAFETY: offsets c and 2c stay inside rows of 3c.
-        let ptrs = unsafe {
-            Ptrs {
-                q: p,
-                k: p.add(g.c),
-                v: p.add(2 * g.c),
-            }
-        };
-        Ok((
-            CpuStorage::F32(forward(g, ptrs, &self.0)),
-            Shape::from((g.b, g.tq, g.c)),
-        ))
+        Ok((CpuStorage::F32(out), Shape::from((g.b, g.tq, g.c))))
     }
 
     fn bwd(&self, arg: &Tensor, _res: &Tensor, dy: &Tensor) -> Result<Option<Tensor>> {
         if !tracks(arg) {
             return Ok(None);
         }
-        let g = geom(arg.shape(), self.0.heads, true, self.1)?;
-        // Every slot is written unless only the last queries ran (then the other rows of
-        // dQ stay zero).
-        let n = g.b * g.t * g.row;
-        let mut dx = if g.tq == g.t {
-            super::uninit::<f32>(n)
-        } else {
-            vec![std::mem::MaybeUninit::new(0f32); n]
-        };
-        super::with_cpu_slice::<f32, _>(arg, "attention", |x| {
+        let dx = super::with_cpu_slice::<f32, _>(arg, "attention", |x| {
             super::with_cpu_slice::<f32, _>(dy, "attention", |dout| {
-                let p = x.as_ptr();
-                let d = dx.as_mut_ptr() as *mut f32;
-                // SAFETY: offsets c and 2c stay inside rows of 3c, in both buffers.
-                unsafe {
-                    let ptrs = Ptrs {
-                        q: p,
-                        k: p.add(g.c),
-                        v: p.add(2 * g.c),
-                    };
-                    let outs = OutPtrs {
-                        q: d,
-                        k: d.add(g.c),
-                        v: d.add(2 * g.c),
-                    };
-                    backward(g, ptrs, dout, outs, g.row, &self.0);
-                }
-                Ok(())
+                packed_backward(x, dout, arg.shape(), &self.0, self.1)
             })
         })?;
-        // SAFETY: the heads wrote dQ (its read-out rows; the rest is zero), dK and dV for
-        // every row and column.
-        let dx = unsafe { super::assume_init(dx) };
         Ok(Some(Tensor::from_vec(dx, arg.shape(), arg.device())?))
     }
 }

@@ -99,15 +99,15 @@ pub fn dropout(x: &Tensor, p: f64, rng: &mut Rng) -> Result<Tensor> {
 }
 
 /// `x + y * mask`, the mask redrawn from `(p, seed)` in backward instead of stored.
-struct DropoutAdd {
-    p: f64,
-    seed: u64,
+pub(super) struct DropoutAdd {
+    pub(super) p: f64,
+    pub(super) seed: u64,
 }
 
 impl DropoutAdd {
     /// `out[i] = a[i] + b[i] * m[i]` (or `b[i] * m[i]` without `a`), chunk by chunk, the
     /// multipliers drawn as [`draw`] draws them.
-    fn run(&self, a: Option<&[f32]>, b: &[f32]) -> Vec<f32> {
+    pub(super) fn run(&self, a: Option<&[f32]>, b: &[f32]) -> Vec<f32> {
         const BLOCK: usize = 1024;
         let n = b.len();
         let mut out = super::uninit::<f32>(n);

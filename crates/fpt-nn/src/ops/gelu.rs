@@ -141,6 +141,16 @@ fn bwd_kernel<A: Activation, T: Float>(x: &[T], dy: &[T]) -> Vec<T> {
     unsafe { assume_init(dx) }
 }
 
+/// `gelu_new` of contiguous f32 values (the fused op's CPU kernel).
+pub(super) fn gelu_new_fwd(x: &[f32]) -> Vec<f32> {
+    fwd_kernel::<New, f32>(x)
+}
+
+/// The gradient of [`gelu_new_fwd`] at `x` for the output gradient `dy`.
+pub(super) fn gelu_new_bwd(x: &[f32], dy: &[f32]) -> Vec<f32> {
+    bwd_kernel::<New, f32>(x, dy)
+}
+
 struct ActOp<A>(PhantomData<A>);
 
 impl<A: Activation> CustomOp1 for ActOp<A> {

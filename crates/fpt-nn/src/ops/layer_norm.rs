@@ -14,7 +14,7 @@ struct LayerNormOp {
     eps: f64,
 }
 
-fn fwd_kernel<T: Float>(x: &[T], g: &[T], b: &[T], eps: f64) -> Vec<T> {
+pub(super) fn fwd_kernel<T: Float>(x: &[T], g: &[T], b: &[T], eps: f64) -> Vec<T> {
     let d = g.len();
     let mut y = uninit::<T>(x.len());
     let eps = T::from(eps).unwrap();
@@ -40,7 +40,7 @@ fn fwd_kernel<T: Float>(x: &[T], g: &[T], b: &[T], eps: f64) -> Vec<T> {
 }
 
 /// Returns (dx, dgamma, dbeta).
-fn bwd_kernel<T: Float>(x: &[T], g: &[T], dy: &[T], eps: f64) -> (Vec<T>, Vec<T>, Vec<T>) {
+pub(super) fn bwd_kernel<T: Float>(x: &[T], g: &[T], dy: &[T], eps: f64) -> (Vec<T>, Vec<T>, Vec<T>) {
     let d = g.len();
     let eps = T::from(eps).unwrap();
     let inv_d = T::one() / T::from(d).unwrap();

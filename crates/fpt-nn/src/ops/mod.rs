@@ -8,6 +8,7 @@
 //! arguments that take part in backprop, so a frozen weight never gets one.
 
 mod attention;
+pub(crate) mod branch;
 mod dropout;
 pub(crate) mod fastmath;
 mod gelu;

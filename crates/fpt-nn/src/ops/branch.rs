@@ -1,0 +1,244 @@
+//! The fused pre-LayerNorm residual branch over frozen linear layers (see
+//! [`crate::layers::PreNormBranch`]): `y = x + dropout(W2 mid(W1 LN(x) + b1) + b2)`.
+//!
+//! Forward runs the kernels of the separate ops (LayerNorm, the packed products, GELU or
+//! packed attention, dropout-add) one after another and keeps `u = W1 LN(x) + b1` for
+//! backward. Backward, for the output gradient `g` and dropout multipliers `m`:
+//! `dz = g * m`; `dv = dz W2`; `du = mid'(u, dv)`; `da = du W1`; LayerNorm's backward of
+//! `da` gives `dx_norm`, `dgamma`, `dbeta`; `dx = g + dx_norm`. The weights are frozen, so
+//! no weight gradient is computed, and the intermediates' gradients never reach candle's
+//! gradient store.
+
+use super::attention::{packed_backward, packed_forward};
+use super::dropout::DropoutAdd;
+use super::sgemm::{sgemm_prepacked, MatRef, PackedB};
+use super::{cpu_slice, tracks, with_cpu_slice};
+use crate::layers::BranchMid;
+use candle_core::backend::BackendStorage as _;
+use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor};
+use rayon::prelude::*;
+use std::sync::{Arc, Mutex};
+
+/// A frozen linear layer as the fused branch uses it.
+pub(crate) struct FrozenLinear {
+    /// `W^T` packed (`[n_in, n_out]`).
+    pub(crate) forward: Arc<PackedB>,
+    /// `W` packed (`[n_out, n_in]`).
+    pub(crate) backward: Arc<PackedB>,
+    pub(crate) bias: Option<Vec<f32>>,
+    pub(crate) n_in: usize,
+    pub(crate) n_out: usize,
+}
+
+impl FrozenLinear {
+    /// `x W^T + b` for `x` of `m` rows of `n_in`.
+    fn apply(&self, x: &[f32]) -> Vec<f32> {
+        product(x, &self.forward, self.bias.as_deref())
+    }
+
+    /// `dy W` for `dy` of `m` rows of `n_out`.
+    fn apply_t(&self, dy: &[f32]) -> Vec<f32> {
+        product(dy, &self.backward, None)
+    }
+}
+
+/// `a B (+ bias)` for a row-major `a` of `k` columns and a packed `k x n` B.
+fn product(a: &[f32], b: &PackedB, bias: Option<&[f32]>) -> Vec<f32> {
+    let (k, n) = b.dims();
+    let m = a.len() / k;
+    let mut y = super::uninit::<f32>(m * n);
+    // SAFETY: `a` holds m rows of k (checked by the op's shape checks); y has m * n slots,
+    // all written (overwrite mode); the CPU has AVX-512 and k > 0 (the branch is fused only
+    // then, and weights have a non-empty input width).
+    unsafe {
+        sgemm_prepacked(
+            m,
+            MatRef::new(a.as_ptr(), k, 1),
+            b,
+            y.as_mut_ptr() as *mut f32,
+            n,
+            bias,
+            crate::num_threads(),
+        );
+        super::assume_init(y)
+    }
+}
+
+/// `a + b` elementwise into `a`.
+fn add_into(a: &mut [f32], b: &[f32]) {
+    const CHUNK: usize = 1 << 14;
+    let body = |(ac, bc): (&mut [f32], &[f32])| {
+        for (x, &y) in ac.iter_mut().zip(bc) {
+            *x += y;
+        }
+    };
+    if super::use_par(a.len()) {
+        a.par_chunks_mut(CHUNK).zip(b.par_chunks(CHUNK)).for_each(body);
+    } else {
+        a.chunks_mut(CHUNK).zip(b.chunks(CHUNK)).for_each(body);
+    }
+}
+
+pub(crate) struct BranchOp {
+    input: FrozenLinear,
+    mid: BranchMid,
+    output: FrozenLinear,
+    eps: f64,
+    dropout: Option<(f64, u64)>,
+    /// The first layer's output, kept by forward for backward.
+    saved: Mutex<Option<Arc<Vec<f32>>>>,
+}
+
+impl BranchOp {
+    pub(crate) fn new(
+        input: FrozenLinear,
+        mid: BranchMid,
+        output: FrozenLinear,
+        eps: f64,
+        dropout: Option<(f64, u64)>,
+    ) -> Self {
+        Self {
+            input,
+            mid,
+            output,
+            eps,
+            dropout,
+            saved: Mutex::new(None),
+        }
+    }
+
+    /// Checks `x`'s shape against the layers; returns the shape of `u` (the first layer's
+    /// output).
+    fn check(&self, x: &Shape, norm: usize) -> Result<Shape> {
+        let c = x.dims().last().copied().unwrap_or(0);
+        let mid_out = match self.mid {
+            BranchMid::GeluNew => self.input.n_out,
+            BranchMid::Attention(_) => self.input.n_out / 3,
+        };
+        let ok = c == norm
+            && c == self.input.n_in
+            && self.output.n_out == c
+            && self.output.n_in == mid_out
+            && c > 0
+            && mid_out > 0
+            && (matches!(self.mid, BranchMid::GeluNew) || (x.rank() == 3 && self.input.n_out.is_multiple_of(3)));
+        if !ok {
+            candle_core::bail!(
+                "pre-norm branch: input {x:?} does not fit norm {norm}, layers {} -> {} and {} -> {} ({:?})",
+                self.input.n_in,
+                self.input.n_out,
+                self.output.n_in,
+                self.output.n_out,
+                self.mid
+            )
+        }
+        let mut d = x.dims().to_vec();
+        *d.last_mut().expect("rank >= 1") = self.input.n_out;
+        Ok(Shape::from(d))
+    }
+}
+
+impl CustomOp3 for BranchOp {
+    fn name(&self) -> &'static str {
+        "fpt-pre-norm-branch"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        for s in [s1, s2, s3] {
+            if s.dtype() != DType::F32 {
+                return Err(super::unsupported("pre-norm branch", s.dtype()));
+            }
+        }
+        let x = cpu_slice::<f32>(s1, l1, "pre-norm branch")?;
+        let gamma = cpu_slice::<f32>(s2, l2, "pre-norm branch")?;
+        let beta = cpu_slice::<f32>(s3, l3, "pre-norm branch")?;
+        if beta.len() != gamma.len() {
+            candle_core::bail!(
+                "pre-norm branch: norm weight {} and bias {} differ",
+                gamma.len(),
+                beta.len()
+            )
+        }
+        let u_shape = self.check(l1.shape(), gamma.len())?;
+        let a = super::layer_norm::fwd_kernel(x, gamma, beta, self.eps);
+        let u = self.input.apply(&a);
+        drop(a);
+        let v = match &self.mid {
+            BranchMid::GeluNew => super::gelu::gelu_new_fwd(&u),
+            BranchMid::Attention(spec) => packed_forward(&u, &u_shape, spec, None)?,
+        };
+        let z = self.output.apply(&v);
+        drop(v);
+        let y = match self.dropout {
+            Some((p, seed)) => DropoutAdd { p, seed }.run(Some(x), &z),
+            None => {
+                let mut z = z;
+                add_into(&mut z, x);
+                z
+            }
+        };
+        *self.saved.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(u));
+        Ok((CpuStorage::F32(y), l1.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        gamma: &Tensor,
+        beta: &Tensor,
+        _res: &Tensor,
+        dy: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let want = [tracks(x), tracks(gamma), tracks(beta)];
+        if !want.iter().any(|&w| w) {
+            return Ok((None, None, None));
+        }
+        let u = self
+            .saved
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .ok_or_else(|| candle_core::Error::Msg("pre-norm branch: backward before forward".into()))?;
+        let u_shape = self.check(x.shape(), gamma.elem_count())?;
+        let (dx, dg, db) = with_cpu_slice::<f32, _>(dy, "pre-norm branch", |g| {
+            let dz = self.dropout.map(|(p, seed)| DropoutAdd { p, seed }.run(None, g));
+            let dv = self.output.apply_t(dz.as_deref().unwrap_or(g));
+            drop(dz);
+            let du = match &self.mid {
+                BranchMid::GeluNew => super::gelu::gelu_new_bwd(&u, &dv),
+                BranchMid::Attention(spec) => packed_backward(&u, &dv, &u_shape, spec, None)?,
+            };
+            drop(dv);
+            let da = self.input.apply_t(&du);
+            drop(du);
+            let (mut dx, dg, db) = with_cpu_slice::<f32, _>(x, "pre-norm branch", |xs| {
+                with_cpu_slice::<f32, _>(gamma, "pre-norm branch", |gs| {
+                    Ok(super::layer_norm::bwd_kernel(xs, gs, &da, self.eps))
+                })
+            })?;
+            // The residual path: x's gradient is the output's plus the norm's.
+            add_into(&mut dx, g);
+            Ok((dx, dg, db))
+        })?;
+        let wrap = |v: Vec<f32>, like: &Tensor, w: bool| -> Result<Option<Tensor>> {
+            Ok(if w {
+                Some(Tensor::from_vec(v, like.shape(), like.device())?)
+            } else {
+                None
+            })
+        };
+        Ok((
+            wrap(dx, x, want[0])?,
+            wrap(dg, gamma, want[1])?,
+            wrap(db, beta, want[2])?,
+        ))
+    }
+}
