@@ -358,6 +358,26 @@ fn packed_ptrs(p: *const f32, g: &Geom) -> Ptrs {
     }
 }
 
+/// The geometry of a packed `qkv` of shape `shape`, checked against the lengths of its data
+/// and (in backward) of the output's gradient.
+fn packed_geom(
+    qkv: &[f32],
+    dout: Option<&[f32]>,
+    shape: &Shape,
+    spec: &AttentionSpec,
+    last: Option<usize>,
+) -> Result<Geom> {
+    let g = geom(shape, spec.heads, true, last)?;
+    if qkv.len() != g.b * g.t * g.row || dout.is_some_and(|d| d.len() != g.b * g.tq * g.c) {
+        candle_core::bail!(
+            "attention: {} values (and {:?} gradients) for shape {shape:?}",
+            qkv.len(),
+            dout.map(|d| d.len())
+        )
+    }
+    Ok(g)
+}
+
 /// The attention output `[b, tq, c]` of a packed `qkv` (`[b, t, 3c]`, contiguous, f32)
 /// whose shape is `shape`.
 pub(super) fn packed_forward(
@@ -366,10 +386,7 @@ pub(super) fn packed_forward(
     spec: &AttentionSpec,
     last: Option<usize>,
 ) -> Result<Vec<f32>> {
-    let g = geom(shape, spec.heads, true, last)?;
-    if qkv.len() != g.b * g.t * g.row {
-        candle_core::bail!("attention: {} values for shape {shape:?}", qkv.len())
-    }
+    let g = packed_geom(qkv, None, shape, spec, last)?;
     Ok(forward(g, packed_ptrs(qkv.as_ptr(), &g), spec))
 }
 
@@ -382,14 +399,7 @@ pub(super) fn packed_backward(
     spec: &AttentionSpec,
     last: Option<usize>,
 ) -> Result<Vec<f32>> {
-    let g = geom(shape, spec.heads, true, last)?;
-    if qkv.len() != g.b * g.t * g.row || dout.len() != g.b * g.tq * g.c {
-        candle_core::bail!(
-            "attention: {} values and {} gradients for shape {shape:?}",
-            qkv.len(),
-            dout.len()
-        )
-    }
+    let g = packed_geom(qkv, Some(dout), shape, spec, last)?;
     // Every slot is written unless only the last queries ran (then the other rows of dQ
     // stay zero).
     let n = g.b * g.t * g.row;
