@@ -132,7 +132,7 @@ pub enum BranchMid {
 /// its backward chains the same kernels by hand and returns gradients for `x` and the
 /// norm's parameters only. The composed version hands each intermediate's gradient to
 /// candle's backward, which starts every one from a zero tensor and adds to it (a memset
-/// and a full pass over memory per intermediate, ~6% of a GPT-2 base FPT step); the fused
+/// and a full pass over memory per intermediate, ~7% of a GPT-2 base FPT step); the fused
 /// op keeps the intermediates between its kernels and stores only the first layer's
 /// output for backward. Both linear layers keep their weight packed for the forward and
 /// the backward products. Elsewhere (a trained weight, another dtype or device) it runs
