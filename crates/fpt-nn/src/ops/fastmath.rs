@@ -1,5 +1,5 @@
-//! Branch-free `exp` and `tanh` for f32, and GPT-2's GELU over slices in AVX2 + FMA
-//! intrinsics where the CPU has them (chosen at run time; a scalar loop otherwise).
+//! Branch-free `exp` and `tanh` for f32, and GPT-2's and BERT's GELUs over slices in AVX2 +
+//! FMA intrinsics where the CPU has them (chosen at run time; a scalar loop otherwise).
 //!
 //! `exp_f32` is the Cephes `expf` scheme: x = n ln 2 + r with |r| <= ln 2 / 2, a degree-6
 //! polynomial for e^r, and 2^n put into the exponent bits; relative error about 2e-7 over
@@ -265,6 +265,118 @@ unsafe fn multipliers_avx2(out: &mut [f32], key: u32, first: u32, thr: i32, keep
     multipliers_body(out, key, first, thr, keep)
 }
 
+// erfc(a) ~ t P(t) e^(-a^2), t = 1 / (1 + ERF_P a), a >= 0 (Abramowitz & Stegun 7.1.26:
+// absolute error <= 1.5e-7; the form PyTorch's vectorized CPU `erf` uses for f32).
+const ERF_P: f32 = 0.327_591_1;
+const ERF_A: [f32; 5] = [0.254_829_6, -0.284_496_72, 1.421_413_8, -1.453_152, 1.061_405_4];
+const INV_SQRT2: f32 = std::f32::consts::FRAC_1_SQRT_2;
+const INV_SQRT_2PI: f32 = 0.398_942_3;
+
+/// BERT's exact GELU `0.5 x (1 + erf(x / sqrt 2))` and its derivative in f32 (scalar, the
+/// vectorizable formulas): `1 + erf` is taken as `erfc(|z|)` for negative x (no
+/// cancellation) and `2 - erfc(z)` otherwise; the derivative reuses `e^(-x^2 / 2)`.
+#[inline(always)]
+pub(crate) fn gelu_erf_scalar(x: f32) -> (f32, f32) {
+    let a = x.abs() * INV_SQRT2;
+    let t = 1.0 / (1.0 + ERF_P * a);
+    let p = (((ERF_A[4] * t + ERF_A[3]) * t + ERF_A[2]) * t + ERF_A[1]) * t + ERF_A[0];
+    // e^(-a^2), 0 where it would underflow (no subnormal results further down).
+    let e = if a * a < 87.0 { exp_f32(-a * a) } else { 0.0 };
+    let q = p * t * e;
+    let onepe = if x < 0.0 { q } else { 2.0 - q };
+    (0.5 * x * onepe, 0.5 * onepe + x * e * INV_SQRT_2PI)
+}
+
+/// [`gelu_erf_scalar`] for 8 lanes: `(y, dy/dx)`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn gelu_erf8(x: std::arch::x86_64::__m256) -> (std::arch::x86_64::__m256, std::arch::x86_64::__m256) {
+    use std::arch::x86_64::*;
+    // SAFETY: the callers are compiled with AVX2 and FMA enabled.
+    unsafe {
+        let one = _mm256_set1_ps(1.0);
+        let half = _mm256_set1_ps(0.5);
+        let a = _mm256_mul_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.0), x), _mm256_set1_ps(INV_SQRT2));
+        let t = _mm256_div_ps(one, _mm256_fmadd_ps(_mm256_set1_ps(ERF_P), a, one));
+        let mut p = _mm256_set1_ps(ERF_A[4]);
+        for c in [ERF_A[3], ERF_A[2], ERF_A[1], ERF_A[0]] {
+            p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(c));
+        }
+        let a2 = _mm256_mul_ps(a, a);
+        let e = _mm256_and_ps(
+            exp8(_mm256_sub_ps(_mm256_setzero_ps(), a2)),
+            _mm256_cmp_ps::<_CMP_LT_OQ>(a2, _mm256_set1_ps(87.0)),
+        );
+        let q = _mm256_mul_ps(_mm256_mul_ps(p, t), e);
+        let neg = _mm256_cmp_ps::<_CMP_LT_OQ>(x, _mm256_setzero_ps());
+        let onepe = _mm256_blendv_ps(_mm256_sub_ps(_mm256_set1_ps(2.0), q), q, neg);
+        let y = _mm256_mul_ps(_mm256_mul_ps(half, x), onepe);
+        let d = _mm256_fmadd_ps(
+            _mm256_mul_ps(x, e),
+            _mm256_set1_ps(INV_SQRT_2PI),
+            _mm256_mul_ps(half, onepe),
+        );
+        (y, d)
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn gelu_erf_fwd_avx2(y: &mut [MaybeUninit<f32>], x: &[f32]) {
+    use std::arch::x86_64::*;
+    let n8 = x.len().min(y.len()) / 8 * 8;
+    let yp = y.as_mut_ptr() as *mut f32;
+    for i in (0..n8).step_by(8) {
+        // SAFETY: i + 8 <= len of both slices (raw stores into the output slots).
+        unsafe { _mm256_storeu_ps(yp.add(i), gelu_erf8(_mm256_loadu_ps(x.as_ptr().add(i))).0) };
+    }
+    for i in n8..x.len() {
+        y[i].write(gelu_erf_scalar(x[i]).0);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn gelu_erf_bwd_avx2(dx: &mut [MaybeUninit<f32>], x: &[f32], dy: &[f32]) {
+    use std::arch::x86_64::*;
+    let n8 = x.len().min(dx.len()).min(dy.len()) / 8 * 8;
+    let dp = dx.as_mut_ptr() as *mut f32;
+    for i in (0..n8).step_by(8) {
+        // SAFETY: i + 8 <= len of the three slices (raw stores into the output slots).
+        unsafe {
+            let d = gelu_erf8(_mm256_loadu_ps(x.as_ptr().add(i))).1;
+            _mm256_storeu_ps(dp.add(i), _mm256_mul_ps(d, _mm256_loadu_ps(dy.as_ptr().add(i))));
+        }
+    }
+    for i in n8..x.len() {
+        dx[i].write(dy[i] * gelu_erf_scalar(x[i]).1);
+    }
+}
+
+/// `y = gelu_erf(x)` over slices: AVX2 + FMA where available.
+pub(crate) fn gelu_erf_fwd(y: &mut [MaybeUninit<f32>], x: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_fma() {
+        // SAFETY: the CPU has AVX2 and FMA.
+        return unsafe { gelu_erf_fwd_avx2(y, x) };
+    }
+    for (o, &v) in y.iter_mut().zip(x) {
+        o.write(gelu_erf_scalar(v).0);
+    }
+}
+
+/// `dx = dy * gelu_erf'(x)` over slices: AVX2 + FMA where available.
+pub(crate) fn gelu_erf_bwd(dx: &mut [MaybeUninit<f32>], x: &[f32], dy: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_fma() {
+        // SAFETY: the CPU has AVX2 and FMA.
+        return unsafe { gelu_erf_bwd_avx2(dx, x, dy) };
+    }
+    for ((d, &v), &g) in dx.iter_mut().zip(x).zip(dy) {
+        d.write(g * gelu_erf_scalar(v).1);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -330,6 +442,52 @@ mod tests {
                 d[i],
                 g[i] * sd
             );
+        }
+    }
+
+    /// The f32 erf GELU (8 lanes and scalar) against the f64 formula with libm's erf, and
+    /// its derivative against the f64 derivative.
+    #[test]
+    fn gelu_erf_matches_the_f64_formula() {
+        let n = 4001;
+        let xs: Vec<f32> = (0..n).map(|i| i as f32 * 0.005 - 10.0).collect();
+        let ones = vec![1f32; n];
+        let (mut y, mut d) = (super::super::uninit::<f32>(n), super::super::uninit::<f32>(n));
+        gelu_erf_fwd(&mut y, &xs);
+        gelu_erf_bwd(&mut d, &xs, &ones);
+        // SAFETY: both functions write every slot.
+        let (y, d) = unsafe { (super::super::assume_init(y), super::super::assume_init(d)) };
+        let (mut worst_y, mut worst_d) = (0f64, 0f64);
+        for i in 0..n {
+            let v = xs[i] as f64;
+            let e = libm::erf(v / 2f64.sqrt());
+            let want_y = 0.5 * v * (1.0 + e);
+            let want_d = 0.5 * (1.0 + e) + v * (-0.5 * v * v).exp() / (2.0 * std::f64::consts::PI).sqrt();
+            worst_y = worst_y.max((y[i] as f64 - want_y).abs());
+            worst_d = worst_d.max((d[i] as f64 - want_d).abs());
+            let (sy, sd) = gelu_erf_scalar(xs[i]);
+            assert!(
+                (sy - y[i]).abs() <= 1e-6 * (1.0 + sy.abs()),
+                "{}: {sy} vs {}",
+                xs[i],
+                y[i]
+            );
+            assert!(
+                (sd - d[i]).abs() <= 1e-6 * (1.0 + sd.abs()),
+                "{}: {sd} vs {}",
+                xs[i],
+                d[i]
+            );
+        }
+        assert!(worst_y < 1e-6, "value error {worst_y}");
+        assert!(worst_d < 1e-6, "derivative error {worst_d}");
+        // Exact limits: 0 far left, x far right; never a subnormal value.
+        assert_eq!(gelu_erf_scalar(-30.0), (0.0, 0.0));
+        assert_eq!(gelu_erf_scalar(30.0), (30.0, 1.0));
+        for (i, (&a, &b)) in y.iter().zip(&d).enumerate() {
+            for v in [a, b] {
+                assert!(v == 0.0 || v.abs() >= f32::MIN_POSITIVE, "{}: subnormal {v}", xs[i]);
+            }
         }
     }
 }

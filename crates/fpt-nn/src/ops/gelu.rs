@@ -84,6 +84,12 @@ impl Activation for Erf {
         )
         .unwrap()
     }
+    fn f_f32(y: &mut [MaybeUninit<f32>], x: &[f32]) {
+        super::fastmath::gelu_erf_fwd(y, x);
+    }
+    fn df_f32(dx: &mut [MaybeUninit<f32>], x: &[f32], dy: &[f32]) {
+        super::fastmath::gelu_erf_bwd(dx, x, dy);
+    }
 }
 
 /// `x` as f32 when `T` is f32.
