@@ -100,39 +100,6 @@ unsafe fn gelu_new8(x: std::arch::x86_64::__m256) -> (std::arch::x86_64::__m256,
     }
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn gelu_new_fwd_avx2(y: &mut [MaybeUninit<f32>], x: &[f32]) {
-    use std::arch::x86_64::*;
-    let n8 = x.len().min(y.len()) / 8 * 8;
-    let yp = y.as_mut_ptr() as *mut f32;
-    for i in (0..n8).step_by(8) {
-        // SAFETY: i + 8 <= len of both slices (raw stores into the output slots).
-        unsafe { _mm256_storeu_ps(yp.add(i), gelu_new8(_mm256_loadu_ps(x.as_ptr().add(i))).0) };
-    }
-    for i in n8..x.len() {
-        y[i].write(gelu_new_scalar(x[i]).0);
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn gelu_new_bwd_avx2(dx: &mut [MaybeUninit<f32>], x: &[f32], dy: &[f32]) {
-    use std::arch::x86_64::*;
-    let n8 = x.len().min(dx.len()).min(dy.len()) / 8 * 8;
-    let dp = dx.as_mut_ptr() as *mut f32;
-    for i in (0..n8).step_by(8) {
-        // SAFETY: i + 8 <= len of the three slices (raw stores into the output slots).
-        unsafe {
-            let d = gelu_new8(_mm256_loadu_ps(x.as_ptr().add(i))).1;
-            _mm256_storeu_ps(dp.add(i), _mm256_mul_ps(d, _mm256_loadu_ps(dy.as_ptr().add(i))));
-        }
-    }
-    for i in n8..x.len() {
-        dx[i].write(dy[i] * gelu_new_scalar(x[i]).1);
-    }
-}
-
 /// `gelu_new` and its derivative in f32 (scalar, the vectorizable formulas).
 #[inline(always)]
 pub(crate) fn gelu_new_scalar(x: f32) -> (f32, f32) {
@@ -142,30 +109,6 @@ pub(crate) fn gelu_new_scalar(x: f32) -> (f32, f32) {
     let y = 0.5 * x * (1.0 + t);
     let dt = (1.0 - t * t) * C * (1.0 + 3.0 * A * x * x);
     (y, 0.5 * (1.0 + t) + 0.5 * x * dt)
-}
-
-/// `y = gelu_new(x)` over slices: AVX2 + FMA where available.
-pub(crate) fn gelu_new_fwd(y: &mut [MaybeUninit<f32>], x: &[f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2_fma() {
-        // SAFETY: the CPU has AVX2 and FMA.
-        return unsafe { gelu_new_fwd_avx2(y, x) };
-    }
-    for (o, &v) in y.iter_mut().zip(x) {
-        o.write(gelu_new_scalar(v).0);
-    }
-}
-
-/// `dx = dy * gelu_new'(x)` over slices: AVX2 + FMA where available.
-pub(crate) fn gelu_new_bwd(dx: &mut [MaybeUninit<f32>], x: &[f32], dy: &[f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2_fma() {
-        // SAFETY: the CPU has AVX2 and FMA.
-        return unsafe { gelu_new_bwd_avx2(dx, x, dy) };
-    }
-    for ((d, &v), &g) in dx.iter_mut().zip(x).zip(dy) {
-        d.write(g * gelu_new_scalar(v).1);
-    }
 }
 
 /// `row := softmax(scale * row)` in place (a non-empty slice): AVX2 + FMA where available.
@@ -320,60 +263,104 @@ unsafe fn gelu_erf8(x: std::arch::x86_64::__m256) -> (std::arch::x86_64::__m256,
     }
 }
 
+/// A GELU as the slice loops below run it: value and derivative, scalar and 8 lanes.
+pub(crate) trait Gelu {
+    /// `(y, dy/dx)` at `x`.
+    fn scalar(x: f32) -> (f32, f32);
+    /// `(y, dy/dx)` for 8 lanes.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 and FMA.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn lanes8(x: std::arch::x86_64::__m256) -> (std::arch::x86_64::__m256, std::arch::x86_64::__m256);
+}
+
+/// GPT-2's `gelu_new` (tanh approximation).
+pub(crate) struct GeluNew;
+impl Gelu for GeluNew {
+    #[inline(always)]
+    fn scalar(x: f32) -> (f32, f32) {
+        gelu_new_scalar(x)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn lanes8(x: std::arch::x86_64::__m256) -> (std::arch::x86_64::__m256, std::arch::x86_64::__m256) {
+        // SAFETY: forwarded contract.
+        unsafe { gelu_new8(x) }
+    }
+}
+
+/// BERT's exact (erf) GELU.
+pub(crate) struct GeluErf;
+impl Gelu for GeluErf {
+    #[inline(always)]
+    fn scalar(x: f32) -> (f32, f32) {
+        gelu_erf_scalar(x)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn lanes8(x: std::arch::x86_64::__m256) -> (std::arch::x86_64::__m256, std::arch::x86_64::__m256) {
+        // SAFETY: forwarded contract.
+        unsafe { gelu_erf8(x) }
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn gelu_erf_fwd_avx2(y: &mut [MaybeUninit<f32>], x: &[f32]) {
+unsafe fn gelu_fwd_avx2<G: Gelu>(y: &mut [MaybeUninit<f32>], x: &[f32]) {
     use std::arch::x86_64::*;
     let n8 = x.len().min(y.len()) / 8 * 8;
     let yp = y.as_mut_ptr() as *mut f32;
     for i in (0..n8).step_by(8) {
-        // SAFETY: i + 8 <= len of both slices (raw stores into the output slots).
-        unsafe { _mm256_storeu_ps(yp.add(i), gelu_erf8(_mm256_loadu_ps(x.as_ptr().add(i))).0) };
+        // SAFETY: i + 8 <= len of both slices (raw stores into the output slots); the CPU
+        // has AVX2 and FMA (this function's contract).
+        unsafe { _mm256_storeu_ps(yp.add(i), G::lanes8(_mm256_loadu_ps(x.as_ptr().add(i))).0) };
     }
     for i in n8..x.len() {
-        y[i].write(gelu_erf_scalar(x[i]).0);
+        y[i].write(G::scalar(x[i]).0);
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn gelu_erf_bwd_avx2(dx: &mut [MaybeUninit<f32>], x: &[f32], dy: &[f32]) {
+unsafe fn gelu_bwd_avx2<G: Gelu>(dx: &mut [MaybeUninit<f32>], x: &[f32], dy: &[f32]) {
     use std::arch::x86_64::*;
     let n8 = x.len().min(dx.len()).min(dy.len()) / 8 * 8;
     let dp = dx.as_mut_ptr() as *mut f32;
     for i in (0..n8).step_by(8) {
-        // SAFETY: i + 8 <= len of the three slices (raw stores into the output slots).
+        // SAFETY: i + 8 <= len of the three slices (raw stores into the output slots); the
+        // CPU has AVX2 and FMA (this function's contract).
         unsafe {
-            let d = gelu_erf8(_mm256_loadu_ps(x.as_ptr().add(i))).1;
+            let d = G::lanes8(_mm256_loadu_ps(x.as_ptr().add(i))).1;
             _mm256_storeu_ps(dp.add(i), _mm256_mul_ps(d, _mm256_loadu_ps(dy.as_ptr().add(i))));
         }
     }
     for i in n8..x.len() {
-        dx[i].write(dy[i] * gelu_erf_scalar(x[i]).1);
+        dx[i].write(dy[i] * G::scalar(x[i]).1);
     }
 }
 
-/// `y = gelu_erf(x)` over slices: AVX2 + FMA where available.
-pub(crate) fn gelu_erf_fwd(y: &mut [MaybeUninit<f32>], x: &[f32]) {
+/// `y = gelu(x)` over slices: AVX2 + FMA where available.
+pub(crate) fn gelu_fwd<G: Gelu>(y: &mut [MaybeUninit<f32>], x: &[f32]) {
     #[cfg(target_arch = "x86_64")]
     if has_avx2_fma() {
         // SAFETY: the CPU has AVX2 and FMA.
-        return unsafe { gelu_erf_fwd_avx2(y, x) };
+        return unsafe { gelu_fwd_avx2::<G>(y, x) };
     }
     for (o, &v) in y.iter_mut().zip(x) {
-        o.write(gelu_erf_scalar(v).0);
+        o.write(G::scalar(v).0);
     }
 }
 
-/// `dx = dy * gelu_erf'(x)` over slices: AVX2 + FMA where available.
-pub(crate) fn gelu_erf_bwd(dx: &mut [MaybeUninit<f32>], x: &[f32], dy: &[f32]) {
+/// `dx = dy * gelu'(x)` over slices: AVX2 + FMA where available.
+pub(crate) fn gelu_bwd<G: Gelu>(dx: &mut [MaybeUninit<f32>], x: &[f32], dy: &[f32]) {
     #[cfg(target_arch = "x86_64")]
     if has_avx2_fma() {
         // SAFETY: the CPU has AVX2 and FMA.
-        return unsafe { gelu_erf_bwd_avx2(dx, x, dy) };
+        return unsafe { gelu_bwd_avx2::<G>(dx, x, dy) };
     }
     for ((d, &v), &g) in dx.iter_mut().zip(x).zip(dy) {
-        d.write(g * gelu_erf_scalar(v).1);
+        d.write(g * G::scalar(v).1);
     }
 }
 
@@ -429,8 +416,8 @@ mod tests {
         let xs: Vec<f32> = (0..37).map(|i| i as f32 * 0.3 - 5.0).collect();
         let g: Vec<f32> = (0..37).map(|i| 1.0 + i as f32 * 0.01).collect();
         let (mut y, mut d) = (super::super::uninit::<f32>(37), super::super::uninit::<f32>(37));
-        gelu_new_fwd(&mut y, &xs);
-        gelu_new_bwd(&mut d, &xs, &g);
+        gelu_fwd::<GeluNew>(&mut y, &xs);
+        gelu_bwd::<GeluNew>(&mut d, &xs, &g);
         // SAFETY: both functions write every slot.
         let (y, d) = unsafe { (super::super::assume_init(y), super::super::assume_init(d)) };
         for i in 0..37 {
@@ -453,8 +440,8 @@ mod tests {
         let xs: Vec<f32> = (0..n).map(|i| i as f32 * 0.005 - 10.0).collect();
         let ones = vec![1f32; n];
         let (mut y, mut d) = (super::super::uninit::<f32>(n), super::super::uninit::<f32>(n));
-        gelu_erf_fwd(&mut y, &xs);
-        gelu_erf_bwd(&mut d, &xs, &ones);
+        gelu_fwd::<GeluErf>(&mut y, &xs);
+        gelu_bwd::<GeluErf>(&mut d, &xs, &ones);
         // SAFETY: both functions write every slot.
         let (y, d) = unsafe { (super::super::assume_init(y), super::super::assume_init(d)) };
         let (mut worst_y, mut worst_d) = (0f64, 0f64);

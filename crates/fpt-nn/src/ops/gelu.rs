@@ -61,10 +61,10 @@ impl Activation for New {
         half * (T::one() + t) + half * x * dt
     }
     fn f_f32(y: &mut [MaybeUninit<f32>], x: &[f32]) {
-        super::fastmath::gelu_new_fwd(y, x);
+        super::fastmath::gelu_fwd::<super::fastmath::GeluNew>(y, x);
     }
     fn df_f32(dx: &mut [MaybeUninit<f32>], x: &[f32], dy: &[f32]) {
-        super::fastmath::gelu_new_bwd(dx, x, dy);
+        super::fastmath::gelu_bwd::<super::fastmath::GeluNew>(dx, x, dy);
     }
 }
 
@@ -85,10 +85,10 @@ impl Activation for Erf {
         .unwrap()
     }
     fn f_f32(y: &mut [MaybeUninit<f32>], x: &[f32]) {
-        super::fastmath::gelu_erf_fwd(y, x);
+        super::fastmath::gelu_fwd::<super::fastmath::GeluErf>(y, x);
     }
     fn df_f32(dx: &mut [MaybeUninit<f32>], x: &[f32], dy: &[f32]) {
-        super::fastmath::gelu_erf_bwd(dx, x, dy);
+        super::fastmath::gelu_bwd::<super::fastmath::GeluErf>(dx, x, dy);
     }
 }
 
