@@ -12,7 +12,7 @@ type PackCache = Arc<Mutex<Option<(TensorId, Arc<PackedB>)>>>;
 
 /// `y = x W^T + b`, `W: [out, in]`.
 ///
-/// On CPUs with AVX-512, a frozen f32 weight is packed for the forward product at the first
+/// On the AVX-512 kernel path, a frozen f32 weight is packed for the forward product at the first
 /// forward and kept (one more copy of the weight in memory; clones of the layer share it),
 /// so the steps after the first skip re-packing it. A [`PreNormBranch`] also keeps it packed
 /// for the backward product (a second copy).
@@ -51,8 +51,8 @@ impl Linear {
         ops::linear_prepacked(x, w, self.bias.as_ref().map(|b| b.tensor()), packed)
     }
 
-    /// Whether the weight is frozen and `x` and the weight are f32 on a CPU with AVX-512:
-    /// then the weight is kept packed.
+    /// Whether the weight is frozen and `x` and the weight are f32 on the CPU, on the
+    /// AVX-512 kernel path: then the weight is kept packed.
     fn packs_for(&self, x: &Tensor) -> bool {
         let w = self.weight.tensor();
         !self.weight.is_trainable()
@@ -60,7 +60,7 @@ impl Linear {
             && w.dtype() == DType::F32
             && x.device().is_cpu()
             && w.device().is_cpu()
-            && crate::ops::sgemm::has_avx512()
+            && crate::kernels::KernelPath::active().avx512()
     }
 
     /// Whether the bias (if any) is frozen too.
@@ -127,8 +127,8 @@ pub enum BranchMid {
 /// A pre-LayerNorm residual branch, `x + dropout(output(mid(input(norm(x)))))`: the
 /// attention half or the feed-forward half of a GPT-2 block.
 ///
-/// When both linear layers are frozen (weights and biases) and `x` is f32 on a CPU with
-/// AVX-512, [`PreNormBranch::forward`] runs it as one op ([`PreNormBranch::is_fused`]):
+/// When both linear layers are frozen (weights and biases) and `x` is f32 on the CPU on the
+/// AVX-512 kernel path, [`PreNormBranch::forward`] runs it as one op ([`PreNormBranch::is_fused`]):
 /// its backward chains the same kernels by hand and returns gradients for `x` and the
 /// norm's parameters only. The composed version hands each intermediate's gradient to
 /// candle's backward, which starts every one from a zero tensor and adds to it (a memset

@@ -16,11 +16,13 @@
 //! Frozen weights are plain tensors, trainable ones are `Var`s: see [`Param`].
 
 pub mod init;
+pub mod kernels;
 pub mod layers;
 pub mod ops;
 mod param;
 mod rng;
 
+pub use kernels::KernelPath;
 pub use layers::{BranchMid, Embedding, LayerNorm, Linear, PreNormBranch};
 pub use param::Param;
 pub use rng::Rng;

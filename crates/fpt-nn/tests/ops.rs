@@ -2,7 +2,18 @@
 //! finite differences in f64; the frozen linear op against the gradient-store invariant.
 
 use candle_core::{backprop::GradStore, DType, Device, Result, Tensor, Var};
-use fpt_nn::{ops, Rng};
+use fpt_nn::{ops, KernelPath, Rng};
+
+/// Runs `f` on every kernel path this CPU runs (and `FPT_KERNELS` allows), naming the path
+/// in a failure.
+fn every_path(f: fn() -> Result<()>) -> Result<()> {
+    for path in KernelPath::available() {
+        fpt_nn::kernels::with_path(path, f)
+            .map_err(candle_core::Error::wrap)?
+            .map_err(|e| e.context(format!("on the {path} kernel path")))?;
+    }
+    Ok(())
+}
 
 fn randn(shape: &[usize], seed: u64, dtype: DType) -> Result<Tensor> {
     fpt_nn::init::normal(shape, 0.0, 1.0, &mut Rng::new(seed), &Device::Cpu)?.to_dtype(dtype)
@@ -82,6 +93,10 @@ where
 
 #[test]
 fn layer_norm_matches_reference_and_finite_differences() -> Result<()> {
+    every_path(layer_norm_matches_reference_and_finite_differences_on_one_path)
+}
+
+fn layer_norm_matches_reference_and_finite_differences_on_one_path() -> Result<()> {
     check(
         &[&[3, 5, 16], &[16], &[16]],
         |t| ops::layer_norm(&t[0], &t[1], &t[2], 1e-5),
@@ -92,6 +107,10 @@ fn layer_norm_matches_reference_and_finite_differences() -> Result<()> {
 
 #[test]
 fn causal_softmax_matches_reference_and_finite_differences() -> Result<()> {
+    every_path(causal_softmax_matches_reference_and_finite_differences_on_one_path)
+}
+
+fn causal_softmax_matches_reference_and_finite_differences_on_one_path() -> Result<()> {
     check(
         &[&[2, 3, 6, 6]],
         |t| ops::masked_softmax(&t[0], 0.37, ops::Mask::Causal),
@@ -114,6 +133,10 @@ fn causal_softmax_matches_reference_and_finite_differences() -> Result<()> {
 
 #[test]
 fn causal_softmax_gives_zero_to_the_future() -> Result<()> {
+    every_path(causal_softmax_gives_zero_to_the_future_on_one_path)
+}
+
+fn causal_softmax_gives_zero_to_the_future_on_one_path() -> Result<()> {
     let band = ops::masked_softmax(&randn(&[1, 6, 6], 1, DType::F32)?, 1.0, ops::Mask::Band(1))?
         .squeeze(0)?
         .to_vec2::<f32>()?;
@@ -135,6 +158,10 @@ fn causal_softmax_gives_zero_to_the_future() -> Result<()> {
 
 #[test]
 fn gelu_new_matches_reference_and_finite_differences() -> Result<()> {
+    every_path(gelu_new_matches_reference_and_finite_differences_on_one_path)
+}
+
+fn gelu_new_matches_reference_and_finite_differences_on_one_path() -> Result<()> {
     check(
         &[&[4, 33]],
         |t| ops::gelu_new(&t[0]),
@@ -150,6 +177,10 @@ fn gelu_new_matches_reference_and_finite_differences() -> Result<()> {
 
 #[test]
 fn linear_matches_reference_and_finite_differences() -> Result<()> {
+    every_path(linear_matches_reference_and_finite_differences_on_one_path)
+}
+
+fn linear_matches_reference_and_finite_differences_on_one_path() -> Result<()> {
     // All three arguments trainable.
     check(
         &[&[2, 3, 5], &[7, 5], &[7]],
@@ -176,6 +207,10 @@ fn linear_matches_reference_and_finite_differences() -> Result<()> {
 
 #[test]
 fn frozen_linear_never_puts_the_weight_in_the_grad_store() -> Result<()> {
+    every_path(frozen_linear_never_puts_the_weight_in_the_grad_store_on_one_path)
+}
+
+fn frozen_linear_never_puts_the_weight_in_the_grad_store_on_one_path() -> Result<()> {
     let x = Var::from_tensor(&randn(&[4, 8], 1, DType::F32)?)?;
     let w = randn(&[6, 8], 2, DType::F32)?;
     let b = randn(&[6], 3, DType::F32)?;
@@ -206,6 +241,10 @@ fn frozen_linear_never_puts_the_weight_in_the_grad_store() -> Result<()> {
 
 #[test]
 fn dropout_is_seeded_and_inverted() -> Result<()> {
+    every_path(dropout_is_seeded_and_inverted_on_one_path)
+}
+
+fn dropout_is_seeded_and_inverted_on_one_path() -> Result<()> {
     let x = Tensor::ones((100, 100), DType::F32, &Device::Cpu)?;
     let a = ops::dropout(&x, 0.1, &mut Rng::new(5))?;
     let b = ops::dropout(&x, 0.1, &mut Rng::new(5))?;
@@ -224,6 +263,10 @@ fn dropout_is_seeded_and_inverted() -> Result<()> {
 
 #[test]
 fn cross_entropy_matches_closed_form() -> Result<()> {
+    every_path(cross_entropy_matches_closed_form_on_one_path)
+}
+
+fn cross_entropy_matches_closed_form_on_one_path() -> Result<()> {
     let logits = Tensor::new(&[[2.0f32, 0.0], [0.0, 1.0], [1.0, 1.0]], &Device::Cpu)?;
     let targets = Tensor::new(&[0u32, 0, 1], &Device::Cpu)?;
     let l = ops::cross_entropy(&logits, &targets)?.to_scalar::<f32>()?;
@@ -241,6 +284,10 @@ fn cross_entropy_matches_closed_form() -> Result<()> {
 
 #[test]
 fn fused_cross_entropy_matches_reference_and_finite_differences() -> Result<()> {
+    every_path(fused_cross_entropy_matches_reference_and_finite_differences_on_one_path)
+}
+
+fn fused_cross_entropy_matches_reference_and_finite_differences_on_one_path() -> Result<()> {
     let targets = Tensor::new(&[3u32, 0, 2, 1, 4], &Device::Cpu)?;
     check(
         &[&[5, 5]],
@@ -258,6 +305,10 @@ fn fused_cross_entropy_matches_reference_and_finite_differences() -> Result<()> 
 
 #[test]
 fn gelu_erf_matches_reference_and_finite_differences() -> Result<()> {
+    every_path(gelu_erf_matches_reference_and_finite_differences_on_one_path)
+}
+
+fn gelu_erf_matches_reference_and_finite_differences_on_one_path() -> Result<()> {
     check(
         &[&[3, 41]],
         |t| ops::gelu_erf(&t[0]),
@@ -271,6 +322,10 @@ fn gelu_erf_matches_reference_and_finite_differences() -> Result<()> {
 /// central finite differences in f32 (the fused kernel is f32 only).
 #[test]
 fn fused_attention_matches_reference_and_finite_differences() -> Result<()> {
+    every_path(fused_attention_matches_reference_and_finite_differences_on_one_path)
+}
+
+fn fused_attention_matches_reference_and_finite_differences_on_one_path() -> Result<()> {
     let (b, t, heads, d) = (2, 7, 3, 4);
     let c = heads * d;
     for mask in [ops::Mask::None, ops::Mask::Causal, ops::Mask::Band(2)] {
@@ -328,6 +383,10 @@ fn fused_attention_matches_reference_and_finite_differences() -> Result<()> {
 
 #[test]
 fn fused_attention_dropout_depends_on_the_seed_only() -> Result<()> {
+    every_path(fused_attention_dropout_depends_on_the_seed_only_on_one_path)
+}
+
+fn fused_attention_dropout_depends_on_the_seed_only_on_one_path() -> Result<()> {
     let x = randn(&[1, 6, 3 * 8], 5, DType::F32)?;
     let spec = |seed| ops::AttentionSpec {
         heads: 2,
@@ -350,6 +409,10 @@ fn fused_attention_dropout_depends_on_the_seed_only() -> Result<()> {
 
 #[test]
 fn fused_dropout_add_matches_reference() -> Result<()> {
+    every_path(fused_dropout_add_matches_reference_on_one_path)
+}
+
+fn fused_dropout_add_matches_reference_on_one_path() -> Result<()> {
     let (p, seed) = (0.25, 9u64);
     let shape = [3, 50_000]; // several mask chunks, drawn in parallel
     let x = Var::from_tensor(&randn(&shape, 1, DType::F32)?)?;
@@ -384,6 +447,10 @@ fn fused_dropout_add_matches_reference() -> Result<()> {
 /// finite differences.
 #[test]
 fn attention_for_the_last_queries_matches_the_full_one() -> Result<()> {
+    every_path(attention_for_the_last_queries_matches_the_full_one_on_one_path)
+}
+
+fn attention_for_the_last_queries_matches_the_full_one_on_one_path() -> Result<()> {
     let (b, t, heads, d, last) = (2, 9, 2, 4, 3);
     let c = heads * d;
     for mask in [ops::Mask::Causal, ops::Mask::None] {
@@ -439,6 +506,10 @@ fn attention_for_the_last_queries_matches_the_full_one() -> Result<()> {
 /// again (never read stale). Trainable weights take the plain path.
 #[test]
 fn frozen_linear_layer_reuses_its_packed_weight_exactly() -> Result<()> {
+    every_path(frozen_linear_layer_reuses_its_packed_weight_exactly_on_one_path)
+}
+
+fn frozen_linear_layer_reuses_its_packed_weight_exactly_on_one_path() -> Result<()> {
     // Several column and depth blocks of the product.
     let (m, k, n) = (37, 900, 3100);
     let w = randn(&[n, k], 1, DType::F32)?;
@@ -494,18 +565,13 @@ fn branch_layers(
 /// weight turns fusion off and gets its gradient.
 #[test]
 fn fused_pre_norm_branch_matches_composed_and_finite_differences() -> Result<()> {
+    every_path(fused_pre_norm_branch_matches_composed_and_finite_differences_on_one_path)
+}
+
+fn fused_pre_norm_branch_matches_composed_and_finite_differences_on_one_path() -> Result<()> {
     let (b, t, heads, d) = (2, 5, 2, 8);
     let c = heads * d;
-    let avx512 = {
-        #[cfg(target_arch = "x86_64")]
-        {
-            std::is_x86_feature_detected!("avx512f")
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            false
-        }
-    };
+    let avx512 = KernelPath::active() == KernelPath::Avx512;
     for attention in [false, true] {
         for dropout in [None, Some((0.2, 17u64))] {
             let (mid, mid_in, mid_out) = if attention {
@@ -528,7 +594,11 @@ fn fused_pre_norm_branch_matches_composed_and_finite_differences() -> Result<()>
             };
             let what = format!("attention {attention}, dropout {dropout:?}");
             let x = Var::from_tensor(&randn(&[b, t, c], 3, DType::F32)?)?;
-            assert_eq!(branch.is_fused(x.as_tensor()), avx512, "{what}: fused iff AVX-512");
+            assert_eq!(
+                branch.is_fused(x.as_tensor()),
+                avx512,
+                "{what}: fused iff on the AVX-512 path"
+            );
             let reference = branch.forward_composed(x.as_tensor(), dropout)?;
             let gr = loss(&reference, 8)?.backward()?;
             let vars = [&x, norm.weight.var().unwrap(), norm.bias.var().unwrap()];

@@ -18,6 +18,7 @@
 
 use super::sgemm::{sgemm, MatRef};
 use super::{tracks, unsupported, Mask};
+use crate::kernels::KernelPath;
 use crate::Rng;
 use candle_core::backend::BackendStorage as _;
 use candle_core::{CpuStorage, CustomOp1, CustomOp3, DType, Layout, Result, Shape, Tensor, D};
@@ -40,9 +41,9 @@ pub struct AttentionSpec {
 /// Fills `out` (`tq * t`) with one head's dropout multipliers: 0 with probability `p`, else
 /// `1 / (1 - p)`, from a key of the head's stream hashed with the element index (the same values
 /// as [`dropout_mask`]).
-fn fill_mask(out: &mut [f32], seed: u64, bh: usize, p: f64) {
+fn fill_mask(path: KernelPath, out: &mut [f32], seed: u64, bh: usize, p: f64) {
     let key = (Rng::stream(seed, bh as u64).next_u64() >> 32) as u32;
-    super::fastmath::dropout_multipliers(out, key, 0, p);
+    super::fastmath::dropout_multipliers(path, out, key, 0, p);
 }
 
 /// The dropout multipliers the fused op applies, as a `[batch, heads, t, t]` tensor (for
@@ -56,8 +57,9 @@ pub fn dropout_mask(
     device: &candle_core::Device,
 ) -> Result<Tensor> {
     let mut m = vec![0f32; batch * heads * t * t];
+    let path = KernelPath::active();
     for (bh, chunk) in m.chunks_mut(t * t).enumerate() {
-        fill_mask(chunk, seed, bh, p);
+        fill_mask(path, chunk, seed, bh, p);
     }
     Tensor::from_vec(m, (batch, heads, t, t), device)
 }
@@ -76,6 +78,8 @@ struct Geom {
     d: usize,
     /// Row stride of Q, K and V (3c when packed, c when split).
     row: usize,
+    /// The kernels, chosen on the calling thread.
+    path: KernelPath,
 }
 
 #[derive(Clone, Copy)]
@@ -109,10 +113,10 @@ fn grow(v: &mut Vec<f32>, n: usize) {
 }
 
 /// `p` := masked softmax of `scale * p`, `tq` rows of `t` keys; hidden keys get 0.
-fn softmax_rows(p: &mut [f32], tq: usize, t: usize, scale: f32, mask: Mask) {
+fn softmax_rows(path: KernelPath, p: &mut [f32], tq: usize, t: usize, scale: f32, mask: Mask) {
     for (i, row) in p.chunks_mut(t).enumerate() {
         let (lo, hi) = mask.range(i, tq, t);
-        super::fastmath::softmax_in_place(&mut row[lo..hi], scale);
+        super::fastmath::softmax_in_place(path, &mut row[lo..hi], scale);
         row[..lo].fill(0.0);
         row[hi..].fill(0.0);
     }
@@ -124,6 +128,7 @@ unsafe fn scores(g: &Geom, x: Ptrs, bh: usize, s: &mut [f32]) {
     // SAFETY: the head's rows lie inside the buffers (checked shapes).
     unsafe {
         sgemm(
+            g.path,
             g.tq,
             g.t,
             g.d,
@@ -154,11 +159,11 @@ fn forward(g: Geom, x: Ptrs, spec: &AttentionSpec) -> Vec<f32> {
             let s = &mut s[..tt];
             // SAFETY: shapes were checked; each head writes its own columns of `out`.
             unsafe { scores(&g, x, bh, s) };
-            softmax_rows(s, g.tq, g.t, spec.scale as f32, spec.mask);
+            softmax_rows(g.path, s, g.tq, g.t, spec.scale as f32, spec.mask);
             if let Some((p, seed)) = spec.dropout {
                 grow(m, tt);
                 let m = &mut m[..tt];
-                fill_mask(m, seed, bh, p);
+                fill_mask(g.path, m, seed, bh, p);
                 for (a, b) in s.iter_mut().zip(m.iter()) {
                     *a *= b;
                 }
@@ -168,6 +173,7 @@ fn forward(g: Geom, x: Ptrs, spec: &AttentionSpec) -> Vec<f32> {
             // SAFETY: as above.
             unsafe {
                 sgemm(
+                    g.path,
                     g.tq,
                     g.d,
                     g.t,
@@ -219,13 +225,13 @@ fn backward(g: Geom, x: Ptrs, dout: &[f32], dx: OutPtrs, row_out: usize, spec: &
             // columns of the gradient buffers.
             unsafe {
                 scores(&g, x, bh, s);
-                softmax_rows(s, g.tq, g.t, scale, spec.mask);
+                softmax_rows(g.path, s, g.tq, g.t, scale, spec.mask);
                 // w = P' (dropped probabilities).
                 let mask = match spec.dropout {
                     Some((p, seed)) => {
                         grow(m, tt);
                         let m = &mut m[..tt];
-                        fill_mask(m, seed, bh, p);
+                        fill_mask(g.path, m, seed, bh, p);
                         for ((wv, sv), mv) in w.iter_mut().zip(s.iter()).zip(m.iter()) {
                             *wv = sv * mv;
                         }
@@ -239,6 +245,7 @@ fn backward(g: Geom, x: Ptrs, dout: &[f32], dx: OutPtrs, row_out: usize, spec: &
                 if !dx.v.is_null() {
                     // dV = P'^T dO
                     sgemm(
+                        g.path,
                         g.t,
                         g.d,
                         g.tq,
@@ -253,6 +260,7 @@ fn backward(g: Geom, x: Ptrs, dout: &[f32], dx: OutPtrs, row_out: usize, spec: &
                 }
                 // w = dO V^T, then dP = w * M
                 sgemm(
+                    g.path,
                     g.tq,
                     g.t,
                     g.d,
@@ -282,6 +290,7 @@ fn backward(g: Geom, x: Ptrs, dout: &[f32], dx: OutPtrs, row_out: usize, spec: &
                 if !dx.q.is_null() {
                     // dQ = dS K (the other rows of dQ stay zero)
                     sgemm(
+                        g.path,
                         g.tq,
                         g.d,
                         g.t,
@@ -297,6 +306,7 @@ fn backward(g: Geom, x: Ptrs, dout: &[f32], dx: OutPtrs, row_out: usize, spec: &
                 if !dx.k.is_null() {
                     // dK = dS^T Q
                     sgemm(
+                        g.path,
                         g.t,
                         g.d,
                         g.tq,
@@ -338,6 +348,7 @@ fn geom(shape: &Shape, heads: usize, packed: bool, last: Option<usize>) -> Resul
         heads,
         d: c / heads,
         row: w,
+        path: KernelPath::active(),
     })
 }
 

@@ -48,10 +48,12 @@ fn product(a: &[f32], b: &PackedB, bias: Option<&[f32]>) -> Vec<f32> {
     let m = a.len() / k;
     let mut y = super::uninit::<f32>(m * n);
     // SAFETY: `a` holds m rows of k (checked by the op's shape checks); y has m * n slots,
-    // all written (overwrite mode); the CPU has AVX-512 and k > 0 (the branch is fused only
-    // then, and weights have a non-empty input width).
+    // all written (overwrite mode); sgemm_prepacked checks the AVX-512 path and k > 0
+    // before touching memory (the branch is fused only on that path, and weights have a
+    // non-empty input width).
     unsafe {
         sgemm_prepacked(
+            crate::kernels::KernelPath::active(),
             m,
             MatRef::new(a.as_ptr(), k, 1),
             b,

@@ -8,6 +8,7 @@
 //! branch `x + dropout(y)`) stores no mask and redraws it in backward.
 
 use super::{cpu_slice, tracks, unsupported, use_par};
+use crate::kernels::KernelPath;
 use crate::Rng;
 use candle_core::backend::BackendStorage as _;
 use candle_core::{CpuStorage, CudaStorage, CustomOp2, DType, Layout, Result, Shape, Tensor};
@@ -32,14 +33,16 @@ fn chunk_key(seed: u64, chunk: usize) -> u32 {
 }
 
 /// Draws one chunk's multipliers: 0 with probability `p`, else `1 / (1 - p)`.
-fn draw(out: &mut [f32], seed: u64, chunk: usize, p: f64) {
-    super::fastmath::dropout_multipliers(out, chunk_key(seed, chunk), 0, p);
+fn draw(path: KernelPath, out: &mut [f32], seed: u64, chunk: usize, p: f64) {
+    super::fastmath::dropout_multipliers(path, out, chunk_key(seed, chunk), 0, p);
 }
 
-/// The dropout multipliers (0 or `1 / (1 - p)`) of `n` elements for `seed`.
+/// The dropout multipliers (0 or `1 / (1 - p)`) of `n` elements for `seed` (the same on
+/// every kernel path).
 pub fn dropout_mask_values(n: usize, p: f64, seed: u64) -> Vec<f32> {
+    let path = KernelPath::active();
     let mut m = vec![0f32; n];
-    for_chunks(&mut m, |c, out| draw(out, seed, c, p));
+    for_chunks(&mut m, |c, out| draw(path, out, seed, c, p));
     m
 }
 
@@ -109,6 +112,7 @@ impl DropoutAdd {
     /// multipliers drawn as [`draw`] draws them.
     pub(super) fn run(&self, a: Option<&[f32]>, b: &[f32]) -> Vec<f32> {
         const BLOCK: usize = 1024;
+        let path = KernelPath::active();
         let n = b.len();
         let mut out = super::uninit::<f32>(n);
         for_chunks(&mut out, |c, o| {
@@ -118,7 +122,7 @@ impl DropoutAdd {
             for (bi, ob) in o.chunks_mut(BLOCK).enumerate() {
                 let j0 = bi * BLOCK;
                 let m = &mut m[..ob.len()];
-                super::fastmath::dropout_multipliers(m, key, j0 as u32, self.p);
+                super::fastmath::dropout_multipliers(path, m, key, j0 as u32, self.p);
                 let bs = &b[start + j0..start + j0 + ob.len()];
                 match a {
                     Some(a) => {

@@ -1,11 +1,13 @@
 //! Branch-free `exp` and `tanh` for f32, and GPT-2's and BERT's GELUs over slices in AVX2 +
-//! FMA intrinsics where the CPU has them (chosen at run time; a scalar loop otherwise).
+//! FMA intrinsics on the AVX2 and AVX-512 kernel paths (the caller passes its
+//! [`KernelPath`]); plain loops over the same formulas on the portable path.
 //!
 //! `exp_f32` is the Cephes `expf` scheme: x = n ln 2 + r with |r| <= ln 2 / 2, a degree-6
 //! polynomial for e^r, and 2^n put into the exponent bits; relative error about 2e-7 over
 //! the clamped range [-87.3, 88.7] (beyond it the result saturates at ~1e-38 or ~3e38, where
 //! the callers' results are already exact: tanh = +-1, softmax weights 0).
 
+use crate::kernels::KernelPath;
 use std::mem::MaybeUninit;
 
 const LOG2E: f32 = std::f32::consts::LOG2_E;
@@ -34,17 +36,11 @@ pub(crate) fn tanh_f32(u: f32) -> f32 {
     1.0 - 2.0 / (exp_f32(2.0 * u) + 1.0)
 }
 
-/// Whether the AVX2 + FMA loops can run here.
-pub(crate) fn has_avx2_fma() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *HAS.get_or_init(|| std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma"))
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+/// Whether the AVX2 + FMA loops run on `path` (and the CPU has them: a path the CPU lacks
+/// is never active, see [`KernelPath::active`]; checked again here, once per call).
+#[inline]
+fn use_avx2(path: KernelPath) -> bool {
+    path.avx2() && path.runs_here()
 }
 
 /// `e^x` for 8 lanes: the same scheme as [`exp_f32`] in AVX2 + FMA intrinsics.
@@ -111,11 +107,11 @@ pub(crate) fn gelu_new_scalar(x: f32) -> (f32, f32) {
     (y, 0.5 * (1.0 + t) + 0.5 * x * dt)
 }
 
-/// `row := softmax(scale * row)` in place (a non-empty slice): AVX2 + FMA where available.
-pub(crate) fn softmax_in_place(row: &mut [f32], scale: f32) {
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2_fma() {
-        // SAFETY: the CPU has AVX2 and FMA.
+/// `row := softmax(scale * row)` in place (a non-empty slice): AVX2 + FMA on those paths.
+pub(crate) fn softmax_in_place(path: KernelPath, row: &mut [f32], scale: f32) {
+    if use_avx2(path) {
+        // SAFETY: `use_avx2` checked that the CPU has AVX2 and FMA.
+        #[cfg(target_arch = "x86_64")]
         return unsafe { softmax_avx2(row, scale) };
     }
     let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v * scale));
@@ -177,13 +173,13 @@ unsafe fn softmax_avx2(row: &mut [f32], scale: f32) {
 
 /// Dropout multipliers: `out[j] = 0` when `hash(key, first + j) / 2^24 < p`, else `keep`
 /// (`1 / (1 - p)`), with the 32-bit `lowbias32` hash (C. Wellons) of the key mixed with the
-/// counter. Vectorized with AVX2 where available; the same values either way.
-pub(crate) fn dropout_multipliers(out: &mut [f32], key: u32, first: u32, p: f64) {
+/// counter. Vectorized with AVX2 on those paths; the same values on every path.
+pub(crate) fn dropout_multipliers(path: KernelPath, out: &mut [f32], key: u32, first: u32, p: f64) {
     let thr = (p * (1u32 << 24) as f64).round().clamp(0.0, (1u32 << 24) as f64) as i32;
     let keep = (1.0 / (1.0 - p)) as f32;
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2_fma() {
-        // SAFETY: the CPU has AVX2.
+    if use_avx2(path) {
+        // SAFETY: `use_avx2` checked that the CPU has AVX2.
+        #[cfg(target_arch = "x86_64")]
         return unsafe { multipliers_avx2(out, key, first, thr, keep) };
     }
     multipliers_body(out, key, first, thr, keep)
@@ -340,11 +336,11 @@ unsafe fn gelu_bwd_avx2<G: Gelu>(dx: &mut [MaybeUninit<f32>], x: &[f32], dy: &[f
     }
 }
 
-/// `y = gelu(x)` over slices: AVX2 + FMA where available.
-pub(crate) fn gelu_fwd<G: Gelu>(y: &mut [MaybeUninit<f32>], x: &[f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2_fma() {
-        // SAFETY: the CPU has AVX2 and FMA.
+/// `y = gelu(x)` over slices: AVX2 + FMA on those paths.
+pub(crate) fn gelu_fwd<G: Gelu>(path: KernelPath, y: &mut [MaybeUninit<f32>], x: &[f32]) {
+    if use_avx2(path) {
+        // SAFETY: `use_avx2` checked that the CPU has AVX2 and FMA.
+        #[cfg(target_arch = "x86_64")]
         return unsafe { gelu_fwd_avx2::<G>(y, x) };
     }
     for (o, &v) in y.iter_mut().zip(x) {
@@ -352,11 +348,11 @@ pub(crate) fn gelu_fwd<G: Gelu>(y: &mut [MaybeUninit<f32>], x: &[f32]) {
     }
 }
 
-/// `dx = dy * gelu'(x)` over slices: AVX2 + FMA where available.
-pub(crate) fn gelu_bwd<G: Gelu>(dx: &mut [MaybeUninit<f32>], x: &[f32], dy: &[f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2_fma() {
-        // SAFETY: the CPU has AVX2 and FMA.
+/// `dx = dy * gelu'(x)` over slices: AVX2 + FMA on those paths.
+pub(crate) fn gelu_bwd<G: Gelu>(path: KernelPath, dx: &mut [MaybeUninit<f32>], x: &[f32], dy: &[f32]) {
+    if use_avx2(path) {
+        // SAFETY: `use_avx2` checked that the CPU has AVX2 and FMA.
+        #[cfg(target_arch = "x86_64")]
         return unsafe { gelu_bwd_avx2::<G>(dx, x, dy) };
     }
     for ((d, &v), &g) in dx.iter_mut().zip(x).zip(dy) {
@@ -386,49 +382,55 @@ mod tests {
         assert_eq!(tanh_f32(1e4), 1.0);
         assert_eq!(tanh_f32(-1e4), -1.0);
         assert!(exp_f32(-1e4) < 1e-37);
-        // Softmax (vector body and tail) against the plain formula.
-        for n in [1usize, 7, 8, 29] {
-            let xs: Vec<f32> = (0..n).map(|i| (i as f32 * 0.7).sin() * 4.0).collect();
-            let mut got = xs.clone();
-            softmax_in_place(&mut got, 0.9);
-            let m = xs.iter().fold(f64::NEG_INFINITY, |a, &v| a.max(v as f64 * 0.9));
-            let z: f64 = xs.iter().map(|&v| (v as f64 * 0.9 - m).exp()).sum();
-            for (g, &v) in got.iter().zip(&xs) {
-                let want = (v as f64 * 0.9 - m).exp() / z;
-                assert!((*g as f64 - want).abs() < 1e-6, "n {n}: {g} vs {want}");
+        for path in KernelPath::available() {
+            // Softmax (vector body and tail) against the plain formula.
+            for n in [1usize, 7, 8, 29] {
+                let xs: Vec<f32> = (0..n).map(|i| (i as f32 * 0.7).sin() * 4.0).collect();
+                let mut got = xs.clone();
+                softmax_in_place(path, &mut got, 0.9);
+                let m = xs.iter().fold(f64::NEG_INFINITY, |a, &v| a.max(v as f64 * 0.9));
+                let z: f64 = xs.iter().map(|&v| (v as f64 * 0.9 - m).exp()).sum();
+                for (g, &v) in got.iter().zip(&xs) {
+                    let want = (v as f64 * 0.9 - m).exp() / z;
+                    assert!((*g as f64 - want).abs() < 1e-6, "{path}: n {n}: {g} vs {want}");
+                }
             }
-        }
-        // Dropout multipliers: the vector and scalar paths agree, the rate is p.
-        let mut a = vec![0f32; 100_003];
-        let mut b = vec![0f32; 100_003];
-        dropout_multipliers(&mut a, 12345, 7, 0.3);
-        multipliers_body(
-            &mut b,
-            12345,
-            7,
-            (0.3f64 * (1u32 << 24) as f64).round() as i32,
-            (1.0 / 0.7) as f32,
-        );
-        assert_eq!(a, b);
-        let dropped = a.iter().filter(|&&v| v == 0.0).count() as f64 / a.len() as f64;
-        assert!((dropped - 0.3).abs() < 0.005, "{dropped}");
-        // The 8-lane GELU (and its tail) against the scalar formulas.
-        let xs: Vec<f32> = (0..37).map(|i| i as f32 * 0.3 - 5.0).collect();
-        let g: Vec<f32> = (0..37).map(|i| 1.0 + i as f32 * 0.01).collect();
-        let (mut y, mut d) = (super::super::uninit::<f32>(37), super::super::uninit::<f32>(37));
-        gelu_fwd::<GeluNew>(&mut y, &xs);
-        gelu_bwd::<GeluNew>(&mut d, &xs, &g);
-        // SAFETY: both functions write every slot.
-        let (y, d) = unsafe { (super::super::assume_init(y), super::super::assume_init(d)) };
-        for i in 0..37 {
-            let (sy, sd) = gelu_new_scalar(xs[i]);
-            assert!((y[i] - sy).abs() <= 1e-6 * (1.0 + sy.abs()), "{i}: {} vs {sy}", y[i]);
-            assert!(
-                (d[i] - g[i] * sd).abs() <= 1e-6 * (1.0 + sd.abs()),
-                "{i}: {} vs {}",
-                d[i],
-                g[i] * sd
+            // Dropout multipliers: every path gives the scalar body's values; the rate is p.
+            let mut a = vec![0f32; 100_003];
+            let mut b = vec![0f32; 100_003];
+            dropout_multipliers(path, &mut a, 12345, 7, 0.3);
+            multipliers_body(
+                &mut b,
+                12345,
+                7,
+                (0.3f64 * (1u32 << 24) as f64).round() as i32,
+                (1.0 / 0.7) as f32,
             );
+            assert_eq!(a, b, "{path}");
+            let dropped = a.iter().filter(|&&v| v == 0.0).count() as f64 / a.len() as f64;
+            assert!((dropped - 0.3).abs() < 0.005, "{path}: {dropped}");
+            // The GELU loops (8 lanes and tail) against the f64 formula of gelu_new.
+            let xs: Vec<f32> = (0..37).map(|i| i as f32 * 0.3 - 5.0).collect();
+            let g: Vec<f32> = (0..37).map(|i| 1.0 + i as f32 * 0.01).collect();
+            let (mut y, mut d) = (super::super::uninit::<f32>(37), super::super::uninit::<f32>(37));
+            gelu_fwd::<GeluNew>(path, &mut y, &xs);
+            gelu_bwd::<GeluNew>(path, &mut d, &xs, &g);
+            // SAFETY: both functions write every slot.
+            let (y, d) = unsafe { (super::super::assume_init(y), super::super::assume_init(d)) };
+            for i in 0..37 {
+                let x = xs[i] as f64;
+                let c = (2.0 / std::f64::consts::PI).sqrt();
+                let t = (c * (x + 0.044715 * x * x * x)).tanh();
+                let sy = 0.5 * x * (1.0 + t);
+                let sd = 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * c * (1.0 + 3.0 * 0.044715 * x * x);
+                let (gy, gd) = (y[i] as f64, d[i] as f64);
+                assert!((gy - sy).abs() <= 1e-6 * (1.0 + sy.abs()), "{path} {i}: {gy} vs {sy}");
+                let want = g[i] as f64 * sd;
+                assert!(
+                    (gd - want).abs() <= 2e-6 * (1.0 + want.abs()),
+                    "{path} {i}: {gd} vs {want}"
+                );
+            }
         }
     }
 
@@ -436,12 +438,18 @@ mod tests {
     /// its derivative against the f64 derivative.
     #[test]
     fn gelu_erf_matches_the_f64_formula() {
+        for path in KernelPath::available() {
+            check_gelu_erf(path);
+        }
+    }
+
+    fn check_gelu_erf(path: KernelPath) {
         let n = 4001;
         let xs: Vec<f32> = (0..n).map(|i| i as f32 * 0.005 - 10.0).collect();
         let ones = vec![1f32; n];
         let (mut y, mut d) = (super::super::uninit::<f32>(n), super::super::uninit::<f32>(n));
-        gelu_fwd::<GeluErf>(&mut y, &xs);
-        gelu_bwd::<GeluErf>(&mut d, &xs, &ones);
+        gelu_fwd::<GeluErf>(path, &mut y, &xs);
+        gelu_bwd::<GeluErf>(path, &mut d, &xs, &ones);
         // SAFETY: both functions write every slot.
         let (y, d) = unsafe { (super::super::assume_init(y), super::super::assume_init(d)) };
         let (mut worst_y, mut worst_d) = (0f64, 0f64);
@@ -466,8 +474,8 @@ mod tests {
                 d[i]
             );
         }
-        assert!(worst_y < 1e-6, "value error {worst_y}");
-        assert!(worst_d < 1e-6, "derivative error {worst_d}");
+        assert!(worst_y < 1e-6, "{path}: value error {worst_y}");
+        assert!(worst_d < 1e-6, "{path}: derivative error {worst_d}");
         // Exact limits: 0 far left, x far right; never a subnormal value.
         assert_eq!(gelu_erf_scalar(-30.0), (0.0, 0.0));
         assert_eq!(gelu_erf_scalar(30.0), (30.0, 1.0));

@@ -7,6 +7,7 @@
 //!   dy/dx = 0.5 (1 + erf(x / sqrt 2)) + x exp(-x^2 / 2) / sqrt(2 pi).
 
 use super::{assume_init, cpu_slice, uninit, unsupported, use_par, with_cpu_slice, Float};
+use crate::kernels::KernelPath;
 use candle_core::backend::BackendStorage as _;
 use candle_core::{CpuStorage, CustomOp1, DType, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
@@ -25,13 +26,13 @@ trait Activation: Send + Sync + 'static {
     fn f<T: Float>(x: T) -> T;
     fn df<T: Float>(x: T) -> T;
     /// `y = f(x)` over f32 slices (a vectorized version where there is one).
-    fn f_f32(y: &mut [MaybeUninit<f32>], x: &[f32]) {
+    fn f_f32(_path: KernelPath, y: &mut [MaybeUninit<f32>], x: &[f32]) {
         for (a, &b) in y.iter_mut().zip(x) {
             a.write(Self::f(b));
         }
     }
     /// `dx = dy * f'(x)` over f32 slices.
-    fn df_f32(dx: &mut [MaybeUninit<f32>], x: &[f32], dy: &[f32]) {
+    fn df_f32(_path: KernelPath, dx: &mut [MaybeUninit<f32>], x: &[f32], dy: &[f32]) {
         for ((d, &v), &g) in dx.iter_mut().zip(x).zip(dy) {
             d.write(g * Self::df(v));
         }
@@ -60,11 +61,11 @@ impl Activation for New {
         let dt = (T::one() - t * t) * c * (T::one() + T::from(3.0 * A).unwrap() * x * x);
         half * (T::one() + t) + half * x * dt
     }
-    fn f_f32(y: &mut [MaybeUninit<f32>], x: &[f32]) {
-        super::fastmath::gelu_fwd::<super::fastmath::GeluNew>(y, x);
+    fn f_f32(path: KernelPath, y: &mut [MaybeUninit<f32>], x: &[f32]) {
+        super::fastmath::gelu_fwd::<super::fastmath::GeluNew>(path, y, x);
     }
-    fn df_f32(dx: &mut [MaybeUninit<f32>], x: &[f32], dy: &[f32]) {
-        super::fastmath::gelu_bwd::<super::fastmath::GeluNew>(dx, x, dy);
+    fn df_f32(path: KernelPath, dx: &mut [MaybeUninit<f32>], x: &[f32], dy: &[f32]) {
+        super::fastmath::gelu_bwd::<super::fastmath::GeluNew>(path, dx, x, dy);
     }
 }
 
@@ -84,11 +85,11 @@ impl Activation for Erf {
         )
         .unwrap()
     }
-    fn f_f32(y: &mut [MaybeUninit<f32>], x: &[f32]) {
-        super::fastmath::gelu_fwd::<super::fastmath::GeluErf>(y, x);
+    fn f_f32(path: KernelPath, y: &mut [MaybeUninit<f32>], x: &[f32]) {
+        super::fastmath::gelu_fwd::<super::fastmath::GeluErf>(path, y, x);
     }
-    fn df_f32(dx: &mut [MaybeUninit<f32>], x: &[f32], dy: &[f32]) {
-        super::fastmath::gelu_bwd::<super::fastmath::GeluErf>(dx, x, dy);
+    fn df_f32(path: KernelPath, dx: &mut [MaybeUninit<f32>], x: &[f32], dy: &[f32]) {
+        super::fastmath::gelu_bwd::<super::fastmath::GeluErf>(path, dx, x, dy);
     }
 }
 
@@ -105,10 +106,11 @@ fn f32_mut<T: Float>(x: &mut [MaybeUninit<T>]) -> Option<&mut [MaybeUninit<f32>]
 }
 
 fn fwd_kernel<A: Activation, T: Float>(x: &[T]) -> Vec<T> {
+    let path = KernelPath::active();
     let mut y = uninit::<T>(x.len());
     let body = |(yc, xc): (&mut [MaybeUninit<T>], &[T])| {
         if let (Some(yc), Some(xc)) = (f32_mut(yc), f32_ref(xc)) {
-            return A::f_f32(yc, xc);
+            return A::f_f32(path, yc, xc);
         }
         for (yv, &v) in yc.iter_mut().zip(xc) {
             yv.write(A::f(v));
@@ -124,11 +126,12 @@ fn fwd_kernel<A: Activation, T: Float>(x: &[T]) -> Vec<T> {
 }
 
 fn bwd_kernel<A: Activation, T: Float>(x: &[T], dy: &[T]) -> Vec<T> {
+    let path = KernelPath::active();
     let mut dx = uninit::<T>(x.len());
     type Item<'a, T> = (&'a mut [MaybeUninit<T>], (&'a [T], &'a [T]));
     let body = |(dc, (xc, gc)): Item<T>| {
         if let (Some(dc), Some(xc), Some(gc)) = (f32_mut(dc), f32_ref(xc), f32_ref(gc)) {
-            return A::df_f32(dc, xc, gc);
+            return A::df_f32(path, dc, xc, gc);
         }
         for ((d, &v), &g) in dc.iter_mut().zip(xc).zip(gc) {
             d.write(g * A::df(v));

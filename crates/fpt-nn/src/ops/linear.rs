@@ -10,6 +10,7 @@
 //! matmul and the backward candle ops.
 
 use super::{cpu_slice, tracks, unsupported, with_cpu_slice};
+use crate::kernels::KernelPath;
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CudaStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor, WithDType};
 
@@ -110,6 +111,7 @@ unsafe fn sgemm_as_f32<T: WithDType>(
     // SAFETY: T is f32 (caller), so the casts are identities; extents per the caller.
     unsafe {
         super::sgemm::sgemm(
+            KernelPath::active(),
             m,
             n,
             k,
@@ -124,8 +126,9 @@ unsafe fn sgemm_as_f32<T: WithDType>(
     }
 }
 
-/// A fresh `[m, n]` = `lhs @ rhs (+ bias)`: on the AVX-512 path written once, with no
-/// zero-fill first; elsewhere filled (zeros or bias rows) and accumulated into.
+/// A fresh `[m, n]` = `lhs @ rhs (+ bias)`: f32 through fpt's product on the active kernel
+/// path (written once, with no zero-fill first on the AVX-512 path; filled with the bias
+/// rows first and accumulated into on the others); f64 filled and accumulated into.
 #[allow(clippy::too_many_arguments)]
 fn gemm_alloc<T: WithDType>(
     m: usize,
@@ -139,10 +142,11 @@ fn gemm_alloc<T: WithDType>(
     rhs_cs: usize,
     bias: Option<&[T]>,
 ) -> Vec<T> {
-    if T::DTYPE == candle_core::DType::F32 && super::sgemm::has_avx512() && k > 0 {
+    if T::DTYPE == candle_core::DType::F32 {
         let mut y: Vec<T> = Vec::with_capacity(m * n);
-        // SAFETY: T is f32; every element of the m x n output is written (accumulate is off)
-        // through the raw pointer before the length is set; the views cover the slices.
+        // SAFETY: T is f32; sgemm writes every element of the m x n output (accumulate is
+        // off: the kernel's stores, or the bias / zero rows and then the product) through
+        // the raw pointer before the length is set; the views cover the slices.
         unsafe {
             sgemm_as_f32(
                 m,
@@ -216,7 +220,11 @@ impl LinearOp {
     ) -> Result<(CpuStorage, Shape)> {
         let (n, k) = self.check(l1, l2)?;
         let out = match s1.dtype() {
-            DType::F32 if self.packed.as_ref().is_some_and(|p| p.dims() == (k, n)) && k > 0 => {
+            DType::F32
+                if self.packed.as_ref().is_some_and(|p| p.dims() == (k, n))
+                    && k > 0
+                    && KernelPath::active().avx512() =>
+            {
                 let p = self.packed.as_ref().expect("checked");
                 let bias = b.map(|(s, l)| cpu_slice::<f32>(s, l, "linear")).transpose()?;
                 let x = cpu_slice::<f32>(s1, l1, "linear")?;
@@ -225,6 +233,7 @@ impl LinearOp {
                 // SAFETY: x holds m x k; y has m * n slots, all written (overwrite mode).
                 unsafe {
                     super::sgemm::sgemm_prepacked(
+                        KernelPath::active(),
                         m,
                         super::sgemm::MatRef::new(x.as_ptr(), k, 1),
                         p,

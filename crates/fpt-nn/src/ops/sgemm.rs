@@ -10,8 +10,11 @@
 //! the edges are stored with masked stores. Both cores share one packed B panel and split
 //! the rows of A (or, for short A, the slivers of B).
 //!
-//! [`sgemm`] falls back to the `gemm` crate on CPUs without AVX-512F (chosen at run time).
+//! [`sgemm`] runs the `gemm` crate's product instead on the other kernel paths
+//! ([`KernelPath`]: CPUs without AVX-512F, or `FPT_KERNELS` lower), with the same
+//! contract: the bias (or, when accumulating, the previous contents of C) is added.
 
+use crate::kernels::KernelPath;
 use rayon::prelude::*;
 use std::cell::RefCell;
 
@@ -139,12 +142,14 @@ impl PackedB {
     }
 }
 
-/// [`sgemm`] (overwriting `c`, with an optional bias) against a [`PackedB`]; only on CPUs
-/// with AVX-512 (check [`has_avx512`]) and for `k > 0`.
+/// [`sgemm`] (overwriting `c`, with an optional bias) against a [`PackedB`]; only on the
+/// AVX-512 path and for `k > 0` (panics otherwise, before touching memory).
 ///
 /// # Safety
 /// As [`sgemm`]: `a` addresses its `m x k` extent and `c` is valid for `m` rows of `n`.
+#[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn sgemm_prepacked(
+    path: KernelPath,
     m: usize,
     a: MatRef,
     b: &PackedB,
@@ -155,9 +160,10 @@ pub(crate) unsafe fn sgemm_prepacked(
 ) {
     let (k, n) = b.dims();
     assert!(
-        has_avx512() && k > 0,
-        "sgemm_prepacked needs AVX-512 and a non-empty depth"
+        path.avx512() && path.runs_here() && k > 0,
+        "sgemm_prepacked needs the AVX-512 path (got {path}) and a non-empty depth"
     );
+    let bias = if crate::kernels::fault_drop_bias() { None } else { bias };
     if m == 0 || n == 0 {
         return;
     }
@@ -172,29 +178,18 @@ pub(crate) unsafe fn sgemm_prepacked(
     }
 }
 
-/// Whether the AVX-512 path is used on this CPU.
-pub(crate) fn has_avx512() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *HAS.get_or_init(|| std::is_x86_feature_detected!("avx512f"))
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
 /// `c[i * ldc + j] (+)= sum_p a(i, p) * b(p, j)` for an `m x k` matrix `a` and a `k x n`
 /// matrix `b`; `accumulate` adds to `c`, otherwise `c` is overwritten (with `bias[j]` added
 /// to every row when a bias is given: the linear layer's `x W^T + b` in one pass). Uses up
-/// to `threads` rayon workers.
+/// to `threads` rayon workers; `path` picks the kernels (the AVX-512 micro-kernel, else the
+/// `gemm` crate).
 ///
 /// # Safety
 /// `a` and `b` must address every element of their `m x k` and `k x n` extents, and `c`
 /// must be valid for writes of rows `0..m` (each `n` long, `ldc` apart) and not overlap them.
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn sgemm(
+    path: KernelPath,
     m: usize,
     n: usize,
     k: usize,
@@ -209,12 +204,16 @@ pub(crate) unsafe fn sgemm(
     if m == 0 || n == 0 {
         return;
     }
-    let bias = if accumulate { None } else { bias };
+    let bias = if accumulate || crate::kernels::fault_drop_bias() {
+        None
+    } else {
+        bias
+    };
     if let Some(b) = bias {
         assert!(b.len() >= n, "sgemm: bias of {} for {n} columns", b.len());
     }
     #[cfg(target_arch = "x86_64")]
-    if has_avx512() && k > 0 {
+    if path.avx512() && path.runs_here() && k > 0 {
         let bias = bias.map_or(std::ptr::null(), |b| b.as_ptr());
         // SAFETY: forwarded contract; the CPU has AVX-512F.
         unsafe { blocked(m, n, k, a, BSource::Raw(b), OutPtr(c), ldc, accumulate, bias, threads) };
@@ -239,6 +238,12 @@ pub(crate) unsafe fn sgemm(
     unsafe { fallback(m, n, k, a, b, c, ldc, accumulate, threads) }
 }
 
+/// `c (+)= a b` through the `gemm` crate. gemm computes `dst := alpha dst + beta lhs rhs`
+/// (reading `dst` only when `read_dst`), so accumulating needs `alpha = 1`: with `alpha = 0`
+/// the bias rows written first and every accumulated sum would be thrown away.
+///
+/// # Safety
+/// As [`sgemm`].
 #[allow(clippy::too_many_arguments)]
 unsafe fn fallback(
     m: usize,
@@ -272,7 +277,7 @@ unsafe fn fallback(
             b.ptr,
             b.cs,
             b.rs,
-            0.0f32,
+            1.0f32,
             1.0f32,
             false,
             false,
@@ -625,7 +630,15 @@ mod tests {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn check(m: usize, n: usize, k: usize, a_t: bool, b_t: bool, accumulate: bool, with_bias: bool, threads: usize) {
+    fn check(
+        path: KernelPath,
+        (m, n, k): (usize, usize, usize),
+        a_t: bool,
+        b_t: bool,
+        accumulate: bool,
+        with_bias: bool,
+        threads: usize,
+    ) {
         let mut rng = crate::Rng::new((m * 131 + n * 17 + k) as u64);
         let a: Vec<f32> = (0..m * k).map(|_| rng.uniform_f32() - 0.5).collect();
         let b: Vec<f32> = (0..k * n).map(|_| rng.uniform_f32() - 0.5).collect();
@@ -639,6 +652,7 @@ mod tests {
         // SAFETY: the views cover the vectors; c has m rows of ldc.
         unsafe {
             sgemm(
+                path,
                 m,
                 n,
                 k,
@@ -668,30 +682,35 @@ mod tests {
                     };
                 assert!(
                     (got - w).abs() <= 1e-4 * (k as f64).sqrt() * (1.0 + w.abs()),
-                    "{m}x{n}x{k} a_t={a_t} b_t={b_t} acc={accumulate} bias={with_bias} t={threads}: ({i}, {j}) {got} vs {w}"
+                    "{path}: {m}x{n}x{k} a_t={a_t} b_t={b_t} acc={accumulate} bias={with_bias} t={threads}: ({i}, {j}) {got} vs {w}"
                 );
             }
         }
     }
 
+    /// Every kernel path this CPU runs, against an f64 product: edges, strides (transposed
+    /// operands), accumulation into C, the bias, and thread counts. (The `gemm` crate's
+    /// paths once dropped both the bias and every accumulation: this caught it.)
     #[test]
     fn matches_the_naive_product_at_edges_strides_and_threads() {
-        for &(m, n, k) in &[
-            (1, 1, 1),
-            (12, 32, 256),
-            (13, 33, 257),
-            (5, 70, 3),
-            (100, 17, 300),
-            (97, 100, 530),
-            (200, 3100, 20),
-            (30, 50, 1700),
-            (3, 5, 0),
-        ] {
-            for &(a_t, b_t) in &[(false, false), (true, false), (false, true), (true, true)] {
-                for &accumulate in &[false, true] {
-                    for &with_bias in &[false, true] {
-                        for &threads in &[1, 2, 3] {
-                            check(m, n, k, a_t, b_t, accumulate, with_bias, threads);
+        for path in KernelPath::available() {
+            for &dims in &[
+                (1, 1, 1),
+                (12, 32, 256),
+                (13, 33, 257),
+                (5, 70, 3),
+                (100, 17, 300),
+                (97, 100, 530),
+                (200, 3100, 20),
+                (30, 50, 1700),
+                (3, 5, 0),
+            ] {
+                for &(a_t, b_t) in &[(false, false), (true, false), (false, true), (true, true)] {
+                    for &accumulate in &[false, true] {
+                        for &with_bias in &[false, true] {
+                            for &threads in &[1, 2, 3] {
+                                check(path, dims, a_t, b_t, accumulate, with_bias, threads);
+                            }
                         }
                     }
                 }
@@ -701,7 +720,8 @@ mod tests {
 
     #[test]
     fn a_prepacked_b_gives_the_same_product() {
-        if !has_avx512() {
+        if !KernelPath::available().contains(&KernelPath::Avx512) {
+            eprintln!("skipped: the AVX-512 path does not run here");
             return;
         }
         // Two column blocks (n > NC) and two depth blocks (k > KC), transposed B, bias.
@@ -713,30 +733,12 @@ mod tests {
         let (av, bv) = (MatRef::new(a.as_ptr(), k, 1), MatRef::new(w.as_ptr(), 1, k));
         let packed = PackedB::new(bv, k, n, 2);
         let (mut c1, mut c2) = (vec![0f32; m * n], vec![1f32; m * n]);
+        let path = KernelPath::Avx512;
         // SAFETY: the views cover the vectors.
         unsafe {
-            sgemm(m, n, k, av, bv, c1.as_mut_ptr(), n, false, Some(&bias), 2);
-            sgemm_prepacked(m, av, &packed, c2.as_mut_ptr(), n, Some(&bias), 2);
+            sgemm(path, m, n, k, av, bv, c1.as_mut_ptr(), n, false, Some(&bias), 2);
+            sgemm_prepacked(path, m, av, &packed, c2.as_mut_ptr(), n, Some(&bias), 2);
         }
         assert_eq!(c1, c2);
-    }
-
-    #[test]
-    fn falls_back_the_same_way() {
-        let (m, n, k) = (37, 45, 61);
-        let mut rng = crate::Rng::new(5);
-        let a: Vec<f32> = (0..m * k).map(|_| rng.uniform_f32() - 0.5).collect();
-        let b: Vec<f32> = (0..k * n).map(|_| rng.uniform_f32() - 0.5).collect();
-        let mut c1 = vec![0f32; m * n];
-        let mut c2 = vec![0f32; m * n];
-        let (av, bv) = (MatRef::new(a.as_ptr(), k, 1), MatRef::new(b.as_ptr(), n, 1));
-        // SAFETY: the views cover the vectors.
-        unsafe {
-            sgemm(m, n, k, av, bv, c1.as_mut_ptr(), n, false, None, 2);
-            fallback(m, n, k, av, bv, c2.as_mut_ptr(), n, false, 2);
-        }
-        for (x, y) in c1.iter().zip(&c2) {
-            assert!((x - y).abs() < 1e-4, "{x} vs {y}");
-        }
     }
 }
