@@ -36,6 +36,10 @@ fn load(dir: &Path, groups: &TrainGroups) -> Bert {
 
 #[test]
 fn forward_and_backward_match_transformers() {
+    fpt_nn::kernels::on_every_path(|_| forward_and_backward_match_transformers_on_one_path());
+}
+
+fn forward_and_backward_match_transformers_on_one_path() {
     let model = load(&fixture(), &TrainGroups::fpt());
     let g = safetensors::load(fixture().join("golden.safetensors"), &Device::Cpu).unwrap();
     let x = Var::from_tensor(&g["inputs_embeds"]).unwrap();
@@ -77,6 +81,10 @@ fn forward_and_backward_match_transformers() {
 
 #[test]
 fn prefixed_and_gamma_beta_checkpoints_load() {
+    fpt_nn::kernels::on_every_path(|_| prefixed_and_gamma_beta_checkpoints_load_on_one_path());
+}
+
+fn prefixed_and_gamma_beta_checkpoints_load_on_one_path() {
     let tmp = tempfile::tempdir().unwrap();
     let t = safetensors::load(fixture().join("model.safetensors"), &Device::Cpu).unwrap();
     let renamed: HashMap<String, Tensor> = t
@@ -174,6 +182,10 @@ fn random_init_and_errors() {
 /// fetches it and sets FPT_REQUIRE_MINILM=1 so that CI cannot skip it).
 #[test]
 fn real_minilm_matches_reference_values() {
+    fpt_nn::kernels::on_every_path(|_| real_minilm_matches_reference_values_on_one_path());
+}
+
+fn real_minilm_matches_reference_values_on_one_path() {
     std::env::set_var("HF_HUB_OFFLINE", "1");
     let files = match fpt_backbones::hub::resolve("sentence-transformers/all-MiniLM-L6-v2", true) {
         Ok(f) => f,

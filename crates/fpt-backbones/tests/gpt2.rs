@@ -37,6 +37,10 @@ fn load_tiny(dir: &Path) -> Result<Gpt2, BackboneError> {
 
 #[test]
 fn forward_and_backward_match_transformers() {
+    fpt_nn::kernels::on_every_path(|_| forward_and_backward_match_transformers_on_one_path());
+}
+
+fn forward_and_backward_match_transformers_on_one_path() {
     let model = load_tiny(&fixture()).unwrap();
     let g = golden();
     let x = Var::from_tensor(&g["inputs_embeds"]).unwrap();
@@ -72,6 +76,10 @@ fn forward_and_backward_match_transformers() {
 
 #[test]
 fn loads_a_transformer_prefixed_checkpoint() {
+    fpt_nn::kernels::on_every_path(|_| loads_a_transformer_prefixed_checkpoint_on_one_path());
+}
+
+fn loads_a_transformer_prefixed_checkpoint_on_one_path() {
     let tmp = tempfile::tempdir().unwrap();
     let mut tensors = safetensors::load(fixture().join("model.safetensors"), &Device::Cpu).unwrap();
     let renamed: HashMap<String, Tensor> = tensors.drain().map(|(k, v)| (format!("transformer.{k}"), v)).collect();
@@ -258,6 +266,10 @@ fn offline_and_uncached_names_model_and_fetch_command() {
 
 #[test]
 fn sharded_checkpoints_load_and_missing_shards_are_named() {
+    fpt_nn::kernels::on_every_path(|_| sharded_checkpoints_load_and_missing_shards_are_named_on_one_path());
+}
+
+fn sharded_checkpoints_load_and_missing_shards_are_named_on_one_path() {
     let tmp = tempfile::tempdir().unwrap();
     std::fs::copy(fixture().join("config.json"), tmp.path().join("config.json")).unwrap();
     let all = safetensors::load(fixture().join("model.safetensors"), &Device::Cpu).unwrap();
@@ -362,6 +374,10 @@ fn statistics_only_init_keeps_each_tensors_mean_and_std_and_nothing_else() {
 /// parameters), against the transformers golden output too.
 #[test]
 fn forward_last_equals_the_full_forward_on_the_read_out_positions() {
+    fpt_nn::kernels::on_every_path(|_| forward_last_equals_the_full_forward_on_the_read_out_positions_on_one_path());
+}
+
+fn forward_last_equals_the_full_forward_on_the_read_out_positions_on_one_path() {
     let model = load_tiny(&fixture()).unwrap();
     let g = golden();
     let x = Var::from_tensor(&g["inputs_embeds"]).unwrap();
@@ -400,6 +416,10 @@ fn forward_last_equals_the_full_forward_on_the_read_out_positions() {
 /// the positions and the norms: the fused backward equals the composed one.
 #[test]
 fn frozen_fused_blocks_train_like_the_composed_ones() {
+    fpt_nn::kernels::on_every_path(|_| frozen_fused_blocks_train_like_the_composed_ones_on_one_path());
+}
+
+fn frozen_fused_blocks_train_like_the_composed_ones_on_one_path() {
     let g = golden();
     let fpt = load_tiny(&fixture()).unwrap();
     let cfg = Gpt2Config::from_file(&fixture().join("config.json")).unwrap();

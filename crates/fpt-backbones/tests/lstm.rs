@@ -99,6 +99,10 @@ fn reference(model: &Lstm, p: &HashMap<String, Vec<f64>>, xs: &[Vec<f64>]) -> Ve
 
 #[test]
 fn matches_a_plain_reimplementation_of_the_reference_cell() {
+    fpt_nn::kernels::on_every_path(|_| matches_a_plain_reimplementation_of_the_reference_cell_on_one_path());
+}
+
+fn matches_a_plain_reimplementation_of_the_reference_cell_on_one_path() {
     for (residual, positions) in [(false, false), (true, true)] {
         let cfg = config(2, 6, residual, positions);
         let mut model = Lstm::random(&cfg, &TrainGroups::fpt(), &Device::Cpu, &mut Rng::new(1)).unwrap();
@@ -290,6 +294,10 @@ fn the_builtin_lstm_is_the_papers_standard_one_and_refuses_heads() {
 
 #[test]
 fn gradients_reach_the_trained_groups_only() {
+    fpt_nn::kernels::on_every_path(|_| gradients_reach_the_trained_groups_only_on_one_path());
+}
+
+fn gradients_reach_the_trained_groups_only_on_one_path() {
     let cfg = config(2, 8, true, true);
     let mut m = Lstm::random(&cfg, &TrainGroups::fpt(), &Device::Cpu, &mut Rng::new(5)).unwrap();
     m.set_dropout(false);

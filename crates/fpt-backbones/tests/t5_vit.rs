@@ -80,6 +80,10 @@ fn load(dir: &Path) -> Box<dyn Backbone> {
 
 #[test]
 fn t5_encoder_matches_transformers() {
+    fpt_nn::kernels::on_every_path(|_| t5_encoder_matches_transformers_on_one_path());
+}
+
+fn t5_encoder_matches_transformers_on_one_path() {
     let m = load(&fixture("t5-tiny"));
     assert_eq!(m.architecture(), "t5");
     check_golden(
@@ -96,6 +100,10 @@ fn t5_encoder_matches_transformers() {
 
 #[test]
 fn vit_matches_transformers_with_fpt_positions() {
+    fpt_nn::kernels::on_every_path(|_| vit_matches_transformers_with_fpt_positions_on_one_path());
+}
+
+fn vit_matches_transformers_with_fpt_positions_on_one_path() {
     let dir = fixture("vit-tiny");
     let m = load(&dir);
     assert_eq!((m.architecture(), m.max_positions()), ("vit", 1024));
@@ -207,6 +215,10 @@ fn roles_and_counts_on_real_configs() {
 
 #[test]
 fn longformer_matches_transformers_with_its_sliding_window() {
+    fpt_nn::kernels::on_every_path(|_| longformer_matches_transformers_with_its_sliding_window_on_one_path());
+}
+
+fn longformer_matches_transformers_with_its_sliding_window_on_one_path() {
     let dir = fixture("longformer-tiny");
     let m = load(&dir);
     assert_eq!(m.architecture(), "longformer");
@@ -228,6 +240,10 @@ fn longformer_matches_transformers_with_its_sliding_window() {
 
 #[test]
 fn timm_vit_checkpoints_load_under_hf_names() {
+    fpt_nn::kernels::on_every_path(|_| timm_vit_checkpoints_load_under_hf_names_on_one_path());
+}
+
+fn timm_vit_checkpoints_load_under_hf_names_on_one_path() {
     let dir = fixture("vit-timm-tiny");
     let m = load(&dir);
     assert_eq!(m.architecture(), "vit");

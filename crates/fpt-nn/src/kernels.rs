@@ -184,6 +184,19 @@ pub fn with_path<R>(path: KernelPath, f: impl FnOnce() -> R) -> Result<R, Kernel
     Ok(f())
 }
 
+/// Runs `f` on every path in [`KernelPath::available`], each under [`with_path`], and
+/// collects the results; the path is printed to stderr before each run, so a test that
+/// fails (or panics) on one path names it.
+pub fn on_every_path<R>(mut f: impl FnMut(KernelPath) -> R) -> Vec<R> {
+    KernelPath::available()
+        .into_iter()
+        .map(|path| {
+            eprintln!("-- on the {path} kernel path");
+            with_path(path, || f(path)).expect("available paths run here")
+        })
+        .collect()
+}
+
 /// The CPU's model name (`/proc/cpuinfo` on Linux; the architecture elsewhere).
 pub fn cpu_model() -> String {
     static MODEL: OnceLock<String> = OnceLock::new();

@@ -7,12 +7,9 @@ use fpt_nn::{ops, KernelPath, Rng};
 /// Runs `f` on every kernel path this CPU runs (and `FPT_KERNELS` allows), naming the path
 /// in a failure.
 fn every_path(f: fn() -> Result<()>) -> Result<()> {
-    for path in KernelPath::available() {
-        fpt_nn::kernels::with_path(path, f)
-            .map_err(candle_core::Error::wrap)?
-            .map_err(|e| e.context(format!("on the {path} kernel path")))?;
-    }
-    Ok(())
+    fpt_nn::kernels::on_every_path(|path| f().map_err(|e| e.context(format!("on the {path} kernel path"))))
+        .into_iter()
+        .collect()
 }
 
 fn randn(shape: &[usize], seed: u64, dtype: DType) -> Result<Tensor> {
