@@ -3,7 +3,10 @@
 
 Run by hand, never by tests or CI:
     python3 -m venv /tmp/fx && /tmp/fx/bin/pip install torch transformers safetensors timm
-    /tmp/fx/bin/python tools/make_fixtures.py [MINILM_DIR]
+    /tmp/fx/bin/python tools/make_fixtures.py [--only NAME ...] [MINILM_DIR]
+
+`--only` regenerates just the named fixtures (e.g. `--only lstm-tiny bert-nopool-tiny`), so
+the others stay byte-identical.
 
 MINILM_DIR (optional): a directory with all-MiniLM-L6-v2's config.json and
 model.safetensors (e.g. the snapshot `fpt fetch minilm` puts in the HF cache); the script
@@ -223,12 +226,130 @@ def minilm_reference(model_dir):
     print("wrote", path)
 
 
+def bert_nopool_tiny():
+    """BERT as `BertModel(add_pooling_layer=False)` saves it: no `pooler.*` tensors (a common
+    export; fpt never reads the pooler)."""
+    out = os.path.join(ROOT, "bert-nopool-tiny")
+    os.makedirs(out, exist_ok=True)
+    torch.manual_seed(2)
+    cfg = transformers.BertConfig(
+        vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+        max_position_embeddings=16, type_vocab_size=2, layer_norm_eps=1e-12, hidden_act="gelu",
+    )
+    model = _perturbed(transformers.BertModel(cfg, add_pooling_layer=False), out)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 9, 32, generator=g, requires_grad=True)
+    r = torch.randn(2, 9, 32, generator=g)
+    last = model(inputs_embeds=x, return_dict=True).last_hidden_state
+    _golden(out, model, x, r, last, ["embeddings.position_embeddings.weight", "encoder.layer.1.output.LayerNorm.bias"])
+
+
+def gpt2_lmhead_tiny():
+    """GPT-2 as `GPT2LMHeadModel` saves it: `transformer.`-prefixed names and an LM head
+    (untied here, so `lm_head.weight` is in the file), both of which fpt must read past."""
+    out = os.path.join(ROOT, "gpt2-lmhead-tiny")
+    os.makedirs(out, exist_ok=True)
+    torch.manual_seed(4)
+    cfg = transformers.GPT2Config(
+        vocab_size=50, n_positions=16, n_embd=32, n_layer=2, n_head=4, layer_norm_epsilon=1e-5,
+        tie_word_embeddings=False, bos_token_id=0, eos_token_id=0,
+    )
+    model = _perturbed(transformers.GPT2LMHeadModel(cfg), out)
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(3, 11, 32, generator=g, requires_grad=True)
+    r = torch.randn(3, 11, 32, generator=g)
+    last = model.transformer(inputs_embeds=x, return_dict=True).last_hidden_state
+    _golden(out, model, x, r, last, ["transformer.wpe.weight", "transformer.h.1.ln_2.bias"])
+    for extra in ["generation_config.json"]:
+        if os.path.exists(os.path.join(out, extra)):
+            os.remove(os.path.join(out, extra))
+
+
+def _ref_layer_norm(x, w, b, eps):
+    """The reference LSTM's LayerNorm: unbiased variance, eps inside the root."""
+    m = x.mean(-1, keepdim=True)
+    v = x.var(-1, keepdim=True, unbiased=True)
+    return w * (x - m) / torch.sqrt(v + eps) + b
+
+
+def lstm_tiny():
+    """fpt's layer-norm LSTM baseline (`model_type: fpt-lstm`): the reference code's
+    LayerNormLSTM cell (paper section 3.3; `models/lstm.py` of the authors' code) written out
+    in PyTorch from its equations, residual layers and learned positions on, zero initial
+    state, eval mode. fpt writes this format with `save_pretrained`."""
+    out = os.path.join(ROOT, "lstm-tiny")
+    os.makedirs(out, exist_ok=True)
+    torch.manual_seed(6)
+    layers, hid, positions, eps = 2, 8, 16, 1e-6
+    config = {"model_type": "fpt-lstm", "num_layers": layers, "hidden_size": hid, "residual": True,
+              "positions": True, "max_positions": positions, "layer_norm_eps": eps, "dropout": 0.1,
+              "ln_init": "reference", "initial_state": "zeros"}
+    params = {"wpe.weight": torch.randn(positions, hid) * 0.1}
+    for i in range(layers):
+        p = f"layers.{i}."
+        for lin in ["i2h", "h2h"]:
+            params[p + lin + ".weight"] = torch.randn(4 * hid, hid) / hid ** 0.5
+            params[p + lin + ".bias"] = torch.randn(4 * hid) * 0.1
+        for ln, n in [("ln_i2h", 4 * hid), ("ln_h2h", 4 * hid), ("ln_cell", hid)]:
+            params[p + ln + ".weight"] = 1 + torch.randn(n) * 0.1
+            params[p + ln + ".bias"] = torch.randn(n) * 0.1
+    save_file({k: v.contiguous() for k, v in params.items()}, os.path.join(out, "model.safetensors"))
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(config, f, indent=1)
+    leaves = {k: v.clone().requires_grad_(True) for k, v in params.items()}
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(2, 6, hid, generator=g, requires_grad=True)
+    r = torch.randn(2, 6, hid, generator=g)
+    seq = x + leaves["wpe.weight"][:6]
+    for i in range(layers):
+        P = lambda n: leaves[f"layers.{i}.{n}"]
+        h = torch.zeros(2, hid)
+        c = torch.zeros(2, hid)
+        xi = _ref_layer_norm(seq @ P("i2h.weight").T + P("i2h.bias"), P("ln_i2h.weight"), P("ln_i2h.bias"), eps)
+        ys = []
+        for t in range(seq.shape[1]):
+            pre = xi[:, t] + _ref_layer_norm(h @ P("h2h.weight").T + P("h2h.bias"), P("ln_h2h.weight"),
+                                             P("ln_h2h.bias"), eps)
+            i_g, f_g, o_g = [torch.sigmoid(pre[:, k * hid:(k + 1) * hid]) for k in range(3)]
+            g_g = torch.tanh(pre[:, 3 * hid:])
+            c = _ref_layer_norm(f_g * c + i_g * g_g, P("ln_cell.weight"), P("ln_cell.bias"), eps)
+            h = o_g * torch.tanh(c)
+            ys.append(h)
+        seq = seq + torch.stack(ys, 1)
+    last = seq
+    (last * r).sum().backward()
+    tensors = {"inputs_embeds": x.detach(), "loss_weights": r, "last_hidden_state": last.detach(),
+               "grad.inputs_embeds": x.grad}
+    for n in ["wpe.weight", "layers.0.ln_cell.weight", "layers.1.ln_i2h.bias"]:
+        tensors[f"grad.{n}"] = leaves[n].grad
+    save_file({k: v.clone().contiguous() for k, v in tensors.items()}, os.path.join(out, "golden.safetensors"))
+    with open(os.path.join(out, "MADE_BY.json"), "w") as f:
+        json.dump({"script": "tools/make_fixtures.py", "torch": torch.__version__, "python": sys.version.split()[0]},
+                  f, indent=1)
+    print("wrote", out)
+
+
+FIXTURES = {
+    "gpt2-tiny": gpt2_tiny,
+    "bert-tiny": bert_tiny,
+    "t5-tiny": t5_tiny,
+    "vit-tiny": vit_tiny,
+    "longformer-tiny": longformer_tiny,
+    "vit-timm-tiny": vit_timm_tiny,
+    "bert-nopool-tiny": bert_nopool_tiny,
+    "gpt2-lmhead-tiny": gpt2_lmhead_tiny,
+    "lstm-tiny": lstm_tiny,
+}
+
 if __name__ == "__main__":
-    gpt2_tiny()
-    bert_tiny()
-    t5_tiny()
-    vit_tiny()
-    longformer_tiny()
-    vit_timm_tiny()
-    if len(sys.argv) > 1:
-        minilm_reference(sys.argv[1])
+    args = sys.argv[1:]
+    only = None
+    if args and args[0] == "--only":
+        only, args = [], args[1:]
+        while args and args[0] in FIXTURES:
+            only.append(args.pop(0))
+    for name, make in FIXTURES.items():
+        if only is None or name in only:
+            make()
+    if args:
+        minilm_reference(args[0])

@@ -16,6 +16,7 @@
 //! `Var`s.
 
 pub mod bert;
+pub mod golden;
 pub mod gpt2;
 pub mod hub;
 pub mod lstm;
@@ -117,6 +118,18 @@ impl ParamSpec {
     pub fn numel(&self) -> usize {
         self.shape.iter().product()
     }
+
+    /// Whether this tensor trains under `groups` in a backbone whose last block is
+    /// `last_block` ([`last_block`] of its specs); unused tensors never train.
+    pub fn trains(&self, groups: &TrainGroups, last_block: Option<usize>) -> bool {
+        self.used && groups.trains_tensor(self.role, layer_index(&self.name), last_block)
+    }
+}
+
+/// The highest block index among `names` (see [`layer_index`]): the block
+/// `TrainGroups::last_attention` trains.
+pub fn last_block<'a>(names: impl IntoIterator<Item = &'a str>) -> Option<usize> {
+    names.into_iter().filter_map(layer_index).max()
 }
 
 /// Maps a parameter name to its role by the first matching substring of `rules` (checked
@@ -603,7 +616,7 @@ impl<'a> ParamTaker<'a> {
         groups: &'a TrainGroups,
         rules: &'static [(&'static str, Role)],
     ) -> Self {
-        let last_block = tensors.keys().filter_map(|n| layer_index(n)).max();
+        let last_block = last_block(tensors.keys().map(String::as_str));
         Self {
             tensors,
             groups,
@@ -617,11 +630,8 @@ impl<'a> ParamTaker<'a> {
     pub(crate) fn take(&mut self, name: String) -> candle_core::Result<Param> {
         let t = self.tensors.remove(&name).expect("tensor checked by the caller");
         let role = role_by_rules(&name, self.rules);
-        let last_attention = self.groups.last_attention
-            && role == Role::Attention
-            && self.last_block.is_some()
-            && layer_index(&name) == self.last_block;
-        let p = Param::new(t, self.groups.trains(role) || last_attention)?;
+        let trains = self.groups.trains_tensor(role, layer_index(&name), self.last_block);
+        let p = Param::new(t, trains)?;
         self.named.push((name, role, p.clone()));
         Ok(p)
     }
@@ -670,8 +680,10 @@ pub(crate) fn random_tensors(
 /// Reads the tensors `specs` name from a safetensors file, checking each one's presence
 /// and shape. The file's names may carry one of `prefixes`; `alias` gives a second name to
 /// try (old checkpoints); tensors for which `transposed` holds are stored `[in, out]` and
-/// are transposed. Tensors not `used` are shape-checked but not loaded. Names matching
-/// `quiet` are ignored silently, other unknown names with a warning.
+/// are transposed. Tensors not `used` are shape-checked when present but not loaded, and
+/// may be absent; a missing used tensor is an error naming it. Names matching `quiet`
+/// (heads, buffers FPT never reads) are ignored with a debug log, other unknown names with
+/// a warning.
 pub(crate) fn read_checked(
     weights: &Path,
     specs: &[ParamSpec],
@@ -702,16 +714,27 @@ pub(crate) fn read_checked(
     let mut used_names = std::collections::HashSet::new();
     let mut out = std::collections::HashMap::new();
     for spec in specs {
-        let full = [
+        let found = [
             format!("{prefix}{}", spec.name),
             format!("{prefix}{}", alias(&spec.name)),
         ]
         .into_iter()
-        .find(|n| names.contains(n))
-        .ok_or_else(|| BackboneError::MissingTensor {
-            path: weights.to_path_buf(),
-            tensor: format!("{prefix}{}", spec.name),
-        })?;
+        .find(|n| names.contains(n));
+        let full = match found {
+            Some(n) => n,
+            // FPT never reads it (a pooler, a token table): a checkpoint may leave it out,
+            // as `BertModel(add_pooling_layer=False)` does.
+            None if !spec.used => {
+                tracing::debug!(file = %weights.display(), "`{prefix}{}` is absent; fpt does not use it", spec.name);
+                continue;
+            }
+            None => {
+                return Err(BackboneError::MissingTensor {
+                    path: weights.to_path_buf(),
+                    tensor: format!("{prefix}{}", spec.name),
+                })
+            }
+        };
         used_names.insert(full.clone());
         let view = st.get(&full).map_err(|e| st_err(e.to_string()))?;
         let t = transposed(&spec.name);
@@ -737,12 +760,15 @@ pub(crate) fn read_checked(
         let x = if t { x.t()?.contiguous()? } else { x };
         out.insert(spec.name.clone(), x);
     }
-    let ignored: Vec<&String> = names
+    let (known, unknown): (Vec<&String>, Vec<&String>) = names
         .iter()
-        .filter(|n| !used_names.contains(*n) && !quiet.iter().any(|q| n.contains(q)))
-        .collect();
-    if let Some(first) = ignored.first() {
-        tracing::warn!(file = %weights.display(), "ignoring {} tensors this architecture does not use, e.g. `{first}`", ignored.len());
+        .filter(|n| !used_names.contains(*n))
+        .partition(|n| quiet.iter().any(|q| n.contains(q)));
+    if let Some(first) = known.first() {
+        tracing::debug!(file = %weights.display(), "ignoring {} tensors FPT does not use (heads, buffers), e.g. `{first}`", known.len());
+    }
+    if let Some(first) = unknown.first() {
+        tracing::warn!(file = %weights.display(), "ignoring {} tensors this architecture does not use, e.g. `{first}`", unknown.len());
     }
     Ok(out)
 }
@@ -815,8 +841,19 @@ pub fn stats_only(
 /// `bert-base-uncased`, `sentence-transformers/all-MiniLM-L6-v2`, `t5-base`,
 /// `google/vit-base-patch16-224-in21k`), a local directory, or a
 /// Hugging Face model id. Random init needs only a config (known names have theirs built
-/// in); pretrained needs weights.
+/// in); pretrained needs weights. The spec's depth cut (`depth`, `final_norm`) is applied.
 pub fn load(spec: &BackboneSpec, groups: &TrainGroups, device: &Device, rng: &mut Rng) -> Result<Box<dyn Backbone>> {
+    let mut backbone = build(spec, groups, device, rng)?;
+    if let Some(k) = spec.depth {
+        backbone.truncate(k)?;
+        if !spec.final_norm {
+            backbone.drop_final_norm()?;
+        }
+    }
+    Ok(backbone)
+}
+
+fn build(spec: &BackboneSpec, groups: &TrainGroups, device: &Device, rng: &mut Rng) -> Result<Box<dyn Backbone>> {
     let config = match Config::builtin(&spec.source) {
         Some(c) if spec.init == Init::Random => c,
         _ => {

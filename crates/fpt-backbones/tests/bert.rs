@@ -205,40 +205,10 @@ fn real_minilm_matches_reference_values_on_one_path() {
         .unwrap(),
     )
     .unwrap();
-    let Config::Bert(cfg) = Config::from_file(&files.config).unwrap() else {
-        panic!("MiniLM is a BERT")
-    };
-    let weights = files.weights.unwrap();
-    let model = Bert::load(&cfg, &weights, &TrainGroups::fpt(), &Device::Cpu).unwrap();
-    // Token ids -> input embeddings with the checkpoint's own word table.
-    let table = safetensors::load(&weights, &Device::Cpu)
-        .unwrap()
-        .remove("embeddings.word_embeddings.weight")
-        .unwrap();
-    let ids: Vec<u32> = reference["input_ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_u64().unwrap() as u32)
-        .collect();
-    let embeds = table
-        .index_select(&Tensor::new(ids.as_slice(), &Device::Cpu).unwrap(), 0)
-        .unwrap()
-        .unsqueeze(0)
-        .unwrap();
-    let h = model.forward(&embeds, &mut Ctx::eval()).unwrap().squeeze(0).unwrap();
-    let h = h.to_vec2::<f32>().unwrap();
-    let mut worst = 0f64;
-    for (t, row) in reference["hidden_first8"].as_array().unwrap().iter().enumerate() {
-        for (j, v) in row.as_array().unwrap().iter().enumerate() {
-            worst = worst.max((v.as_f64().unwrap() - h[t][j] as f64).abs());
-        }
-    }
+    let (worst, sum) = fpt_backbones::golden::minilm_diff(&files, &reference, &Device::Cpu).unwrap();
     assert!(
         worst <= 1e-4,
         "MiniLM hidden states differ from transformers by {worst}"
     );
-    let sum: f64 = h.iter().flatten().map(|&v| v as f64).sum();
-    let want = reference["hidden_sum"].as_f64().unwrap();
-    assert!((sum - want).abs() <= 1e-3 * want.abs().max(1.0), "sum {sum} vs {want}");
+    assert!(sum <= 1e-3, "sum of the hidden states off by {sum} (relative)");
 }

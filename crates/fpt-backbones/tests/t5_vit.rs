@@ -7,7 +7,6 @@ use fpt_backbones::t5::T5Config;
 use fpt_backbones::{Backbone, Config};
 use fpt_nn::Ctx;
 use fpt_spec::{Role, ShapeOverrides, TrainGroups};
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 fn fixture(name: &str) -> PathBuf {
@@ -29,38 +28,22 @@ fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
         .unwrap()
 }
 
-/// Forward in eval mode and the gradients of sum(out * r) against the golden file.
+/// Forward in eval mode and the gradients of sum(out * r) against the golden file (every
+/// gradient it holds, at least `grads_of`), and the attention and feed-forward weights frozen.
 fn check_golden(model: &dyn Backbone, dir: &Path, grads_of: &[&str]) {
-    let g = safetensors::load(dir.join("golden.safetensors"), &Device::Cpu).unwrap();
-    let x = Var::from_tensor(&g["inputs_embeds"]).unwrap();
-    let out = model.forward(x.as_tensor(), &mut Ctx::eval()).unwrap();
-    let d = max_diff(&out, &g["last_hidden_state"]);
-    assert!(d <= 1e-4, "{}: last_hidden_state differs by {d}", dir.display());
-    let grads = (out * &g["loss_weights"])
-        .unwrap()
-        .sum_all()
-        .unwrap()
-        .backward()
-        .unwrap();
-    let d = max_diff(grads.get(&x).unwrap(), &g["grad.inputs_embeds"]);
-    assert!(d <= 1e-4, "input gradient differs by {d}");
-    let params: HashMap<String, _> = model.params().into_iter().map(|(n, _, p)| (n, p.clone())).collect();
+    let g = fpt_backbones::golden::read(&dir.join("golden.safetensors"), &Device::Cpu).unwrap();
     for name in grads_of {
-        let var = params[*name]
-            .var()
-            .unwrap_or_else(|| panic!("{name} should train under FPT groups"));
-        let ours = grads
-            .get(var.as_tensor())
-            .unwrap_or_else(|| panic!("no gradient for {name}"));
-        let d = max_diff(ours, &g[&format!("grad.{name}")]);
-        assert!(d <= 1e-4, "gradient of {name} differs by {d}");
+        assert!(g.contains_key(&format!("grad.{name}")), "{name}");
     }
+    let d = fpt_backbones::golden::check(model, &g).unwrap();
+    assert!(d.max() <= 1e-4, "{}: {d:?}", dir.display());
+    assert_eq!(
+        d.params_checked,
+        grads_of.len() + g.contains_key("grad.fpt_positions") as usize
+    );
     for (name, role, p) in model.params() {
         if matches!(role, Role::Attention | Role::FeedForward) {
-            assert!(
-                !p.is_trainable() && grads.get(p.tensor()).is_none(),
-                "{name} is not frozen"
-            );
+            assert!(!p.is_trainable(), "{name} is not frozen");
         }
     }
 }

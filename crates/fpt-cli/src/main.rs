@@ -1079,24 +1079,12 @@ fn inspect(a: InspectArgs) -> Result<()> {
         None => None,
     };
     // Without a task, count the backbone alone.
+    let backbone = fpt_model::count_backbone(&specs, &groups);
     let counts = match &dims {
         Some(d) => fpt_model::count_params(&specs, hidden, d, &groups),
-        None => {
-            let mut c = fpt_model::ParamCounts::default();
-            for s in &specs {
-                let e = c.by_role.entry(s.role).or_default();
-                e.0 += s.numel();
-                c.total += s.numel();
-                if groups.trains(s.role) {
-                    e.1 += s.numel();
-                    c.trainable += s.numel();
-                }
-            }
-            c
-        }
+        None => backbone.clone(),
     };
-    let backbone_trainable: usize = specs.iter().filter(|s| groups.trains(s.role)).map(|s| s.numel()).sum();
-    let backbone_total: usize = specs.iter().map(|s| s.numel()).sum();
+    let (backbone_trainable, backbone_total) = (backbone.trainable, backbone.total);
     if a.json {
         let by_role: serde_json::Map<String, serde_json::Value> = counts
             .by_role

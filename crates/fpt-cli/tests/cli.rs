@@ -576,3 +576,72 @@ fn pretrain_writes_a_backbone_that_train_loads_and_lstm_flags_work() {
         &["no attention heads"],
     );
 }
+
+/// One trainable predicate, end to end: for each `--train` value, `fpt inspect --json`
+/// counts what `result.json` of a one-step run reports, and the trained tensors saved in its
+/// checkpoint hold exactly that many values.
+#[test]
+fn inspect_and_result_json_count_the_same_trained_parameters() {
+    let shape = [
+        "--backbone",
+        "gpt2",
+        "--init",
+        "random",
+        "--layers",
+        "2",
+        "--hidden",
+        "16",
+        "--heads",
+        "2",
+    ];
+    for train in [
+        "in,out,ln,pos",
+        "all",
+        "ln",
+        "in,out,ln,pos,last-attn",
+        "out,last-attn",
+        "attn,ff",
+    ] {
+        let mut args = vec!["inspect", "--task", "bit-xor", "--json", "--train", train];
+        args.extend(shape);
+        let inspected = json(&fpt(&args))["trainable"].as_u64().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let run = dir.path().join("run");
+        let mut args = vec![
+            "train",
+            "-q",
+            "--task",
+            "bit-xor",
+            "--steps",
+            "1",
+            "--batch-size",
+            "2",
+            "--eval-examples",
+            "4",
+            "--train",
+            train,
+            "--out",
+        ];
+        args.push(run.to_str().unwrap());
+        args.extend(shape);
+        let out = fpt(&args);
+        assert!(out.status.success(), "{train}: {}", stderr(&out));
+        let result: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(run.join("result.json")).unwrap()).unwrap();
+        assert_eq!(result["trainable_params"].as_u64(), Some(inspected), "--train {train}");
+        let latest = std::fs::read_to_string(run.join("checkpoints/LATEST")).unwrap();
+        let saved = std::fs::read(
+            run.join("checkpoints")
+                .join(latest.trim())
+                .join("trainable.safetensors"),
+        )
+        .unwrap();
+        let tensors = safetensors::SafeTensors::deserialize(&saved).unwrap();
+        let values: usize = tensors
+            .tensors()
+            .iter()
+            .map(|(_, t)| t.shape().iter().product::<usize>())
+            .sum();
+        assert_eq!(values as u64, inspected, "--train {train}: values in the checkpoint");
+    }
+}

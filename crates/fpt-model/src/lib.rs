@@ -93,13 +93,22 @@ fn head_specs(dims: &TaskDims, hidden: usize) -> Vec<(&'static str, Vec<usize>, 
     v
 }
 
-/// Parameter counts of an FPT from the backbone's specs alone (no weights needed), so any
-/// size can be inspected.
-pub fn count_params(backbone: &[ParamSpec], hidden: usize, dims: &TaskDims, groups: &TrainGroups) -> ParamCounts {
+/// Parameter counts of a backbone from its specs alone (no weights needed), with the same
+/// trainable predicate the backbones build their parameters with
+/// ([`fpt_spec::TrainGroups::trains_tensor`]).
+pub fn count_backbone(backbone: &[ParamSpec], groups: &TrainGroups) -> ParamCounts {
+    let last = fpt_backbones::last_block(backbone.iter().map(|s| s.name.as_str()));
     let mut c = ParamCounts::default();
     for s in backbone {
-        c.add(s.role, s.numel(), groups.trains(s.role));
+        c.add(s.role, s.numel(), s.trains(groups, last));
     }
+    c
+}
+
+/// Parameter counts of an FPT from the backbone's specs alone (no weights needed), so any
+/// size can be inspected; equal to [`Fpt::param_counts`] of the built model.
+pub fn count_params(backbone: &[ParamSpec], hidden: usize, dims: &TaskDims, groups: &TrainGroups) -> ParamCounts {
+    let mut c = count_backbone(backbone, groups);
     for (_, shape, role) in head_specs(dims, hidden) {
         c.add(role, shape.iter().product(), groups.trains(role));
     }
@@ -112,7 +121,6 @@ pub struct Fpt {
     backbone: Box<dyn Backbone>,
     output: Linear,
     dims: TaskDims,
-    groups: TrainGroups,
     head: HeadConfig,
 }
 
@@ -169,7 +177,6 @@ impl Fpt {
             backbone,
             output,
             dims,
-            groups,
             head,
         })
     }
@@ -233,14 +240,22 @@ impl Fpt {
             .collect()
     }
 
-    /// Parameter counts per role (total includes unused tensors such as GPT-2's `wte`).
+    /// Parameter counts per role, read off the built parameters (trainable = a `Var`, what
+    /// the optimizer gets); the architecture's tensors the model does not materialise
+    /// (GPT-2's `wte`, BERT's pooler) count as frozen.
     pub fn param_counts(&self) -> ParamCounts {
-        count_params(
-            &self.backbone.param_specs(),
-            self.backbone.hidden_size(),
-            &self.dims,
-            &self.groups,
-        )
+        let mut c = ParamCounts::default();
+        let params = self.params();
+        let built: std::collections::HashSet<&str> = params.iter().map(|(n, _, _)| n.as_str()).collect();
+        for spec in self.backbone.param_specs() {
+            if !built.contains(spec.name.as_str()) {
+                c.add(spec.role, spec.numel(), false);
+            }
+        }
+        for (_, role, p) in &params {
+            c.add(*role, p.tensor().elem_count(), p.is_trainable());
+        }
+        c
     }
 
     /// The backbone.

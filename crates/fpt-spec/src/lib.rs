@@ -196,6 +196,15 @@ impl TrainGroups {
         }
     }
 
+    /// Whether a tensor trains: the tensor of `role` in block `block` (`None` outside the
+    /// blocks) of a backbone whose last block is `last_block`. Its role's group trains, or
+    /// it belongs to the last block's attention under `last_attention`. The one trainable
+    /// predicate: the backbones build their `Var`s with it and every count (inspect,
+    /// `result.json`, reports) derives from it.
+    pub fn trains_tensor(&self, role: Role, block: Option<usize>, last_block: Option<usize>) -> bool {
+        self.trains(role) || (self.last_attention && role == Role::Attention && block.is_some() && block == last_block)
+    }
+
     fn set(&mut self, role: Role, on: bool) {
         match role {
             Role::Input => self.input = on,

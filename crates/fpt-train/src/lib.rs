@@ -327,12 +327,6 @@ impl Trainer {
         let mut init_rng = master.fork("init");
         let source = pretrain::resolve_backbone(&spec.backbone, device)?;
         let mut backbone = fpt_backbones::load(&source, &spec.train_groups, device, &mut init_rng)?;
-        if let Some(k) = spec.backbone.depth {
-            backbone.truncate(k)?;
-            if !spec.backbone.final_norm {
-                backbone.drop_final_norm()?;
-            }
-        }
         backbone.set_dropout(spec.backbone_dropout);
         let weights = backbone.origin().to_string();
         let head = HeadConfig {

@@ -1,0 +1,69 @@
+//! Every committed fixture (`data/fixtures/*/golden.safetensors`, written by
+//! `tools/make_fixtures.py` with PyTorch, `transformers` and timm) against fpt's backbones on
+//! every kernel path: hidden states, input gradients and parameter gradients within 1e-4.
+//! Checkpoints as transformers writes them: prefixed names, LM heads, no pooler.
+
+use candle_core::Device;
+use fpt_backbones::golden;
+use std::path::{Path, PathBuf};
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/fixtures")
+}
+
+#[test]
+fn every_fixture_matches_its_reference_on_every_kernel_path() {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(fixtures())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.join("golden.safetensors").is_file())
+        .collect();
+    dirs.sort();
+    assert!(dirs.len() >= 9, "fixtures missing: {dirs:?}");
+    fpt_nn::kernels::on_every_path(|path| {
+        for dir in &dirs {
+            let d = golden::check_dir(dir, &Device::Cpu).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+            eprintln!("{path} {}: {d:?}", dir.display());
+            assert!(d.params_checked >= 1, "{}: {d:?}", dir.display());
+            assert!(d.max() <= 1e-4, "{path}: {}: {d:?}", dir.display());
+        }
+    });
+}
+
+/// The check can fail: a perturbed checkpoint (one bias changed) is caught.
+#[test]
+fn the_golden_check_catches_a_changed_bias() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = fixtures().join("bert-nopool-tiny");
+    for f in ["config.json", "golden.safetensors"] {
+        std::fs::copy(src.join(f), tmp.path().join(f)).unwrap();
+    }
+    let mut tensors = candle_core::safetensors::load(src.join("model.safetensors"), &Device::Cpu).unwrap();
+    let name = "encoder.layer.0.output.dense.bias";
+    // Not a constant shift, which the LayerNorm after it would remove.
+    let b = tensors[name].clone();
+    let ramp = candle_core::Tensor::arange(0f32, b.elem_count() as f32, &Device::Cpu).unwrap();
+    tensors.insert(name.into(), (b + (ramp * 0.01).unwrap()).unwrap());
+    candle_core::safetensors::save(&tensors, tmp.path().join("model.safetensors")).unwrap();
+    let d = golden::check_dir(tmp.path(), &Device::Cpu).unwrap();
+    assert!(d.hidden > 1e-3, "{d:?}");
+}
+
+/// A missing tensor that FPT uses is still an error naming it; tensors FPT never reads (a
+/// pooler) may be absent.
+#[test]
+fn a_missing_used_tensor_is_named_and_an_absent_pooler_is_fine() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = fixtures().join("bert-tiny");
+    for f in ["config.json", "golden.safetensors"] {
+        std::fs::copy(src.join(f), tmp.path().join(f)).unwrap();
+    }
+    let mut tensors = candle_core::safetensors::load(src.join("model.safetensors"), &Device::Cpu).unwrap();
+    tensors.retain(|n, _| !n.starts_with("pooler."));
+    candle_core::safetensors::save(&tensors, tmp.path().join("model.safetensors")).unwrap();
+    assert!(golden::check_dir(tmp.path(), &Device::Cpu).unwrap().max() <= 1e-4);
+    tensors.remove("encoder.layer.1.attention.self.key.bias");
+    candle_core::safetensors::save(&tensors, tmp.path().join("model.safetensors")).unwrap();
+    let e = golden::check_dir(tmp.path(), &Device::Cpu).unwrap_err().to_string();
+    assert!(e.contains("encoder.layer.1.attention.self.key.bias"), "{e}");
+}
