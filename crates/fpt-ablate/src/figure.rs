@@ -219,8 +219,16 @@ pub fn learning_curves(report: &Report) -> Option<String> {
     })
 }
 
-/// Writes each file atomically; every `*.svg` also as a `*.png` beside it.
+/// Writes each file atomically; every `*.svg` also as a `*.png` beside it. Refuses,
+/// writing nothing, when this build failed its self-check.
 pub(crate) fn write_all(dir: &Path, files: &[(&str, String)]) -> Result<()> {
+    let check = fpt_train::selfcheck::cached();
+    if !check.passed {
+        return Err(crate::AblateError::SelfCheck {
+            table: dir.display().to_string(),
+            summary: check.summary(),
+        });
+    }
     std::fs::create_dir_all(dir).map_err(io(dir))?;
     let write = |name: &str, bytes: &[u8]| -> Result<()> {
         let p = dir.join(name);

@@ -55,6 +55,14 @@ pub enum AblateError {
         /// The panic's message.
         msg: String,
     },
+    /// This build failed its self-check: no report is written from it.
+    #[error("not writing {table}: this build failed its self-check ({summary}); run `fpt selfcheck` to see which")]
+    SelfCheck {
+        /// The table.
+        table: String,
+        /// The self-check's one-line summary.
+        summary: String,
+    },
 }
 
 /// Result alias for this crate.

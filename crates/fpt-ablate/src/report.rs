@@ -2,8 +2,9 @@
 //! substituted, and why a cell did not run; as `report.md`, `report.json` and `report.csv`
 //! under `<out>/<table>/<scale>/`.
 
-use crate::{command_for, io, run_dir, Cell, Plan, Result};
+use crate::{command_for, io, run_dir, AblateError, Cell, Plan, Result};
 use fpt_spec::table::{Metric, TableSpec};
+use fpt_train::selfcheck::Provenance;
 use std::path::Path;
 
 /// A cell as reported.
@@ -58,6 +59,11 @@ pub struct Report {
     pub notes: Vec<String>,
     /// Where and when.
     pub machine: String,
+    /// The build that wrote the report: commit, profile, kernel path, CPU, self-check.
+    pub provenance: Provenance,
+    /// The builds, kernel paths, CPUs and devices the cells' runs recorded (runs may come
+    /// from other machines through shards), with how many cells each.
+    pub runs_from: Vec<(String, usize)>,
 }
 
 /// Parses a number as the paper prints it: `38.4%`, `38%`, `1×10^4`, `117M`, `106K`,
@@ -89,12 +95,32 @@ fn machine() -> String {
         .and_then(|o| String::from_utf8(o.stdout).ok())
         .unwrap_or_default();
     format!(
-        "{} {}, {cores} cores, CPU (no GPU used), fpt {}, {}",
+        "{} {}, {cores} cores, {}, fpt {}, {}",
         std::env::consts::OS,
         std::env::consts::ARCH,
+        fpt_nn::kernels::cpu_model(),
         env!("CARGO_PKG_VERSION"),
         date.trim()
     )
+}
+
+/// One line on where a run's numbers came from.
+fn run_origin(res: &fpt_train::RunResult) -> String {
+    match &res.provenance {
+        Some(p) => format!(
+            "{} build of {}, {} kernels on {}, device {}, self-check {}",
+            p.profile,
+            p.commit,
+            p.kernel_path,
+            p.cpu,
+            res.device,
+            if p.selfcheck.passed { "passed" } else { "FAILED" }
+        ),
+        None => format!(
+            "device {} (build and self-check not recorded: an older fpt)",
+            res.device
+        ),
+    }
 }
 
 fn count(plan: &Plan, metric: Metric) -> std::result::Result<f64, String> {
@@ -117,6 +143,7 @@ impl Report {
     /// Collects the results of `cells` (from `out/runs/`) for `table` at `scale`.
     pub fn new(table: &TableSpec, scale: &str, cells: &[Cell], out: &Path) -> Report {
         let mut reports = Vec::new();
+        let mut origins: std::collections::BTreeMap<String, usize> = std::collections::BTreeMap::new();
         for c in cells {
             let paper = parse_paper(&c.paper);
             let mut r = CellReport {
@@ -161,6 +188,13 @@ impl Report {
                         .ok()
                         .and_then(|t| serde_json::from_str::<fpt_train::RunResult>(&t).ok());
                     match res {
+                        Some(res) if res.provenance.as_ref().is_some_and(|p| !p.selfcheck.passed) => {
+                            r.status = "invalid".into();
+                            r.why = Some(format!(
+                                "its run recorded a failed self-check ({}); rerun it with a build that passes (`--force`)",
+                                run_origin(&res)
+                            ));
+                        }
                         None => {
                             r.status = if dir.exists() { "failed" } else { "pending" }.into();
                             r.why = Some(if dir.exists() {
@@ -170,6 +204,7 @@ impl Report {
                             });
                         }
                         Some(res) => {
+                            *origins.entry(run_origin(&res)).or_insert(0) += 1;
                             r.status = "ran".into();
                             r.seconds = Some(res.wall_seconds);
                             r.ours = match c.metric {
@@ -201,6 +236,8 @@ impl Report {
             cells: reports,
             notes: table.notes.clone(),
             machine: machine(),
+            provenance: fpt_train::selfcheck::provenance(),
+            runs_from: origins.into_iter().collect(),
         }
     }
 
@@ -234,10 +271,26 @@ impl Report {
 
     /// The report as Markdown.
     pub fn markdown(&self, out: &Path) -> String {
+        let p = &self.provenance;
         let mut s = format!(
-            "# {}: {} (scale `{}`)\n\n> {}\n\nMachine: {}. Each cell: **ours** (paper). `n/a`: cannot run here (see below); `·`: the paper's number only; `pending`: not run yet; `n/c`: did not converge.\n\n",
-            self.id, self.title, self.scale, self.caption, self.machine
+            "# {}: {} (scale `{}`)\n\n> {}\n\nMachine: {}. Report written by the {} build of {} on the {} kernel path; `fpt selfcheck` {}.\n",
+            self.id,
+            self.title,
+            self.scale,
+            self.caption,
+            self.machine,
+            p.profile,
+            p.commit,
+            p.kernel_path,
+            if p.selfcheck.passed { "passed" } else { "FAILED" },
         );
+        for (origin, n) in &self.runs_from {
+            s.push_str(&format!(
+                "Runs of {n} cell{}: {origin}.\n",
+                if *n == 1 { "" } else { "s" }
+            ));
+        }
+        s.push_str("\nEach cell: **ours** (paper). `n/a`: cannot run here (see below); `·`: the paper's number only; `pending`: not run yet; `n/c`: did not converge; `invalid`: its run failed its self-check.\n\n");
         s.push_str(&format!(
             "| | {} |\n|---|{}\n",
             self.cols.join(" | "),
@@ -332,7 +385,14 @@ impl Report {
 
     /// Writes `report.md`, `report.json` and `report.csv` under `out/<id>/<scale>/`
     /// (each to a temporary file renamed into place); returns the directory.
+    /// Refuses (writing nothing) when this build failed its self-check.
     pub fn write(&self, out: &Path) -> Result<std::path::PathBuf> {
+        if !self.provenance.selfcheck.passed {
+            return Err(AblateError::SelfCheck {
+                table: self.id.clone(),
+                summary: format!("failed: {}", self.provenance.selfcheck.failed.join(", ")),
+            });
+        }
         let dir = out.join(&self.id).join(&self.scale);
         std::fs::create_dir_all(&dir).map_err(io(&dir))?;
         let json = serde_json::to_string_pretty(self).expect("report serialises");

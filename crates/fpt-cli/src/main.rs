@@ -6,6 +6,8 @@
 //! - `fpt inspect --backbone gpt2 --task bit-xor [--json]`
 //! - `fpt fetch minilm` puts all-MiniLM-L6-v2 into the Hugging Face cache
 
+mod check;
+
 use anyhow::{bail, Context, Result};
 use candle_core::Device;
 use clap::{Args, Parser, Subcommand};
@@ -47,6 +49,12 @@ enum Command {
     /// Train a small GPT-2 from scratch (causal LM on English or an artificial corpus, or
     /// every parameter on Bit Memory) and write it as a backbone directory `--backbone` loads.
     Pretrain(Box<PretrainArgs>),
+    /// Check this build, on the kernel path it uses, against hidden states and gradients
+    /// PyTorch / transformers computed (fixtures compiled in; the real MiniLM when cached).
+    Selfcheck(check::SelfcheckArgs),
+    /// Run a backbone on input embeddings from a safetensors file, as the FPT model does
+    /// (positions added, dropout off), and write `last_hidden_state`.
+    Forward(Box<check::ForwardArgs>),
 }
 
 #[derive(Args)]
@@ -661,6 +669,13 @@ fn train(a: TrainArgs, m: &clap::ArgMatches) -> Result<()> {
         }
     }
     let device = parse_device(&a.device)?;
+    let check = fpt_train::selfcheck::cached();
+    if !check.passed {
+        eprintln!(
+            "warning: this build failed its self-check ({}): its numbers are not to be trusted; see `fpt selfcheck`",
+            check.summary()
+        );
+    }
     let mut progress = Progress {
         quiet: a.quiet,
         bar: None,
@@ -1157,6 +1172,10 @@ fn main() {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+    if let Err(e) = fpt_nn::kernels::ceiling_from_env() {
+        eprintln!("error: {e}");
+        std::process::exit(2);
+    }
     let matches = <Cli as clap::CommandFactory>::command().get_matches();
     let cli = match <Cli as clap::FromArgMatches>::from_arg_matches(&matches) {
         Ok(c) => c,
@@ -1170,6 +1189,8 @@ fn main() {
         Command::Pretrain(a) => pretrain(*a),
         Command::Bench(a) => bench(a),
         Command::RunTable(a) => run_table(a),
+        Command::Selfcheck(a) => check::selfcheck(a),
+        Command::Forward(a) => check::forward(*a),
     };
     if let Err(e) = res {
         eprintln!("error: {e:#}");

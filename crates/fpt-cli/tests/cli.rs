@@ -645,3 +645,182 @@ fn inspect_and_result_json_count_the_same_trained_parameters() {
         assert_eq!(values as u64, inspected, "--train {train}: values in the checkpoint");
     }
 }
+
+fn fixture_dir(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../data/fixtures")
+        .join(name)
+}
+
+/// The kernel paths this CPU runs, as `FPT_KERNELS` names them.
+fn kernel_paths() -> Vec<&'static str> {
+    fpt_nn::KernelPath::available().iter().map(|p| p.name()).collect()
+}
+
+/// `fpt forward` on checkpoints as transformers saved them (GPT-2 with an LM head and
+/// `transformer.` names; BERT without a pooler; non-zero biases) reproduces the
+/// `last_hidden_state` transformers computed, on every kernel path; bad inputs are named.
+#[test]
+fn forward_matches_transformers_on_every_kernel_path() {
+    let tmp = tempfile::tempdir().unwrap();
+    for name in [
+        "gpt2-lmhead-tiny",
+        "bert-nopool-tiny",
+        "gpt2-tiny",
+        "bert-tiny",
+        "lstm-tiny",
+    ] {
+        let dir = fixture_dir(name);
+        let golden = dir.join("golden.safetensors");
+        for path in kernel_paths() {
+            let out = tmp.path().join(format!("{name}-{path}.safetensors"));
+            let run = Command::new(env!("CARGO_BIN_EXE_fpt"))
+                .args(["forward", "--backbone"])
+                .arg(&dir)
+                .arg("--inputs-embeds")
+                .arg(&golden)
+                .arg("--out")
+                .arg(&out)
+                .env("FPT_KERNELS", path)
+                .output()
+                .unwrap();
+            assert!(run.status.success(), "{name} {path}: {}", stderr(&run));
+            let ours = safetensors_f32(&out, "last_hidden_state");
+            let want = safetensors_f32(&golden, "last_hidden_state");
+            assert_eq!(ours.len(), want.len());
+            let d = ours.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            assert!(d <= 1e-4, "{name} on {path}: differs from transformers by {d}");
+        }
+    }
+    // Bad inputs: a missing tensor, a wrong width.
+    let dir = fixture_dir("gpt2-tiny");
+    let out = fpt(&[
+        "forward",
+        "--backbone",
+        dir.to_str().unwrap(),
+        "--inputs-embeds",
+        dir.join("golden.safetensors").to_str().unwrap(),
+        "--tensor",
+        "nope",
+        "--out",
+        tmp.path().join("x.safetensors").to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("no tensor `nope`"), "{}", stderr(&out));
+    let out = fpt(&[
+        "forward",
+        "--backbone",
+        fixture_dir("lstm-tiny").to_str().unwrap(),
+        "--inputs-embeds",
+        dir.join("golden.safetensors").to_str().unwrap(),
+        "--out",
+        tmp.path().join("x.safetensors").to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("32 wide") && stderr(&out).contains("hidden size 8"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!tmp.path().join("x.safetensors").exists());
+}
+
+fn safetensors_f32(path: &std::path::Path, name: &str) -> Vec<f32> {
+    let bytes = std::fs::read(path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let t = st.tensor(name).unwrap();
+    assert_eq!(t.dtype(), safetensors::Dtype::F32);
+    t.data()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+/// `fpt selfcheck` passes on every kernel path here, and fails (exit status 1, the broken
+/// checks named) when a test-only switch makes the matrix product drop its bias.
+#[test]
+fn selfcheck_passes_and_can_fail() {
+    let ok = fpt(&["selfcheck", "--all-paths", "--json"]);
+    let v = json(&ok);
+    let runs = v.as_array().unwrap();
+    assert_eq!(runs.len(), kernel_paths().len());
+    for r in runs {
+        assert_eq!(r["passed"], true, "{r}");
+        assert!(r["checks"].as_array().unwrap().len() >= 10);
+    }
+    let broken = Command::new(env!("CARGO_BIN_EXE_fpt"))
+        .args(["selfcheck"])
+        .env("FPT_TEST_FAULT", "drop-bias")
+        .output()
+        .unwrap();
+    assert_eq!(broken.status.code(), Some(1));
+    let text = String::from_utf8_lossy(&broken.stdout);
+    assert!(text.contains("gpt2-tiny") && text.contains("FAIL"), "{text}");
+    assert!(stderr(&broken).contains("selfcheck failed"), "{}", stderr(&broken));
+}
+
+/// A build that fails its self-check writes no report, and the runs it trains record the
+/// failure in result.json (which later reports then refuse to show as numbers).
+#[test]
+fn a_failed_selfcheck_writes_no_report_and_is_recorded() {
+    let tmp = tempfile::tempdir().unwrap();
+    let tables = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/tables");
+    let run = |fault: bool| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_fpt"));
+        c.args(["run-table", "table8", "--scale", "smoke", "--report-only", "--tables"])
+            .arg(&tables)
+            .arg("--out")
+            .arg(tmp.path());
+        if fault {
+            c.env("FPT_TEST_FAULT", "drop-bias");
+        }
+        c.output().unwrap()
+    };
+    let bad = run(true);
+    assert!(!bad.status.success());
+    assert!(stderr(&bad).contains("self-check"), "{}", stderr(&bad));
+    assert!(!tmp.path().join("table8").exists());
+    let good = run(false);
+    assert!(good.status.success(), "{}", stderr(&good));
+    let md = std::fs::read_to_string(tmp.path().join("table8/smoke/report.md")).unwrap();
+    assert!(md.contains("`fpt selfcheck` passed"), "{md}");
+    let out = tmp.path().join("run");
+    let r = Command::new(env!("CARGO_BIN_EXE_fpt"))
+        .args([
+            "train",
+            "-q",
+            "--task",
+            "bit-xor",
+            "--backbone",
+            "gpt2",
+            "--init",
+            "random",
+            "--layers",
+            "1",
+            "--hidden",
+            "8",
+            "--heads",
+            "2",
+            "--steps",
+            "1",
+            "--batch-size",
+            "2",
+            "--eval-examples",
+            "4",
+            "--out",
+        ])
+        .arg(&out)
+        .env("FPT_TEST_FAULT", "drop-bias")
+        .output()
+        .unwrap();
+    assert!(r.status.success(), "{}", stderr(&r));
+    assert!(stderr(&r).contains("failed its self-check"), "{}", stderr(&r));
+    let result: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("result.json")).unwrap()).unwrap();
+    let p = &result["provenance"];
+    assert_eq!(p["selfcheck"]["passed"], false, "{p}");
+    assert!(
+        p["kernel_path"].is_string() && p["cpu"].is_string() && p["commit"].is_string(),
+        "{p}"
+    );
+}

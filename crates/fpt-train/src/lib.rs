@@ -37,6 +37,7 @@ pub mod linear;
 pub mod optim;
 pub mod pretrain;
 pub mod reservoir;
+pub mod selfcheck;
 
 use candle_core::{DType, Device, Tensor, Var};
 use fpt_model::{Fpt, HeadConfig};
@@ -177,6 +178,10 @@ pub struct RunResult {
     /// over FPT training (paper Table 10).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cached: Option<reservoir::CachedStats>,
+    /// The build, kernel path, CPU and self-check behind these numbers (absent in results
+    /// written before fpt recorded it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provenance: Option<selfcheck::Provenance>,
 }
 
 /// What the loop reports while it runs.
@@ -738,6 +743,7 @@ fn run_loop(
         stopped_early,
         baseline_accuracy: tr.task().baseline().map(|b| b.0),
         cached: None,
+        provenance: Some(selfcheck::provenance()),
     };
     write_result(out_dir, &result)?;
     Ok(result)

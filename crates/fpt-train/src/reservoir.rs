@@ -257,6 +257,7 @@ pub(crate) fn run(
             fpt_epoch_seconds: fpt_epoch,
             speedup: fpt_epoch / epoch_seconds.max(1e-9),
         }),
+        provenance: Some(crate::selfcheck::provenance()),
     };
     crate::write_result(out_dir, &result)?;
     Ok(result)

@@ -1,0 +1,184 @@
+//! `fpt selfcheck` (this build against outputs other frameworks computed) and `fpt forward`
+//! (any checkpoint's hidden states from input embeddings, to compare with one's own
+//! framework).
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use fpt_nn::KernelPath;
+use fpt_train::selfcheck::{self, Status};
+use std::path::PathBuf;
+
+#[derive(Args)]
+pub struct SelfcheckArgs {
+    /// Check every kernel path this CPU runs (and FPT_KERNELS allows), not only the one
+    /// training uses.
+    #[arg(long)]
+    all_paths: bool,
+    /// Print one JSON object (a list with --all-paths).
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn selfcheck(a: SelfcheckArgs) -> Result<()> {
+    let paths = if a.all_paths {
+        KernelPath::available()
+    } else {
+        vec![KernelPath::active()]
+    };
+    let (commit, profile) = selfcheck::build_info();
+    let mut results = Vec::new();
+    for path in paths {
+        let r = fpt_nn::kernels::with_path(path, || selfcheck::run(&candle_core::Device::Cpu))?;
+        if !a.json {
+            println!(
+                "fpt selfcheck: kernel path {path} (best on this CPU: {}; {}), {profile} build of {commit}",
+                KernelPath::detected(),
+                fpt_nn::kernels::cpu_model()
+            );
+            for c in &r.checks {
+                let status = match c.status {
+                    Status::Pass => "pass",
+                    Status::Fail => "FAIL",
+                    Status::Skipped => "skipped",
+                };
+                let diff = c.max_diff.map_or("-".into(), |d| format!("{d:.1e}"));
+                println!("  {:<18} {:<8} max diff {:<8} {}", c.name, status, diff, c.detail);
+            }
+            if !r.faults.is_empty() {
+                println!("  test-only faults switched on: {}", r.faults.join(", "));
+            }
+            println!("  {}", r.summary());
+        }
+        results.push(r);
+    }
+    if a.json {
+        let v = if a.all_paths {
+            serde_json::to_value(&results)?
+        } else {
+            serde_json::to_value(&results[0])?
+        };
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    }
+    let failed: Vec<&str> = results
+        .iter()
+        .filter(|r| !r.passed)
+        .map(|r| r.kernel_path.as_str())
+        .collect();
+    if !failed.is_empty() {
+        bail!(
+            "selfcheck failed on the {} kernel path: this build computes other numbers than the references; \
+             do not trust its results",
+            failed.join(", ")
+        );
+    }
+    Ok(())
+}
+
+#[derive(Args)]
+pub struct ForwardArgs {
+    /// The backbone: a local checkpoint directory (config.json + model.safetensors), a
+    /// Hugging Face model id (from the cache, or downloaded), or a built-in name with
+    /// `--init random`.
+    #[arg(long)]
+    backbone: String,
+    /// A safetensors file holding the input embeddings `[batch, seq, hidden]` (f32, or any
+    /// float type, read as f32).
+    #[arg(long, value_name = "FILE")]
+    inputs_embeds: PathBuf,
+    /// The tensor's name in that file.
+    #[arg(long, default_value = "inputs_embeds")]
+    tensor: String,
+    /// Where to write `last_hidden_state` (safetensors, f32).
+    #[arg(long, value_name = "FILE")]
+    out: PathBuf,
+    /// `pretrained` (the checkpoint's weights) or `random`.
+    #[arg(long, default_value = "pretrained")]
+    init: fpt_spec::Init,
+    /// Use only the first N blocks (the final norm kept unless --no-final-norm).
+    #[arg(long)]
+    depth: Option<usize>,
+    /// With --depth, drop the final norm.
+    #[arg(long, requires = "depth")]
+    no_final_norm: bool,
+    /// Seed of a random init.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Device: `cpu`, or `cuda` / `cuda:N` when built with `--features cuda`.
+    #[arg(long, default_value = "cpu")]
+    device: String,
+}
+
+pub fn forward(a: ForwardArgs) -> Result<()> {
+    let device = crate::parse_device(&a.device)?;
+    let file = &a.inputs_embeds;
+    let mut tensors = candle_core::safetensors::load(file, &device)
+        .with_context(|| format!("{}: cannot read it as safetensors", file.display()))?;
+    let x = tensors.remove(&a.tensor).with_context(|| {
+        let mut names: Vec<&String> = tensors.keys().collect();
+        names.sort();
+        format!(
+            "{}: no tensor `{}` (it holds {names:?}; choose one with --tensor)",
+            file.display(),
+            a.tensor
+        )
+    })?;
+    if x.rank() != 3 {
+        bail!(
+            "{}: tensor `{}` has shape {:?}; expected [batch, seq, hidden]",
+            file.display(),
+            a.tensor,
+            x.dims()
+        );
+    }
+    if !x.dtype().is_float() {
+        bail!(
+            "{}: tensor `{}` is {:?}; expected floats",
+            file.display(),
+            a.tensor,
+            x.dtype()
+        );
+    }
+    let x = x.to_dtype(candle_core::DType::F32)?;
+    let spec = fpt_spec::BackboneSpec {
+        source: a.backbone.clone(),
+        init: a.init,
+        shape: Default::default(),
+        residual_init: Default::default(),
+        depth: a.depth,
+        final_norm: !a.no_final_norm,
+        bit_pretrain: None,
+    };
+    let mut backbone = fpt_backbones::load(
+        &spec,
+        &fpt_spec::TrainGroups::none(),
+        &device,
+        &mut fpt_nn::Rng::new(a.seed),
+    )?;
+    backbone.set_dropout(false);
+    let (_, _, width) = x.dims3()?;
+    if width != backbone.hidden_size() {
+        bail!(
+            "{}: tensor `{}` is {width} wide but {} has hidden size {}",
+            file.display(),
+            a.tensor,
+            a.backbone,
+            backbone.hidden_size()
+        );
+    }
+    let h = backbone
+        .forward(&x, &mut fpt_nn::Ctx::eval())
+        .with_context(|| format!("running {} on {}", a.backbone, file.display()))?;
+    let out =
+        std::collections::HashMap::from([("last_hidden_state".to_string(), h.to_device(&candle_core::Device::Cpu)?)]);
+    let tmp = a.out.with_extension("safetensors.part");
+    candle_core::safetensors::save(&out, &tmp).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, &a.out).with_context(|| format!("renaming {} to {}", tmp.display(), a.out.display()))?;
+    eprintln!(
+        "last_hidden_state {:?} of {} ({} kernel path) -> {}",
+        h.dims(),
+        backbone.origin(),
+        KernelPath::active(),
+        a.out.display()
+    );
+    Ok(())
+}

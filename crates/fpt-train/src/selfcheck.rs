@@ -1,0 +1,324 @@
+//! `fpt selfcheck`: the build checks itself, on the kernel path it uses, against outputs
+//! other frameworks computed.
+//!
+//! The golden fixtures (`data/fixtures/*`: tiny checkpoints in each architecture's exact
+//! Hugging Face format, and the hidden states and gradients PyTorch / `transformers` / timm
+//! computed for them, `tools/make_fixtures.py`) are compiled into the binary, so an
+//! installed `fpt` needs no source tree. Each is checked with
+//! [`fpt_backbones::golden::check_dir`] (hidden states, input and parameter gradients within
+//! [`TOLERANCE`]); the real all-MiniLM-L6-v2 is checked against committed reference hidden
+//! states when it is in the Hugging Face cache. Every run records the result
+//! ([`Provenance`] in `result.json`), and table reports refuse to render when it fails.
+
+use candle_core::Device;
+use fpt_nn::KernelPath;
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+/// Largest difference a golden check allows (absolute, on values of order 1).
+pub const TOLERANCE: f32 = 1e-4;
+
+/// The MiniLM model id the reference hidden states belong to.
+pub const MINILM: &str = "sentence-transformers/all-MiniLM-L6-v2";
+
+macro_rules! fixture {
+    ($name:literal) => {
+        (
+            $name,
+            [
+                (
+                    "config.json",
+                    include_bytes!(concat!("../../../data/fixtures/", $name, "/config.json")).as_slice(),
+                ),
+                (
+                    "model.safetensors",
+                    include_bytes!(concat!("../../../data/fixtures/", $name, "/model.safetensors")).as_slice(),
+                ),
+                (
+                    "golden.safetensors",
+                    include_bytes!(concat!("../../../data/fixtures/", $name, "/golden.safetensors")).as_slice(),
+                ),
+            ],
+        )
+    };
+}
+
+/// The embedded fixtures: (name, [(file name, bytes)]).
+type Fixture = (&'static str, [(&'static str, &'static [u8]); 3]);
+
+const FIXTURES: &[Fixture] = &[
+    fixture!("gpt2-tiny"),
+    fixture!("gpt2-lmhead-tiny"),
+    fixture!("bert-tiny"),
+    fixture!("bert-nopool-tiny"),
+    fixture!("t5-tiny"),
+    fixture!("vit-tiny"),
+    fixture!("vit-timm-tiny"),
+    fixture!("longformer-tiny"),
+    fixture!("lstm-tiny"),
+];
+
+const MINILM_REFERENCE: &str = include_str!("../../../data/fixtures/minilm-reference.json");
+
+/// Outcome of one check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    /// Within tolerance.
+    Pass,
+    /// Off, or it could not run.
+    Fail,
+    /// Not available here (MiniLM not cached).
+    Skipped,
+}
+
+/// One check of the self-check.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Check {
+    /// What was checked (`gpt2-tiny`, `minilm`, ...).
+    pub name: String,
+    /// Its outcome.
+    pub status: Status,
+    /// The largest difference to the reference, where one was measured.
+    pub max_diff: Option<f64>,
+    /// What was compared, or why it failed or was skipped.
+    pub detail: String,
+}
+
+/// The self-check of this build on one kernel path.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SelfCheck {
+    /// Every check passed (skipped ones aside).
+    pub passed: bool,
+    /// The kernel path it ran on.
+    pub kernel_path: String,
+    /// Each check.
+    pub checks: Vec<Check>,
+    /// Test-only faults switched on (`FPT_TEST_FAULT`); empty normally.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub faults: Vec<String>,
+}
+
+impl SelfCheck {
+    /// The largest difference over the checks that measured one.
+    pub fn max_diff(&self) -> Option<f64> {
+        self.checks.iter().filter_map(|c| c.max_diff).reduce(f64::max)
+    }
+
+    /// One line: `passed (10 checks, max diff 1.1e-5; skipped: minilm)`.
+    pub fn summary(&self) -> String {
+        let skipped: Vec<&str> = self
+            .checks
+            .iter()
+            .filter(|c| c.status == Status::Skipped)
+            .map(|c| c.name.as_str())
+            .collect();
+        let failed: Vec<&str> = self
+            .checks
+            .iter()
+            .filter(|c| c.status == Status::Fail)
+            .map(|c| c.name.as_str())
+            .collect();
+        let mut s = format!(
+            "{} on the {} kernel path ({} checks, max diff {})",
+            if self.passed { "passed" } else { "FAILED" },
+            self.kernel_path,
+            self.checks.len(),
+            self.max_diff().map_or("-".into(), |d| format!("{d:.1e}"))
+        );
+        if !failed.is_empty() {
+            s += &format!("; failed: {}", failed.join(", "));
+        }
+        if !skipped.is_empty() {
+            s += &format!("; skipped: {}", skipped.join(", "));
+        }
+        s
+    }
+}
+
+fn diff_check(name: &str, diff: f64, tol: f64, detail: String) -> Check {
+    Check {
+        name: name.into(),
+        status: if diff <= tol { Status::Pass } else { Status::Fail },
+        max_diff: Some(diff),
+        detail,
+    }
+}
+
+fn failed(name: &str, e: impl std::fmt::Display) -> Check {
+    Check {
+        name: name.into(),
+        status: Status::Fail,
+        max_diff: None,
+        detail: e.to_string(),
+    }
+}
+
+/// Writes an embedded fixture into a fresh temporary directory.
+fn unpack(name: &str, files: &[(&str, &[u8])]) -> std::io::Result<tempfile::TempDir> {
+    let dir = tempfile::Builder::new()
+        .prefix(&format!("fpt-selfcheck-{name}-"))
+        .tempdir()?;
+    for (file, bytes) in files {
+        std::fs::write(dir.path().join(file), bytes)?;
+    }
+    Ok(dir)
+}
+
+fn golden_check((name, files): &Fixture, device: &Device) -> Check {
+    let dir = match unpack(name, files) {
+        Ok(d) => d,
+        Err(e) => return failed(name, format!("cannot unpack the fixture: {e}")),
+    };
+    match fpt_backbones::golden::check_dir(dir.path(), device) {
+        Ok(d) => diff_check(
+            name,
+            d.max() as f64,
+            TOLERANCE as f64,
+            format!(
+                "hidden {:.1e}, input gradient {:.1e}, {} parameter gradients {:.1e}",
+                d.hidden, d.input_grad, d.params_checked, d.param_grads
+            ),
+        ),
+        Err(e) => failed(name, e),
+    }
+}
+
+fn minilm_check(device: &Device) -> Check {
+    let files = match fpt_backbones::hub::resolves_offline(MINILM, true) {
+        Ok(f) => f,
+        Err(_) => {
+            return Check {
+                name: "minilm".into(),
+                status: Status::Skipped,
+                max_diff: None,
+                detail: format!("{MINILM} is not in the Hugging Face cache (`fpt fetch minilm`)"),
+            }
+        }
+    };
+    let reference: serde_json::Value = serde_json::from_str(MINILM_REFERENCE).expect("embedded reference is JSON");
+    match fpt_backbones::golden::minilm_diff(&files, &reference, device) {
+        Ok((first8, sum_rel)) => {
+            let mut c = diff_check(
+                "minilm",
+                first8 as f64,
+                TOLERANCE as f64,
+                format!("real weights vs transformers: hidden states {first8:.1e}, sum {sum_rel:.1e} relative"),
+            );
+            if sum_rel > 1e-3 {
+                c.status = Status::Fail;
+            }
+            c
+        }
+        Err(e) => failed("minilm", e),
+    }
+}
+
+/// Runs every check on `device` on the calling thread's kernel path.
+pub fn run(device: &Device) -> SelfCheck {
+    let mut checks: Vec<Check> = FIXTURES.iter().map(|f| golden_check(f, device)).collect();
+    checks.push(minilm_check(device));
+    SelfCheck {
+        passed: checks.iter().all(|c| c.status != Status::Fail),
+        kernel_path: KernelPath::active().name().into(),
+        checks,
+        faults: fpt_nn::kernels::active_faults().into_iter().map(String::from).collect(),
+    }
+}
+
+/// [`run`] on the CPU, once per kernel path per process.
+pub fn cached() -> SelfCheck {
+    static DONE: Mutex<Option<HashMap<KernelPath, SelfCheck>>> = Mutex::new(None);
+    let path = KernelPath::active();
+    if let Some(c) = DONE
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .as_ref()
+        .and_then(|m| m.get(&path))
+    {
+        return c.clone();
+    }
+    let c = run(&Device::Cpu);
+    DONE.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get_or_insert_with(HashMap::new)
+        .insert(path, c.clone());
+    c
+}
+
+/// What built and ran a result: recorded in every `result.json` and report.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Provenance {
+    /// fpt's version.
+    pub fpt_version: String,
+    /// The git commit the build came from (`+dirty` with uncommitted changes; `unknown`
+    /// outside a git checkout).
+    pub commit: String,
+    /// `release` or `debug`.
+    pub profile: String,
+    /// The kernel path the run used.
+    pub kernel_path: String,
+    /// The best kernel path this CPU runs.
+    pub cpu_best_path: String,
+    /// The CPU's model name.
+    pub cpu: String,
+    /// The self-check on the run's kernel path.
+    pub selfcheck: SelfCheckSummary,
+}
+
+/// The self-check as a result records it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SelfCheckSummary {
+    /// Every check passed.
+    pub passed: bool,
+    /// The largest difference to a reference.
+    pub max_diff: Option<f64>,
+    /// Checks run (skipped ones included).
+    pub checks: usize,
+    /// Checks skipped (e.g. `minilm` when not cached).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skipped: Vec<String>,
+    /// Checks failed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failed: Vec<String>,
+}
+
+impl From<&SelfCheck> for SelfCheckSummary {
+    fn from(c: &SelfCheck) -> Self {
+        let names = |s: Status| -> Vec<String> {
+            c.checks
+                .iter()
+                .filter(|k| k.status == s)
+                .map(|k| k.name.clone())
+                .collect()
+        };
+        Self {
+            passed: c.passed,
+            max_diff: c.max_diff(),
+            checks: c.checks.len(),
+            skipped: names(Status::Skipped),
+            failed: names(Status::Fail),
+        }
+    }
+}
+
+/// The build's commit and profile.
+pub fn build_info() -> (&'static str, &'static str) {
+    (env!("FPT_GIT_COMMIT"), env!("FPT_BUILD_PROFILE"))
+}
+
+/// This process's provenance, with the (cached) self-check of its kernel path.
+pub fn provenance() -> Provenance {
+    let (commit, profile) = build_info();
+    let check = cached();
+    Provenance {
+        fpt_version: env!("CARGO_PKG_VERSION").into(),
+        commit: commit.into(),
+        profile: profile.into(),
+        kernel_path: KernelPath::active().name().into(),
+        cpu_best_path: KernelPath::detected().name().into(),
+        cpu: fpt_nn::kernels::cpu_model(),
+        selfcheck: SelfCheckSummary::from(&check),
+    }
+}
