@@ -20,6 +20,11 @@
 //!   shape) and, when `torch` and `transformers` import (`$FPT_PYTHON`, else `python3`), the
 //!   PyTorch reference of the same step (`bench/pytorch_fpt_step.py`); prints both and
 //!   their ratio.
+//! - `sanitize [--allow-no-miri] [--asan-only | --miri-only]`: fpt-nn's tests under
+//!   AddressSanitizer (every kernel path the CPU runs; a canary must be reported) and its
+//!   scalar-path unit tests under Miri.
+
+mod sanitize;
 
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
@@ -471,9 +476,10 @@ fn main() -> Result<()> {
         Some("bench") => bench(&args[1..]),
         Some("reproduce") => reproduce(&args[1..]),
         Some("merge") => merge(&args[1..]),
-        Some(other) => bail!("unknown task `{other}`; tasks: reproduce, merge, demo, bench"),
+        Some("sanitize") => sanitize::sanitize(&args[1..]),
+        Some(other) => bail!("unknown task `{other}`; tasks: reproduce, merge, demo, bench, sanitize"),
         None => {
-            eprintln!("usage: cargo xtask <task>\n\ntasks:\n  reproduce <table|fig|all>... [--scale smoke|cpu|paper] [--jobs N] [--shard I/N] [--out DIR] [--force] [--list]\n                                 run the paper's tables and report them beside its numbers\n  merge --out DIR SHARD_DIR...   combine shard results and render the reports\n  demo [--out DIR] [--steps N]   pretrained vs random frozen MiniLM on Bit XOR, offline\n  bench step [--shape NAME]...   time the FPT step beside PyTorch's");
+            eprintln!("usage: cargo xtask <task>\n\ntasks:\n  reproduce <table|fig|all>... [--scale smoke|cpu|paper] [--jobs N] [--shard I/N] [--out DIR] [--force] [--list]\n                                 run the paper's tables and report them beside its numbers\n  merge --out DIR SHARD_DIR...   combine shard results and render the reports\n  demo [--out DIR] [--steps N]   pretrained vs random frozen MiniLM on Bit XOR, offline\n  bench step [--shape NAME]...   time the FPT step beside PyTorch's\n  sanitize [--allow-no-miri]     fpt-nn's tests under AddressSanitizer and Miri");
             Ok(())
         }
     }

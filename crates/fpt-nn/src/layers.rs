@@ -96,10 +96,10 @@ impl Linear {
         let threads = crate::num_threads();
         let p = Arc::new(if transposed {
             // B = W: [n, k] row-major.
-            PackedB::new(MatRef::new(ws.as_ptr(), k, 1), n, k, threads)
+            PackedB::new(MatRef::of(ws, k, 1), n, k, threads)
         } else {
             // B = W^T: element (p, j) = w[j * k + p] -> row stride 1, column stride k.
-            PackedB::new(MatRef::new(ws.as_ptr(), 1, k), k, n, threads)
+            PackedB::new(MatRef::of(ws, 1, k), k, n, threads)
         });
         *cache = Some((id, p.clone()));
         Ok(p)

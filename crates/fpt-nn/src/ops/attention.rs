@@ -16,7 +16,7 @@
 //! dV = P'^T dO; dP = (dO V^T) * M; dS = scale * P * (dP - rowsum(dP * P)); dQ = dS K;
 //! dK = dS^T Q.
 
-use super::sgemm::{sgemm, MatRef};
+use super::sgemm::{sgemm, MatMut, MatRef};
 use super::{tracks, unsupported, Mask};
 use crate::kernels::KernelPath;
 use crate::Rng;
@@ -82,25 +82,98 @@ struct Geom {
     path: KernelPath,
 }
 
+/// A read-only buffer: `len` elements from `ptr`.
+#[derive(Clone, Copy)]
+struct Buf {
+    ptr: *const f32,
+    len: usize,
+}
+
+impl Buf {
+    fn of(s: &[f32]) -> Self {
+        Self {
+            ptr: s.as_ptr(),
+            len: s.len(),
+        }
+    }
+
+    /// The part from element `off` on (empty past the end).
+    fn skip(self, off: usize) -> Self {
+        Self {
+            ptr: self.ptr.wrapping_add(off),
+            len: self.len.saturating_sub(off),
+        }
+    }
+
+    /// A matrix view starting `off` elements in (its extent is checked by the product).
+    fn view(self, off: usize, rs: usize, cs: usize) -> MatRef {
+        let b = self.skip(off);
+        MatRef::new(b.ptr, rs, cs, b.len)
+    }
+}
+
+/// A writable buffer (`len` 0 and a null pointer: not wanted).
+#[derive(Clone, Copy)]
+struct BufMut {
+    ptr: *mut f32,
+    len: usize,
+}
+
+impl BufMut {
+    const NONE: BufMut = BufMut {
+        ptr: std::ptr::null_mut(),
+        len: 0,
+    };
+
+    fn of(s: &mut [f32]) -> Self {
+        Self {
+            ptr: s.as_mut_ptr(),
+            len: s.len(),
+        }
+    }
+
+    fn skip(self, off: usize) -> Self {
+        Self {
+            ptr: self.ptr.wrapping_add(off),
+            len: self.len.saturating_sub(off),
+        }
+    }
+
+    fn wanted(self) -> bool {
+        !self.ptr.is_null()
+    }
+
+    /// An output view starting `off` elements in, rows `ld` apart (its extent is checked
+    /// by the product).
+    fn view(self, off: usize, ld: usize) -> MatMut {
+        let b = self.skip(off);
+        MatMut::new(b.ptr, ld, b.len)
+    }
+}
+
+// SAFETY: a `Buf` is only read through, and every one is made from a slice that outlives
+// the parallel loop it is handed to.
+unsafe impl Send for Buf {}
+unsafe impl Sync for Buf {}
+// SAFETY: the tasks that share a `BufMut` write disjoint parts of it (each (example, head)
+// task its own columns; the products check that each view stays inside the buffer), and
+// the buffer outlives the parallel loop.
+unsafe impl Send for BufMut {}
+unsafe impl Sync for BufMut {}
+
 #[derive(Clone, Copy)]
 struct Ptrs {
-    q: *const f32,
-    k: *const f32,
-    v: *const f32,
+    q: Buf,
+    k: Buf,
+    v: Buf,
 }
-// SAFETY: read-only views of buffers that outlive the parallel loop.
-unsafe impl Send for Ptrs {}
-unsafe impl Sync for Ptrs {}
 
 #[derive(Clone, Copy)]
 struct OutPtrs {
-    q: *mut f32,
-    k: *mut f32,
-    v: *mut f32,
+    q: BufMut,
+    k: BufMut,
+    v: BufMut,
 }
-// SAFETY: each task writes the disjoint columns of its own head.
-unsafe impl Send for OutPtrs {}
-unsafe impl Sync for OutPtrs {}
 
 thread_local! {
     static SCRATCH: RefCell<[Vec<f32>; 3]> = const { RefCell::new([Vec::new(), Vec::new(), Vec::new()]) };
@@ -123,19 +196,23 @@ fn softmax_rows(path: KernelPath, p: &mut [f32], tq: usize, t: usize, scale: f32
 }
 
 /// `s = Q K^T` for head `bh` (unscaled; the last `tq` queries against all keys).
+///
+/// # Safety
+/// `x` describes live buffers that no thread writes during the call.
 unsafe fn scores(g: &Geom, x: Ptrs, bh: usize, s: &mut [f32]) {
     let base = (bh / g.heads) * g.t * g.row + (bh % g.heads) * g.d;
-    // SAFETY: the head's rows lie inside the buffers (checked shapes).
+    let tt = s.len();
+    // SAFETY: the caller's contract; the product checks the head's extents against the
+    // buffers' lengths.
     unsafe {
         sgemm(
             g.path,
             g.tq,
             g.t,
             g.d,
-            MatRef::new(x.q.add(base + (g.t - g.tq) * g.row), g.row, 1),
-            MatRef::new(x.k.add(base), 1, g.row),
-            s.as_mut_ptr(),
-            g.t,
+            x.q.view(base + (g.t - g.tq) * g.row, g.row, 1),
+            x.k.view(base, 1, g.row),
+            MatMut::new(s.as_mut_ptr(), g.t, tt),
             false,
             None,
             1,
@@ -147,9 +224,12 @@ fn forward(g: Geom, x: Ptrs, spec: &AttentionSpec) -> Vec<f32> {
     // Every slot is written by its head's product (no zero-fill first).
     let mut out = super::uninit::<f32>(g.b * g.tq * g.c);
     let o = OutPtrs {
-        q: out.as_mut_ptr() as *mut f32,
-        k: std::ptr::null_mut(),
-        v: std::ptr::null_mut(),
+        q: BufMut {
+            ptr: out.as_mut_ptr() as *mut f32,
+            len: out.len(),
+        },
+        k: BufMut::NONE,
+        v: BufMut::NONE,
     };
     let tt = g.tq * g.t;
     let head = |bh: usize| {
@@ -177,10 +257,9 @@ fn forward(g: Geom, x: Ptrs, spec: &AttentionSpec) -> Vec<f32> {
                     g.tq,
                     g.d,
                     g.t,
-                    MatRef::new(s.as_ptr(), g.t, 1),
-                    MatRef::new(x.v.add(base), g.row, 1),
-                    o.q.add(bi * g.tq * g.c + hi * g.d),
-                    g.c,
+                    MatRef::of(s, g.t, 1),
+                    x.v.view(base, g.row, 1),
+                    o.q.view(bi * g.tq * g.c + hi * g.d, g.c),
                     false,
                     None,
                     1,
@@ -207,7 +286,7 @@ fn run_heads(n: usize, work_per_head: usize, f: impl Fn(usize) + Send + Sync) {
 fn backward(g: Geom, x: Ptrs, dout: &[f32], dx: OutPtrs, row_out: usize, spec: &AttentionSpec) {
     let tt = g.tq * g.t;
     let scale = spec.scale as f32;
-    let dop = dout.as_ptr() as usize;
+    let dop = Buf::of(dout);
     let head = |bh: usize| {
         let (dx, x) = (dx, x); // capture the Send wrappers whole
         SCRATCH.with_borrow_mut(|[s, w, m]| {
@@ -220,7 +299,6 @@ fn backward(g: Geom, x: Ptrs, dout: &[f32], dx: OutPtrs, row_out: usize, spec: &
             let qbase = base + (g.t - g.tq) * g.row;
             let dqbase = obase + (g.t - g.tq) * row_out;
             let dbase = bi * g.tq * g.c + hi * g.d;
-            let dop = dop as *const f32;
             // SAFETY: shapes were checked; each head reads its own rows and writes its own
             // columns of the gradient buffers.
             unsafe {
@@ -242,17 +320,16 @@ fn backward(g: Geom, x: Ptrs, dout: &[f32], dx: OutPtrs, row_out: usize, spec: &
                         None
                     }
                 };
-                if !dx.v.is_null() {
+                if dx.v.wanted() {
                     // dV = P'^T dO
                     sgemm(
                         g.path,
                         g.t,
                         g.d,
                         g.tq,
-                        MatRef::new(w.as_ptr(), 1, g.t),
-                        MatRef::new(dop.add(dbase), g.c, 1),
-                        dx.v.add(obase),
-                        row_out,
+                        MatRef::of(w, 1, g.t),
+                        dop.view(dbase, g.c, 1),
+                        dx.v.view(obase, row_out),
                         false,
                         None,
                         1,
@@ -264,10 +341,9 @@ fn backward(g: Geom, x: Ptrs, dout: &[f32], dx: OutPtrs, row_out: usize, spec: &
                     g.tq,
                     g.t,
                     g.d,
-                    MatRef::new(dop.add(dbase), g.c, 1),
-                    MatRef::new(x.v.add(base), 1, g.row),
-                    w.as_mut_ptr(),
-                    g.t,
+                    dop.view(dbase, g.c, 1),
+                    x.v.view(base, 1, g.row),
+                    MatMut::new(w.as_mut_ptr(), g.t, tt),
                     false,
                     None,
                     1,
@@ -287,33 +363,31 @@ fn backward(g: Geom, x: Ptrs, dout: &[f32], dx: OutPtrs, row_out: usize, spec: &
                     wr[..lo].fill(0.0);
                     wr[hi..].fill(0.0);
                 }
-                if !dx.q.is_null() {
+                if dx.q.wanted() {
                     // dQ = dS K (the other rows of dQ stay zero)
                     sgemm(
                         g.path,
                         g.tq,
                         g.d,
                         g.t,
-                        MatRef::new(w.as_ptr(), g.t, 1),
-                        MatRef::new(x.k.add(base), g.row, 1),
-                        dx.q.add(dqbase),
-                        row_out,
+                        MatRef::of(w, g.t, 1),
+                        x.k.view(base, g.row, 1),
+                        dx.q.view(dqbase, row_out),
                         false,
                         None,
                         1,
                     );
                 }
-                if !dx.k.is_null() {
+                if dx.k.wanted() {
                     // dK = dS^T Q
                     sgemm(
                         g.path,
                         g.t,
                         g.d,
                         g.tq,
-                        MatRef::new(w.as_ptr(), 1, g.t),
-                        MatRef::new(x.q.add(qbase), g.row, 1),
-                        dx.k.add(obase),
-                        row_out,
+                        MatRef::of(w, 1, g.t),
+                        x.q.view(qbase, g.row, 1),
+                        dx.k.view(obase, row_out),
                         false,
                         None,
                         1,
@@ -360,12 +434,12 @@ fn cpu_f32<'a>(s: &'a CpuStorage, l: &Layout) -> Result<&'a [f32]> {
 }
 
 /// Pointers to Q, K and V inside a packed `[b, t, 3c]` buffer.
-fn packed_ptrs(p: *const f32, g: &Geom) -> Ptrs {
-    // SAFETY (of the offsets): c and 2c stay inside rows of 3c.
+fn packed_ptrs(qkv: &[f32], g: &Geom) -> Ptrs {
+    let b = Buf::of(qkv);
     Ptrs {
-        q: p,
-        k: p.wrapping_add(g.c),
-        v: p.wrapping_add(2 * g.c),
+        q: b,
+        k: b.skip(g.c),
+        v: b.skip(2 * g.c),
     }
 }
 
@@ -398,7 +472,7 @@ pub(super) fn packed_forward(
     last: Option<usize>,
 ) -> Result<Vec<f32>> {
     let g = packed_geom(qkv, None, shape, spec, last)?;
-    Ok(forward(g, packed_ptrs(qkv.as_ptr(), &g), spec))
+    Ok(forward(g, packed_ptrs(qkv, &g), spec))
 }
 
 /// The gradient `[b, t, 3c]` of a packed `qkv` given the output's gradient `dout`
@@ -419,13 +493,16 @@ pub(super) fn packed_backward(
     } else {
         vec![std::mem::MaybeUninit::new(0f32); n]
     };
-    let d = dx.as_mut_ptr() as *mut f32;
+    let d = BufMut {
+        ptr: dx.as_mut_ptr() as *mut f32,
+        len: dx.len(),
+    };
     let outs = OutPtrs {
         q: d,
-        k: d.wrapping_add(g.c),
-        v: d.wrapping_add(2 * g.c),
+        k: d.skip(g.c),
+        v: d.skip(2 * g.c),
     };
-    backward(g, packed_ptrs(qkv.as_ptr(), &g), dout, outs, g.row, spec);
+    backward(g, packed_ptrs(qkv, &g), dout, outs, g.row, spec);
     // SAFETY: the heads wrote dQ (its read-out rows; the rest is zero), dK and dV for
     // every row and column.
     Ok(unsafe { super::assume_init(dx) })
@@ -479,9 +556,9 @@ impl CustomOp3 for Split {
             )
         }
         let ptrs = Ptrs {
-            q: cpu_f32(s1, l1)?.as_ptr(),
-            k: cpu_f32(s2, l2)?.as_ptr(),
-            v: cpu_f32(s3, l3)?.as_ptr(),
+            q: Buf::of(cpu_f32(s1, l1)?),
+            k: Buf::of(cpu_f32(s2, l2)?),
+            v: Buf::of(cpu_f32(s3, l3)?),
         };
         Ok((CpuStorage::F32(forward(g, ptrs, &self.0)), Shape::from((g.b, g.t, g.c))))
     }
@@ -500,7 +577,7 @@ impl CustomOp3 for Split {
         let mut bufs: [Vec<f32>; 3] = std::array::from_fn(|i| if want[i] { vec![0f32; n] } else { Vec::new() });
         {
             let [bq, bk, bv] = &mut bufs;
-            let ptr = |b: &mut Vec<f32>, w: bool| if w { b.as_mut_ptr() } else { std::ptr::null_mut() };
+            let ptr = |b: &mut Vec<f32>, w: bool| if w { BufMut::of(b) } else { BufMut::NONE };
             let outs = OutPtrs {
                 q: ptr(bq, want[0]),
                 k: ptr(bk, want[1]),
@@ -511,9 +588,9 @@ impl CustomOp3 for Split {
                     super::with_cpu_slice::<f32, _>(v, "attention", |vs| {
                         super::with_cpu_slice::<f32, _>(dy, "attention", |dout| {
                             let ptrs = Ptrs {
-                                q: qs.as_ptr(),
-                                k: ks.as_ptr(),
-                                v: vs.as_ptr(),
+                                q: Buf::of(qs),
+                                k: Buf::of(ks),
+                                v: Buf::of(vs),
                             };
                             backward(g, ptrs, dout, outs, g.c, &self.0);
                             Ok(())

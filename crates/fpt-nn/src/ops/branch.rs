@@ -11,7 +11,7 @@
 
 use super::attention::{packed_backward, packed_forward};
 use super::dropout::DropoutAdd;
-use super::sgemm::{sgemm_prepacked, MatRef, PackedB};
+use super::sgemm::{sgemm_prepacked, MatMut, MatRef, PackedB};
 use super::{cpu_slice, tracks, with_cpu_slice};
 use crate::layers::BranchMid;
 use candle_core::backend::BackendStorage as _;
@@ -55,10 +55,9 @@ fn product(a: &[f32], b: &PackedB, bias: Option<&[f32]>) -> Vec<f32> {
         sgemm_prepacked(
             crate::kernels::KernelPath::active(),
             m,
-            MatRef::new(a.as_ptr(), k, 1),
+            MatRef::of(a, k, 1),
             b,
-            y.as_mut_ptr() as *mut f32,
-            n,
+            MatMut::new(y.as_mut_ptr() as *mut f32, n, y.len()),
             bias,
             crate::num_threads(),
         );

@@ -94,7 +94,8 @@ fn gemm_into<T: WithDType>(
 /// column stride)) through fpt's f32 product.
 ///
 /// # Safety
-/// `T` must be f32; the operands must cover their extents and `dst` `m * n` writable slots.
+/// `T` must be f32; `dst` must be valid for writes of `m * n` elements (the operands' and
+/// the output's extents are checked by the product).
 #[allow(clippy::too_many_arguments)]
 unsafe fn sgemm_as_f32<T: WithDType>(
     m: usize,
@@ -107,7 +108,7 @@ unsafe fn sgemm_as_f32<T: WithDType>(
     bias: Option<&[T]>,
 ) {
     debug_assert_eq!(T::DTYPE, candle_core::DType::F32);
-    let view = |(s, rs, cs): (&[T], usize, usize)| super::sgemm::MatRef::new(s.as_ptr() as *const f32, rs, cs);
+    let view = |(s, rs, cs): (&[T], usize, usize)| super::sgemm::MatRef::new(s.as_ptr() as *const f32, rs, cs, s.len());
     // SAFETY: T is f32 (caller), so the casts are identities; extents per the caller.
     unsafe {
         super::sgemm::sgemm(
@@ -117,8 +118,7 @@ unsafe fn sgemm_as_f32<T: WithDType>(
             k,
             view(lhs),
             view(rhs),
-            dst as *mut f32,
-            n,
+            super::sgemm::MatMut::new(dst as *mut f32, n, m * n),
             accumulate,
             bias.map(|b| std::slice::from_raw_parts(b.as_ptr() as *const f32, b.len())),
             crate::num_threads(),
@@ -235,10 +235,9 @@ impl LinearOp {
                     super::sgemm::sgemm_prepacked(
                         KernelPath::active(),
                         m,
-                        super::sgemm::MatRef::new(x.as_ptr(), k, 1),
+                        super::sgemm::MatRef::of(x, k, 1),
                         p,
-                        y.as_mut_ptr() as *mut f32,
-                        n,
+                        super::sgemm::MatMut::new(y.as_mut_ptr() as *mut f32, n, y.len()),
                         bias,
                         crate::num_threads(),
                     );

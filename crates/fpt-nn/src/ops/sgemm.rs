@@ -31,12 +31,14 @@ const MC: usize = 192;
 /// Columns of B packed at a time (`KC x NC` floats, shared by the threads).
 const NC: usize = 3072;
 
-/// A read-only matrix: element `(i, j)` at `ptr + i * rs + j * cs`.
+/// A read-only matrix: element `(i, j)` at `ptr + i * rs + j * cs`, with `len` elements
+/// addressable from `ptr` (checked against the extent a product reads).
 #[derive(Clone, Copy)]
 pub(crate) struct MatRef {
     ptr: *const f32,
     rs: isize,
     cs: isize,
+    len: usize,
 }
 
 // SAFETY: MatRef is only read from, and the callers keep the data alive and unaliased by
@@ -45,13 +47,35 @@ unsafe impl Send for MatRef {}
 unsafe impl Sync for MatRef {}
 
 impl MatRef {
-    /// A matrix view; `ptr` must address every element `(i, j)` the product reads.
-    pub(crate) fn new(ptr: *const f32, rs: usize, cs: usize) -> Self {
+    /// A matrix view of `len` elements from `ptr` (strides in elements).
+    pub(crate) fn new(ptr: *const f32, rs: usize, cs: usize, len: usize) -> Self {
         Self {
             ptr,
             rs: rs as isize,
             cs: cs as isize,
+            len,
         }
+    }
+
+    /// A matrix view of a slice.
+    pub(crate) fn of(s: &[f32], rs: usize, cs: usize) -> Self {
+        Self::new(s.as_ptr(), rs, cs, s.len())
+    }
+
+    /// Panics unless every element of a `rows x cols` extent lies within `len`: the bound
+    /// every unsafe read of the product relies on.
+    fn check(&self, rows: usize, cols: usize, what: &str) {
+        if rows == 0 || cols == 0 {
+            return;
+        }
+        let last = (rows - 1) as isize * self.rs + (cols - 1) as isize * self.cs;
+        assert!(
+            self.rs >= 0 && self.cs >= 0 && (last as usize) < self.len,
+            "sgemm: {what} of {rows} x {cols} (strides {}, {}) reaches element {last} of {}",
+            self.rs,
+            self.cs,
+            self.len
+        );
     }
 
     /// The address of element (0, 0).
@@ -60,10 +84,51 @@ impl MatRef {
         self.ptr
     }
 
+    /// Element `(i, j)`.
+    ///
+    /// # Safety
+    /// `(i, j)` lies in the extent the view was checked for (debug builds assert it is
+    /// within `len`).
     #[inline(always)]
     unsafe fn at(&self, i: usize, j: usize) -> f32 {
-        // SAFETY: the caller stays within the matrix the view was made for.
-        unsafe { *self.ptr.offset(i as isize * self.rs + j as isize * self.cs) }
+        let o = i as isize * self.rs + j as isize * self.cs;
+        debug_assert!(
+            o >= 0 && (o as usize) < self.len,
+            "sgemm: element ({i}, {j}) out of bounds"
+        );
+        // SAFETY: the caller stays within the matrix the view was made for (checked at
+        // the product's entry with `check`).
+        unsafe { *self.ptr.offset(o) }
+    }
+}
+
+/// The output of a product: row-major rows `ld` apart, with `len` elements writable from
+/// `ptr` (checked against the extent the product writes).
+#[derive(Clone, Copy)]
+pub(crate) struct MatMut {
+    ptr: *mut f32,
+    ld: usize,
+    len: usize,
+}
+
+impl MatMut {
+    /// `len` writable elements from `ptr`, rows `ld` apart.
+    pub(crate) fn new(ptr: *mut f32, ld: usize, len: usize) -> Self {
+        Self { ptr, ld, len }
+    }
+
+    /// Panics unless rows `0..m` of `n` lie within `len`.
+    fn check(&self, m: usize, n: usize) {
+        if m == 0 || n == 0 {
+            return;
+        }
+        let end = (m - 1) * self.ld + n;
+        assert!(
+            n <= self.ld && end <= self.len,
+            "sgemm: an output of {m} x {n} with rows {} apart reaches element {end} of {}",
+            self.ld,
+            self.len
+        );
     }
 }
 
@@ -113,8 +178,9 @@ impl std::fmt::Debug for PackedB {
 }
 
 impl PackedB {
-    /// Packs `b` (`k x n`).
+    /// Packs `b` (`k x n`; its extent is checked against its length).
     pub(crate) fn new(b: MatRef, k: usize, n: usize, threads: usize) -> Self {
+        b.check(k, n, "B");
         let mut offsets = Vec::new();
         let mut total = 0;
         for jc in (0..n).step_by(NC) {
@@ -146,15 +212,15 @@ impl PackedB {
 /// AVX-512 path and for `k > 0` (panics otherwise, before touching memory).
 ///
 /// # Safety
-/// As [`sgemm`]: `a` addresses its `m x k` extent and `c` is valid for `m` rows of `n`.
+/// As [`sgemm`]: `a` and `c` describe live memory (their extents are checked against their
+/// lengths), and `c` does not overlap `a` or `b`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn sgemm_prepacked(
     path: KernelPath,
     m: usize,
     a: MatRef,
     b: &PackedB,
-    c: *mut f32,
-    ldc: usize,
+    c: MatMut,
     bias: Option<&[f32]>,
     threads: usize,
 ) {
@@ -163,6 +229,9 @@ pub(crate) unsafe fn sgemm_prepacked(
         path.avx512() && path.runs_here() && k > 0,
         "sgemm_prepacked needs the AVX-512 path (got {path}) and a non-empty depth"
     );
+    a.check(m, k, "A");
+    c.check(m, n);
+    let (c, ldc) = (c.ptr, c.ld);
     let bias = if crate::kernels::fault_drop_bias() { None } else { bias };
     if m == 0 || n == 0 {
         return;
@@ -184,9 +253,13 @@ pub(crate) unsafe fn sgemm_prepacked(
 /// to `threads` rayon workers; `path` picks the kernels (the AVX-512 micro-kernel, else the
 /// `gemm` crate).
 ///
+/// The extents are checked against the views' lengths (a panic, before any access, if one
+/// reaches past its buffer).
+///
 /// # Safety
-/// `a` and `b` must address every element of their `m x k` and `k x n` extents, and `c`
-/// must be valid for writes of rows `0..m` (each `n` long, `ldc` apart) and not overlap them.
+/// `a`, `b` and `c` must describe live memory of at least their stated lengths, `c` must be
+/// valid for writes and not overlap `a` or `b`, and no other thread may write what they
+/// cover during the call.
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn sgemm(
     path: KernelPath,
@@ -195,8 +268,7 @@ pub(crate) unsafe fn sgemm(
     k: usize,
     a: MatRef,
     b: MatRef,
-    c: *mut f32,
-    ldc: usize,
+    c: MatMut,
     accumulate: bool,
     bias: Option<&[f32]>,
     threads: usize,
@@ -204,6 +276,10 @@ pub(crate) unsafe fn sgemm(
     if m == 0 || n == 0 {
         return;
     }
+    a.check(m, k, "A");
+    b.check(k, n, "B");
+    c.check(m, n);
+    let (c, ldc) = (c.ptr, c.ld);
     let bias = if accumulate || crate::kernels::fault_drop_bias() {
         None
     } else {
@@ -362,6 +438,13 @@ fn pack_a(dst: &mut Vec<f32>, a: MatRef, ic: usize, mc: usize, pc: usize, kc: us
     }
 }
 
+/// The blocked product on the AVX-512 path: B packed panel by panel (or read prepacked),
+/// A packed per thread, the micro-kernel over each tile.
+///
+/// # Safety
+/// The CPU has AVX-512F; `a`, `b` cover their `m x k` and `k x n` extents and `c` rows
+/// `0..m` of `n`, `ldc` apart (checked by the callers, [`sgemm`] and [`sgemm_prepacked`]);
+/// `bias` is null or holds `n` values.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn blocked(
@@ -444,6 +527,9 @@ unsafe fn blocked(
 }
 
 /// Rows `r0..r1` of C against B slivers `s0..s1` of the packed panel.
+///
+/// # Safety
+/// As [`blocked`]; no other task writes rows `r0..r1` x slivers `s0..s1` of `c`.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn rows(
@@ -494,6 +580,11 @@ unsafe fn rows(
 }
 
 /// The 12 x 32 micro-kernel: `C[..mr, ..nr] (+)= A_sliver^T B_sliver` over `kc`.
+///
+/// # Safety
+/// The CPU has AVX-512F; `pa` and `pb` hold `kc * MR` and `kc * NR` floats; rows `..mr`
+/// and columns `..nr` of the tile at `c` (rows `ldc` apart) are valid for writes (and reads
+/// when `acc`); `bias` is null or holds `nr` values.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[allow(clippy::too_many_arguments)]
@@ -511,6 +602,10 @@ unsafe fn kernel(
     use std::arch::x86_64::*;
     let mut r = [[_mm512_setzero_ps(); 2]; MR];
     let (mut pa, mut pb) = (pa, pb);
+    /// One depth step of the tile.
+    ///
+    /// # Safety
+    /// `pa` holds `MR` and `pb` `NR` readable floats; AVX-512F.
     #[inline(always)]
     unsafe fn step(r: &mut [[__m512; 2]; MR], pa: *const f32, pb: *const f32) {
         // SAFETY: the caller passes pointers inside the packed slivers.
@@ -656,10 +751,9 @@ mod tests {
                 m,
                 n,
                 k,
-                MatRef::new(a.as_ptr(), ars, acs),
-                MatRef::new(b.as_ptr(), brs, bcs),
-                c.as_mut_ptr(),
-                ldc,
+                MatRef::of(&a, ars, acs),
+                MatRef::of(&b, brs, bcs),
+                MatMut::new(c.as_mut_ptr(), ldc, c.len()),
                 accumulate,
                 with_bias.then_some(&bias[..]),
                 threads,
@@ -693,8 +787,11 @@ mod tests {
     /// paths once dropped both the bias and every accumulation: this caught it.)
     #[test]
     fn matches_the_naive_product_at_edges_strides_and_threads() {
-        for path in KernelPath::available() {
-            for &dims in &[
+        // Miri (`cargo xtask sanitize`) interprets every instruction: small shapes only.
+        let dims: &[(usize, usize, usize)] = if cfg!(miri) {
+            &[(1, 1, 1), (13, 5, 7), (3, 5, 0)]
+        } else {
+            &[
                 (1, 1, 1),
                 (12, 32, 256),
                 (13, 33, 257),
@@ -704,11 +801,15 @@ mod tests {
                 (200, 3100, 20),
                 (30, 50, 1700),
                 (3, 5, 0),
-            ] {
+            ]
+        };
+        let threads: &[usize] = if cfg!(miri) { &[1, 2] } else { &[1, 2, 3] };
+        for path in KernelPath::available() {
+            for &dims in dims {
                 for &(a_t, b_t) in &[(false, false), (true, false), (false, true), (true, true)] {
                     for &accumulate in &[false, true] {
                         for &with_bias in &[false, true] {
-                            for &threads in &[1, 2, 3] {
+                            for &threads in threads {
                                 check(path, dims, a_t, b_t, accumulate, with_bias, threads);
                             }
                         }
@@ -716,6 +817,70 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Views that reach past their buffers are refused before any access.
+    #[test]
+    fn extents_past_the_buffers_panic_before_any_access() {
+        let a = vec![1f32; 6];
+        let mut c = vec![0f32; 4];
+        for path in KernelPath::available() {
+            // A is 2 x 3 (6 elements) but asked for 2 x 4.
+            let r = std::panic::catch_unwind(|| {
+                let mut c = c.clone();
+                // SAFETY: the views describe live buffers; the product must refuse the extent.
+                unsafe {
+                    sgemm(
+                        path,
+                        2,
+                        2,
+                        4,
+                        MatRef::of(&a, 3, 1),
+                        MatRef::of(&a, 2, 1),
+                        MatMut::new(c.as_mut_ptr(), 2, 4),
+                        false,
+                        None,
+                        1,
+                    )
+                }
+            });
+            assert!(r.is_err(), "{path}: A past its end");
+            // C of 2 x 2 rows 3 apart needs 5 elements, has 4.
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                // SAFETY: as above.
+                unsafe {
+                    sgemm(
+                        path,
+                        2,
+                        2,
+                        3,
+                        MatRef::of(&a, 3, 1),
+                        MatRef::of(&a, 2, 1),
+                        MatMut::new(c.as_mut_ptr(), 3, 4),
+                        false,
+                        None,
+                        1,
+                    )
+                }
+            }));
+            assert!(r.is_err(), "{path}: C past its end");
+        }
+        // SAFETY: the extents fit.
+        unsafe {
+            sgemm(
+                KernelPath::Portable,
+                2,
+                2,
+                3,
+                MatRef::of(&a, 3, 1),
+                MatRef::of(&a, 2, 1),
+                MatMut::new(c.as_mut_ptr(), 2, 4),
+                false,
+                None,
+                1,
+            )
+        };
+        assert_eq!(c, vec![3.0; 4]);
     }
 
     #[test]
@@ -730,15 +895,51 @@ mod tests {
         let a: Vec<f32> = (0..m * k).map(|_| rng.uniform_f32() - 0.5).collect();
         let w: Vec<f32> = (0..n * k).map(|_| rng.uniform_f32() - 0.5).collect();
         let bias: Vec<f32> = (0..n).map(|j| j as f32 * 1e-3).collect();
-        let (av, bv) = (MatRef::new(a.as_ptr(), k, 1), MatRef::new(w.as_ptr(), 1, k));
+        let (av, bv) = (MatRef::of(&a, k, 1), MatRef::of(&w, 1, k));
         let packed = PackedB::new(bv, k, n, 2);
         let (mut c1, mut c2) = (vec![0f32; m * n], vec![1f32; m * n]);
         let path = KernelPath::Avx512;
         // SAFETY: the views cover the vectors.
         unsafe {
-            sgemm(path, m, n, k, av, bv, c1.as_mut_ptr(), n, false, Some(&bias), 2);
-            sgemm_prepacked(path, m, av, &packed, c2.as_mut_ptr(), n, Some(&bias), 2);
+            sgemm(
+                path,
+                m,
+                n,
+                k,
+                av,
+                bv,
+                MatMut::new(c1.as_mut_ptr(), n, c1.len()),
+                false,
+                Some(&bias),
+                2,
+            );
+            sgemm_prepacked(
+                path,
+                m,
+                av,
+                &packed,
+                MatMut::new(c2.as_mut_ptr(), n, c2.len()),
+                Some(&bias),
+                2,
+            );
         }
         assert_eq!(c1, c2);
+    }
+}
+
+/// Shows that a sanitizer run is live: `cargo xtask sanitize` runs this ignored test under
+/// AddressSanitizer and requires it to be reported.
+#[cfg(test)]
+mod canary {
+    #[test]
+    #[ignore = "reads past a buffer on purpose; `cargo xtask sanitize` runs it under ASan and expects a report"]
+    #[allow(clippy::useless_vec)] // a heap buffer: ASan reports a heap-buffer-overflow
+    fn asan_canary_reads_past_a_buffer() {
+        let v = vec![1f32; 4];
+        let p = std::hint::black_box(v.as_ptr());
+        // SAFETY: none; this is the deliberate out-of-bounds read the sanitizer must report
+        // (the test is ignored unless `cargo xtask sanitize` asks for it).
+        let x = unsafe { std::ptr::read_volatile(p.add(4)) };
+        std::hint::black_box(x);
     }
 }
