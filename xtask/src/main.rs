@@ -4,7 +4,7 @@
 //! Tasks:
 //! - `reproduce <table1..table22 | fig1 | fig3..fig6 | all>... [--scale smoke|cpu|paper]
 //!   [--jobs N] [--shard I/N] [--device cpu|cuda[:N]] [--out DIR] [--force] [--report-only] [--list] [--dev]`: fetches
-//!   the assets (saying which it cannot get), runs the tables with `fpt run-table` (cells with
+//!   the assets (saying which it cannot get), runs `fpt selfcheck` (and stops if it fails), runs the tables with `fpt run-table` (cells with
 //!   a finished run are skipped) and prints each report's grid; reports land in
 //!   `results/<table>/<scale>/`. `--dev` uses the (optimised) dev-profile build instead of
 //!   the release build.
@@ -165,6 +165,7 @@ fn reproduce(args: &[String]) -> Result<()> {
             missing.join(", ")
         );
     }
+    selfcheck(&bin)?;
     base.extend(pass);
     let refs: Vec<&str> = base.iter().map(String::as_str).collect();
     eprintln!("xtask: fpt {}", refs.join(" "));
@@ -229,6 +230,22 @@ fn merge(args: &[String]) -> Result<()> {
     reproduce(&args)
 }
 
+/// `fpt selfcheck` with the binary about to produce numbers: refuses to go on when it fails.
+fn selfcheck(bin: &Path) -> Result<()> {
+    eprintln!("xtask: fpt selfcheck (this build against the committed PyTorch / transformers references)");
+    let status = Command::new(bin)
+        .current_dir(root())
+        .arg("selfcheck")
+        .status()
+        .context("running fpt selfcheck")?;
+    if !status.success() {
+        bail!(
+            "fpt selfcheck failed: this build does not compute what the references do; no results are produced from it"
+        );
+    }
+    Ok(())
+}
+
 fn fpt(bin: &Path, args: &[&str]) -> Result<()> {
     eprintln!("xtask: fpt {}", args.join(" "));
     let status = Command::new(bin).args(args).status().context("running fpt")?;
@@ -262,6 +279,7 @@ fn demo(args: &[String]) -> Result<()> {
     }
     let bin = build_fpt()?;
     fpt(&bin, &["fetch", "minilm"])?;
+    selfcheck(&bin)?;
     let mut rows = Vec::new();
     for init in ["pretrained", "random"] {
         let dir = out.join(format!("bit-xor-minilm-{init}"));

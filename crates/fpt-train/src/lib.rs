@@ -35,6 +35,7 @@ pub mod bench;
 pub mod checkpoint;
 pub mod linear;
 pub mod optim;
+pub mod parity;
 pub mod pretrain;
 pub mod reservoir;
 pub mod selfcheck;

@@ -6,8 +6,9 @@
 //! computed for them, `tools/make_fixtures.py`) are compiled into the binary, so an
 //! installed `fpt` needs no source tree. Each is checked with
 //! [`fpt_backbones::golden::check_dir`] (hidden states, input and parameter gradients within
-//! [`TOLERANCE`]); the real all-MiniLM-L6-v2 is checked against committed reference hidden
-//! states when it is in the Hugging Face cache. Every run records the result
+//! [`TOLERANCE`]); two 20-step training trajectories recorded in PyTorch are replayed
+//! through fpt's trainer ([`crate::parity`]); the real all-MiniLM-L6-v2 is checked against
+//! committed reference hidden states when it is in the Hugging Face cache. Every run records the result
 //! ([`Provenance`] in `result.json`), and table reports refuse to render when it fails.
 
 use candle_core::Device;
@@ -58,6 +59,40 @@ const FIXTURES: &[Fixture] = &[
     fixture!("longformer-tiny"),
     fixture!("lstm-tiny"),
 ];
+
+macro_rules! trajectory {
+    ($name:literal) => {
+        (
+            $name,
+            [
+                (
+                    "config.json",
+                    include_bytes!(concat!("../../../data/fixtures/", $name, "/config.json")).as_slice(),
+                ),
+                (
+                    "model.safetensors",
+                    include_bytes!(concat!("../../../data/fixtures/", $name, "/model.safetensors")).as_slice(),
+                ),
+                (
+                    "trajectory.safetensors",
+                    include_bytes!(concat!("../../../data/fixtures/", $name, "/trajectory.safetensors")).as_slice(),
+                ),
+                (
+                    "MADE_BY.json",
+                    include_bytes!(concat!("../../../data/fixtures/", $name, "/MADE_BY.json")).as_slice(),
+                ),
+            ],
+        )
+    };
+}
+
+/// The embedded training trajectories recorded in PyTorch (`tools/make_trajectory.py`).
+type Trajectory = (&'static str, [(&'static str, &'static [u8]); 4]);
+
+const TRAJECTORIES: &[Trajectory] = &[trajectory!("trajectory-gpt2"), trajectory!("trajectory-bert")];
+
+/// Largest relative difference of a replayed step's loss.
+pub const LOSS_TOLERANCE: f64 = 1e-5;
 
 const MINILM_REFERENCE: &str = include_str!("../../../data/fixtures/minilm-reference.json");
 
@@ -185,6 +220,28 @@ fn golden_check((name, files): &Fixture, device: &Device) -> Check {
     }
 }
 
+fn trajectory_check((name, files): &Trajectory, device: &Device) -> Check {
+    let dir = match unpack(name, files) {
+        Ok(d) => d,
+        Err(e) => return failed(name, format!("cannot unpack the fixture: {e}")),
+    };
+    match crate::parity::replay(dir.path(), device) {
+        Ok(d) => {
+            let ok = d.loss_rel <= LOSS_TOLERANCE && d.grad_norm_rel <= 1e-4 && d.tensor_abs <= TOLERANCE as f64;
+            Check {
+                name: (*name).into(),
+                status: if ok { Status::Pass } else { Status::Fail },
+                max_diff: Some(d.tensor_abs),
+                detail: format!(
+                    "{} training steps vs PyTorch: losses {:.1e}, gradient norms {:.1e} (relative), {} trained tensors {:.1e}",
+                    d.steps, d.loss_rel, d.grad_norm_rel, d.tensors, d.tensor_abs
+                ),
+            }
+        }
+        Err(e) => failed(name, e),
+    }
+}
+
 fn minilm_check(device: &Device) -> Check {
     let files = match fpt_backbones::hub::resolves_offline(MINILM, true) {
         Ok(f) => f,
@@ -218,6 +275,7 @@ fn minilm_check(device: &Device) -> Check {
 /// Runs every check on `device` on the calling thread's kernel path.
 pub fn run(device: &Device) -> SelfCheck {
     let mut checks: Vec<Check> = FIXTURES.iter().map(|f| golden_check(f, device)).collect();
+    checks.extend(TRAJECTORIES.iter().map(|t| trajectory_check(t, device)));
     checks.push(minilm_check(device));
     SelfCheck {
         passed: checks.iter().all(|c| c.status != Status::Fail),
