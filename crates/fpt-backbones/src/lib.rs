@@ -193,6 +193,15 @@ pub trait Backbone: Send + Sync {
     fn config(&self) -> Config;
 }
 
+/// Checks each `(name, value, limit)` of a config: at least 1 and at most the limit
+/// ([`fpt_spec::limits`]), so that a size in a `config.json` is an error naming it, never an
+/// allocation that aborts.
+pub(crate) fn check_sizes(sizes: &[(&str, usize, usize)]) -> std::result::Result<(), String> {
+    sizes
+        .iter()
+        .try_for_each(|&(name, value, max)| fpt_spec::limits::check_positive(name, value, max))
+}
+
 /// Checks input embeddings `[batch, tokens, width]` against a backbone's width and
 /// position table; returns the number of tokens.
 pub(crate) fn check_embeds(b: &dyn Backbone, embeds: &Tensor) -> candle_core::Result<usize> {
@@ -750,6 +759,15 @@ pub(crate) fn read_checked(
                 found: view.shape().to_vec(),
             });
         }
+        if !matches!(
+            view.dtype(),
+            safetensors::Dtype::F32 | safetensors::Dtype::F16 | safetensors::Dtype::BF16 | safetensors::Dtype::F64
+        ) {
+            return Err(st_err(format!(
+                "tensor `{full}` is {:?}; a weight must be floating point (f32, f16, bf16 or f64)",
+                view.dtype()
+            )));
+        }
         if !spec.used {
             continue;
         }
@@ -757,6 +775,11 @@ pub(crate) fn read_checked(
             .load(&full, device)
             .map_err(|e| st_err(format!("tensor `{full}`: {e}")))?
             .to_dtype(DType::F32)?;
+        if let Some(i) = first_non_finite(&x)? {
+            return Err(st_err(format!(
+                "tensor `{full}` holds a non-finite value (NaN or infinity) at flat index {i}"
+            )));
+        }
         let x = if t { x.t()?.contiguous()? } else { x };
         out.insert(spec.name.clone(), x);
     }
@@ -771,6 +794,21 @@ pub(crate) fn read_checked(
         tracing::warn!(file = %weights.display(), "ignoring {} tensors this architecture does not use, e.g. `{first}`", unknown.len());
     }
     Ok(out)
+}
+
+/// The flat index of the first NaN or infinity in an f32 tensor, if any (read in place on
+/// the CPU).
+pub(crate) fn first_non_finite(t: &Tensor) -> candle_core::Result<Option<usize>> {
+    let t = t.to_device(&Device::Cpu)?.contiguous()?;
+    let (storage, layout) = t.storage_and_layout();
+    let candle_core::Storage::Cpu(cs) = &*storage else {
+        candle_core::bail!("first_non_finite: expected a CPU tensor")
+    };
+    let data = cs.as_slice::<f32>()?;
+    let (a, b) = layout
+        .contiguous_offsets()
+        .ok_or_else(|| candle_core::Error::Msg("first_non_finite: not contiguous".into()))?;
+    Ok(data[a..b].iter().position(|v| !v.is_finite()))
 }
 
 /// For a sharded checkpoint (`model.safetensors.index.json`), its shard files (each checked

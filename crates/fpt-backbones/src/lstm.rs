@@ -119,9 +119,12 @@ impl LstmConfig {
     }
 
     fn validate(&self) -> std::result::Result<(), String> {
-        if self.num_layers == 0 || self.hidden_size == 0 || self.max_positions == 0 {
-            return Err("num_layers, hidden_size and max_positions must be positive".into());
-        }
+        use fpt_spec::limits::*;
+        crate::check_sizes(&[
+            ("num_layers", self.num_layers, MAX_LAYERS),
+            ("hidden_size", self.hidden_size, MAX_HIDDEN),
+            ("max_positions", self.max_positions, MAX_POSITIONS),
+        ])?;
         if !(0.0..1.0).contains(&self.dropout) {
             return Err(format!("dropout {} is not in [0, 1)", self.dropout));
         }

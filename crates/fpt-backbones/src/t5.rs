@@ -101,9 +101,20 @@ impl T5Config {
     }
 
     fn validate(&self) -> std::result::Result<(), String> {
-        if self.d_model == 0 || self.num_layers == 0 || self.num_heads == 0 || self.d_kv == 0 {
-            return Err("d_model, d_kv, num_layers and num_heads must be positive".into());
-        }
+        use fpt_spec::limits::*;
+        crate::check_sizes(&[
+            ("d_model", self.d_model, MAX_HIDDEN),
+            ("d_kv", self.d_kv, MAX_HIDDEN),
+            ("num_layers", self.num_layers, MAX_LAYERS),
+            ("num_heads", self.num_heads, MAX_HEADS),
+            ("d_ff", self.d_ff, MAX_FFN),
+            ("vocab_size", self.vocab_size, MAX_VOCAB),
+            (
+                "relative_attention_num_buckets",
+                self.relative_attention_num_buckets,
+                MAX_POSITIONS,
+            ),
+        ])?;
         if self.feed_forward_proj != "relu" {
             return Err(format!(
                 "feed_forward_proj `{}` is not supported (relu only)",

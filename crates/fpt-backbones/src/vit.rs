@@ -174,9 +174,15 @@ impl VitConfig {
     }
 
     fn validate(&self) -> std::result::Result<(), String> {
-        if self.hidden_size == 0 || self.num_hidden_layers == 0 || self.num_attention_heads == 0 {
-            return Err("hidden_size, num_hidden_layers and num_attention_heads must be positive".into());
-        }
+        use fpt_spec::limits::*;
+        crate::check_sizes(&[
+            ("hidden_size", self.hidden_size, MAX_HIDDEN),
+            ("num_hidden_layers", self.num_hidden_layers, MAX_LAYERS),
+            ("num_attention_heads", self.num_attention_heads, MAX_HEADS),
+            ("intermediate_size", self.intermediate_size, MAX_FFN),
+            ("image_size", self.image_size, MAX_POSITIONS),
+            ("num_channels", self.num_channels, MAX_INPUT_WIDTH),
+        ])?;
         if !self.hidden_size.is_multiple_of(self.num_attention_heads) {
             return Err(format!(
                 "hidden_size {} is not divisible by num_attention_heads {}",

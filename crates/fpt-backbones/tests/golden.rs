@@ -67,3 +67,51 @@ fn a_missing_used_tensor_is_named_and_an_absent_pooler_is_fine() {
     let e = golden::check_dir(tmp.path(), &Device::Cpu).unwrap_err().to_string();
     assert!(e.contains("encoder.layer.1.attention.self.key.bias"), "{e}");
 }
+
+/// A weight that is not floating point (once silently cast), one that holds a NaN, and a
+/// config size far beyond any model (once an allocation that aborted) are errors naming the
+/// tensor or the field.
+#[test]
+fn integer_and_nan_weights_and_absurd_sizes_are_named() {
+    let src = fixtures().join("gpt2-tiny");
+    let copy = || {
+        let tmp = tempfile::tempdir().unwrap();
+        for f in ["config.json", "golden.safetensors"] {
+            std::fs::copy(src.join(f), tmp.path().join(f)).unwrap();
+        }
+        tmp
+    };
+    let tensors = candle_core::safetensors::load(src.join("model.safetensors"), &Device::Cpu).unwrap();
+    let name = "h.0.ln_1.weight";
+    let tmp = copy();
+    let mut t = tensors.clone();
+    t.insert(name.into(), t[name].to_dtype(candle_core::DType::I64).unwrap());
+    candle_core::safetensors::save(&t, tmp.path().join("model.safetensors")).unwrap();
+    let e = golden::check_dir(tmp.path(), &Device::Cpu).unwrap_err().to_string();
+    assert!(
+        e.contains(name) && e.contains("I64") && e.contains("floating point"),
+        "{e}"
+    );
+    let tmp = copy();
+    let mut t = tensors.clone();
+    let mut v: Vec<f32> = t[name].to_vec1().unwrap();
+    v[3] = f32::NAN;
+    t.insert(name.into(), candle_core::Tensor::new(v, &Device::Cpu).unwrap());
+    candle_core::safetensors::save(&t, tmp.path().join("model.safetensors")).unwrap();
+    let e = golden::check_dir(tmp.path(), &Device::Cpu).unwrap_err().to_string();
+    assert!(
+        e.contains(name) && e.contains("non-finite") && e.contains("index 3"),
+        "{e}"
+    );
+    let tmp = copy();
+    std::fs::copy(src.join("model.safetensors"), tmp.path().join("model.safetensors")).unwrap();
+    let cfg = std::fs::read_to_string(src.join("config.json")).unwrap();
+    let mut v: serde_json::Value = serde_json::from_str(&cfg).unwrap();
+    v["n_layer"] = serde_json::json!(1_000_000_000u64);
+    std::fs::write(tmp.path().join("config.json"), v.to_string()).unwrap();
+    let e = golden::check_dir(tmp.path(), &Device::Cpu).unwrap_err().to_string();
+    assert!(
+        e.contains("config.json") && e.contains("n_layer 1000000000") && e.contains("limit"),
+        "{e}"
+    );
+}

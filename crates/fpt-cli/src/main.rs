@@ -55,9 +55,13 @@ enum Command {
     /// Run a backbone on input embeddings from a safetensors file, as the FPT model does
     /// (positions added, dropout off), and write `last_hidden_state`.
     Forward(Box<check::ForwardArgs>),
+    /// Re-check every fetched dataset and Hugging Face cache file against the sha256 it was
+    /// fetched with (hashing each in full).
+    Verify(check::VerifyArgs),
 }
 
 #[derive(Args)]
+#[command(allow_negative_numbers = true)]
 struct PretrainArgs {
     /// `austen` (English, `fpt fetch austen` first), `uniform`, `zipf`, `parens` (the
     /// follow-up slides' artificial corpora), `bit-memory` (the paper's "Bit" backbone), or
@@ -334,6 +338,7 @@ impl BackboneArgs {
 }
 
 #[derive(Args)]
+#[command(allow_negative_numbers = true)]
 struct TrainArgs {
     #[command(flatten)]
     task: TaskArgs,
@@ -424,6 +429,7 @@ struct TrainArgs {
 }
 
 #[derive(Args)]
+#[command(allow_negative_numbers = true)]
 struct InspectArgs {
     #[command(flatten)]
     backbone: BackboneArgs,
@@ -1191,11 +1197,113 @@ fn main() {
         Command::RunTable(a) => run_table(a),
         Command::Selfcheck(a) => check::selfcheck(a),
         Command::Forward(a) => check::forward(*a),
+        Command::Verify(a) => check::verify(a),
     };
     if let Err(e) = res {
-        eprintln!("error: {e:#}");
-        std::process::exit(1);
+        eprintln!("error: {}", one_line(&e));
+        std::process::exit(exit_code(&e));
     }
+}
+
+/// The error and its causes on one line, each cause's text only where the message does not
+/// already carry it (an I/O error's text would otherwise appear twice).
+fn one_line(e: &anyhow::Error) -> String {
+    let mut msg = e.to_string();
+    for cause in e.chain().skip(1) {
+        let t = cause.to_string();
+        if !msg.contains(&t) {
+            msg.push_str(": ");
+            msg.push_str(&t);
+        }
+    }
+    msg
+}
+
+/// A failure while running (not a bad input): exit status 1.
+#[derive(Debug)]
+struct Failure(String);
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Failure {}
+
+/// The exit status for an error: 2 when the input is at fault (a flag, a spec, a config, a
+/// data file, a checkpoint, a missing asset), 1 when running failed (I/O, a device, a failed
+/// self-check). Typed causes decide; a plain message is a check of this binary's own on its
+/// flags (2).
+fn exit_code(e: &anyhow::Error) -> i32 {
+    use fpt_backbones::BackboneError as B;
+    use fpt_tasks::TaskError as T;
+    use fpt_train::TrainError as R;
+    // A file or directory that is not there is the input's fault; other I/O is not.
+    fn io(e: &std::io::Error) -> i32 {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            2
+        } else {
+            1
+        }
+    }
+    fn backbone(b: &B) -> i32 {
+        match b {
+            B::Io { source, .. } => io(source),
+            B::Candle(_) => 1,
+            _ => 2,
+        }
+    }
+    fn task(t: &T) -> i32 {
+        match t {
+            T::Io { source, .. } => io(source),
+            T::Fetch { .. } | T::Candle(_) => 1,
+            _ => 2,
+        }
+    }
+    fn train(t: &R) -> i32 {
+        match t {
+            R::Backbone(b) => backbone(b),
+            R::Task(t) => task(t),
+            R::Io { source, .. } => io(source),
+            R::Candle(_) | R::Model(fpt_model::ModelError::Candle(_)) => 1,
+            _ => 2,
+        }
+    }
+    for cause in e.chain() {
+        if cause.is::<Failure>() {
+            return 1;
+        }
+        if let Some(t) = cause.downcast_ref::<R>() {
+            return train(t);
+        }
+        if let Some(b) = cause.downcast_ref::<B>() {
+            return backbone(b);
+        }
+        if let Some(t) = cause.downcast_ref::<T>() {
+            return task(t);
+        }
+        if let Some(a) = cause.downcast_ref::<fpt_ablate::AblateError>() {
+            return match a {
+                fpt_ablate::AblateError::Spec { .. } => 2,
+                fpt_ablate::AblateError::Train(t) => train(t),
+                _ => 1,
+            };
+        }
+        if cause.is::<fpt_spec::SpecError>()
+            || cause.is::<fpt_nn::kernels::KernelError>()
+            || cause.is::<serde_json::Error>()
+        {
+            return 2;
+        }
+        if let Some(e) = cause.downcast_ref::<std::io::Error>() {
+            return io(e);
+        }
+        if cause.is::<candle_core::Error>() {
+            return 1;
+        }
+    }
+    2
 }
 
 /// The run spec `fpt pretrain` trains for a language corpus.

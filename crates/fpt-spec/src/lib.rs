@@ -6,6 +6,8 @@
 //! config saved next to every result. Names follow the paper (Lu et al. 2021, §2.2 and
 //! App. C): `TrainGroups { input, output, layer_norm, positions, attention, feed_forward }`.
 
+pub mod limits;
+
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::str::FromStr;
@@ -107,6 +109,7 @@ impl fmt::Display for Role {
 /// Which parameter groups are trained; everything else is frozen (plain tensors, never
 /// `Var`s). The default is the paper's FPT setting: input, output, LayerNorm, positions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct TrainGroups {
     /// Train the input layer.
     pub input: bool,
@@ -419,6 +422,7 @@ impl FromStr for ImageSize {
 /// Dataset switches. Every default is the reference code's behaviour (the one that produced
 /// the paper's numbers); the README lists each switch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
 pub struct DataOptions {
     /// ListOps tokenization.
     #[serde(default)]
@@ -447,6 +451,7 @@ impl DataOptions {
 
 /// A task and its size parameters.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct TaskSpec {
     /// Which task.
     pub name: TaskName,
@@ -619,6 +624,7 @@ impl FromStr for ResidualInit {
 
 /// Shape overrides for a randomly initialised backbone, so that small models train on a CPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
 pub struct ShapeOverrides {
     /// Number of transformer blocks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -661,6 +667,7 @@ impl ShapeOverrides {
 /// frozen. Backbones are cached by this spec and the architecture, so every run that asks
 /// for the same one shares it (as the paper's Bit row shares one model across tasks).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct BitPretrainSpec {
     /// Training steps on Bit Memory.
     pub steps: usize,
@@ -685,6 +692,7 @@ impl Default for BitPretrainSpec {
 
 /// Which backbone, and how it is initialised.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct BackboneSpec {
     /// A known name (`gpt2`, `gpt2-medium`, ...), a Hugging Face model id, or a local
     /// directory holding `config.json` and `model.safetensors`.
@@ -719,7 +727,7 @@ fn is_true(b: &bool) -> bool {
 
 /// Learning-rate schedule. The paper uses a constant rate.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "kebab-case", tag = "kind")]
+#[serde(rename_all = "kebab-case", tag = "kind", deny_unknown_fields)]
 pub enum LrSchedule {
     /// `lr` at every step (the paper's setting).
     #[default]
@@ -814,9 +822,22 @@ fn default_tolerance() -> f64 {
     0.01
 }
 
+/// A step whose loss exceeds this multiple of the run's first step's loss marks the run
+/// diverged (as does a non-finite loss or gradient).
+pub const DEFAULT_DIVERGENCE_FACTOR: f64 = 100.0;
+
+fn default_divergence_factor() -> f64 {
+    DEFAULT_DIVERGENCE_FACTOR
+}
+
+fn is_default_divergence_factor(f: &f64) -> bool {
+    *f == DEFAULT_DIVERGENCE_FACTOR
+}
+
 /// Trainer settings (paper App. C defaults: Adam 1e-3, no weight decay, constant LR,
 /// gradient-norm clipping at 1.0).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct TrainSpec {
     /// Optimizer steps.
     pub steps: usize,
@@ -856,6 +877,15 @@ pub struct TrainSpec {
     /// Needs `train_groups` = `out`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cached_epochs: Option<usize>,
+    /// Divergence: a step's loss above this multiple of the first step's loss (or a
+    /// non-finite loss or gradient) stops the run as diverged; the result keeps the best
+    /// evaluation before it. Default [`DEFAULT_DIVERGENCE_FACTOR`] (not written to spec.json
+    /// when default, so existing run hashes stand).
+    #[serde(
+        default = "default_divergence_factor",
+        skip_serializing_if = "is_default_divergence_factor"
+    )]
+    pub divergence_factor: f64,
 }
 
 impl Default for TrainSpec {
@@ -874,12 +904,14 @@ impl Default for TrainSpec {
             convergence_tolerance: 0.01,
             early_stop_patience: None,
             cached_epochs: None,
+            divergence_factor: DEFAULT_DIVERGENCE_FACTOR,
         }
     }
 }
 
 /// Everything that defines a run. Serialised as the run's `spec.json`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RunSpec {
     /// The task.
     pub task: TaskSpec,
@@ -907,9 +939,11 @@ impl RunSpec {
                 msg: msg.to_string(),
             })
         };
-        if t.batch_size == 0 {
-            return bad("batch_size", "must be at least 1");
-        }
+        let size = |field: &'static str, value: usize, max: usize| -> Result<()> {
+            limits::check_positive(field, value, max).map_err(|msg| SpecError::Invalid { field, msg })
+        };
+        size("batch_size", t.batch_size, limits::MAX_BATCH)?;
+        size("steps", t.steps, limits::MAX_STEPS)?;
         if t.micro_batch_size == 0 || !t.batch_size.is_multiple_of(t.micro_batch_size) {
             return Err(SpecError::Invalid {
                 field: "micro_batch_size",
@@ -924,14 +958,15 @@ impl RunSpec {
                 return bad("clip_norm", "must be a positive finite number");
             }
         }
-        if t.eval_every == 0 {
-            return bad("eval_every", "must be at least 1");
-        }
+        size("eval_every", t.eval_every, limits::MAX_STEPS)?;
         if t.checkpoint_every == Some(0) {
             return bad("checkpoint_every", "must be at least 1");
         }
         if t.early_stop_patience == Some(0) {
             return bad("early_stop_patience", "must be at least 1");
+        }
+        if !(t.divergence_factor.is_finite() && t.divergence_factor > 1.0) {
+            return bad("divergence_factor", "must be a finite number above 1");
         }
         if !(t.convergence_tolerance.is_finite() && t.convergence_tolerance >= 0.0) {
             return bad("convergence_tolerance", "must be a non-negative finite number");
@@ -942,14 +977,49 @@ impl RunSpec {
         if self.task.eval_examples == 0 && self.task.name.is_generated() {
             return bad("eval_examples", "must be at least 1 for the generated bit tasks");
         }
-        if self.task.train_examples == Some(0) {
-            return bad("train_examples", "must be at least 1");
+        limits::check("eval_examples", self.task.eval_examples, limits::MAX_EXAMPLES).map_err(|msg| {
+            SpecError::Invalid {
+                field: "eval_examples",
+                msg,
+            }
+        })?;
+        if let Some(n) = self.task.train_examples {
+            size("train_examples", n, limits::MAX_EXAMPLES)?;
+        }
+        if let Some(n) = self.task.n_bits {
+            size("n_bits", n, limits::MAX_BITS)?;
+        }
+        if let Some(n) = self.task.patch {
+            size("patch", n, limits::MAX_BITS)?;
+        }
+        if let Some(n) = self.task.data.max_len {
+            size("max_len", n, limits::MAX_POSITIONS)?;
+        }
+        if let Some(n) = self.task.data.vocab {
+            size("vocab", n, limits::MAX_VOCAB)?;
+        }
+        let shape = &self.backbone.shape;
+        for (field, value, max) in [
+            ("layers", shape.layers, limits::MAX_LAYERS),
+            ("hidden", shape.hidden, limits::MAX_HIDDEN),
+            ("heads", shape.heads, limits::MAX_HEADS),
+            ("positions", shape.positions, limits::MAX_POSITIONS),
+            ("vocab", shape.vocab, limits::MAX_VOCAB),
+            ("depth", self.backbone.depth, limits::MAX_LAYERS),
+        ] {
+            if let Some(v) = value {
+                size(field, v, max)?;
+            }
+        }
+        if let Some(bp) = &self.backbone.bit_pretrain {
+            size("bit_pretrain.steps", bp.steps, limits::MAX_STEPS)?;
+            size("bit_pretrain.batch_size", bp.batch_size, limits::MAX_BATCH)?;
+            if !(bp.lr.is_finite() && bp.lr > 0.0) {
+                return bad("bit_pretrain.lr", "must be a positive finite number");
+            }
         }
         if self.task.name == TaskName::Custom && self.task.path.is_none() {
             return bad("task.path", "the custom task needs a path (custom:PATH)");
-        }
-        if self.backbone.depth == Some(0) {
-            return bad("depth", "must be at least 1 block");
         }
         if let Some(e) = t.cached_epochs {
             if e == 0 {
@@ -1087,6 +1157,61 @@ mod tests {
         let d = spec.differences(&other);
         assert_eq!(d.len(), 3, "{d:?}"); // lr, and the schedule's kind and warm-up
         assert!(d[0].starts_with("train.lr: 0.001 -> 0.5"), "{d:?}");
+
+        // Sizes: zero and absurd values are refused before anything is allocated.
+        for (edit, field) in [
+            (&(|s: &mut RunSpec| s.train.steps = 0) as &dyn Fn(&mut RunSpec), "steps"),
+            (&|s: &mut RunSpec| s.train.batch_size = 1 << 40, "batch_size"),
+            (
+                &|s: &mut RunSpec| s.backbone.shape.layers = Some(1_000_000_000),
+                "layers",
+            ),
+            (&|s: &mut RunSpec| s.backbone.shape.hidden = Some(1 << 31), "hidden"),
+            (&|s: &mut RunSpec| s.backbone.shape.heads = Some(0), "heads"),
+            (&|s: &mut RunSpec| s.task.data.max_len = Some(0), "max_len"),
+            (&|s: &mut RunSpec| s.task.n_bits = Some(1 << 40), "n_bits"),
+        ] {
+            let mut bad = spec.clone();
+            bad.train.micro_batch_size = bad.train.batch_size;
+            edit(&mut bad);
+            let e = bad.validate().unwrap_err().to_string();
+            assert!(e.contains(field), "{field}: {e}");
+        }
+    }
+
+    /// spec.json is read strictly: an unknown or misspelt key, or a key given twice, is an
+    /// error naming it (a misspelt optional key once silently turned early stopping off).
+    #[test]
+    fn spec_json_refuses_unknown_and_duplicate_keys() {
+        let spec = RunSpec {
+            task: TaskSpec::new(TaskName::BitXor),
+            backbone: BackboneSpec {
+                source: "gpt2".into(),
+                init: Init::Random,
+                shape: ShapeOverrides::default(),
+                residual_init: ResidualInit::Scaled,
+                depth: None,
+                final_norm: true,
+                bit_pretrain: None,
+            },
+            train_groups: TrainGroups::fpt(),
+            train: TrainSpec::default(),
+            input_dropout: 0.1,
+            orth_gain: 1.41,
+            backbone_dropout: true,
+        };
+        let json = serde_json::to_string(&spec).unwrap();
+        let misspelt = json.replace("\"train\":{", "\"train\":{\"early_stop_patiense\":3,");
+        let e = serde_json::from_str::<RunSpec>(&misspelt).unwrap_err().to_string();
+        assert!(e.contains("early_stop_patiense"), "{e}");
+        let twice = json.replace("\"train\":{", "\"train\":{\"lr\":0.5,");
+        let e = serde_json::from_str::<RunSpec>(&twice).unwrap_err().to_string();
+        assert!(e.contains("duplicate field `lr`"), "{e}");
+        let top = json.replacen('{', "{\"seeds\":3,", 1);
+        assert!(serde_json::from_str::<RunSpec>(&top)
+            .unwrap_err()
+            .to_string()
+            .contains("seeds"));
     }
 
     #[test]

@@ -36,22 +36,56 @@ struct Rows {
     labels: Vec<u32>,
 }
 
+/// One record as written: strict (an unknown or repeated key is an error naming it).
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Record {
+    label: serde_json::Value,
+    #[serde(default)]
+    tokens: Option<serde_json::Value>,
+    #[serde(default)]
+    features: Option<serde_json::Value>,
+    #[serde(default)]
+    split: Option<serde_json::Value>,
+}
+
+/// The split names a record may give (`val` is read as `valid`).
+const SPLITS: [&str; 4] = ["train", "test", "valid", "val"];
+
 fn parse_line(path: &Path, line_no: usize, line: &str) -> Result<(Seq, u32, Option<String>)> {
     let at = |msg: String| TaskError::data(path, format!("line {line_no}: {msg}"));
     let v: serde_json::Value = serde_json::from_str(line).map_err(|e| at(format!("not a JSON object: {e}")))?;
-    let o = v.as_object().ok_or_else(|| at("not a JSON object".into()))?;
-    let label = o
-        .get("label")
-        .ok_or_else(|| at("field `label` is missing".into()))?
+    if !v.is_object() {
+        return Err(at("not a JSON object".into()));
+    }
+    let r: Record = serde_json::from_str(line).map_err(|e| {
+        at(format!(
+            "{e} (a record has `label`, `tokens` or `features`, and optionally `split`)"
+        ))
+    })?;
+    let max_label = fpt_spec::limits::MAX_CLASSES as u64 - 1;
+    let label = r
+        .label
         .as_u64()
-        .filter(|l| *l <= u32::MAX as u64)
-        .ok_or_else(|| at("field `label` must be a non-negative integer".into()))? as u32;
-    let split = match o.get("split") {
+        .ok_or_else(|| at(format!("field `label`: `{}` is not a non-negative integer", r.label)))?;
+    if label > max_label {
+        return Err(at(format!(
+            "field `label`: {label} is above fpt's limit of {max_label} (labels are class ids 0, 1, ...)"
+        )));
+    }
+    let label = label as u32;
+    let split = match &r.split {
         None => None,
-        Some(serde_json::Value::String(s)) => Some(s.clone()),
+        Some(serde_json::Value::String(s)) if SPLITS.contains(&s.as_str()) => Some(s.clone()),
+        Some(serde_json::Value::String(s)) => {
+            return Err(at(format!(
+                "field `split`: `{s}` is not a split name (train, test, valid or val)"
+            )))
+        }
         Some(_) => return Err(at("field `split` must be a string".into())),
     };
-    let seq = match (o.get("tokens"), o.get("features")) {
+    let max_id = fpt_spec::limits::MAX_VOCAB as u64 - 2;
+    let seq = match (r.tokens.as_ref(), r.features.as_ref()) {
         (Some(_), Some(_)) => return Err(at("has both `tokens` and `features`; give one".into())),
         (None, None) => return Err(at("needs a `tokens` or a `features` field".into())),
         (Some(t), None) => {
@@ -61,15 +95,14 @@ fn parse_line(path: &Path, line_no: usize, line: &str) -> Result<(Seq, u32, Opti
             let ids = a
                 .iter()
                 .enumerate()
-                .map(|(k, x)| {
-                    x.as_u64()
-                        .filter(|i| *i < u32::MAX as u64 - 1)
-                        .map(|i| i as u32)
-                        .ok_or_else(|| {
-                            at(format!(
-                                "field `tokens`, item {k}: `{x}` is not a non-negative integer id"
-                            ))
-                        })
+                .map(|(k, x)| match x.as_u64() {
+                    Some(i) if i <= max_id => Ok(i as u32),
+                    Some(i) => Err(at(format!(
+                        "field `tokens`, item {k}: id {i} is above fpt's limit of {max_id}"
+                    ))),
+                    None => Err(at(format!(
+                        "field `tokens`, item {k}: `{x}` is not a non-negative integer id"
+                    ))),
                 })
                 .collect::<Result<Vec<u32>>>()?;
             if ids.is_empty() {
@@ -97,13 +130,22 @@ fn parse_line(path: &Path, line_no: usize, line: &str) -> Result<(Seq, u32, Opti
                         width.unwrap_or(0)
                     )));
                 }
+                if r.len() > fpt_spec::limits::MAX_INPUT_WIDTH {
+                    return Err(at(format!(
+                        "field `features`, item {k}: {} numbers, above fpt's limit of {}",
+                        r.len(),
+                        fpt_spec::limits::MAX_INPUT_WIDTH
+                    )));
+                }
                 for (j, x) in r.iter().enumerate() {
-                    let x = x.as_f64().filter(|x| x.is_finite()).ok_or_else(|| {
+                    // f32 is what the model computes in: a value beyond its range is refused
+                    // rather than turned into infinity.
+                    let v = x.as_f64().map(|x| x as f32).filter(|x| x.is_finite()).ok_or_else(|| {
                         at(format!(
-                            "field `features`, item {k}, number {j}: `{x}` is not a finite number"
+                            "field `features`, item {k}, number {j}: `{x}` is not a finite 32-bit float"
                         ))
                     })?;
-                    flat.push(x as f32);
+                    flat.push(v);
                 }
             }
             Seq::Features(width.unwrap_or(0), flat)
@@ -278,6 +320,12 @@ pub fn task(path: &Path, spec: &TaskSpec, seed: u64) -> Result<DatasetTask> {
         .chain(&eval.labels)
         .max()
         .map_or(1, |m| *m as usize + 1);
+    if classes < 2 {
+        return Err(TaskError::data(
+            path,
+            "every label is 0: a classifier needs at least 2 classes (labels 0 and 1 at least)",
+        ));
+    }
     let longest = train.lengths.iter().chain(&eval.lengths).max().copied().unwrap_or(1) as usize;
     let len = spec.data.max_len.unwrap_or(longest).max(1);
     let (encoding, vocab) = match &train.examples {

@@ -637,6 +637,34 @@ pub fn task_from_spec(
     DatasetTask::new(spec.name, train, eval, encoding, classes, vocab, seed)
 }
 
+impl Encoding {
+    /// Checks that images of `height x width` (read from `file`) fit this encoding: the
+    /// padded size, when there is one, is at least the image's, and the (padded) sides are
+    /// multiples of the patch.
+    pub fn check_image_size(&self, height: usize, width: usize, file: &std::path::Path) -> Result<()> {
+        let Encoding::Patches { patch, pad_to, .. } = self else {
+            return Ok(());
+        };
+        if let Some(s) = pad_to {
+            if height > *s || width > *s {
+                return Err(TaskError::data(
+                    file,
+                    format!("images are {height}x{width}, larger than the {s}x{s} they are padded to (--image-size pad32 needs images of at most {s}x{s}; use --image-size native)"),
+                ));
+            }
+        }
+        let (h, w) = pad_to.map(|s| (s, s)).unwrap_or((height, width));
+        if h == 0 || w == 0 || h % patch != 0 || w % patch != 0 {
+            return Err(TaskError::data(
+                file,
+                format!("images are {h}x{w}{}, which {patch}x{patch} patches do not tile (each side must be a multiple of {patch})",
+                    if pad_to.is_some() { " after padding" } else { "" }),
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// The evaluation split a spec names, checked against the task's `allowed` splits;
 /// `default` (the reference code's choice) when it names none.
 pub fn eval_split<'a>(spec: &fpt_spec::TaskSpec, allowed: &[&'a str], default: &'a str) -> Result<&'a str> {

@@ -261,10 +261,29 @@ fn ar_member<'a>(ar: &'a [u8], name: &str) -> std::result::Result<&'a [u8], Stri
     Err(format!("no {name} in the .deb"))
 }
 
+/// Every file under `dir` (relative path, bytes' sha256), recursively.
+fn hash_tree(dir: &Path) -> Result<serde_json::Map<String, serde_json::Value>> {
+    let mut out = serde_json::Map::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).map_err(TaskError::io(&d))?.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                todo.push(p);
+            } else if let Ok(rel) = p.strip_prefix(dir) {
+                let bytes = std::fs::read(&p).map_err(TaskError::io(&p))?;
+                out.insert(rel.to_string_lossy().into_owned(), sha256(&bytes).into());
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// Builds a dataset directory atomically: `write` fills a fresh temporary directory next to
-/// `dir`, `manifest` is added as [`MANIFEST`], and the whole is renamed into place
-/// (replacing an incomplete `dir`); on any error the temporary directory is removed.
-fn install_with(dir: &Path, manifest: serde_json::Value, write: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
+/// `dir`, `manifest` is added as [`MANIFEST`] (with the sha256 of every file written, when
+/// it does not list them already), and the whole is renamed into place (replacing an
+/// incomplete `dir`); on any error the temporary directory is removed.
+fn install_with(dir: &Path, mut manifest: serde_json::Value, write: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
     let parent = dir.parent().expect("data dir has a parent");
     std::fs::create_dir_all(parent).map_err(TaskError::io(parent))?;
     let name = dir.file_name().and_then(|n| n.to_str()).unwrap_or("data");
@@ -273,6 +292,9 @@ fn install_with(dir: &Path, manifest: serde_json::Value, write: impl FnOnce(&Pat
     std::fs::create_dir_all(&tmp).map_err(TaskError::io(&tmp))?;
     let result = (|| {
         write(&tmp)?;
+        if manifest.get("sha256").is_none() {
+            manifest["sha256"] = serde_json::Value::Object(hash_tree(&tmp)?);
+        }
         let mp = tmp.join(MANIFEST);
         std::fs::write(&mp, serde_json::to_string_pretty(&manifest).expect("json")).map_err(TaskError::io(&mp))?;
         if dir.exists() {
@@ -306,6 +328,75 @@ fn install(dir: &Path, files: &[(String, Vec<u8>)], source: &str) -> Result<()> 
         }
         Ok(())
     })
+}
+
+/// Re-checks a fetched dataset directory against the sha256 its [`MANIFEST`] recorded when
+/// it was fetched (a directory without a manifest, e.g. `--data-dir` data, passes): a file
+/// that changed since (a bit flip, an edit) is an error naming it, before anything is read.
+///
+/// A file whose size and modification time are those recorded at its last successful check
+/// (`.fpt-verified.json` in the directory) is not hashed again; `full` hashes every file
+/// (`fpt verify`).
+pub fn verify_dir(dir: &Path, full: bool) -> Result<()> {
+    let mp = dir.join(MANIFEST);
+    let text = match std::fs::read_to_string(&mp) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(TaskError::io(&mp)(e)),
+    };
+    let v: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| TaskError::data(&mp, format!("not a valid manifest: {e}")))?;
+    let task = dir.file_name().and_then(|n| n.to_str()).unwrap_or("<dataset>");
+    let record = dir.join(".fpt-verified.json");
+    let mut seen: std::collections::BTreeMap<String, (u64, u128)> = std::fs::read_to_string(&record)
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or_default();
+    let stamp = |p: &Path| -> Option<(u64, u128)> {
+        let m = std::fs::metadata(p).ok()?;
+        Some((
+            m.len(),
+            m.modified()
+                .ok()?
+                .duration_since(std::time::UNIX_EPOCH)
+                .ok()?
+                .as_nanos(),
+        ))
+    };
+    let mut changed = false;
+    for (name, want) in v["sha256"].as_object().into_iter().flatten() {
+        let Some(want) = want.as_str() else { continue };
+        let p = dir.join(name);
+        let now = stamp(&p);
+        if !full && now.is_some() && seen.get(name.as_str()) == now.as_ref() {
+            continue;
+        }
+        let bytes = std::fs::read(&p).map_err(TaskError::io(&p))?;
+        let got = sha256(&bytes);
+        if got != want {
+            return Err(TaskError::data(
+                &p,
+                format!(
+                    "sha256 {got} differs from the {want} recorded when it was fetched ({MANIFEST}): the file changed or is \
+                     corrupted; `fpt fetch {task}` fetches it again"
+                ),
+            ));
+        }
+        if let Some(n) = now {
+            seen.insert(name.clone(), n);
+            changed = true;
+        }
+    }
+    if changed {
+        // Best effort: a read-only data directory is hashed again next time.
+        if let Ok(text) = serde_json::to_string(&seen) {
+            let part = dir.join(format!(".fpt-verified.json.{}.part", std::process::id()));
+            if std::fs::write(&part, text).is_ok() {
+                let _ = std::fs::rename(&part, &record);
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Whether `dir` holds every `(file, sha256)` of `files`.

@@ -15,19 +15,45 @@ pub struct Idx {
     pub data: Vec<u8>,
 }
 
-/// Reads the file at `path`, gunzipping it when it starts with the gzip magic.
+/// Reads the file at `path`, gunzipping it when it starts with the gzip magic. A gzip stream
+/// is inflated only as far as its IDX header says the data goes (plus one byte, to tell
+/// trailing data): a stream that claims more than [`fpt_spec::limits::MAX_FILE_BYTES`], or
+/// inflates past its declared size, is refused without being inflated further.
 pub fn read(path: &Path) -> Result<Idx> {
     let raw = std::fs::read(path).map_err(TaskError::io(path))?;
     let bytes = if raw.starts_with(&[0x1f, 0x8b]) {
-        let mut out = Vec::new();
-        flate2::read::GzDecoder::new(&raw[..])
-            .read_to_end(&mut out)
-            .map_err(|e| TaskError::data(path, format!("not a valid gzip file: {e}")))?;
-        out
+        inflate(&raw).map_err(|msg| TaskError::data(path, msg))?
     } else {
         raw
     };
     parse(&bytes).map_err(|msg| TaskError::data(path, msg))
+}
+
+/// Inflates a gzip'd IDX file, stopping at the size its header declares.
+fn inflate(raw: &[u8]) -> std::result::Result<Vec<u8>, String> {
+    let mut z = flate2::read::GzDecoder::new(raw);
+    let gz = |e: std::io::Error| format!("not a valid gzip file: {e}");
+    let mut head = [0u8; 4];
+    z.read_exact(&mut head).map_err(gz)?;
+    let mut out = head.to_vec();
+    let ndim = head[3] as usize;
+    let mut sizes = vec![0u8; 4 * ndim];
+    z.read_exact(&mut sizes).map_err(gz)?;
+    out.extend_from_slice(&sizes);
+    let declared = sizes
+        .chunks_exact(4)
+        .map(|c| u32::from_be_bytes(c.try_into().expect("4 bytes")) as u64)
+        .try_fold(1u64, |a, d| a.checked_mul(d))
+        .filter(|&n| n <= fpt_spec::limits::MAX_FILE_BYTES)
+        .ok_or_else(|| {
+            format!(
+                "header declares more than fpt's limit of {} bytes of data; not inflating it",
+                fpt_spec::limits::MAX_FILE_BYTES
+            )
+        })?;
+    // One byte past the declared end tells trailing data from the exact size.
+    z.take(declared + 1).read_to_end(&mut out).map_err(gz)?;
+    Ok(out)
 }
 
 /// Parses IDX bytes.
@@ -61,7 +87,8 @@ pub fn parse(b: &[u8]) -> std::result::Result<Idx, String> {
     let n = dims
         .iter()
         .try_fold(1usize, |a, &d| a.checked_mul(d))
-        .ok_or("sizes overflow")?;
+        .filter(|&n| n as u64 <= fpt_spec::limits::MAX_FILE_BYTES)
+        .ok_or_else(|| format!("header declares sizes {dims:?}, more data than fpt reads"))?;
     let have = b.len() - head;
     if have != n {
         return Err(format!(
@@ -83,4 +110,38 @@ pub fn encode(dims: &[usize], data: &[u8]) -> Vec<u8> {
     }
     out.extend_from_slice(data);
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn gzip(bytes: &[u8]) -> Vec<u8> {
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        e.write_all(bytes).unwrap();
+        e.finish().unwrap()
+    }
+
+    /// A gzip bomb (a small file inflating to far more than its header declares) is refused
+    /// after inflating just past the declared size; a header declaring an absurd size is
+    /// refused before inflating anything.
+    #[test]
+    fn gzip_is_inflated_only_as_far_as_the_header_declares() {
+        let good = encode(&[2, 3], &[1, 2, 3, 4, 5, 6]);
+        assert_eq!(parse(&inflate(&gzip(&good)).unwrap()).unwrap().dims, vec![2, 3]);
+        // 2 x 3 declared, 64 MiB of zeros behind it.
+        let mut bomb = encode(&[2, 3], &[0; 6]);
+        bomb.resize(64 << 20, 0);
+        let inflated = inflate(&gzip(&bomb)).unwrap();
+        assert_eq!(
+            inflated.len(),
+            4 + 4 * 2 + 6 + 1,
+            "stopped one byte past the declared data"
+        );
+        assert!(parse(&inflated).unwrap_err().contains("trailing"));
+        let huge = encode(&[u32::MAX as usize, u32::MAX as usize, 16], &[]);
+        assert!(inflate(&gzip(&huge)).unwrap_err().contains("limit"));
+        assert!(parse(&huge).unwrap_err().contains("more data"));
+    }
 }

@@ -46,8 +46,9 @@ pub fn find_idx(dir: &Path, stem: &str) -> Option<PathBuf> {
     None
 }
 
-/// Reads an MNIST-format split (`train` or `t10k`) from `dir`.
-pub fn read_mnist_split(dir: &Path, task: TaskName, prefix: &str) -> Result<Dataset> {
+/// Reads one MNIST-format split (`{prefix}-images` and `{prefix}-labels`); returns it with
+/// the images file's path.
+pub fn read_mnist_split(dir: &Path, task: TaskName, prefix: &str) -> Result<(Dataset, PathBuf)> {
     let find = |stem: String| {
         find_idx(dir, &stem).ok_or_else(|| TaskError::Missing {
             task: task.to_string(),
@@ -92,7 +93,7 @@ pub fn read_mnist_split(dir: &Path, task: TaskName, prefix: &str) -> Result<Data
             format!("label of record {i} is {} (classes are 0-9)", labels.data[i]),
         ));
     }
-    Ok(Dataset {
+    let d = Dataset {
         examples: Examples::Images {
             height: images.dims[1],
             width: images.dims[2],
@@ -101,14 +102,15 @@ pub fn read_mnist_split(dir: &Path, task: TaskName, prefix: &str) -> Result<Data
         },
         labels: labels.data.iter().map(|&l| l as u32).collect(),
         lengths: Vec::new(),
-    })
+    };
+    Ok((d, ip))
 }
 
 /// MNIST or Fashion-MNIST from `dir`.
 pub fn mnist_task(dir: &Path, spec: &TaskSpec, seed: u64) -> Result<DatasetTask> {
     eval_split(spec, &["test"], "test")?;
-    let train = read_mnist_split(dir, spec.name, "train")?;
-    let test = read_mnist_split(dir, spec.name, "t10k")?;
+    let (train, train_file) = read_mnist_split(dir, spec.name, "train")?;
+    let (test, test_file) = read_mnist_split(dir, spec.name, "t10k")?;
     let encoding = Encoding::Patches {
         patch: 4,
         pad_to: match spec.data.image_size {
@@ -120,6 +122,21 @@ pub fn mnist_task(dir: &Path, spec: &TaskSpec, seed: u64) -> Result<DatasetTask>
         std: vec![1.0],
         augment: None,
     };
+    let size = |d: &Dataset| match d.examples {
+        crate::Examples::Images { height, width, .. } => (height, width),
+        _ => (0, 0),
+    };
+    let ((th, tw), (eh, ew)) = (size(&train), size(&test));
+    encoding.check_image_size(th, tw, &train_file)?;
+    if (th, tw) != (eh, ew) {
+        return Err(TaskError::data(
+            &test_file,
+            format!(
+                "test images are {eh}x{ew}, the training images ({}) {th}x{tw}: both splits must have one size",
+                train_file.display()
+            ),
+        ));
+    }
     task_from_spec(spec, train, test, encoding, 10, 0, seed)
 }
 

@@ -207,6 +207,10 @@ pub trait Task: Send {
 /// `$FPT_HOME/data/<task>` ([`fetch::data_dir`]).
 pub fn build(spec: &TaskSpec, seed: u64) -> Result<Box<dyn Task>> {
     let dir = || spec.path.clone().unwrap_or_else(|| fetch::data_dir(spec.name));
+    if !spec.name.is_generated() && spec.name != TaskName::Custom {
+        // Fetched data is re-checked against the sha256 recorded when it was fetched.
+        fetch::verify_dir(&dir(), false)?;
+    }
     Ok(match spec.name {
         TaskName::ListOps => Box::new(listops::task(&dir(), spec, seed)?),
         TaskName::Mnist | TaskName::FashionMnist => Box::new(images::mnist_task(&dir(), spec, seed)?),

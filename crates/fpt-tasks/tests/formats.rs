@@ -155,6 +155,71 @@ fn bad_idx_files_are_named_errors() {
     }
 }
 
+/// Images that 4x4 patches do not tile, images larger than the 32x32 they are padded to
+/// (once silently turned into blank images), and splits of different sizes are errors
+/// naming the file.
+#[test]
+fn image_sizes_that_do_not_fit_the_task_are_named_errors() {
+    let write = |dir: &Path, prefix: &str, n: usize, side: usize| {
+        let px: Vec<u8> = (0..n * side * side).map(|i| (i % 251) as u8).collect();
+        std::fs::write(
+            dir.join(format!("{prefix}-images-idx3-ubyte")),
+            idx::encode(&[n, side, side], &px),
+        )
+        .unwrap();
+        let labels: Vec<u8> = (0..n).map(|i| (i % 10) as u8).collect();
+        std::fs::write(
+            dir.join(format!("{prefix}-labels-idx1-ubyte")),
+            idx::encode(&[n], &labels),
+        )
+        .unwrap();
+    };
+    for (train, test, pad32, want) in [
+        (27, 27, false, "27x27, which 4x4 patches do not tile"),
+        (2, 2, false, "2x2, which 4x4 patches do not tile"),
+        (36, 36, true, "larger than the 32x32"),
+        (28, 32, false, "test images are 32x32, the training images"),
+    ] {
+        let d = tempfile::tempdir().unwrap();
+        write(d.path(), "train", 3, train);
+        write(d.path(), "t10k", 2, test);
+        let mut s = spec(TaskName::Mnist, d.path());
+        if pad32 {
+            s.data.image_size = ImageSize::Pad32;
+        }
+        let e = err_of(build(&s, 0));
+        assert!(
+            e.contains(want) && e.contains("-images-idx3-ubyte"),
+            "{train}/{test}: {e}"
+        );
+    }
+}
+
+/// A fetched dataset is re-checked against the sha256 recorded when it was fetched: a file
+/// changed since is an error naming it, with the command that fetches it again.
+#[test]
+fn fetched_data_that_changed_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    write_mnist(d.path(), 4, 2, false);
+    let images = d.path().join("train-images-idx3-ubyte");
+    let sha = fpt_tasks::fetch::sha256(&std::fs::read(&images).unwrap());
+    std::fs::write(
+        d.path().join(fpt_tasks::fetch::MANIFEST),
+        serde_json::json!({"source": "test", "sha256": {"train-images-idx3-ubyte": sha}}).to_string(),
+    )
+    .unwrap();
+    let s = spec(TaskName::Mnist, d.path());
+    build(&s, 0).unwrap();
+    let mut bytes = std::fs::read(&images).unwrap();
+    bytes[500] ^= 1;
+    std::fs::write(&images, &bytes).unwrap();
+    let e = err_of(build(&s, 0));
+    assert!(
+        e.contains("train-images-idx3-ubyte") && e.contains("differs") && e.contains("fpt fetch"),
+        "{e}"
+    );
+}
+
 // ---------------------------------------------------------------- CIFAR-10
 
 fn cifar_record(label: u8, seed: usize) -> Vec<u8> {
@@ -530,7 +595,14 @@ fn custom_tokens_and_features_from_a_directory_or_one_file() {
 #[test]
 fn bad_custom_records_are_named_errors() {
     let cases = [
-        ("{\"tokens\": [1], \"split\": \"train\"}", "line 1: field `label` is missing"),
+        ("{\"tokens\": [1], \"split\": \"train\"}", "line 1: missing field `label`"),
+        ("{\"tokens\": [1], \"lable\": 0, \"split\": \"train\"}", "line 1: unknown field `lable`"),
+        ("{\"tokens\": [1], \"label\": 0, \"label\": 1, \"split\": \"train\"}", "line 1: duplicate field `label`"),
+        ("{\"tokens\": [1], \"label\": 0, \"split\": \"tset\"}", "line 1: field `split`: `tset` is not a split name"),
+        ("{\"tokens\": [1], \"label\": 1000000000, \"split\": \"train\"}", "line 1: field `label`: 1000000000 is above fpt's limit"),
+        ("{\"tokens\": [4294967290], \"label\": 0, \"split\": \"train\"}", "line 1: field `tokens`, item 0: id 4294967290 is above fpt's limit"),
+        ("{\"features\": [[1e39]], \"label\": 0, \"split\": \"train\"}", "not a finite 32-bit float"),
+        ("{\"tokens\": [1], \"label\": 0, \"split\": \"train\"}\n{\"tokens\": [2], \"label\": 0, \"split\": \"test\"}", "at least 2 classes"),
         ("{\"tokens\": [1, -2], \"label\": 0, \"split\": \"train\"}", "line 1: field `tokens`, item 1"),
         ("{\"label\": 0, \"split\": \"train\"}", "line 1: needs a `tokens` or a `features` field"),
         ("{\"features\": [[1, 2], [3]], \"label\": 0, \"split\": \"train\"}", "item 1: 1 numbers, expected 2"),

@@ -1,11 +1,13 @@
 //! Checkpoints: only the trainable tensors (safetensors), the optimizer's moments (their
-//! own safetensors file), and `state.json` (step, random-stream states, the loop's
-//! running numbers, the run spec, and the sha256 of both tensor files).
+//! own safetensors file), `state.json` (step, random-stream states, the loop's running
+//! numbers, the run spec, and the sha256 of both tensor files), and `manifest.json`, the
+//! sha256 of each of the three, so that a changed bit anywhere (`state.json` included) is
+//! refused with the file named.
 //!
 //! Layout inside a run directory:
 //! ```text
-//! checkpoints/step-000100/{trainable.safetensors, optimizer.safetensors, state.json}
-//! checkpoints/LATEST            "step-000100"
+//! checkpoints/step-000100/{trainable.safetensors, optimizer.safetensors, state.json, manifest.json}
+//! checkpoints/LATEST            "step-000100" (a checkpoint name, never a path)
 //! ```
 //! A checkpoint is written into a fresh temporary directory, each file synced, the directory
 //! renamed into place, and only then does `LATEST` (itself written to a temporary file and
@@ -22,14 +24,16 @@ use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-/// Version of the checkpoint format.
-pub const FORMAT: u32 = 1;
+/// Version of the checkpoint format (2: with `manifest.json`; 1, without, is still read).
+pub const FORMAT: u32 = 2;
 /// Trainable tensors, by parameter name (`input.weight`, `wpe.weight`, `h.0.ln_1.weight`, ...).
 pub const TRAINABLE_FILE: &str = "trainable.safetensors";
 /// Adam moments: `m.<name>` and `v.<name>`.
 pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
 /// Everything else.
 pub const STATE_FILE: &str = "state.json";
+/// sha256 of the three files above.
+pub const MANIFEST_FILE: &str = "manifest.json";
 
 /// `state.json`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -89,11 +93,27 @@ pub fn root(run_dir: &Path) -> PathBuf {
     run_dir.join("checkpoints")
 }
 
+/// Whether `name` is a checkpoint's directory name, `step-` and digits (so `LATEST` can
+/// never lead outside the run directory).
+fn is_checkpoint_name(name: &str) -> bool {
+    name.strip_prefix("step-")
+        .is_some_and(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()))
+}
+
 /// The newest complete checkpoint of a run, if any.
 pub fn latest(run_dir: &Path) -> Result<Option<PathBuf>> {
     let pointer = root(run_dir).join("LATEST");
     match std::fs::read_to_string(&pointer) {
         Ok(name) => {
+            if !is_checkpoint_name(name.trim()) {
+                return Err(err(
+                    &pointer,
+                    format!(
+                        "holds `{}`, not a checkpoint name (`step-` and digits): the file was changed",
+                        name.trim().escape_debug()
+                    ),
+                ));
+            }
             let dir = root(run_dir).join(name.trim());
             if !dir.is_dir() {
                 return Err(err(
@@ -153,10 +173,14 @@ pub fn save(run_dir: &Path, tr: &Trainer, run: &RunState) -> Result<PathBuf> {
             sha256: sha,
         };
         let path = tmp.join(STATE_FILE);
+        let state_bytes = serde_json::to_string_pretty(&state).expect("state serialises");
+        write_synced(&path, state_bytes.as_bytes())?;
+        let mut manifest = state.sha256.clone();
+        manifest.insert(STATE_FILE.to_string(), sha256_hex(state_bytes.as_bytes()));
         write_synced(
-            &path,
-            serde_json::to_string_pretty(&state)
-                .expect("state serialises")
+            &tmp.join(MANIFEST_FILE),
+            serde_json::to_string_pretty(&manifest)
+                .expect("manifest serialises")
                 .as_bytes(),
         )?;
         if final_dir.exists() {
@@ -191,17 +215,27 @@ pub struct Loaded {
     pub moments: HashMap<String, Tensor>,
 }
 
+/// Checks `bytes` (the file at `path`) against the sha256 recorded for it in `record`.
+fn verify(path: &Path, bytes: &[u8], want: Option<&String>, record: &str) -> Result<()> {
+    let Some(want) = want else {
+        return Err(err(
+            path,
+            format!("has no sha256 in {record}: the checkpoint was changed"),
+        ));
+    };
+    let got = sha256_hex(bytes);
+    if &got != want {
+        return Err(err(
+            path,
+            format!("sha256 {got} does not match {want} recorded in {record}: the file is corrupted"),
+        ));
+    }
+    Ok(())
+}
+
 fn read_tensors(path: &Path, want_sha: Option<&String>, device: &Device) -> Result<HashMap<String, Tensor>> {
     let bytes = std::fs::read(path).map_err(io(path))?;
-    if let Some(want) = want_sha {
-        let got = sha256_hex(&bytes);
-        if &got != want {
-            return Err(err(
-                path,
-                format!("sha256 {got} does not match {want} recorded in state.json: the file is corrupted"),
-            ));
-        }
-    }
+    verify(path, &bytes, want_sha, STATE_FILE)?;
     let cpu = candle_core::safetensors::load_buffer(&bytes, &Device::Cpu)
         .map_err(|e| err(path, format!("not a valid safetensors file: {e}")))?;
     cpu.into_iter().map(|(k, v)| Ok((k, v.to_device(device)?))).collect()
@@ -211,13 +245,42 @@ fn read_tensors(path: &Path, want_sha: Option<&String>, device: &Device) -> Resu
 pub fn load(dir: &Path, device: &Device) -> Result<Loaded> {
     let sp = dir.join(STATE_FILE);
     let text = std::fs::read_to_string(&sp).map_err(io(&sp))?;
+    let mp = dir.join(MANIFEST_FILE);
+    let manifest: Option<BTreeMap<String, String>> = match std::fs::read_to_string(&mp) {
+        Ok(m) => Some(serde_json::from_str(&m).map_err(|e| err(&mp, format!("not a valid manifest: {e}")))?),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(err(&mp, e.to_string())),
+    };
+    if let Some(m) = &manifest {
+        verify(&sp, text.as_bytes(), m.get(STATE_FILE), MANIFEST_FILE)?;
+    }
     let state: CheckpointState =
         serde_json::from_str(&text).map_err(|e| err(&sp, format!("not a valid checkpoint state: {e}")))?;
-    if state.format != FORMAT {
-        return Err(err(
-            &sp,
-            format!("checkpoint format {} (this fpt reads {FORMAT})", state.format),
-        ));
+    match (state.format, &manifest) {
+        (FORMAT, None) => return Err(err(&mp, "is missing: the checkpoint is incomplete or was changed")),
+        // Format 1 (before manifests): the tensor files' sha256 in state.json still hold.
+        (1, None) => tracing::warn!(
+            "{}: a checkpoint of an older fpt (no manifest): state.json is not checksummed",
+            dir.display()
+        ),
+        (FORMAT | 1, Some(_)) => {}
+        (f, _) => {
+            return Err(err(
+                &sp,
+                format!("checkpoint format {f} (this fpt reads {FORMAT} and 1)"),
+            ))
+        }
+    }
+    if let Some(m) = &manifest {
+        // The manifest and state.json must agree on the tensor files.
+        for file in [TRAINABLE_FILE, OPTIMIZER_FILE] {
+            if m.get(file) != state.sha256.get(file) {
+                return Err(err(
+                    &mp,
+                    format!("and {STATE_FILE} disagree on {file}: the checkpoint was changed"),
+                ));
+            }
+        }
     }
     let trainable = read_tensors(&dir.join(TRAINABLE_FILE), state.sha256.get(TRAINABLE_FILE), device)?;
     let moments = read_tensors(&dir.join(OPTIMIZER_FILE), state.sha256.get(OPTIMIZER_FILE), device)?;

@@ -168,9 +168,14 @@ pub struct RunResult {
     pub device: String,
     /// True when the run diverged: its loss or gradient was not finite.
     pub diverged: bool,
-    /// The step whose loss or gradient was not finite, if the run diverged; the numbers
-    /// above are then those of the last finite parameters.
+    /// The step at which the run diverged; the numbers above are then those of the best
+    /// evaluation before it (`test_accuracy` = `best_accuracy`), and the last checkpoint holds
+    /// its tensors.
     pub diverged_at_step: Option<usize>,
+    /// Why the run was marked diverged (a non-finite loss or gradient, or a loss above
+    /// `divergence_factor` times the first step's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub diverged_reason: Option<String>,
     /// True when early stopping ended the run before `steps`.
     pub stopped_early: bool,
     /// A trivial baseline's accuracy for this task, where one is known.
@@ -535,6 +540,9 @@ pub struct RunState {
     pub stale_evals: usize,
     /// Learning rate and gradient norm of the last step.
     pub last_lr: f64,
+    /// The loss of the run's first step: the reference for divergence (`divergence_factor`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_loss: Option<f64>,
     /// Gradient norm of the last step.
     pub last_grad_norm: f64,
 }
@@ -650,21 +658,39 @@ fn run_loop(
     });
     let metrics = out_dir.join("metrics.jsonl");
     let every_train = t.train_eval == TrainEval::Every;
-    let mut diverged = None;
+    let mut diverged: Option<(usize, String)> = None;
     let mut stopped_early = false;
+    // The trained tensors at the best evaluation so far (this segment of the run): what a
+    // diverged run keeps.
+    let mut best_params: Option<Vec<Tensor>> = None;
     while tr.steps_done() < t.steps {
         let out = tr.step()?;
-        if !out.finite {
-            diverged = Some(tr.steps_done() + 1);
-            on_event(&Event::Diverged(tr.steps_done() + 1));
-            tracing::warn!(
-                step = tr.steps_done() + 1,
-                loss = out.loss,
-                grad_norm = out.grad_norm,
-                "non-finite loss or gradient: stopping"
-            );
+        let why = if !out.finite {
+            // The update was skipped: the step did not happen.
+            Some((
+                tr.steps_done() + 1,
+                format!("non-finite loss ({}) or gradient norm ({})", out.loss, out.grad_norm),
+            ))
+        } else {
+            run.first_loss
+                .filter(|&l0| out.loss > t.divergence_factor * l0)
+                .map(|l0| {
+                    (
+                        tr.steps_done(),
+                        format!(
+                            "loss {:.4e} is above {} x the first step's {l0:.4e}",
+                            out.loss, t.divergence_factor
+                        ),
+                    )
+                })
+        };
+        if let Some((at, reason)) = why {
+            on_event(&Event::Diverged(at));
+            tracing::warn!(step = at, "diverged: {reason}; keeping the best evaluation before it");
+            diverged = Some((at, reason));
             break;
         }
+        run.first_loss.get_or_insert(out.loss);
         let step = tr.steps_done();
         run.window_loss += out.loss;
         run.window_steps += 1;
@@ -676,6 +702,15 @@ fn run_loop(
             let with_train = every_train || (step == t.steps && t.train_eval == TrainEval::Final);
             let rec = evaluate_now(&tr, &mut run, with_train, &started, &metrics)?;
             on_event(&Event::Eval(&rec));
+            if before.is_none_or(|b| rec.test_accuracy > b) {
+                best_params = Some(
+                    tr.model()
+                        .trainable()
+                        .iter()
+                        .map(|(_, v)| v.as_tensor().copy())
+                        .collect::<candle_core::Result<_>>()?,
+                );
+            }
             match before {
                 Some(b) if rec.test_accuracy <= b + t.convergence_tolerance => run.stale_evals += 1,
                 _ => run.stale_evals = 0,
@@ -695,9 +730,20 @@ fn run_loop(
             break;
         }
     }
-    // The last evaluation must describe the final (or last finite) parameters.
-    let need_final = run.evals.last().map(|e| e.step) != Some(tr.steps_done());
-    let with_train = t.train_eval != TrainEval::Never;
+    if diverged.is_some() {
+        if let Some(params) = &best_params {
+            // Back to the best evaluation's tensors: the checkpoint `fpt eval` reads is then
+            // the run's best, never the diverged one.
+            for ((_, var), p) in tr.model().trainable().iter().zip(params) {
+                var.set(p)?;
+            }
+        }
+    }
+    // The last evaluation must describe the final parameters (a diverged run: the best
+    // evaluation before divergence, when there is one).
+    let need_final =
+        (diverged.is_none() || run.evals.is_empty()) && run.evals.last().map(|e| e.step) != Some(tr.steps_done());
+    let with_train = t.train_eval != TrainEval::Never && diverged.is_none();
     let last = if need_final || (with_train && run.evals.last().and_then(|e| e.train_accuracy).is_none()) {
         if !need_final {
             // Re-evaluate in place of the last record, now with train accuracy.
@@ -708,15 +754,13 @@ fn run_loop(
         let rec = evaluate_now(&tr, &mut run, with_train, &started, &metrics)?;
         on_event(&Event::Eval(&rec));
         rec
+    } else if diverged.is_some() {
+        run.best().cloned().expect("an evaluation exists")
     } else {
         run.evals.last().cloned().expect("an evaluation exists")
     };
     let mut snapshot = run.clone();
     snapshot.elapsed_s += started.elapsed().as_secs_f64();
-    if diverged.is_none() {
-        let dir = checkpoint::save(out_dir, &tr, &snapshot)?;
-        on_event(&Event::Checkpoint(&dir));
-    }
     let best = run.best().cloned().expect("an evaluation exists");
     let result = RunResult {
         task: spec.task.name.to_string(),
@@ -740,13 +784,20 @@ fn run_loop(
         seed: t.seed,
         device: device_name(device),
         diverged: diverged.is_some(),
-        diverged_at_step: diverged,
+        diverged_at_step: diverged.as_ref().map(|d| d.0),
+        diverged_reason: diverged.as_ref().map(|d| d.1.clone()),
         stopped_early,
         baseline_accuracy: tr.task().baseline().map(|b| b.0),
         cached: None,
         provenance: Some(selfcheck::provenance()),
     };
+    // The result first: a run that trained to the end keeps its numbers even when its last
+    // checkpoint cannot be written (a full disk); the error is still reported.
     write_result(out_dir, &result)?;
+    if diverged.is_none() || best_params.is_some() || checkpoint::latest(out_dir)?.is_none() {
+        let dir = checkpoint::save(out_dir, &tr, &snapshot)?;
+        on_event(&Event::Checkpoint(&dir));
+    }
     Ok(result)
 }
 
@@ -779,19 +830,102 @@ pub fn train(spec: &RunSpec, out_dir: &Path, device: &Device, on_event: &mut dyn
     // Build (and so validate) everything before touching the run directory: a run that
     // cannot start leaves nothing behind.
     let tr = Trainer::new(spec, device)?;
+    let created = !out_dir.exists();
     std::fs::create_dir_all(out_dir).map_err(|source| TrainError::Io {
         path: out_dir.to_path_buf(),
         source,
     })?;
-    write_atomic(
-        &out_dir.join("spec.json"),
-        serde_json::to_string_pretty(spec).expect("spec serialises").as_bytes(),
-    )?;
-    metrics_truncate(&out_dir.join("metrics.jsonl"), 0)?;
-    if spec.train.cached_epochs.is_some() {
-        return reservoir::run(tr, out_dir, device, on_event);
+    let lock = RunLock::acquire(out_dir)?;
+    let started = (|| {
+        write_atomic(
+            &out_dir.join("spec.json"),
+            serde_json::to_string_pretty(spec).expect("spec serialises").as_bytes(),
+        )?;
+        metrics_truncate(&out_dir.join("metrics.jsonl"), 0)?;
+        if spec.train.cached_epochs.is_some() {
+            return reservoir::run(tr, out_dir, device, on_event);
+        }
+        run_loop(tr, RunState::default(), out_dir, device, on_event)
+    })();
+    if started.is_err() && failed_at_start(out_dir) {
+        // Nothing to resume (no evaluation, no checkpoint, no result): leave the directory
+        // as it was, so the same --out can be used again.
+        for f in ["spec.json", "metrics.jsonl"] {
+            let _ = std::fs::remove_file(out_dir.join(f));
+        }
+        drop(lock);
+        if created {
+            let _ = std::fs::remove_dir(out_dir);
+        }
     }
-    run_loop(tr, RunState::default(), out_dir, device, on_event)
+    started
+}
+
+/// Whether a run that stopped with an error left nothing worth resuming: no evaluation in
+/// `metrics.jsonl`, no checkpoint, no result.
+fn failed_at_start(out_dir: &Path) -> bool {
+    let metrics_empty = std::fs::metadata(out_dir.join("metrics.jsonl")).map_or(true, |m| m.len() == 0);
+    metrics_empty && !checkpoint::root(out_dir).exists() && !out_dir.join("result.json").exists()
+}
+
+/// The lock a run or resume holds on its directory (`.lock`, holding the process id), so
+/// two processes never write one run; removed when dropped. A lock left by a process that
+/// no longer runs (killed) is taken over.
+struct RunLock {
+    path: PathBuf,
+}
+
+impl RunLock {
+    fn acquire(dir: &Path) -> Result<Self> {
+        let path = dir.join(".lock");
+        let io = |source| TrainError::Io {
+            path: path.clone(),
+            source,
+        };
+        for _ in 0..3 {
+            match std::fs::OpenOptions::new().write(true).create_new(true).open(&path) {
+                Ok(mut f) => {
+                    write!(f, "{}", std::process::id()).map_err(io)?;
+                    return Ok(Self { path });
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    let holder = std::fs::read_to_string(&path)
+                        .ok()
+                        .and_then(|s| s.trim().parse::<u32>().ok());
+                    match holder {
+                        Some(pid) if pid != std::process::id() && process_alive(pid) => {
+                            return Err(run_dir_err(
+                                dir,
+                                format!("is in use by process {pid} (another fpt run or resume of it); wait for it to end or stop it"),
+                            ))
+                        }
+                        // A lock its process left behind (killed): take it over.
+                        _ => {
+                            let _ = std::fs::remove_file(&path);
+                        }
+                    }
+                }
+                Err(e) => return Err(io(e)),
+            }
+        }
+        Err(run_dir_err(dir, "could not take its lock (.lock keeps reappearing)"))
+    }
+}
+
+impl Drop for RunLock {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Whether process `pid` is running (Linux: `/proc/<pid>`; elsewhere assumed so, and a
+/// stale `.lock` is then removed by hand, as the error says).
+fn process_alive(pid: u32) -> bool {
+    if cfg!(target_os = "linux") {
+        Path::new(&format!("/proc/{pid}")).exists()
+    } else {
+        true
+    }
 }
 
 /// Reads the run spec saved in a run directory.
@@ -828,6 +962,7 @@ pub fn resume(
     }
     let _span = tracing::info_span!("run", task = %saved.task.name, backbone = %saved.backbone.source).entered();
     let mut tr = Trainer::new(&saved, device)?;
+    let _lock = RunLock::acquire(out_dir)?;
     if saved.train.cached_epochs.is_some() {
         // Output-only runs keep no checkpoints (their state is one small layer): rerun.
         metrics_truncate(&out_dir.join("metrics.jsonl"), 0)?;

@@ -246,6 +246,7 @@ pub(crate) fn run(
         device: crate::device_name(device),
         diverged: false,
         diverged_at_step: None,
+        diverged_reason: None,
         stopped_early: false,
         baseline_accuracy: tr.task.baseline().map(|b| b.0),
         cached: Some(CachedStats {

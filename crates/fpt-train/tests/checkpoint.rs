@@ -156,10 +156,38 @@ fn corrupted_or_truncated_checkpoints_are_refused_by_name() {
     let e = resume(d.path(), None, &Device::Cpu, &mut |_| {})
         .unwrap_err()
         .to_string();
-    assert!(
-        e.contains("state.json") && e.contains("not a valid checkpoint state"),
-        "{e}"
-    );
+    assert!(e.contains("state.json") && e.contains("corrupted"), "{e}");
+    // One edited value in state.json (still valid JSON): refused, the file named.
+    let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    v["adam_t"] = serde_json::json!(v["adam_t"].as_u64().unwrap() + 1);
+    let edited = serde_json::to_string_pretty(&v).unwrap();
+    std::fs::write(&s, &edited).unwrap();
+    let e = resume(d.path(), None, &Device::Cpu, &mut |_| {})
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("state.json") && e.contains("manifest.json"), "{e}");
+    std::fs::write(&s, &text).unwrap();
+    // A missing manifest.
+    let m = ck.join(checkpoint::MANIFEST_FILE);
+    let manifest = std::fs::read(&m).unwrap();
+    std::fs::remove_file(&m).unwrap();
+    let e = resume(d.path(), None, &Device::Cpu, &mut |_| {})
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("manifest.json") && e.contains("missing"), "{e}");
+    std::fs::write(&m, &manifest).unwrap();
+    // LATEST leading outside the run directory.
+    let latest = checkpoint::root(d.path()).join("LATEST");
+    for bad in ["../..", "/etc", "step-000015/../../x", ""] {
+        std::fs::write(&latest, bad).unwrap();
+        let e = resume(d.path(), None, &Device::Cpu, &mut |_| {})
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("LATEST") && e.contains("not a checkpoint name"),
+            "{bad}: {e}"
+        );
+    }
 }
 
 #[test]

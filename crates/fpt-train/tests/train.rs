@@ -69,7 +69,7 @@ fn snapshot(tr: &Trainer) -> Vec<(String, bool, Vec<u32>)> {
 
 #[test]
 fn frozen_tensors_are_bitwise_unchanged_and_never_get_gradients() {
-    let spec = tiny(TaskName::BitXor, 0);
+    let spec = tiny(TaskName::BitXor, 1);
     let mut tr = Trainer::new(&spec, &Device::Cpu).unwrap();
     let before = snapshot(&tr);
     let trainable_ids: HashSet<_> = tr.model().trainable().iter().map(|(_, v)| v.as_tensor().id()).collect();
@@ -136,7 +136,7 @@ fn same_spec_and_seed_give_the_same_numbers() {
 
 #[test]
 fn gradient_accumulation_equals_the_full_batch() {
-    let mut full = tiny(TaskName::BitXor, 0);
+    let mut full = tiny(TaskName::BitXor, 1);
     full.input_dropout = 0.0;
     full.backbone_dropout = false;
     full.train.batch_size = 16;
@@ -198,6 +198,30 @@ fn divergence_is_caught_and_reported() {
     assert_eq!(r.diverged_at_step, seen);
     assert_eq!(r.steps + 1, r.diverged_at_step.unwrap());
     assert!(dir.path().join("result.json").is_file());
+}
+
+/// A loss that explodes without ever being non-finite (a learning rate ramped up to 3)
+/// is caught as divergence; the result keeps the best evaluation before it, and the last
+/// checkpoint holds that evaluation's tensors, so `evaluate_run` gives the same accuracy.
+#[test]
+fn a_loss_blowing_up_is_divergence_and_the_best_evaluation_is_kept() {
+    let mut spec = tiny(TaskName::BitXor, 400);
+    spec.train.lr = 3.0;
+    spec.train.lr_schedule = "linear:300".parse().unwrap();
+    spec.train.clip_norm = None;
+    spec.train.eval_every = 5;
+    let dir = tempfile::tempdir().unwrap();
+    let r = train(&spec, dir.path(), &Device::Cpu, &mut |_| {}).unwrap();
+    assert!(r.diverged, "{r:?}");
+    let at = r.diverged_at_step.unwrap();
+    assert!(at < 400 && r.best_step < at, "{r:?}");
+    assert!(r.diverged_reason.as_deref().unwrap().contains("first step"), "{r:?}");
+    assert_eq!(r.test_accuracy, r.best_accuracy, "{r:?}");
+    let (_, acc, _, step) = fpt_train::evaluate_run(dir.path(), &Device::Cpu).unwrap();
+    assert_eq!(
+        acc, r.best_accuracy,
+        "the checkpoint holds the best evaluation's tensors (step {step})"
+    );
 }
 
 #[test]
