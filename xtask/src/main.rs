@@ -23,7 +23,10 @@
 //! - `sanitize [--allow-no-miri] [--asan-only | --miri-only]`: fpt-nn's tests under
 //!   AddressSanitizer (every kernel path the CPU runs; a canary must be reported) and its
 //!   scalar-path unit tests under Miri.
+//! - `fuzz [--seconds N] [TARGET...]`: coverage-guided fuzzing of the parsers (idx, jsonl,
+//!   tsv, spec, config, safetensors), N seconds each (default 600).
 
+mod fuzz;
 mod sanitize;
 
 use anyhow::{bail, Context, Result};
@@ -495,9 +498,10 @@ fn main() -> Result<()> {
         Some("reproduce") => reproduce(&args[1..]),
         Some("merge") => merge(&args[1..]),
         Some("sanitize") => sanitize::sanitize(&args[1..]),
-        Some(other) => bail!("unknown task `{other}`; tasks: reproduce, merge, demo, bench, sanitize"),
+        Some("fuzz") => fuzz::fuzz(&args[1..]),
+        Some(other) => bail!("unknown task `{other}`; tasks: reproduce, merge, demo, bench, sanitize, fuzz"),
         None => {
-            eprintln!("usage: cargo xtask <task>\n\ntasks:\n  reproduce <table|fig|all>... [--scale smoke|cpu|paper] [--jobs N] [--shard I/N] [--out DIR] [--force] [--list]\n                                 run the paper's tables and report them beside its numbers\n  merge --out DIR SHARD_DIR...   combine shard results and render the reports\n  demo [--out DIR] [--steps N]   pretrained vs random frozen MiniLM on Bit XOR, offline\n  bench step [--shape NAME]...   time the FPT step beside PyTorch's\n  sanitize [--allow-no-miri]     fpt-nn's tests under AddressSanitizer and Miri");
+            eprintln!("usage: cargo xtask <task>\n\ntasks:\n  reproduce <table|fig|all>... [--scale smoke|cpu|paper] [--jobs N] [--shard I/N] [--out DIR] [--force] [--list]\n                                 run the paper's tables and report them beside its numbers\n  merge --out DIR SHARD_DIR...   combine shard results and render the reports\n  demo [--out DIR] [--steps N]   pretrained vs random frozen MiniLM on Bit XOR, offline\n  bench step [--shape NAME]...   time the FPT step beside PyTorch's\n  sanitize [--allow-no-miri]     fpt-nn's tests under AddressSanitizer and Miri\n  fuzz [--seconds N] [TARGET]... fuzz the parsers (idx, jsonl, tsv, spec, config, safetensors)");
             Ok(())
         }
     }

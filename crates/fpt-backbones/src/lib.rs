@@ -416,6 +416,12 @@ impl Config {
             path: path.to_path_buf(),
             source,
         })?;
+        Self::from_json(&text, path)
+    }
+
+    /// Parses a `config.json` text (`path` names it in errors).
+    pub fn from_json(text: &str, path: &Path) -> Result<Self> {
+        let text = text.to_string();
         let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| BackboneError::Config {
             path: path.to_path_buf(),
             msg: e.to_string(),

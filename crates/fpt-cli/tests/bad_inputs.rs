@@ -132,6 +132,14 @@ fn every_bad_input_is_a_clean_named_error_with_status_2_and_nothing_written() {
             r#"{"tokens": [3], "label": 0, "split": "tset"}"#,
         ],
     );
+    let long_seq = custom(
+        t,
+        "long-seq.jsonl",
+        &[
+            r#"{"tokens": [1, 2, 3, 4, 5, 6], "label": 1, "split": "train"}"#,
+            r#"{"tokens": [3], "label": 0, "split": "test"}"#,
+        ],
+    );
     let ok_custom = custom(
         t,
         "ok.jsonl",
@@ -169,6 +177,13 @@ fn every_bad_input_is_a_clean_named_error_with_status_2_and_nothing_written() {
         r#"{"model_type": "bert", "num_hidden_layers": 1000000000, "hidden_size": 8, "num_attention_heads": 2,
             "intermediate_size": 16, "max_position_embeddings": 16, "vocab_size": 10, "type_vocab_size": 2,
             "layer_norm_eps": 1e-12, "hidden_act": "gelu"}"#,
+    )
+    .unwrap();
+    let no_weights = t.join("no-weights");
+    std::fs::create_dir_all(&no_weights).unwrap();
+    std::fs::copy(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/fixtures/bert-tiny/config.json"),
+        no_weights.join("config.json"),
     )
     .unwrap();
     let m27 = mnist_dir(t, 27, false);
@@ -273,12 +288,12 @@ fn every_bad_input_is_a_clean_named_error_with_status_2_and_nothing_written() {
                 "--task",
                 "bit-xor",
                 "--backbone",
-                &p(&cfg_dir),
+                &p(&no_weights),
                 "--steps",
                 "2",
             ]),
             env: vec![],
-            needles: vec!["model.safetensors"],
+            needles: vec!["model.safetensors", "no-weights"],
         },
         Case {
             name: "MNIST 27x27",
@@ -303,6 +318,20 @@ fn every_bad_input_is_a_clean_named_error_with_status_2_and_nothing_written() {
             args: train(&["--task", "bit-xor"]),
             env: vec![("FPT_KERNELS", "avx-512".into())],
             needles: vec!["FPT_KERNELS", "avx-512"],
+        },
+        Case {
+            name: "more memory than the machine has",
+            args: train(&[
+                "--task", "bit-xor", "--hidden", "60000", "--heads", "4", "--layers", "64",
+            ]),
+            env: vec![],
+            needles: vec!["this run needs about", "available"],
+        },
+        Case {
+            name: "longer than the positions",
+            args: train(&["--task", &format!("custom:{}", p(&long_seq)), "--positions", "4"]),
+            env: vec![],
+            needles: vec!["long-seq.jsonl", "--max-len 4"],
         },
         Case {
             name: "steps -5",

@@ -137,8 +137,10 @@ impl Fpt {
         let hidden = backbone.hidden_size();
         if dims.seq_len > backbone.max_positions() {
             return Err(ModelError::Mismatch(format!(
-                "the task has {} tokens per example but the backbone has {} positions",
+                "the task's examples are {} tokens long but the backbone has {} positions: cut them with \
+                 --max-len {} (token tasks), or use a backbone with a larger position table (random init: --positions)",
                 dims.seq_len,
+                backbone.max_positions(),
                 backbone.max_positions()
             )));
         }

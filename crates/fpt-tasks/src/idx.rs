@@ -21,12 +21,16 @@ pub struct Idx {
 /// inflates past its declared size, is refused without being inflated further.
 pub fn read(path: &Path) -> Result<Idx> {
     let raw = std::fs::read(path).map_err(TaskError::io(path))?;
-    let bytes = if raw.starts_with(&[0x1f, 0x8b]) {
-        inflate(&raw).map_err(|msg| TaskError::data(path, msg))?
+    decode(&raw).map_err(|msg| TaskError::data(path, msg))
+}
+
+/// An IDX file's bytes, plain or gzip'd (see [`read`]).
+pub fn decode(raw: &[u8]) -> std::result::Result<Idx, String> {
+    if raw.starts_with(&[0x1f, 0x8b]) {
+        parse(&inflate(raw)?)
     } else {
-        raw
-    };
-    parse(&bytes).map_err(|msg| TaskError::data(path, msg))
+        parse(raw)
+    }
 }
 
 /// Inflates a gzip'd IDX file, stopping at the size its header declares.

@@ -76,6 +76,15 @@ pub enum TaskError {
     Candle(#[from] candle_core::Error),
 }
 
+/// A read error on line `line` of `path`: text that is not UTF-8 is named by its line.
+pub(crate) fn line_error(path: &Path, line: usize, e: std::io::Error) -> TaskError {
+    if e.kind() == std::io::ErrorKind::InvalidData {
+        TaskError::data(path, format!("line {line}: not UTF-8 text"))
+    } else {
+        TaskError::io(path)(e)
+    }
+}
+
 impl TaskError {
     pub(crate) fn data(path: &Path, msg: impl Into<String>) -> Self {
         TaskError::Data {

@@ -21,7 +21,7 @@ use crate::{Result, TaskError};
 use fpt_nn::Rng;
 use fpt_spec::{Brackets, TaskSpec};
 use std::collections::HashSet;
-use std::io::{BufRead, BufWriter, Write};
+use std::io::{BufWriter, Write};
 use std::path::Path;
 
 /// Generator settings (LRA's defaults).
@@ -220,11 +220,16 @@ pub fn tokenize(source: &str, b: Brackets) -> std::result::Result<Vec<u32>, Stri
 /// are kept for reports).
 pub fn read_tsv(path: &Path, b: Brackets, max_len: usize) -> Result<Dataset> {
     let f = std::fs::File::open(path).map_err(TaskError::io(path))?;
+    parse_tsv(std::io::BufReader::with_capacity(1 << 20, f), path, b, max_len)
+}
+
+/// [`read_tsv`] on any reader (`path` names it in errors).
+pub fn parse_tsv(r: impl std::io::BufRead, path: &Path, b: Brackets, max_len: usize) -> Result<Dataset> {
     let mut seqs = Vec::new();
     let mut labels = Vec::new();
     let mut lengths = Vec::new();
-    for (n, line) in std::io::BufReader::with_capacity(1 << 20, f).lines().enumerate() {
-        let line = line.map_err(TaskError::io(path))?;
+    for (n, line) in r.lines().enumerate() {
+        let line = line.map_err(|e| crate::line_error(path, n + 1, e))?;
         let line = line.trim_end_matches('\r');
         let row = n + 1;
         if n == 0 {

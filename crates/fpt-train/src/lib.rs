@@ -34,6 +34,7 @@
 pub mod bench;
 pub mod checkpoint;
 pub mod linear;
+pub mod memory;
 pub mod optim;
 pub mod parity;
 pub mod pretrain;
@@ -93,6 +94,9 @@ pub enum TrainError {
     /// No parameter group trains.
     #[error("nothing to train: the chosen groups ({0}) select no parameters")]
     NothingToTrain(String),
+    /// The run would not fit in this machine's memory.
+    #[error("{0}")]
+    TooBig(String),
     /// An error inside candle.
     #[error(transparent)]
     Candle(#[from] candle_core::Error),
@@ -336,6 +340,19 @@ impl Trainer {
         let t = &spec.train;
         let master = Rng::new(t.seed);
         let mut init_rng = master.fork("init");
+        // Sizes are within fpt's limits (validated); check the whole against this machine
+        // before anything is allocated (or a Bit backbone trained).
+        let (config, pspecs) = fpt_backbones::param_specs(&spec.backbone)?;
+        let estimate = memory::estimate(
+            spec,
+            &pspecs,
+            (config.hidden_size(), config.layers(), config.heads()),
+            &task.dims(),
+        );
+        if device.is_cpu() {
+            // (On a GPU the device's memory is what counts; its allocator reports itself.)
+            memory::check(&estimate).map_err(TrainError::TooBig)?;
+        }
         let source = pretrain::resolve_backbone(&spec.backbone, device)?;
         let mut backbone = fpt_backbones::load(&source, &spec.train_groups, device, &mut init_rng)?;
         backbone.set_dropout(spec.backbone_dropout);
@@ -344,7 +361,13 @@ impl Trainer {
             input_dropout: spec.input_dropout,
             orth_gain: spec.orth_gain,
         };
-        let model = Fpt::new(backbone, task.dims(), spec.train_groups, head, device, &mut init_rng)?;
+        let model =
+            Fpt::new(backbone, task.dims(), spec.train_groups, head, device, &mut init_rng).map_err(|e| match e {
+                fpt_model::ModelError::Mismatch(m) => {
+                    fpt_model::ModelError::Mismatch(format!("task {}: {m}", spec.task.label()))
+                }
+                e => e,
+            })?;
         let vars: Vec<_> = model.trainable().into_iter().map(|(_, v)| v).collect();
         if vars.is_empty() {
             return Err(TrainError::NothingToTrain(spec.train_groups.to_string()));
@@ -994,4 +1017,46 @@ pub fn evaluate_run(out_dir: &Path, device: &Device) -> Result<(f64, f64, f64, u
     let (test_loss, test_acc) = tr.evaluate(Split::Test)?;
     let (_, train_acc) = tr.evaluate(Split::Train)?;
     Ok((test_loss, test_acc, train_acc, tr.steps_done()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A run that stopped before its first evaluation or checkpoint left nothing worth
+    /// resuming (its directory is cleared); one with an evaluation, a checkpoint or a result
+    /// did.
+    #[test]
+    fn failed_at_start_means_no_evaluation_checkpoint_or_result() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("spec.json"), "{}").unwrap();
+        std::fs::write(d.path().join("metrics.jsonl"), "").unwrap();
+        assert!(failed_at_start(d.path()));
+        std::fs::write(d.path().join("metrics.jsonl"), "{\"step\": 10}\n").unwrap();
+        assert!(!failed_at_start(d.path()));
+        std::fs::write(d.path().join("metrics.jsonl"), "").unwrap();
+        std::fs::create_dir_all(checkpoint::root(d.path())).unwrap();
+        assert!(!failed_at_start(d.path()));
+    }
+
+    /// The run lock refuses a live holder and takes over a dead one's.
+    #[test]
+    fn the_run_lock_refuses_a_live_holder_and_takes_over_a_stale_one() {
+        let d = tempfile::tempdir().unwrap();
+        let first = RunLock::acquire(d.path()).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(d.path().join(".lock")).unwrap(),
+            std::process::id().to_string()
+        );
+        drop(first);
+        assert!(!d.path().join(".lock").exists());
+        // pid 1 is alive on Linux; a pid far beyond pid_max is not.
+        if cfg!(target_os = "linux") {
+            std::fs::write(d.path().join(".lock"), "1").unwrap();
+            let e = RunLock::acquire(d.path()).err().unwrap().to_string();
+            assert!(e.contains("process 1"), "{e}");
+            std::fs::write(d.path().join(".lock"), "999999999").unwrap();
+            let _taken = RunLock::acquire(d.path()).unwrap();
+        }
+    }
 }
