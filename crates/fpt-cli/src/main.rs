@@ -364,6 +364,10 @@ struct TrainArgs {
     /// Gradient-norm clipping threshold; 0 turns clipping off.
     #[arg(long, default_value_t = 1.0)]
     clip: f64,
+    /// A loss above this many times the first step's (or a non-finite one) marks the run
+    /// diverged: it stops, keeping its best evaluation and that evaluation's parameters.
+    #[arg(long, default_value_t = fpt_spec::DEFAULT_DIVERGENCE_FACTOR)]
+    divergence_factor: f64,
     /// Evaluate on the held-out set every N steps (and at the end).
     #[arg(long, default_value_t = 250)]
     eval_every: usize,
@@ -540,6 +544,9 @@ fn spec_from_args(a: &TrainArgs, given: &dyn Fn(&str) -> bool, base: Option<RunS
     }
     if set("clip") {
         t.clip_norm = (a.clip > 0.0).then_some(a.clip);
+    }
+    if set("divergence_factor") {
+        t.divergence_factor = a.divergence_factor;
     }
     if set("eval_every") {
         t.eval_every = a.eval_every;

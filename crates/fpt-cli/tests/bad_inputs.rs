@@ -216,6 +216,12 @@ fn every_bad_input_is_a_clean_named_error_with_status_2_and_nothing_written() {
             needles: vec!["steps", "at least 1"],
         },
         Case {
+            name: "divergence factor 0.5",
+            args: train(&["--task", "bit-xor", "--divergence-factor", "0.5"]),
+            env: vec![],
+            needles: vec!["divergence_factor", "above 1"],
+        },
+        Case {
             name: "max-len 0",
             args: train(&["--task", &format!("custom:{}", p(&ok_custom)), "--max-len", "0"]),
             env: vec![],
