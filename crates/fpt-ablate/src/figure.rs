@@ -479,7 +479,7 @@ pub fn render(
                 source,
                 init: Init::Pretrained,
                 shape: Default::default(),
-                residual_init: ResidualInit::Scaled,
+                residual_init: ResidualInit::Unscaled,
                 depth: None,
                 final_norm: true,
                 bit_pretrain: None,
@@ -547,7 +547,7 @@ pub fn render(
                     md.push_str(&format!("Not drawn: {why}\n"));
                     write_all(&dir, &[("report.md", md)])?;
                 }
-                crate::Plan::Count(_) => {
+                crate::Plan::Count(_) | crate::Plan::NotInPaper => {
                     md.push_str("Not drawn: the figure's defaults name no run\n");
                     write_all(&dir, &[("report.md", md)])?;
                 }

@@ -173,6 +173,8 @@ pub enum Plan {
     Unavailable(String),
     /// A number the paper cites or states; nothing to run.
     PaperOnly(String),
+    /// The paper did not run this cell (its table shows `-`): nothing to run.
+    NotInPaper,
 }
 
 /// A cell whose number is counted from a config.
@@ -184,6 +186,8 @@ pub struct Counted {
     pub task: TaskSpec,
     /// Trained groups.
     pub groups: TrainGroups,
+    /// The input width to count with, where the paper counted another than the task's.
+    pub input_width: Option<usize>,
 }
 
 /// One cell of a table at a scale.
@@ -260,7 +264,11 @@ pub fn expand(table: &TableSpec, scales: &BTreeMap<String, ScaleSettings>, scale
             let metric = s.metric.unwrap_or_default();
             let paper = table.paper[r][c].clone();
             let mut notes = Vec::new();
-            let plan = plan(&s, metric, &sc, &mut notes);
+            let plan = if paper.trim() == "-" {
+                Plan::NotInPaper
+            } else {
+                plan(&s, metric, &sc, &mut notes)
+            };
             cells.push(Cell {
                 row: r,
                 col: c,
@@ -343,13 +351,14 @@ fn plan(s: &CellSettings, metric: Metric, sc: &ScaleSettings, notes: &mut Vec<St
                 source: name,
                 init: Init::Random,
                 shape: Default::default(),
-                residual_init: ResidualInit::Scaled,
+                residual_init: ResidualInit::Unscaled,
                 depth: s.depth,
                 final_norm: true,
                 bit_pretrain: None,
             },
             task,
             groups,
+            input_width: s.input_width,
         }));
     }
     let (source, mut shape) = match sc.backbones.get(&name) {
@@ -365,18 +374,33 @@ fn plan(s: &CellSettings, metric: Metric, sc: &ScaleSettings, notes: &mut Vec<St
                 },
             )
         }
-        None => (name.clone(), Default::default()),
+        None => {
+            let to = fpt_backbones::hub::canonical(&name);
+            if to != name {
+                if let Some((_, _, why)) = fpt_backbones::hub::ALIASES.iter().find(|(n, _, _)| *n == name) {
+                    notes.push(format!("{name} loads as {to}: {why}"));
+                }
+            }
+            (to.to_string(), Default::default())
+        }
     };
     if lstm {
         shape.layers = s.lstm_layers.or(shape.layers);
         shape.lstm_residual = s.lstm_residual.filter(|&r| r);
         shape.lstm_positions = s.lstm_positions.filter(|&p| p);
     }
+    if !init.needs_weights() && !lstm && source.starts_with("gpt2") {
+        notes.push(
+            "random GPT-2 init as in transformers 4.1.1, which the paper ran: every weight N(0, 0.02), \
+             c_proj not scaled by 1/sqrt(2 * n_layer)"
+                .into(),
+        );
+    }
     let backbone = BackboneSpec {
         source,
         init,
         shape,
-        residual_init: ResidualInit::Scaled,
+        residual_init: ResidualInit::Unscaled,
         depth: s.depth,
         final_norm: true,
         bit_pretrain: (init == Init::BitPretrained).then(|| sc.bit_pretrain.unwrap_or_default()),

@@ -36,6 +36,47 @@ pub struct CellReport {
     pub seconds: Option<f64>,
     /// Steps the run trained.
     pub steps: Option<usize>,
+    /// When the run diverged: where, why, and that the number is the best evaluation
+    /// before it (the paper's dagger, Table 13).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub diverged: Option<String>,
+    /// The held-out accuracy's last two evaluations: `flat` (within two standard errors of
+    /// each other), `rising` or `falling`, with the numbers: whether more steps would likely
+    /// change the cell.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub curve: Option<String>,
+}
+
+/// How the last two evaluations of a run in `dir` compare, measured against the binomial
+/// standard error of an accuracy over `n` examples.
+pub fn curve_state(dir: &Path, n: usize) -> Option<String> {
+    let text = std::fs::read_to_string(dir.join("metrics.jsonl")).ok()?;
+    let evals: Vec<fpt_train::EvalRecord> = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<fpt_train::EvalRecord>(l).ok())
+        .collect();
+    let [.., a, b] = evals.as_slice() else {
+        return None;
+    };
+    let (p, q) = (a.test_accuracy, b.test_accuracy);
+    let m = 0.5 * (p + q);
+    let se = (m * (1.0 - m) / n.max(1) as f64).sqrt();
+    let noise = 2.0 * std::f64::consts::SQRT_2 * se;
+    let state = if (q - p).abs() <= noise {
+        "flat"
+    } else if q > p {
+        "rising"
+    } else {
+        "falling"
+    };
+    Some(format!(
+        "{state}: {:.1}% at step {} -> {:.1}% at step {} (noise +-{:.1})",
+        100.0 * p,
+        a.step,
+        100.0 * q,
+        b.step,
+        100.0 * noise
+    ))
 }
 
 /// A rendered table.
@@ -123,19 +164,62 @@ fn run_origin(res: &fpt_train::RunResult) -> String {
     }
 }
 
-fn count(plan: &Plan, metric: Metric) -> std::result::Result<f64, String> {
+/// A counted cell's number and, for trained counts, how it adds up (computed, printed
+/// beside the cell).
+fn count(plan: &Plan, metric: Metric) -> std::result::Result<(f64, Option<String>), String> {
     let Plan::Count(c) = plan else {
         return Err("not a count".into());
     };
     let (backbone, task, groups) = (&c.backbone, &c.task, &c.groups);
     let (config, specs) = fpt_backbones::param_specs(backbone).map_err(|e| e.to_string())?;
     let dims = || fpt_tasks::dims_of(task).ok_or("the trained count needs a task of fixed shapes (not custom data)");
+    let hidden = config.hidden_size();
     Ok(match metric {
-        Metric::ParamsTotal => specs.iter().map(|s| s.numel()).sum::<usize>() as f64,
-        Metric::ConfigLayers => config.layers() as f64,
-        Metric::ConfigHidden => config.hidden_size() as f64,
-        Metric::ConfigHeads => config.heads() as f64,
-        _ => fpt_model::count_params(&specs, config.hidden_size(), &dims()?, groups).trainable as f64,
+        Metric::ParamsTotal => (specs.iter().map(|s| s.numel()).sum::<usize>() as f64, None),
+        Metric::ConfigLayers => (config.layers() as f64, None),
+        Metric::ConfigHidden => (hidden as f64, None),
+        Metric::ConfigHeads => (config.heads() as f64, None),
+        _ => {
+            let mut d = dims()?;
+            let used = metric == Metric::ParamsTrainedUsed;
+            if let (true, Some(w), fpt_tasks::InputKind::Vectors { .. }) = (used, c.input_width, d.input) {
+                d.input = fpt_tasks::InputKind::Vectors { width: w };
+            }
+            let counts = fpt_model::count_params(&specs, hidden, &d, groups);
+            let trained = |r: fpt_spec::Role| counts.by_role.get(&r).map_or(0, |v| v.1);
+            let mut pos = trained(fpt_spec::Role::Positions);
+            let rows = pos / hidden.max(1);
+            if used && rows > d.seq_len {
+                pos = d.seq_len * hidden;
+            }
+            let total = counts.trainable - trained(fpt_spec::Role::Positions) + pos;
+            let mut parts = vec![
+                format!("LayerNorm {}", trained(fpt_spec::Role::LayerNorm)),
+                if used && rows > d.seq_len {
+                    format!("positions {pos} ({} of {rows} rows: the task's tokens)", d.seq_len)
+                } else {
+                    format!("positions {pos} ({rows} rows)")
+                },
+                format!(
+                    "input {}{}",
+                    trained(fpt_spec::Role::Input),
+                    match d.input {
+                        fpt_tasks::InputKind::Vectors { width } => format!(" ({width} wide)"),
+                        fpt_tasks::InputKind::Tokens { vocab } => format!(" ({vocab} tokens)"),
+                    }
+                ),
+                format!("output {}", trained(fpt_spec::Role::Output)),
+            ];
+            let rest = total
+                - trained(fpt_spec::Role::LayerNorm)
+                - pos
+                - trained(fpt_spec::Role::Input)
+                - trained(fpt_spec::Role::Output);
+            if rest > 0 {
+                parts.push(format!("other {rest}"));
+            }
+            (total as f64, Some(format!("computed: {} = {total}", parts.join(" + "))))
+        }
     })
 }
 
@@ -160,20 +244,27 @@ impl Report {
                 run: None,
                 seconds: None,
                 steps: None,
+                diverged: None,
+                curve: None,
             };
             match &c.plan {
                 Plan::PaperOnly(why) => {
                     r.status = "paper-only".into();
                     r.why = Some(why.clone());
                 }
+                Plan::NotInPaper => {
+                    r.status = "not-in-paper".into();
+                    r.why = Some("not run in the paper (its table shows -); not run here either".into());
+                }
                 Plan::Unavailable(why) => {
                     r.status = "unavailable".into();
                     r.why = Some(why.clone());
                 }
                 Plan::Count(_) => match count(&c.plan, c.metric) {
-                    Ok(v) => {
+                    Ok((v, how)) => {
                         r.status = "counted".into();
                         r.ours = Some(v);
+                        r.why = how;
                     }
                     Err(e) => {
                         r.status = "failed".into();
@@ -207,6 +298,15 @@ impl Report {
                             *origins.entry(run_origin(&res)).or_insert(0) += 1;
                             r.status = "ran".into();
                             r.seconds = Some(res.wall_seconds);
+                            if res.diverged {
+                                r.diverged = Some(format!(
+                                    "diverged at step {} ({}); the number is the best evaluation before it, at step {}",
+                                    res.diverged_at_step.map_or("?".into(), |s| s.to_string()),
+                                    res.diverged_reason.as_deref().unwrap_or("non-finite loss"),
+                                    res.best_step
+                                ));
+                            }
+                            r.curve = curve_state(&dir, res.eval_examples);
                             r.ours = match c.metric {
                                 Metric::TrainAccuracy => res.train_accuracy.map(|a| 100.0 * a),
                                 Metric::StepsToConvergence => res.converged_step.map(|s| s as f64),
@@ -246,7 +346,7 @@ impl Report {
             Metric::TestAccuracy | Metric::TrainAccuracy => format!("{v:.1}%"),
             Metric::StepsToConvergence => format!("{v:.0}"),
             Metric::Speedup => format!("{v:.0}×"),
-            Metric::ParamsTotal | Metric::ParamsTrained => {
+            Metric::ParamsTotal | Metric::ParamsTrained | Metric::ParamsTrainedUsed => {
                 if v >= 1e6 {
                     format!("{:.1}M", v / 1e6)
                 } else {
@@ -264,9 +364,11 @@ impl Report {
             (None, "ran") => "n/c".into(),
             (None, "paper-only") => "·".into(),
             (None, "unavailable") => "n/a".into(),
+            (None, "not-in-paper") => "-".into(),
             (None, s) => s.to_string(),
         };
-        format!("{ours} ({})", c.paper_text)
+        let dagger = if c.diverged.is_some() { " [†]" } else { "" };
+        format!("{ours}{dagger} ({})", c.paper_text)
     }
 
     /// The report as Markdown.
@@ -290,7 +392,7 @@ impl Report {
                 if *n == 1 { "" } else { "s" }
             ));
         }
-        s.push_str("\nEach cell: **ours** (paper). `n/a`: cannot run here (see below); `·`: the paper's number only; `pending`: not run yet; `n/c`: did not converge; `invalid`: its run failed its self-check.\n\n");
+        s.push_str("\nEach cell: **ours** (paper). `n/a`: cannot run here (see below); `·`: the paper's number only; `-`: not run in the paper; `pending`: not run yet; `n/c`: did not converge; `invalid`: its run failed its self-check; `[†]`: training diverged, the number is the best before divergence.\n\n");
         s.push_str(&format!(
             "| | {} |\n|---|{}\n",
             self.cols.join(" | "),
@@ -329,11 +431,17 @@ impl Report {
                 c.status,
                 c.steps.map(|v| v.to_string()).unwrap_or_else(|| "-".into()),
                 c.seconds.map(|v| format!("{v:.0}")).unwrap_or_else(|| "-".into()),
-                c.why
-                    .clone()
-                    .or_else(|| c.run.clone())
-                    .unwrap_or_default()
-                    .replace('|', "\\|")
+                [
+                    c.why.clone(),
+                    c.diverged.clone(),
+                    c.curve.clone().map(|k| format!("curve {k}")),
+                    c.run.clone()
+                ]
+                .into_iter()
+                .flatten()
+                .collect::<Vec<_>>()
+                .join("; ")
+                .replace('|', "\\|")
             ));
         }
         if !self.notes.is_empty() {
@@ -358,11 +466,12 @@ impl Report {
     /// The cells as CSV.
     pub fn csv(&self) -> String {
         let q = |s: &str| format!("\"{}\"", s.replace('"', "\"\""));
-        let mut s = "row,column,metric,ours,paper,paper_text,diff,status,why,notes,run,seconds\n".to_string();
+        let mut s =
+            "row,column,metric,ours,paper,paper_text,diff,status,why,notes,run,seconds,diverged,curve\n".to_string();
         let num = |v: Option<f64>| v.map(|v| format!("{v}")).unwrap_or_default();
         for c in &self.cells {
             s.push_str(&format!(
-                "{},{},{},{},{},{},{},{},{},{},{},{}\n",
+                "{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
                 q(&c.row),
                 q(&c.col),
                 serde_json::to_value(c.metric)
@@ -377,7 +486,9 @@ impl Report {
                 q(c.why.as_deref().unwrap_or("")),
                 q(&c.notes.join("; ")),
                 q(c.run.as_deref().unwrap_or("")),
-                num(c.seconds)
+                num(c.seconds),
+                q(c.diverged.as_deref().unwrap_or("")),
+                q(c.curve.as_deref().unwrap_or(""))
             ));
         }
         s

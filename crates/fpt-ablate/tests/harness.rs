@@ -80,7 +80,7 @@ note = "not at this scale"
 id = "table1"
 title = "mini"
 caption = "a miniature table"
-paper = [["50%", "60%", "-"], ["70%", "80%", "124M"]]
+paper = [["50%", "60%", "40%"], ["70%", "80%", "124M"]]
 [defaults]
 task = "custom:{}"
 backbone = "gpt2"
@@ -198,6 +198,34 @@ fn a_table_runs_reports_skips_finished_cells_and_shards() {
     assert_eq!(
         std::fs::read_to_string(dir.join("report.csv")).unwrap().lines().count(),
         7
+    );
+    // Every run says whether its curve had flattened (6 steps, evaluations at 3 and 6).
+    for c in &ran {
+        let k = c.curve.as_deref().unwrap();
+        assert!(
+            ["flat:", "rising:", "falling:"].iter().any(|p| k.starts_with(p)) && k.contains("at step 3 ->"),
+            "{k}"
+        );
+    }
+
+    // A diverged run: the report marks the cell with the paper's dagger and says where.
+    let key = match &cells[0].plan {
+        Plan::Run { key, .. } => key.clone(),
+        p => panic!("{p:?}"),
+    };
+    let res_path = fpt_ablate::run_dir(&out, &key).join("result.json");
+    let mut res: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&res_path).unwrap()).unwrap();
+    res["diverged"] = true.into();
+    res["diverged_at_step"] = 5.into();
+    res["diverged_reason"] = "loss 1e9 above 100 x the first step's".into();
+    std::fs::write(&res_path, serde_json::to_string(&res).unwrap()).unwrap();
+    let r = Report::new(&t, "mini", &cells, &out);
+    let md = r.markdown(&out);
+    let fpt_row = md.lines().find(|l| l.starts_with("| FPT | ")).unwrap();
+    assert!(fpt_row.contains("[†] (50%)"), "{fpt_row}");
+    assert!(
+        md.contains("diverged at step 5 (loss 1e9 above 100 x the first step's)"),
+        "{md}"
     );
 }
 
@@ -354,4 +382,58 @@ train = "fpt"
     assert!(svg.starts_with("<svg") && svg.matches("<rect").count() > 100);
     let png = std::fs::read(dir.join("figure.png")).unwrap();
     assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+}
+
+/// Cells the paper did not run (`-` in its table: Table 12) are not run here either, and the
+/// report shows `-` for them; Table 12's row 24 (GPT-2 medium) is noted.
+#[test]
+fn cells_the_paper_did_not_run_are_not_run() {
+    let tables = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/tables");
+    let t = load_table(&tables, "table12").unwrap();
+    let scales = load_scales(&tables).unwrap();
+    let cells = expand(&t, &scales, "smoke").unwrap();
+    let dashes: Vec<(usize, usize)> = cells
+        .iter()
+        .filter(|c| matches!(c.plan, Plan::NotInPaper))
+        .map(|c| (c.row, c.col))
+        .collect();
+    assert_eq!(dashes, vec![(0, 1), (1, 1), (2, 1), (4, 0)]);
+    assert!(fpt_ablate::runs_of(&cells)
+        .iter()
+        .all(|(_, s)| s.backbone.depth != Some(24) || s.backbone.init != fpt_spec::Init::Pretrained));
+    let d = tempfile::tempdir().unwrap();
+    let md = fpt_ablate::Report::new(&t, "smoke", &cells, d.path()).markdown(d.path());
+    let row1 = md.lines().find(|l| l.starts_with("| 1 | ")).unwrap();
+    assert!(row1.ends_with("(12%) | - (-) |"), "{row1}");
+    assert!(md.contains("GPT-2 medium"), "{md}");
+}
+
+/// Table 8's trained counts are computed as the paper counted them (LayerNorm, the 64
+/// position rows CIFAR-10 uses, a 16-wide input layer, the output layer) and each cell shows
+/// the sum; 106K / 190K / 300K in the paper.
+#[test]
+fn table8_counts_trained_parameters_as_the_paper_did() {
+    let tables = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/tables");
+    let t = load_table(&tables, "table8").unwrap();
+    let scales = load_scales(&tables).unwrap();
+    let cells = expand(&t, &scales, "smoke").unwrap();
+    let d = tempfile::tempdir().unwrap();
+    let r = Report::new(&t, "smoke", &cells, d.path());
+    let trained: Vec<(f64, String)> = r
+        .cells
+        .iter()
+        .filter(|c| c.col == "Trained Params")
+        .map(|c| (c.ours.unwrap(), c.why.clone().unwrap()))
+        .collect();
+    // GPT-2 base: 12 x 2 x 2 x 768 + 2 x 768 LayerNorm, 64 x 768 positions, 16 x 768 + 768
+    // input, 768 x 10 + 10 output.
+    let base = (24 * 2 * 768 + 2 * 768) + 64 * 768 + (16 * 768 + 768) + (768 * 10 + 10);
+    assert_eq!(trained[0].0, base as f64);
+    assert_eq!(trained[1].0, 193_546.0);
+    assert_eq!(trained[2].0, 303_370.0);
+    assert!(
+        trained[0].1.contains("64 of 1024 rows") && trained[0].1.contains("16 wide"),
+        "{}",
+        trained[0].1
+    );
 }

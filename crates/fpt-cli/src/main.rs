@@ -171,8 +171,12 @@ struct RunTableArgs {
 #[derive(Args)]
 struct FetchArgs {
     /// A dataset (mnist, fashion-mnist, cifar10, cifar10-lra, homology, listops), `minilm`, or
-    /// a Hugging Face model id.
+    /// a Hugging Face model id (`org/name[@revision]`, a legacy id such as `gpt2`, or a short
+    /// name: `minilm`, `vit`, `longformer`).
     asset: String,
+    /// Only say what would be fetched and where (no network); an unknown asset is an error.
+    #[arg(long)]
+    dry_run: bool,
 }
 
 fn parse_task(s: &str) -> std::result::Result<TaskSpec, String> {
@@ -295,9 +299,10 @@ struct BackboneArgs {
     /// Size of the learned position table (random init only).
     #[arg(long)]
     positions: Option<usize>,
-    /// GPT-2 random init of the residual projections: `scaled` (current transformers) or
-    /// `unscaled` (transformers 4.1.1, as in the paper's random rows).
-    #[arg(long, default_value = "scaled")]
+    /// GPT-2 random init of the residual projections: `unscaled` (every weight N(0, 0.02), as
+    /// transformers 4.1.1 did for the paper's random rows) or `scaled` (c_proj by
+    /// 1/sqrt(2 * n_layer), as current transformers does).
+    #[arg(long, default_value = "unscaled")]
     residual_init: ResidualInit,
     /// Use only the first N blocks of the backbone (depth cut, paper Tables 11-12).
     #[arg(long)]
@@ -851,6 +856,30 @@ impl FetchProgress {
 
 fn fetch(a: FetchArgs) -> Result<()> {
     let task = a.asset.parse::<TaskName>().ok();
+    if a.dry_run {
+        match task {
+            Some(TaskName::BitXor | TaskName::BitMemory | TaskName::Custom | TaskName::Text) => bail!(
+                "`{}`: nothing to fetch (the bit tasks and artificial text generate their data; custom data is yours; \
+                 English text: `fpt fetch austen`)",
+                a.asset
+            ),
+            Some(t) => println!("{}: dataset, into {}", a.asset, fpt_tasks::fetch::data_dir(t).display()),
+            None if a.asset == "austen" => println!(
+                "austen: English text corpus, into {}",
+                fpt_tasks::fetch::home().join("data").join("austen").display()
+            ),
+            None => {
+                fpt_backbones::hub::check_model_name(&a.asset)?;
+                println!(
+                    "{}: model {}, into the Hugging Face cache at {}",
+                    a.asset,
+                    fpt_backbones::hub::canonical(&a.asset),
+                    fpt_backbones::hub::cache_dir().display()
+                );
+            }
+        }
+        return Ok(());
+    }
     if task.is_some() || a.asset == "austen" {
         use fpt_tasks::fetch::Fetched;
         let mut p = FetchProgress {
@@ -947,11 +976,12 @@ fn run_table(a: RunTableArgs) -> Result<()> {
             let runs = fpt_ablate::runs_of(&cells).len();
             let count = |f: &dyn Fn(&fpt_ablate::Plan) -> bool| cells.iter().filter(|c| f(&c.plan)).count();
             println!(
-                "{id}: {} | {} cells: {runs} runs, {} counted, {} paper-only, {} unavailable",
+                "{id}: {} | {} cells: {runs} runs, {} counted, {} paper-only, {} not in the paper, {} unavailable",
                 table.title,
                 cells.len(),
                 count(&|p| matches!(p, fpt_ablate::Plan::Count(_))),
                 count(&|p| matches!(p, fpt_ablate::Plan::PaperOnly(_))),
+                count(&|p| matches!(p, fpt_ablate::Plan::NotInPaper)),
                 count(&|p| matches!(p, fpt_ablate::Plan::Unavailable(_))),
             );
             let mut why: Vec<String> = cells
@@ -1386,7 +1416,7 @@ fn pretrain(a: PretrainArgs) -> Result<()> {
             source: "gpt2".into(),
             init: Init::BitPretrained,
             shape,
-            residual_init: ResidualInit::Scaled,
+            residual_init: ResidualInit::Unscaled,
             depth: None,
             final_norm: true,
             bit_pretrain: None,

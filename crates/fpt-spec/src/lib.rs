@@ -602,9 +602,9 @@ impl fmt::Display for Init {
 #[serde(rename_all = "kebab-case")]
 pub enum ResidualInit {
     /// `c_proj` weights scaled by 1/sqrt(2 * n_layer) (GPT-2 paper, current transformers).
-    #[default]
     Scaled,
-    /// All weights N(0, 0.02) (transformers 4.1.1, the FPT paper's random rows).
+    /// All weights N(0, 0.02) (transformers 4.1.1, the FPT paper's random rows): the default.
+    #[default]
     Unscaled,
 }
 
@@ -1252,6 +1252,9 @@ pub mod table {
         ParamsTotal,
         /// Trained parameters, input and output layers included (counted).
         ParamsTrained,
+        /// Trained parameters counted as the paper's Table 8 did: position rows only for the
+        /// tokens the task uses, the input layer at the cell's `input_width` when set.
+        ParamsTrainedUsed,
         /// Blocks of the backbone (from its config).
         ConfigLayers,
         /// Hidden width (from its config).
@@ -1308,6 +1311,9 @@ pub mod table {
         /// Learning rate (paper: 1e-3; homology 1e-4; LSTMs 3e-4).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pub lr: Option<f64>,
+        /// For counted cells: the input layer's width the paper counted with (Table 8: 16).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub input_width: Option<usize>,
     }
 
     impl Metric {
@@ -1317,6 +1323,7 @@ pub mod table {
                 self,
                 Metric::ParamsTotal
                     | Metric::ParamsTrained
+                    | Metric::ParamsTrainedUsed
                     | Metric::ConfigLayers
                     | Metric::ConfigHidden
                     | Metric::ConfigHeads
@@ -1342,7 +1349,8 @@ pub mod table {
                 lstm_positions,
                 last_attention,
                 metric,
-                lr
+                lr,
+                input_width
             )
         }
     }
