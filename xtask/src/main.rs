@@ -95,15 +95,19 @@ fn reproduce(args: &[String]) -> Result<()> {
             }
             "--force" | "--report-only" => pass.push(a.clone()),
             "--list" => list = true,
+            "--dry-run" => {
+                list = true;
+                pass.push(a.clone())
+            }
             "--dev" => dev = true,
             s if s.starts_with("--") => bail!(
-                "reproduce: unknown flag `{s}` (expected --scale, --jobs N, --shard I/N, --device D, --out DIR, --force, --report-only, --list, --dev)"
+                "reproduce: unknown flag `{s}` (expected --scale, --jobs N, --shard I/N, --device D, --out DIR, --force, --report-only, --list, --dry-run, --dev)"
             ),
             id => ids.push(id.to_string()),
         }
     }
     if ids.is_empty() && !list {
-        bail!("usage: cargo xtask reproduce <table1..table22|fig1|fig3..fig6|all>... [--scale smoke|cpu|paper] [--jobs N] [--shard I/N] [--out DIR] [--force] [--list]");
+        bail!("usage: cargo xtask reproduce <table1..table22|fig1|fig3..fig6|all>... [--scale smoke|cpu|paper] [--jobs N] [--shard I/N] [--out DIR] [--force] [--list] [--dry-run]");
     }
     let bin = build_fpt_profile(dev)?;
     let tables = root().join("data").join("tables");
@@ -120,7 +124,11 @@ fn reproduce(args: &[String]) -> Result<()> {
         out_s,
     ]);
     if list {
-        base.push("--list".into());
+        if pass.iter().any(|p| p == "--dry-run") {
+            base.push("--dry-run".into());
+        } else {
+            base.push("--list".into());
+        }
         let refs: Vec<&str> = base.iter().map(String::as_str).collect();
         return fpt(&bin, &refs);
     }

@@ -15,6 +15,7 @@
 //! report.write(out).unwrap();
 //! ```
 
+pub mod claims;
 pub mod figure;
 pub mod report;
 
@@ -124,6 +125,9 @@ pub fn load_table(dir: &Path, id: &str) -> Result<TableSpec> {
             )));
         }
     }
+    for c in &t.claims {
+        claims::validate(&t, c).map_err(&bad)?;
+    }
     if !t.rows.is_empty() {
         if t.paper.len() != t.rows.len() {
             return Err(bad(format!(
@@ -207,6 +211,10 @@ pub struct Cell {
     pub plan: Plan,
     /// Substitutions and other changes the scale made, printed beside the cell.
     pub notes: Vec<String>,
+    /// Every setting of this cell that differs from the paper's: this scale against the
+    /// `paper` scale field by field, and the `paper` scale's own recorded differences
+    /// (`differs` in `scales.toml`).
+    pub differs: Vec<String>,
 }
 
 /// SHA-256 of the spec's JSON, 16 hex digits: the run directory's name.
@@ -236,14 +244,94 @@ pub fn scale_of(table: &TableSpec, scales: &BTreeMap<String, ScaleSettings>, sca
 
 /// Expands `table` at `scale` into its cells.
 pub fn expand(table: &TableSpec, scales: &BTreeMap<String, ScaleSettings>, scale: &str) -> Result<Vec<Cell>> {
+    expand_with(table, scales, scale, true)
+}
+
+/// [`expand`] without looking for this machine's data and weights: every cell as its scale
+/// defines it, runnable here or not (what `--dry-run` lists, e.g. the `paper` scale's
+/// settings on a machine without the weights).
+pub fn expand_unchecked(table: &TableSpec, scales: &BTreeMap<String, ScaleSettings>, scale: &str) -> Result<Vec<Cell>> {
+    expand_with(table, scales, scale, false)
+}
+
+/// One line of a cell's settings as it would run: task, backbone (source, shape, init,
+/// depth), trained groups, budget, learning rate, evaluation, Bit pretraining.
+pub fn describe(plan: &Plan) -> String {
+    match plan {
+        Plan::Run { spec, .. } => {
+            let b = &spec.backbone;
+            let shape = fpt_backbones::param_specs(b)
+                .map(|(c, _)| match c.heads() {
+                    0 => format!(" ({} layers x {} wide)", c.layers(), c.hidden_size()),
+                    h => format!(" ({} layers x {} wide, {h} heads)", c.layers(), c.hidden_size()),
+                })
+                .unwrap_or_default();
+            let mut parts = vec![
+                format!("task {}", spec.task.label()),
+                format!("backbone {}{shape}, {}", b.source, b.init),
+            ];
+            if b.init == Init::Random && b.source.starts_with("gpt2") {
+                parts.push(format!(
+                    "residual init {}",
+                    serde_json::to_value(b.residual_init)
+                        .ok()
+                        .and_then(|v| v.as_str().map(String::from))
+                        .unwrap_or_default()
+                ));
+            }
+            if let Some(d) = b.depth {
+                parts.push(format!("depth {d}"));
+            }
+            if let Some(bp) = b.bit_pretrain {
+                parts.push(format!(
+                    "Bit pretraining {} steps x {} at lr {:e}",
+                    bp.steps, bp.batch_size, bp.lr
+                ));
+            }
+            let t = &spec.train;
+            parts.push(format!("train {}", spec.train_groups));
+            parts.push(format!("{} steps x batch {}", t.steps, t.batch_size));
+            parts.push(format!("lr {:e}", t.lr));
+            if let Some(e) = t.cached_epochs {
+                parts.push(format!("{e} epochs on cached features"));
+            }
+            parts.push(match spec.task.eval_examples {
+                0 => "evaluated on the whole split".into(),
+                n => format!("evaluated on {n} examples"),
+            });
+            parts.join("; ")
+        }
+        Plan::Count(c) => format!(
+            "counted from {}'s config (task {}, train {})",
+            c.backbone.source,
+            c.task.label(),
+            c.groups
+        ),
+        Plan::Unavailable(why) => format!("cannot run: {why}"),
+        Plan::PaperOnly(why) => why.clone(),
+        Plan::NotInPaper => "not run in the paper (-)".into(),
+    }
+}
+
+fn expand_with(
+    table: &TableSpec,
+    scales: &BTreeMap<String, ScaleSettings>,
+    scale: &str,
+    check: bool,
+) -> Result<Vec<Cell>> {
     let sc = scale_of(table, scales, scale)?;
+    let paper_sc = scales
+        .contains_key("paper")
+        .then(|| scale_of(table, scales, "paper"))
+        .transpose()?;
     let mut cells = Vec::new();
     if table.kind == fpt_spec::table::Kind::AttentionMap {
         // An attention-map figure draws from one run: its defaults.
         let s = table.defaults.clone();
         let metric = Metric::TestAccuracy;
         let mut notes = Vec::new();
-        let plan = plan(&s, metric, &sc, &mut notes);
+        let plan = plan_at(&s, metric, &sc, &mut notes, check);
+        let differs = paper_differences(&s, metric, &plan, paper_sc.as_ref());
         cells.push(Cell {
             row: 0,
             col: 0,
@@ -252,6 +340,7 @@ pub fn expand(table: &TableSpec, scales: &BTreeMap<String, ScaleSettings>, scale
             paper: String::new(),
             plan,
             notes,
+            differs,
         });
         return Ok(cells);
     }
@@ -267,8 +356,9 @@ pub fn expand(table: &TableSpec, scales: &BTreeMap<String, ScaleSettings>, scale
             let plan = if paper.trim() == "-" {
                 Plan::NotInPaper
             } else {
-                plan(&s, metric, &sc, &mut notes)
+                plan_at(&s, metric, &sc, &mut notes, check)
             };
+            let differs = paper_differences(&s, metric, &plan, paper_sc.as_ref());
             cells.push(Cell {
                 row: r,
                 col: c,
@@ -277,13 +367,16 @@ pub fn expand(table: &TableSpec, scales: &BTreeMap<String, ScaleSettings>, scale
                 paper,
                 plan,
                 notes,
+                differs,
             });
         }
     }
     Ok(cells)
 }
 
-fn plan(s: &CellSettings, metric: Metric, sc: &ScaleSettings, notes: &mut Vec<String>) -> Plan {
+/// The plan of a cell at scale `sc`; `check` = whether this machine's data and weights are
+/// looked for (not for the `paper`-scale reference a cell is compared with).
+fn plan_at(s: &CellSettings, metric: Metric, sc: &ScaleSettings, notes: &mut Vec<String>, check: bool) -> Plan {
     let model = s.model.as_deref().unwrap_or("transformer");
     if metric == Metric::PaperOnly || model == "literature" {
         return Plan::PaperOnly("the paper's number (cited or stated), not an experiment".into());
@@ -406,33 +499,9 @@ fn plan(s: &CellSettings, metric: Metric, sc: &ScaleSettings, notes: &mut Vec<St
         bit_pretrain: (init == Init::BitPretrained).then(|| sc.bit_pretrain.unwrap_or_default()),
     };
     // What this machine lacks: data, weights, depth.
-    if let Err(e) = fpt_tasks::check_present(&task) {
-        return Plan::Unavailable(format!("data not present: {e}"));
-    }
-    if let Err(e) = fpt_backbones::hub::resolves_offline(&backbone.source, init.needs_weights())
-        .map(|_| ())
-        .or_else(|e| {
-            // Random init (and Bit pretraining from it) of a built-in config (gpt2, lstm,
-            // ...) needs no files.
-            if !init.needs_weights() && fpt_backbones::param_specs(&backbone).is_ok() {
-                Ok(())
-            } else {
-                Err(e)
-            }
-        })
-    {
-        return Plan::Unavailable(format!("backbone not available here: {e}"));
-    }
-    if let Some(d) = s.depth {
-        match fpt_backbones::param_specs(&backbone) {
-            Ok((config, _)) if config.layers() < d => {
-                return Plan::Unavailable(format!(
-                    "depth {d} exceeds the {} blocks of {}",
-                    config.layers(),
-                    backbone.source
-                ))
-            }
-            _ => {}
+    if check {
+        if let Some(why) = unavailable_here(&task, &backbone, s.depth) {
+            return Plan::Unavailable(why);
         }
     }
     let steps = o.steps.unwrap_or(1000);
@@ -468,6 +537,110 @@ fn plan(s: &CellSettings, metric: Metric, sc: &ScaleSettings, notes: &mut Vec<St
         spec: Box::new(spec),
         key,
     }
+}
+
+/// What in `here` (a cell's plan at some scale) differs from the same cell at the `paper`
+/// scale, field by field, plus the paper scale's own recorded differences from the paper.
+fn paper_differences(s: &CellSettings, metric: Metric, here: &Plan, paper_sc: Option<&ScaleSettings>) -> Vec<String> {
+    let Some(psc) = paper_sc else {
+        return Vec::new();
+    };
+    let Plan::Run { spec: h, .. } = here else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    if let Plan::Run { spec: p, .. } = plan_at(s, metric, psc, &mut Vec::new(), false) {
+        let mut d = |what: &str, ours: String, paper: String| {
+            if ours != paper {
+                out.push(format!("{what} {ours} (paper: {paper})"));
+            }
+        };
+        // The shape from the config (shape overrides applied) where it can be read here.
+        let shape = |b: &BackboneSpec| match fpt_backbones::param_specs(b) {
+            Ok((c, _)) => format!(
+                " ({} x {})",
+                b.depth.unwrap_or(c.layers()).min(c.layers()),
+                c.hidden_size()
+            ),
+            Err(_) => String::new(),
+        };
+        d(
+            "backbone",
+            format!("{}{}", h.backbone.source, shape(&h.backbone)),
+            format!("{}{}", p.backbone.source, shape(&p.backbone)),
+        );
+        d("steps", h.train.steps.to_string(), p.train.steps.to_string());
+        d("batch", h.train.batch_size.to_string(), p.train.batch_size.to_string());
+        d("lr", format!("{:e}", h.train.lr), format!("{:e}", p.train.lr));
+        let eval = |t: &TaskSpec| match t.eval_examples {
+            0 => "the whole split".to_string(),
+            n => format!("{n} examples"),
+        };
+        d("evaluation on", eval(&h.task), eval(&p.task));
+        let train = |t: &TaskSpec| t.train_examples.map_or("all".into(), |n| n.to_string());
+        d("training examples", train(&h.task), train(&p.task));
+        let opt = |v: Option<usize>| v.map_or("default".into(), |n| n.to_string());
+        d("bits per string", opt(h.task.n_bits), opt(p.task.n_bits));
+        d("bits per token", opt(h.task.patch), opt(p.task.patch));
+        d("max tokens", opt(h.task.data.max_len), opt(p.task.data.max_len));
+        if let (Some(a), Some(b)) = (h.backbone.bit_pretrain, p.backbone.bit_pretrain) {
+            d(
+                "Bit pretraining",
+                format!("{} steps x {}", a.steps, a.batch_size),
+                format!("{} steps x {}", b.steps, b.batch_size),
+            );
+        }
+        let cached = |t: &TrainSpec| t.cached_epochs.map_or("-".into(), |n| n.to_string());
+        d("cached epochs", cached(&h.train), cached(&p.train));
+    }
+    let task = s.task.as_deref().unwrap_or("");
+    let init = s.init.as_deref().unwrap_or("");
+    let model = s.model.as_deref().unwrap_or("transformer");
+    for key in [
+        "all".to_string(),
+        task.to_string(),
+        format!("init:{init}"),
+        format!("model:{model}"),
+    ] {
+        if let Some(v) = psc.differs.get(&key) {
+            out.extend(v.iter().cloned());
+        }
+    }
+    out
+}
+
+/// Why a cell cannot run on this machine (its data, weights or depth), if it cannot.
+fn unavailable_here(task: &TaskSpec, backbone: &BackboneSpec, depth: Option<usize>) -> Option<String> {
+    if let Err(e) = fpt_tasks::check_present(task) {
+        return Some(format!("data not present: {e}"));
+    }
+    if let Err(e) = fpt_backbones::hub::resolves_offline(&backbone.source, backbone.init.needs_weights())
+        .map(|_| ())
+        .or_else(|e| {
+            // Random init (and Bit pretraining from it) of a built-in config (gpt2, lstm,
+            // ...) needs no files.
+            if !backbone.init.needs_weights() && fpt_backbones::param_specs(backbone).is_ok() {
+                Ok(())
+            } else {
+                Err(e)
+            }
+        })
+    {
+        return Some(format!("backbone not available here: {e}"));
+    }
+    if let Some(d) = depth {
+        match fpt_backbones::param_specs(backbone) {
+            Ok((config, _)) if config.layers() < d => {
+                return Some(format!(
+                    "depth {d} exceeds the {} blocks of {}",
+                    config.layers(),
+                    backbone.source
+                ))
+            }
+            _ => {}
+        }
+    }
+    None
 }
 
 /// How [`run`] runs.

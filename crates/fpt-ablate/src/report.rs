@@ -30,6 +30,8 @@ pub struct CellReport {
     pub why: Option<String>,
     /// Substitutions the scale made.
     pub notes: Vec<String>,
+    /// Every setting of the cell that differs from the paper's (see [`crate::Cell::differs`]).
+    pub differs: Vec<String>,
     /// The run directory (runs only).
     pub run: Option<String>,
     /// Wall-clock seconds of the run.
@@ -45,6 +47,9 @@ pub struct CellReport {
     /// change the cell.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub curve: Option<String>,
+    /// Held-out examples the number was measured on (for its sampling noise).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub eval_examples: Option<usize>,
 }
 
 /// How the last two evaluations of a run in `dir` compare, measured against the binomial
@@ -105,6 +110,8 @@ pub struct Report {
     /// The builds, kernel paths, CPUs and devices the cells' runs recorded (runs may come
     /// from other machines through shards), with how many cells each.
     pub runs_from: Vec<(String, usize)>,
+    /// The paper's claims this table tests, with verdicts on our numbers and the paper's.
+    pub claims: Vec<crate::claims::ClaimReport>,
 }
 
 /// Parses a number as the paper prints it: `38.4%`, `38%`, `1×10^4`, `117M`, `106K`,
@@ -241,11 +248,13 @@ impl Report {
                 status: String::new(),
                 why: None,
                 notes: c.notes.clone(),
+                differs: c.differs.clone(),
                 run: None,
                 seconds: None,
                 steps: None,
                 diverged: None,
                 curve: None,
+                eval_examples: None,
             };
             match &c.plan {
                 Plan::PaperOnly(why) => {
@@ -307,6 +316,7 @@ impl Report {
                                 ));
                             }
                             r.curve = curve_state(&dir, res.eval_examples);
+                            r.eval_examples = Some(res.eval_examples);
                             r.ours = match c.metric {
                                 Metric::TrainAccuracy => res.train_accuracy.map(|a| 100.0 * a),
                                 Metric::StepsToConvergence => res.converged_step.map(|s| s as f64),
@@ -326,6 +336,27 @@ impl Report {
             };
             reports.push(r);
         }
+        let claims = table
+            .claims
+            .iter()
+            .zip(crate::claims::on_paper(table))
+            .map(|(claim, (text, paper))| {
+                let ncols = table.cols.len();
+                let ours = crate::claims::check(table, claim, &|r, c| {
+                    let cell = &reports[r * ncols + c];
+                    let v = cell.ours?;
+                    let se = match (cell.metric, cell.eval_examples) {
+                        (Metric::TestAccuracy | Metric::TrainAccuracy, Some(n)) if n > 0 => {
+                            let p = (v / 100.0).clamp(0.0, 1.0);
+                            100.0 * (p * (1.0 - p) / n as f64).sqrt()
+                        }
+                        _ => 0.0,
+                    };
+                    Some((v, se))
+                });
+                crate::claims::ClaimReport { text, ours, paper }
+            })
+            .collect();
         Report {
             id: table.id.clone(),
             title: table.title.clone(),
@@ -338,6 +369,7 @@ impl Report {
             machine: machine(),
             provenance: fpt_train::selfcheck::provenance(),
             runs_from: origins.into_iter().collect(),
+            claims,
         }
     }
 
@@ -405,6 +437,19 @@ impl Report {
                 .collect();
             s.push_str(&format!("| {row} | {} |\n", cells.join(" | ")));
         }
+        if !self.claims.is_empty() {
+            s.push_str("\n## The paper's claims\n\nVerdict on our numbers (one seed; `inconclusive`: the difference is within two standard errors of the evaluation's sampling, so more examples or seeds would be needed), and on the paper's.\n\n| claim | ours | decided by | paper |\n|---|---|---|---|\n");
+            for c in &self.claims {
+                s.push_str(&format!(
+                    "| {} | **{}** | {} | {} ({}) |\n",
+                    c.text.replace('|', "\\|"),
+                    c.ours.verdict,
+                    c.ours.detail.replace('|', "\\|"),
+                    c.paper.verdict,
+                    c.paper.detail.replace('|', "\\|")
+                ));
+            }
+        }
         let mut subs: Vec<String> = self.cells.iter().flat_map(|c| c.notes.iter().cloned()).collect();
         subs.sort();
         subs.dedup();
@@ -414,10 +459,27 @@ impl Report {
                 s.push_str(&format!("- {n}\n"));
             }
         }
-        s.push_str("\n## Cells\n\n| row | column | ours | paper | ours - paper | status | steps | seconds | why / run |\n|---|---|---|---|---|---|---|---|---|\n");
+        // What every cell that has differences shares is said once; each cell lists the rest.
+        let with: Vec<&CellReport> = self.cells.iter().filter(|c| !c.differs.is_empty()).collect();
+        let common: Vec<String> = match with.first() {
+            Some(first) if with.len() > 1 => first
+                .differs
+                .iter()
+                .filter(|d| with.iter().all(|c| c.differs.contains(d)))
+                .cloned()
+                .collect(),
+            _ => Vec::new(),
+        };
+        if !common.is_empty() {
+            s.push_str("\n## Where every cell below differs from the paper\n\n");
+            for d in &common {
+                s.push_str(&format!("- {d}\n"));
+            }
+        }
+        s.push_str("\n## Cells\n\n| row | column | ours | paper | ours - paper | status | steps | seconds | why / run | differs from the paper (besides the above) |\n|---|---|---|---|---|---|---|---|---|---|\n");
         for c in &self.cells {
             s.push_str(&format!(
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
                 c.row,
                 c.col,
                 c.ours.map(|v| Self::fmt(v, c.metric)).unwrap_or_else(|| "-".into()),
@@ -441,7 +503,14 @@ impl Report {
                 .flatten()
                 .collect::<Vec<_>>()
                 .join("; ")
-                .replace('|', "\\|")
+                .replace('|', "\\|"),
+                c.differs
+                    .iter()
+                    .filter(|d| !common.contains(d))
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join("; ")
+                    .replace('|', "\\|")
             ));
         }
         if !self.notes.is_empty() {
@@ -467,11 +536,12 @@ impl Report {
     pub fn csv(&self) -> String {
         let q = |s: &str| format!("\"{}\"", s.replace('"', "\"\""));
         let mut s =
-            "row,column,metric,ours,paper,paper_text,diff,status,why,notes,run,seconds,diverged,curve\n".to_string();
+            "row,column,metric,ours,paper,paper_text,diff,status,why,notes,run,seconds,diverged,curve,differs\n"
+                .to_string();
         let num = |v: Option<f64>| v.map(|v| format!("{v}")).unwrap_or_default();
         for c in &self.cells {
             s.push_str(&format!(
-                "{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
+                "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
                 q(&c.row),
                 q(&c.col),
                 serde_json::to_value(c.metric)
@@ -488,7 +558,8 @@ impl Report {
                 q(c.run.as_deref().unwrap_or("")),
                 num(c.seconds),
                 q(c.diverged.as_deref().unwrap_or("")),
-                q(c.curve.as_deref().unwrap_or(""))
+                q(c.curve.as_deref().unwrap_or("")),
+                q(&c.differs.join("; "))
             ));
         }
         s

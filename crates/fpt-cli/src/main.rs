@@ -163,6 +163,10 @@ struct RunTableArgs {
     /// List every table and what the scale runs, counts and cannot run here.
     #[arg(long)]
     list: bool,
+    /// Print every cell's settings at the scale (as it would run, whether or not its data
+    /// and weights are here) and where they differ from the paper; train nothing.
+    #[arg(long)]
+    dry_run: bool,
     /// Device: `cpu`, or `cuda` / `cuda:N` when built with `--features cuda`.
     #[arg(long, default_value = "cpu")]
     device: String,
@@ -969,6 +973,22 @@ fn run_table(a: RunTableArgs) -> Result<()> {
             }
             let dir = fpt_ablate::figure::render(&table, &a.tables, &scales, &a.scale, &a.out)?;
             println!("{id}: {}", dir.join("report.md").display());
+            continue;
+        }
+        if a.dry_run {
+            let cells = fpt_ablate::expand_unchecked(&table, &scales, &a.scale)?;
+            println!("## {id}: {} (scale `{}`)", table.title, a.scale);
+            for c in &cells {
+                println!(
+                    "{} / {}: {}",
+                    table.rows[c.row].label,
+                    table.cols[c.col].label,
+                    fpt_ablate::describe(&c.plan)
+                );
+                for d in &c.differs {
+                    println!("    differs from the paper: {d}");
+                }
+            }
             continue;
         }
         let cells = fpt_ablate::expand(&table, &scales, &a.scale)?;

@@ -608,6 +608,12 @@ pub enum ResidualInit {
     Unscaled,
 }
 
+impl ResidualInit {
+    fn is_default(&self) -> bool {
+        *self == ResidualInit::default()
+    }
+}
+
 impl FromStr for ResidualInit {
     type Err = SpecError;
     fn from_str(s: &str) -> Result<Self> {
@@ -702,8 +708,9 @@ pub struct BackboneSpec {
     /// Shape overrides (random init only).
     #[serde(default)]
     pub shape: ShapeOverrides,
-    /// Residual-projection init for random GPT-2 backbones.
-    #[serde(default)]
+    /// Residual-projection init for random GPT-2 backbones (not written when it is the
+    /// default, the paper's `unscaled`).
+    #[serde(default, skip_serializing_if = "ResidualInit::is_default")]
     pub residual_init: ResidualInit,
     /// Use only the first `depth` blocks (paper Tables 11-12).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -1433,6 +1440,56 @@ pub mod table {
         /// Per-scale overrides of `scales.toml` for this table.
         #[serde(default)]
         pub scales: BTreeMap<String, ScaleSettings>,
+        /// The paper's claims this table tests, as checks over its cells.
+        #[serde(default)]
+        pub claims: Vec<Claim>,
+    }
+
+    /// Cells of a table: every cell of `row`, of `col`, or the one at both.
+    #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Select {
+        /// A row label.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub row: Option<String>,
+        /// A column label.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub col: Option<String>,
+    }
+
+    /// How a claim compares its cells.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+    #[serde(rename_all = "kebab-case")]
+    pub enum ClaimKind {
+        /// `a` exceeds `b` by more than `by` points, on the mean of paired differences.
+        #[default]
+        Greater,
+        /// `a` exceeds every selection in `among` (paired the same way).
+        Best,
+    }
+
+    /// A claim of the paper, checked over a table's cells: `a` and `b` (or each of `among`)
+    /// select the same number of cells, paired in order (a row against a row pairs by
+    /// column).
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Claim {
+        /// The claim, as the paper makes it.
+        pub text: String,
+        /// How the cells compare.
+        #[serde(default)]
+        pub kind: ClaimKind,
+        /// The cells that should be ahead.
+        pub a: Select,
+        /// What they are compared with (`greater`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub b: Option<Select>,
+        /// What they are compared with (`best`).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        pub among: Vec<Select>,
+        /// The margin, in the cells' unit (points of accuracy, steps).
+        #[serde(default)]
+        pub by: f64,
     }
 
     /// A backbone standing in for another at a scale.
@@ -1539,6 +1596,11 @@ pub mod table {
         /// How `bit-pretrained` backbones are trained at this scale (defaults when absent).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pub bit_pretrain: Option<super::BitPretrainSpec>,
+        /// Where this scale's settings still differ from the paper's, printed beside every
+        /// cell they concern (the `paper` scale: what fpt cannot or does not copy). Keys: `all`,
+        /// a task name, `init:<init>` or `model:<model>`.
+        #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+        pub differs: BTreeMap<String, Vec<String>>,
     }
 
     impl ScaleSettings {
@@ -1561,6 +1623,11 @@ pub mod table {
                 tasks,
                 backbones,
                 bit_pretrain: over.bit_pretrain.or(self.bit_pretrain),
+                differs: {
+                    let mut d = self.differs.clone();
+                    d.extend(over.differs.clone());
+                    d
+                },
             }
         }
 

@@ -1,0 +1,260 @@
+//! The `paper` scale's settings (what `cargo xtask reproduce tableN --scale paper --dry-run`
+//! lists) against the hyperparameters the paper states (App. B-D, Table 6) for Tables 1, 2,
+//! 3, 13 and 17: backbones and their sizes, inits, trained groups, learning rates, Bit
+//! pretraining, depth and the Longformer revision.
+
+use fpt_ablate::{describe, expand_unchecked, load_scales, load_table, Cell, Plan};
+use fpt_spec::{Init, ResidualInit, RunSpec};
+use std::path::Path;
+
+fn cells(id: &str) -> (fpt_spec::table::TableSpec, Vec<Cell>) {
+    let tables = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/tables");
+    let t = load_table(&tables, id).unwrap();
+    let scales = load_scales(&tables).unwrap();
+    let c = expand_unchecked(&t, &scales, "paper").unwrap();
+    (t, c)
+}
+
+fn spec<'a>(t: &fpt_spec::table::TableSpec, cells: &'a [Cell], row: &str, col: &str) -> &'a RunSpec {
+    let c = cells
+        .iter()
+        .find(|c| t.rows[c.row].label == row && t.cols[c.col].label == col)
+        .unwrap_or_else(|| panic!("no cell ({row}, {col})"));
+    match &c.plan {
+        Plan::Run { spec, .. } => spec,
+        p => panic!("({row}, {col}) does not run at the paper scale: {p:?}"),
+    }
+}
+
+/// (layers, hidden) of a backbone spec from its config, depth cut applied.
+fn size(s: &RunSpec) -> (usize, usize) {
+    let (c, _) = fpt_backbones::param_specs(&s.backbone).unwrap();
+    (s.backbone.depth.unwrap_or(c.layers()), c.hidden_size())
+}
+
+/// Table 6's steps to convergence of the slower model (FPT / Random): Memory 1e4/4e4, XOR
+/// 5e2/2e4, ListOps 2e3/6e3, MNIST 5e3/2e4, C10 4e5/4e5, C10 LRA 3e5/6e5, Homology 1e5/1e5.
+fn table6_slower(task: &str) -> usize {
+    match task {
+        "bit-memory" => 40_000,
+        "bit-xor" => 20_000,
+        "listops" => 6_000,
+        "mnist" => 20_000,
+        "cifar10" => 400_000,
+        "cifar10-lra" => 600_000,
+        "homology" => 100_000,
+        t => panic!("{t}"),
+    }
+}
+
+/// Every run at the paper scale: App. B's optimizer settings and at least Table 6's budget.
+fn check_common(cells: &[Cell]) {
+    for c in cells {
+        if let Plan::Run { spec, .. } = &c.plan {
+            let lstm = spec.backbone.source == "lstm";
+            let lr = if lstm {
+                3e-4
+            } else if spec.task.name.as_str() == "homology" {
+                1e-4
+            } else {
+                1e-3
+            };
+            assert_eq!(spec.train.lr, lr, "{}", describe(&c.plan));
+            assert_eq!(spec.train.clip_norm, Some(1.0));
+            assert!((2..=16).contains(&spec.train.batch_size), "{}", describe(&c.plan));
+            assert!(
+                spec.train.steps >= table6_slower(spec.task.name.as_str()),
+                "{}",
+                describe(&c.plan)
+            );
+            if spec.backbone.init == Init::Random && spec.backbone.source.starts_with("gpt2") {
+                // transformers 4.1.1: every weight N(0, 0.02).
+                assert_eq!(spec.backbone.residual_init, ResidualInit::Unscaled);
+            }
+        }
+    }
+}
+
+#[test]
+fn table1_as_appendix_d1() {
+    let (t, c) = cells("table1");
+    check_common(&c);
+    for col in ["Bit Memory", "XOR", "ListOps", "MNIST", "C10 LRA", "Homology"] {
+        let s = spec(&t, &c, "FPT", col);
+        assert_eq!(
+            (s.backbone.source.as_str(), s.backbone.init),
+            ("gpt2", Init::Pretrained)
+        );
+        assert_eq!(size(s), (12, 768));
+        assert_eq!(s.train_groups.to_string(), "in,out,ln,pos");
+    }
+    // "FPT: 36-layer large size FPT model" on CIFAR-10.
+    let s = spec(&t, &c, "FPT", "CIFAR-10");
+    assert_eq!((s.backbone.source.as_str(), size(s)), ("gpt2-large", (36, 1280)));
+    // "Full: 12-layer base size GPT-2 model (training all params)"; CIFAR-10: 3 layers, 768.
+    for col in ["Bit Memory", "XOR", "MNIST"] {
+        let s = spec(&t, &c, "Full", col);
+        assert_eq!((s.backbone.init, size(s)), (Init::Random, (12, 768)));
+        assert_eq!(s.train_groups.to_string(), fpt_spec::TrainGroups::all().to_string());
+    }
+    assert_eq!(size(spec(&t, &c, "Full", "CIFAR-10")), (3, 768));
+    // Numbers from the literature are not runs.
+    for col in ["ListOps", "C10 LRA", "Homology"] {
+        let cell = c
+            .iter()
+            .find(|x| t.rows[x.row].label == "Full" && t.cols[x.col].label == col)
+            .unwrap();
+        assert!(matches!(cell.plan, Plan::PaperOnly(_)), "{col}");
+    }
+    // "LSTM: 3-layer, 768 hidden dimension LSTM model (training all params)".
+    for col in ["Bit Memory", "XOR", "ListOps", "MNIST", "CIFAR-10", "C10 LRA"] {
+        let s = spec(&t, &c, "LSTM", col);
+        assert_eq!((s.backbone.source.as_str(), size(s)), ("lstm", (3, 768)));
+        assert_eq!(s.train_groups.to_string(), fpt_spec::TrainGroups::all().to_string());
+    }
+}
+
+#[test]
+fn table2_as_appendix_d2() {
+    let (t, c) = cells("table2");
+    check_common(&c);
+    for col in ["Bit Memory", "XOR", "ListOps", "MNIST", "C10", "C10 LRA", "Homology"] {
+        let fpt = spec(&t, &c, "FPT", col);
+        let random = spec(&t, &c, "Random", col);
+        let bit = spec(&t, &c, "Bit", col);
+        let vit = spec(&t, &c, "ViT", col);
+        for s in [fpt, random, bit, vit] {
+            assert_eq!(size(s), (12, 768), "{col}");
+            assert_eq!(s.train_groups.to_string(), "in,out,ln,pos");
+        }
+        assert_eq!(fpt.backbone.init, Init::Pretrained);
+        assert_eq!(random.backbone.init, Init::Random);
+        assert_eq!(bit.backbone.init, Init::BitPretrained);
+        // The paper does not state the Bit budget: the paper scale's Bit Memory budget.
+        let bp = bit.backbone.bit_pretrain.unwrap();
+        assert_eq!((bp.steps, bp.batch_size), (40_000, 16));
+        // ViT-B/16 pretrained on ImageNet-21k.
+        assert_eq!(vit.backbone.source, "google/vit-base-patch16-224-in21k");
+        assert_eq!(vit.backbone.init, Init::Pretrained);
+    }
+}
+
+#[test]
+fn table3_as_appendix_d3() {
+    let (t, c) = cells("table3");
+    check_common(&c);
+    for col in ["Bit Memory", "XOR", "ListOps", "MNIST", "CIFAR-10", "C10 LRA"] {
+        let tr = spec(&t, &c, "Trans.", col);
+        assert_eq!((tr.backbone.init, size(tr)), (Init::Random, (12, 768)));
+        let lstm = spec(&t, &c, "LSTM", col);
+        assert_eq!(size(lstm), (3, 768));
+        assert!(lstm.backbone.shape.lstm_residual.is_none() && lstm.backbone.shape.lstm_positions.is_none());
+        let star = spec(&t, &c, "LSTM*", col);
+        assert_eq!(size(star), (12, 768));
+        assert_eq!(
+            (star.backbone.shape.lstm_residual, star.backbone.shape.lstm_positions),
+            (Some(true), Some(true))
+        );
+        // Frozen: the recurrent weights do not train.
+        for s in [lstm, star] {
+            assert!(!s.train_groups.trains(fpt_spec::Role::Recurrent));
+        }
+    }
+}
+
+#[test]
+fn table13_trains_the_stated_groups() {
+    let (t, c) = cells("table13");
+    check_common(&c);
+    use fpt_spec::Role::{Attention, FeedForward};
+    for col in ["Memory", "XOR", "ListOps", "MNIST", "C10", "C10 LRA", "Homology"] {
+        for (row, ff, attn) in [
+            ("FPT", false, false),
+            ("+ Feedforward", true, false),
+            ("+ Attention", false, true),
+            ("+ Both", true, true),
+        ] {
+            let s = spec(&t, &c, row, col);
+            assert_eq!(
+                (s.backbone.source.as_str(), s.backbone.init),
+                ("gpt2", Init::Pretrained)
+            );
+            assert_eq!(
+                (s.train_groups.trains(FeedForward), s.train_groups.trains(Attention)),
+                (ff, attn),
+                "{row} / {col}"
+            );
+        }
+    }
+}
+
+#[test]
+fn table17_loads_each_architecture_at_a_revision_with_safetensors() {
+    let (t, c) = cells("table17");
+    check_common(&c);
+    for row in ["ListOps", "CIFAR-10"] {
+        for (col, source) in [
+            ("GPT-2 (FPT Default)", "gpt2"),
+            ("BERT", "bert-base-uncased"),
+            ("T5", "t5-base"),
+            ("Longformer", "allenai/longformer-base-4096@refs/pr/7"),
+        ] {
+            let s = spec(&t, &c, row, col);
+            assert_eq!(
+                (s.backbone.source.as_str(), s.backbone.init),
+                (source, Init::Pretrained)
+            );
+            assert_eq!(s.train_groups.to_string(), "in,out,ln,pos");
+        }
+    }
+    let cell = c.iter().find(|x| t.cols[x.col].label == "Longformer").unwrap();
+    assert!(describe(&cell.plan).contains("refs/pr/7"));
+    assert!(
+        cell.notes.iter().any(|n| n.contains("pytorch_model.bin")),
+        "{:?}",
+        cell.notes
+    );
+}
+
+/// Every claim written into the tables holds on the paper's own numbers (a claim that the
+/// paper's table contradicts is a transcription error), and at least 15 tables carry one.
+#[test]
+fn every_claim_holds_on_the_papers_numbers() {
+    let tables = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/tables");
+    let mut with_claims = 0;
+    for id in fpt_ablate::list(&tables).unwrap() {
+        let t = load_table(&tables, &id).unwrap();
+        if !t.claims.is_empty() {
+            with_claims += 1;
+        }
+        for (text, v) in fpt_ablate::claims::on_paper(&t) {
+            assert_eq!(v.verdict, "holds", "{id}: `{text}`: {}", v.detail);
+        }
+    }
+    assert!(with_claims >= 15, "{with_claims} tables carry claims");
+}
+
+/// A claim decides on the numbers it is given: holds, fails, inconclusive within the
+/// sampling noise, or not run.
+#[test]
+fn claim_verdicts_follow_the_numbers_and_their_noise() {
+    let tables = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/tables");
+    let t = load_table(&tables, "table2").unwrap();
+    let claim = &t.claims[0]; // FPT vs Random, mean over the tasks
+    let row = |r: usize| t.rows[r].label.as_str();
+    let v = |fpt: f64, random: f64, se: f64| {
+        fpt_ablate::claims::check(&t, claim, &|r, c| match (row(r), c) {
+            ("FPT", 0..=3) => Some((fpt, se)),
+            ("Random", 0..=3) => Some((random, se)),
+            _ => None,
+        })
+    };
+    assert_eq!(v(80.0, 50.0, 1.0).verdict, "holds");
+    assert_eq!(v(50.0, 80.0, 1.0).verdict, "fails");
+    // 4 pairs, each difference with sd sqrt(2) x 3: the mean's 2-sigma band is +-4.2.
+    let close = v(52.0, 50.0, 3.0);
+    assert_eq!(close.verdict, "inconclusive", "{}", close.detail);
+    assert!(close.detail.contains("over 4 of 7 pairs"), "{}", close.detail);
+    let none = fpt_ablate::claims::check(&t, claim, &|_, _| None);
+    assert_eq!(none.verdict, "not run");
+}
