@@ -354,6 +354,26 @@ impl Report {
                     };
                     Some((v, se))
                 });
+                // Where ours ran on some pairs only, the paper's verdict on the same cells too.
+                let paper = if ours.verdict != "not run" {
+                    let same = crate::claims::check(table, claim, &|r, c| {
+                        reports[r * ncols + c].ours?;
+                        parse_paper(&table.paper[r][c]).map(|x| (x, 0.0))
+                    });
+                    if same.detail == paper.detail {
+                        paper
+                    } else {
+                        crate::claims::Verdict {
+                            verdict: paper.verdict,
+                            detail: format!(
+                                "{}; on the cells we ran: {}, {}",
+                                paper.detail, same.verdict, same.detail
+                            ),
+                        }
+                    }
+                } else {
+                    paper
+                };
                 crate::claims::ClaimReport { text, ours, paper }
             })
             .collect();
