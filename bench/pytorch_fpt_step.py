@@ -5,7 +5,7 @@ the last token, attention and MLP frozen, Adam lr 1e-3, clip 1.0, dropouts on) a
 fine-tune step, timed the same way (median of --steps after --warmup), on synthetic data.
 
     pip install torch transformers
-    python3 bench/pytorch_fpt_step.py --shape c10 [--steps 5] [--warmup 2] [--threads 2]
+    python3 bench/pytorch_fpt_step.py --shape c10 [--steps 5] [--warmup 2] [--threads 2] [--device cuda]
 
 Prints one JSON object: pytorch_ms, pytorch_full_ms, peak_rss_mb, torch and transformers
 versions. `cargo xtask bench step` runs it when torch and transformers are importable.
@@ -52,9 +52,14 @@ class Fpt(torch.nn.Module):
         return self.out(h[:, -1])
 
 
-def time_steps(s, full, warmup, steps):
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_steps(s, full, warmup, steps, device):
     torch.manual_seed(0)
-    model = Fpt(s, full).train()
+    model = Fpt(s, full).train().to(device)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.Adam(params, lr=1e-3)
     if s["vocab"]:
@@ -62,14 +67,17 @@ def time_steps(s, full, warmup, steps):
     else:
         x = torch.randn(s["batch"], s["tokens"], s["width"])
     y = torch.randint(0, s["classes"], (s["batch"],))
+    x, y = x.to(device), y.to(device)
     ms = []
     for i in range(warmup + steps):
+        sync(device)
         t0 = time.perf_counter()
         loss = torch.nn.functional.cross_entropy(model(x), y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
+        sync(device)
         if i >= warmup:
             ms.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(ms)
@@ -82,15 +90,17 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--no-full", action="store_true")
+    ap.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
     s = SHAPES[a.shape]
-    fpt_ms = time_steps(s, False, a.warmup, a.steps)
+    device = torch.device(a.device)
+    fpt_ms = time_steps(s, False, a.warmup, a.steps, device)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-    full_ms = None if a.no_full else time_steps(s, True, a.warmup, a.steps)
+    full_ms = None if a.no_full else time_steps(s, True, a.warmup, a.steps, device)
     print(json.dumps({"shape": a.shape, "pytorch_ms": fpt_ms, "pytorch_full_ms": full_ms, "peak_rss_mb": rss,
-                      "threads": torch.get_num_threads(), "torch": torch.__version__,
+                      "threads": torch.get_num_threads(), "device": a.device, "torch": torch.__version__,
                       "transformers": transformers.__version__}))
 
 

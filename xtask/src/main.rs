@@ -25,7 +25,10 @@
 //!   scalar-path unit tests under Miri.
 //! - `fuzz [--seconds N] [TARGET...]`: coverage-guided fuzzing of the parsers (idx, jsonl,
 //!   tsv, spec, config, safetensors), N seconds each (default 600).
+//! - `cuda-toolkit`, `cuda-build`, `gpu-check`: the CUDA path without a system toolkit (see
+//!   `cuda.rs`).
 
+mod cuda;
 mod fuzz;
 mod sanitize;
 
@@ -353,8 +356,9 @@ type Round = (serde_json::Value, Option<serde_json::Value>);
 
 fn bench(args: &[String]) -> Result<()> {
     if args.first().map(String::as_str) != Some("step") {
-        bail!("usage: cargo xtask bench step [--shape NAME]... [--steps N] [--warmup N] [--rounds N] [--no-full] [--json]");
+        bail!("usage: cargo xtask bench step [--shape NAME]... [--steps N] [--warmup N] [--rounds N] [--device D] [--no-full] [--json]");
     }
+    let mut device = "cpu".to_string();
     let (mut shapes, mut steps, mut warmup, mut json) = (Vec::new(), "5".to_string(), "2".to_string(), false);
     let (mut rounds, mut no_full) = (1usize, false);
     let mut it = args[1..].iter();
@@ -365,6 +369,7 @@ fn bench(args: &[String]) -> Result<()> {
             "--warmup" => warmup = it.next().context("--warmup needs a number")?.clone(),
             "--json" => json = true,
             "--no-full" => no_full = true,
+            "--device" => device = it.next().context("--device needs cpu, cuda or cuda:N")?.clone(),
             "--rounds" => {
                 rounds = it
                     .next()
@@ -403,7 +408,9 @@ fn bench(args: &[String]) -> Result<()> {
         for r in 1..=rounds {
             eprintln!("xtask: bench {s} (round {r}/{rounds}): fpt ...");
             let mut cmd = Command::new(&bin);
-            cmd.args(["bench", "--json", "--shape", s, "--steps", &steps, "--warmup", &warmup]);
+            cmd.args([
+                "bench", "--json", "--shape", s, "--steps", &steps, "--warmup", &warmup, "--device", &device,
+            ]);
             if no_full {
                 cmd.arg("--no-full");
             }
@@ -412,8 +419,9 @@ fn bench(args: &[String]) -> Result<()> {
             let torch = if torch_ok {
                 eprintln!("xtask: bench {s} (round {r}/{rounds}): pytorch ...");
                 let mut cmd = Command::new(python());
-                cmd.arg(&script)
-                    .args(["--shape", s, "--steps", &steps, "--warmup", &warmup]);
+                cmd.arg(&script).args([
+                    "--shape", s, "--steps", &steps, "--warmup", &warmup, "--device", &device,
+                ]);
                 if no_full {
                     cmd.arg("--no-full");
                 }
@@ -507,9 +515,12 @@ fn main() -> Result<()> {
         Some("merge") => merge(&args[1..]),
         Some("sanitize") => sanitize::sanitize(&args[1..]),
         Some("fuzz") => fuzz::fuzz(&args[1..]),
-        Some(other) => bail!("unknown task `{other}`; tasks: reproduce, merge, demo, bench, sanitize, fuzz"),
+        Some("cuda-toolkit") => cuda::toolkit(&args[1..]),
+        Some("cuda-build") => cuda::build(&args[1..]).map(|_| ()),
+        Some("gpu-check") => cuda::gpu_check(&args[1..]),
+        Some(other) => bail!("unknown task `{other}`; tasks: reproduce, merge, demo, bench, sanitize, fuzz, cuda-toolkit, cuda-build, gpu-check"),
         None => {
-            eprintln!("usage: cargo xtask <task>\n\ntasks:\n  reproduce <table|fig|all>... [--scale smoke|cpu|paper] [--jobs N] [--shard I/N] [--out DIR] [--force] [--list]\n                                 run the paper's tables and report them beside its numbers\n  merge --out DIR SHARD_DIR...   combine shard results and render the reports\n  demo [--out DIR] [--steps N]   pretrained vs random frozen MiniLM on Bit XOR, offline\n  bench step [--shape NAME]...   time the FPT step beside PyTorch's\n  sanitize [--allow-no-miri]     fpt-nn's tests under AddressSanitizer and Miri\n  fuzz [--seconds N] [TARGET]... fuzz the parsers (idx, jsonl, tsv, spec, config, safetensors)");
+            eprintln!("usage: cargo xtask <task>\n\ntasks:\n  reproduce <table|fig|all>... [--scale smoke|cpu|paper] [--jobs N] [--shard I/N] [--out DIR] [--force] [--list]\n                                 run the paper's tables and report them beside its numbers\n  merge --out DIR SHARD_DIR...   combine shard results and render the reports\n  demo [--out DIR] [--steps N]   pretrained vs random frozen MiniLM on Bit XOR, offline\n  bench step [--shape NAME]...   time the FPT step beside PyTorch's\n  sanitize [--allow-no-miri]     fpt-nn's tests under AddressSanitizer and Miri\n  fuzz [--seconds N] [TARGET]... fuzz the parsers (idx, jsonl, tsv, spec, config, safetensors)\n  cuda-toolkit [--dir DIR]       the CUDA 13.0 toolkit from PyPI wheels, a libcuda link stub, env.sh\n  cuda-build [--dir DIR]         cargo build --release -p fpt-cli --features cuda with that toolkit\n  gpu-check [--device D] [--out FILE]  build with CUDA and run fpt gpu-check (--device cpu: try it on the CPU)");
             Ok(())
         }
     }

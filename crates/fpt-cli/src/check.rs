@@ -17,10 +17,18 @@ pub struct SelfcheckArgs {
     /// Print one JSON object (a list with --all-paths).
     #[arg(long)]
     json: bool,
+    /// The device: `cpu`, `cuda` or `cuda:N` (default: `FPT_DEVICE`, else the CPU). Kernel
+    /// paths are the CPU's; on a GPU the check runs once.
+    #[arg(long)]
+    device: Option<String>,
 }
 
 pub fn selfcheck(a: SelfcheckArgs) -> Result<()> {
-    let paths = if a.all_paths {
+    let device = match &a.device {
+        Some(d) => fpt_nn::device::parse(d)?,
+        None => fpt_nn::device::from_env()?,
+    };
+    let paths = if a.all_paths && device.is_cpu() {
         KernelPath::available()
     } else {
         vec![KernelPath::active()]
@@ -28,10 +36,11 @@ pub fn selfcheck(a: SelfcheckArgs) -> Result<()> {
     let (commit, profile) = selfcheck::build_info();
     let mut results = Vec::new();
     for path in paths {
-        let r = fpt_nn::kernels::with_path(path, || selfcheck::run(&candle_core::Device::Cpu))?;
+        let r = fpt_nn::kernels::with_path(path, || selfcheck::run(&device))?;
         if !a.json {
             println!(
-                "fpt selfcheck: kernel path {path} (best on this CPU: {}; {}), {profile} build of {commit}",
+                "fpt selfcheck: device {}, kernel path {path} (best on this CPU: {}; {}), {profile} build of {commit}",
+                fpt_nn::device::name(&device),
                 KernelPath::detected(),
                 fpt_nn::kernels::cpu_model()
             );

@@ -7,6 +7,7 @@
 //! - `fpt fetch minilm` puts all-MiniLM-L6-v2 into the Hugging Face cache
 
 mod check;
+mod gpu_check;
 
 use anyhow::{bail, Context, Result};
 use candle_core::Device;
@@ -52,6 +53,9 @@ enum Command {
     /// Check this build, on the kernel path it uses, against hidden states and gradients
     /// PyTorch / transformers computed (fixtures compiled in; the real MiniLM when cached).
     Selfcheck(check::SelfcheckArgs),
+    /// Check a GPU end to end (self-check on the device, a training run beside the CPU's,
+    /// the step benchmark) and write one JSON; no network, no weights needed.
+    GpuCheck(gpu_check::GpuCheckArgs),
     /// Run a backbone on input embeddings from a safetensors file, as the FPT model does
     /// (positions added, dropout off), and write `last_hidden_state`.
     Forward(Box<check::ForwardArgs>),
@@ -456,24 +460,7 @@ struct InspectArgs {
 }
 
 fn parse_device(s: &str) -> Result<Device> {
-    match s {
-        "cpu" => Ok(Device::Cpu),
-        _ => {
-            let ordinal = match s.strip_prefix("cuda") {
-                Some("") => 0,
-                Some(rest) => rest
-                    .strip_prefix(':')
-                    .and_then(|n| n.parse().ok())
-                    .with_context(|| format!("bad --device `{s}` (expected cpu, cuda or cuda:N)"))?,
-                None => bail!("unknown --device `{s}` (expected cpu, cuda or cuda:N)"),
-            };
-            Device::new_cuda(ordinal).with_context(|| {
-                format!(
-                    "--device {s}: this fpt was built without CUDA or no GPU is visible (build with `--features cuda`)"
-                )
-            })
-        }
-    }
+    Ok(fpt_nn::device::parse(s)?)
 }
 
 /// The run spec the flags describe. With `base` (a resumed run's saved spec), only flags
@@ -1253,6 +1240,7 @@ fn main() {
         Command::Bench(a) => bench(a),
         Command::RunTable(a) => run_table(a),
         Command::Selfcheck(a) => check::selfcheck(a),
+        Command::GpuCheck(a) => gpu_check::gpu_check(a),
         Command::Forward(a) => check::forward(*a),
         Command::Verify(a) => check::verify(a),
     };

@@ -15,6 +15,7 @@
 //!
 //! Frozen weights are plain tensors, trainable ones are `Var`s: see [`Param`].
 
+pub mod device;
 pub mod init;
 pub mod kernels;
 pub mod layers;
