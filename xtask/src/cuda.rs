@@ -5,9 +5,9 @@
 //!   `libcuda.so` (SONAME `libcuda.so.1`, every driver symbol cudarc declares, empty: the
 //!   real driver is loaded at run time on the GPU machine), and writes `DIR/env.sh`.
 //! - `cargo xtask cuda-build` builds `fpt` with `--features cuda` under that environment
-//!   (kernels for `CUDA_COMPUTE_CAP`, default 90: H100/H200).
+//!   into `target/cuda/release/fpt` (kernels for `CUDA_COMPUTE_CAP`, default 90: H100/H200).
 //! - `cargo xtask gpu-check [--device D] [--out FILE]` builds it and runs `fpt gpu-check`
-//!   (on a GPU machine, run the carried binary: `target/release/fpt gpu-check`).
+//!   (on a GPU machine, run the carried binary: `target/cuda/release/fpt gpu-check`).
 //!
 //! CUDA 13.0 because the device machines' driver (580) is CUDA 13.0: a newer toolkit's
 //! kernels and driver calls would not load there.
@@ -19,6 +19,10 @@ use std::process::Command;
 /// The wheels, pinned to CUDA 13.0.
 const WHEELS: &[&str] = &[
     "nvidia-cuda-nvcc==13.0.88",
+    // nvcc's dependencies, pinned too: unpinned, pip takes the newest (13.5), whose cicc
+    // writes PTX 9.5 that 13.0's ptxas refuses.
+    "nvidia-nvvm==13.0.88",
+    "nvidia-cuda-crt==13.0.88",
     "nvidia-cuda-runtime==13.0.96",
     "nvidia-cuda-nvrtc==13.0.88",
     "nvidia-cuda-cccl==13.0.85",
@@ -67,7 +71,7 @@ fn cuda_root(dir: &Path) -> Result<PathBuf> {
     )
 }
 
-/// The driver functions cudarc declares (`pub fn cu...(` in its driver bindings), from the
+/// The driver functions cudarc declares (`fn cu...(` in its driver bindings), from the
 /// registry copy cargo fetched.
 fn driver_symbols() -> Result<Vec<String>> {
     let home = std::env::var_os("CARGO_HOME")
@@ -91,7 +95,10 @@ fn driver_symbols() -> Result<Vec<String>> {
             } else if p.extension().is_some_and(|x| x == "rs") {
                 let text = std::fs::read_to_string(&p).unwrap_or_default();
                 for line in text.lines() {
-                    if let Some(rest) = line.trim().strip_prefix("pub fn cu") {
+                    let l = line.trim();
+                    let l = l.strip_prefix("pub ").unwrap_or(l);
+                    let l = l.strip_prefix("unsafe ").unwrap_or(l);
+                    if let Some(rest) = l.strip_prefix("fn cu") {
                         let name: String = rest.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
                         if rest[name.len()..].starts_with('(') {
                             found.insert(format!("cu{name}"));
@@ -233,13 +240,26 @@ pub fn build(args: &[String]) -> Result<PathBuf> {
         bail!("cuda-build: unknown argument `{a}` (expected --dir DIR)");
     }
     let t0 = std::time::Instant::now();
-    eprintln!("xtask cuda-build: cargo build --release -p fpt-cli --features cuda");
+    // A target directory of its own: the CUDA binary needs the driver to start, the CPU
+    // one (target/release/fpt) must keep working here.
+    let target = super::root().join("target").join("cuda");
+    eprintln!(
+        "xtask cuda-build: cargo build --release -p fpt-cli --features cuda --target-dir {}",
+        target.display()
+    );
     run(
-        cargo_with_env(&dir)?.args(["build", "--release", "-p", "fpt-cli", "--features", "cuda"]),
+        cargo_with_env(&dir)?
+            .args(["build", "--release", "-p", "fpt-cli", "--features", "cuda", "--target-dir"])
+            .arg(&target),
         "cargo build --features cuda",
     )?;
-    eprintln!("xtask cuda-build: built in {:.0} s", t0.elapsed().as_secs_f64());
-    Ok(super::root().join("target").join("release").join("fpt"))
+    let bin = target.join("release").join("fpt");
+    eprintln!(
+        "xtask cuda-build: {} built in {:.0} s",
+        bin.display(),
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(bin)
 }
 
 pub fn gpu_check(args: &[String]) -> Result<()> {
