@@ -136,7 +136,42 @@ pub fn gpu_check(a: GpuCheckArgs) -> Result<()> {
         eprintln!("fpt gpu-check: step benchmark `{name}` on {}", a.device);
         let r = fpt_train::bench::run(&shape, 2, 5, false, &device)?;
         eprintln!("  fpt step {:.1} ms, {:.1} GFLOP/s", r.ours_ms, r.gflops);
-        bench.insert(name.clone(), serde_json::to_value(&r)?);
+        let mut row = serde_json::to_value(&r)?;
+        // PyTorch's step at the same shape on the same device, where torch is importable
+        // and the script is at hand (the working tree): the ratio in the same run.
+        let script = std::path::Path::new("bench/pytorch_fpt_step.py");
+        if script.is_file() {
+            let out = std::process::Command::new(std::env::var("FPT_PYTHON").unwrap_or_else(|_| "python3".into()))
+                .arg(script)
+                .args([
+                    "--shape",
+                    name,
+                    "--steps",
+                    "5",
+                    "--warmup",
+                    "2",
+                    "--no-full",
+                    "--device",
+                    &a.device,
+                ])
+                .output();
+            match out {
+                Ok(o) if o.status.success() => {
+                    let t: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+                    if let Some(ms) = t.get("pytorch_ms").and_then(|v| v.as_f64()) {
+                        eprintln!("  pytorch step {ms:.1} ms: fpt/pytorch {:.2}", r.ours_ms / ms);
+                        row["pytorch"] = t;
+                        row["ratio_vs_pytorch"] = serde_json::json!(r.ours_ms / ms);
+                    }
+                }
+                Ok(o) => {
+                    let err = String::from_utf8_lossy(&o.stderr);
+                    row["pytorch_error"] = serde_json::json!(err.lines().last().unwrap_or("failed"));
+                }
+                Err(e) => row["pytorch_error"] = serde_json::json!(e.to_string()),
+            }
+        }
+        bench.insert(name.clone(), row);
     }
 
     let (commit, profile) = fpt_train::selfcheck::build_info();
