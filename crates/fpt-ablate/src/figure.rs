@@ -192,13 +192,14 @@ fn xy_svg(title: &str, xlabel: &str, series: &[(String, Vec<(f64, f64)>)]) -> St
     s
 }
 
-/// The learning curves (held-out accuracy by step) of a table's finished runs, one line
-/// per cell that ran, as SVG; `None` when no cell has a `metrics.jsonl`.
-pub fn learning_curves(report: &Report) -> Option<String> {
+/// The learning curves (held-out accuracy by step) of a table's finished runs (under the
+/// results directory `out`), one line per cell that ran, as SVG; `None` when no cell has a
+/// `metrics.jsonl`.
+pub fn learning_curves(report: &Report, out: &Path) -> Option<String> {
     let mut series = Vec::new();
     for c in &report.cells {
         let Some(run) = &c.run else { continue };
-        let Ok(text) = std::fs::read_to_string(Path::new(run).join("metrics.jsonl")) else {
+        let Ok(text) = std::fs::read_to_string(out.join(run).join("metrics.jsonl")) else {
             continue;
         };
         let pts: Vec<(f64, f64)> = text

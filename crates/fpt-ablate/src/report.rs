@@ -32,7 +32,7 @@ pub struct CellReport {
     pub notes: Vec<String>,
     /// Every setting of the cell that differs from the paper's (see [`crate::Cell::differs`]).
     pub differs: Vec<String>,
-    /// The run directory (runs only).
+    /// The run directory, relative to the results directory (runs only).
     pub run: Option<String>,
     /// Wall-clock seconds of the run.
     pub seconds: Option<f64>,
@@ -282,7 +282,8 @@ impl Report {
                 },
                 Plan::Run { key, spec } => {
                     let dir = run_dir(out, key);
-                    r.run = Some(dir.display().to_string());
+                    // Relative to the results directory, so a report reads the same anywhere.
+                    r.run = Some(format!("runs/{key}"));
                     r.steps = Some(spec.train.steps);
                     let res = std::fs::read_to_string(dir.join("result.json"))
                         .ok()
@@ -599,7 +600,7 @@ impl Report {
         std::fs::create_dir_all(&dir).map_err(io(&dir))?;
         let json = serde_json::to_string_pretty(self).expect("report serialises");
         let mut md = self.markdown(out);
-        let curves = crate::figure::learning_curves(self);
+        let curves = crate::figure::learning_curves(self, out);
         if curves.is_some() {
             md.push_str("\n## Learning curves\n\n![learning curves](curves.svg)\n");
         }
