@@ -22,8 +22,8 @@ pub struct GpuCheckArgs {
     /// Steps of the training run.
     #[arg(long, default_value_t = 200)]
     steps: usize,
-    /// Step-benchmark shapes (`fpt bench --shape` names); none skips the benchmark.
-    #[arg(long = "shape", default_values_t = ["c10".to_string()])]
+    /// Step-benchmark shapes (`fpt bench --shape` names; GPT-2 base size: c10, lra, listops).
+    #[arg(long = "shape", default_values_t = ["c10".to_string(), "lra".to_string(), "listops".to_string()])]
     shapes: Vec<String>,
 }
 
