@@ -50,6 +50,9 @@ pub struct CellReport {
     /// Held-out examples the number was measured on (for its sampling noise).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub eval_examples: Option<usize>,
+    /// Steps between evaluations (a convergence step is known to this resolution).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub eval_every: Option<usize>,
 }
 
 /// How the last two evaluations of a run in `dir` compare, measured against the binomial
@@ -255,6 +258,7 @@ impl Report {
                 diverged: None,
                 curve: None,
                 eval_examples: None,
+                eval_every: None,
             };
             match &c.plan {
                 Plan::PaperOnly(why) => {
@@ -285,6 +289,7 @@ impl Report {
                     // Relative to the results directory, so a report reads the same anywhere.
                     r.run = Some(format!("runs/{key}"));
                     r.steps = Some(spec.train.steps);
+                    r.eval_every = Some(spec.train.eval_every);
                     let res = std::fs::read_to_string(dir.join("result.json"))
                         .ok()
                         .and_then(|t| serde_json::from_str::<fpt_train::RunResult>(&t).ok());
@@ -351,6 +356,8 @@ impl Report {
                             let p = (v / 100.0).clamp(0.0, 1.0);
                             100.0 * (p * (1.0 - p) / n as f64).sqrt()
                         }
+                        // A convergence step is known to the evaluation interval.
+                        (Metric::StepsToConvergence, _) => cell.eval_every.map_or(0.0, |e| e as f64 / 2.0),
                         _ => 0.0,
                     };
                     Some((v, se))
@@ -459,7 +466,7 @@ impl Report {
             s.push_str(&format!("| {row} | {} |\n", cells.join(" | ")));
         }
         if !self.claims.is_empty() {
-            s.push_str("\n## The paper's claims\n\nVerdict on our numbers (one seed; `inconclusive`: the difference is within two standard errors of the evaluation's sampling, so more examples or seeds would be needed), and on the paper's.\n\n| claim | ours | decided by | paper |\n|---|---|---|---|\n");
+            s.push_str("\n## The paper's claims\n\nVerdict on our numbers (one seed; `inconclusive`: the difference is within its noise, two standard errors of the evaluation's sampling for accuracies and the evaluation interval for steps to convergence, so more examples, evaluations or seeds would be needed), and on the paper's.\n\n| claim | ours | decided by | paper |\n|---|---|---|---|\n");
             for c in &self.claims {
                 s.push_str(&format!(
                     "| {} | **{}** | {} | {} ({}) |\n",
