@@ -122,7 +122,7 @@ fn compare(
             diffs.len(),
             sa.len(),
             if noise > 0.0 {
-                format!(", sampling noise +-{noise:.1}")
+                format!(", noise +-{noise:.1}")
             } else {
                 String::new()
             }
