@@ -1,17 +1,30 @@
 #!/usr/bin/env python3
-"""The PyTorch reference of `fpt bench`: the same FPT step (HF GPT2Model fed inputs_embeds,
-random init at the shape, input Linear with orthogonal init or an Embedding, output Linear on
-the last token, attention and MLP frozen, Adam lr 1e-3, clip 1.0, dropouts on) and the full
-fine-tune step, timed the same way (median of --steps after --warmup), on synthetic data.
+"""The PyTorch reference of `fpt bench`: the same FPT step (frozen backbone; input layer,
+output layer, LayerNorms and positions trained; Adam lr 1e-3, clip 1.0, dropouts on) and
+the full fine-tune step, timed the same way (median of --steps after --warmup), on
+synthetic data, for three backbones:
+
+- gpt2: HF GPT2Model fed inputs_embeds, random init at the shape (shapes tiny, c10, lra,
+  listops).
+- minilm: HF BertModel with all-MiniLM-L6-v2's config (6 layers x 384, 12 heads, 1536
+  MLP), random init (the step's cost does not depend on the weights' values), fed
+  inputs_embeds (shapes minilm-mnist, minilm-listops, minilm-bitxor).
+- lstm: the reference code's layer-norm LSTM (`LayerNormLSTM` cells: LayerNorm with the
+  unbiased variance on both gate maps and the cell, random initial state), written here in
+  PyTorch with the input map and its LayerNorm over all steps at once as fpt does (shapes
+  lstm-bitxor, lstm-listops); `nn.LSTM` of the same width and depth (cuDNN/MKL kernels, no
+  LayerNorm: a different, cheaper cell) is timed beside it as a lower bound.
 
     pip install torch transformers
     python3 bench/pytorch_fpt_step.py --shape c10 [--steps 5] [--warmup 2] [--threads 2] [--device cuda]
 
 Prints one JSON object: pytorch_ms, pytorch_full_ms, peak_rss_mb, torch and transformers
-versions. `cargo xtask bench step` runs it when torch and transformers are importable.
+versions (and nn_lstm_ms for LSTM shapes). `cargo xtask bench step` runs it when torch and
+transformers are importable.
 """
 import argparse
 import json
+import math
 import resource
 import statistics
 import time
@@ -19,37 +32,125 @@ import time
 import torch
 import transformers
 
+# readout: tokens read out at the end; labels: labels per example (readout * classes
+# outputs are split into labels x classes, as fpt's output layer does).
+G = dict(arch="gpt2", layers=12, hidden=768, heads=12, readout=1, labels=1)
+M = dict(arch="minilm", layers=6, hidden=384, heads=12, readout=1, labels=1)
+L = dict(arch="lstm", layers=3, hidden=256, heads=None, readout=1, labels=1)
 SHAPES = {
-    "tiny": dict(layers=2, hidden=64, heads=4, batch=4, tokens=16, width=8, vocab=None, classes=10),
-    "c10": dict(layers=12, hidden=768, heads=12, batch=16, tokens=64, width=48, vocab=None, classes=10),
-    "lra": dict(layers=12, hidden=768, heads=12, batch=2, tokens=1024, width=1, vocab=None, classes=10),
-    "listops": dict(layers=12, hidden=768, heads=12, batch=4, tokens=512, width=None, vocab=15, classes=10),
+    "tiny": dict(G, layers=2, hidden=64, heads=4, batch=4, tokens=16, width=8, vocab=None, classes=10),
+    "c10": dict(G, batch=16, tokens=64, width=48, vocab=None, classes=10),
+    "lra": dict(G, batch=2, tokens=1024, width=1, vocab=None, classes=10),
+    "listops": dict(G, batch=4, tokens=512, width=None, vocab=15, classes=10),
+    "minilm-mnist": dict(M, batch=16, tokens=49, width=16, vocab=None, classes=10),
+    "minilm-listops": dict(M, batch=4, tokens=512, width=None, vocab=15, classes=10),
+    "minilm-bitxor": dict(M, batch=32, tokens=10, width=1, vocab=None, classes=2, readout=5, labels=5),
+    "lstm-bitxor": dict(L, batch=32, tokens=10, width=1, vocab=None, classes=2, readout=5, labels=5),
+    "lstm-listops": dict(L, batch=4, tokens=512, width=None, vocab=15, classes=10),
 }
 
 
-class Fpt(torch.nn.Module):
-    def __init__(self, s, full):
+class RefLayerNorm(torch.nn.Module):
+    """The reference cell's LayerNorm: unbiased variance, eps inside the square root."""
+
+    def __init__(self, n, eps=1e-6):
         super().__init__()
-        cfg = transformers.GPT2Config(n_layer=s["layers"], n_embd=s["hidden"], n_head=s["heads"],
-                                      n_positions=max(1024, s["tokens"]))
-        self.transformer = transformers.GPT2Model(cfg)
+        b = 1.0 / math.sqrt(n)
+        self.weight = torch.nn.Parameter(torch.empty(n).uniform_(-b, b))
+        self.bias = torch.nn.Parameter(torch.empty(n).uniform_(-b, b))
+        self.eps = eps
+
+    def forward(self, x):
+        m = x.mean(-1, keepdim=True)
+        v = x.var(-1, keepdim=True, unbiased=True)
+        return (x - m) / torch.sqrt(v + self.eps) * self.weight + self.bias
+
+
+class LnLstm(torch.nn.Module):
+    """Stacked layer-norm LSTM layers (see crates/fpt-backbones/src/lstm.rs for the cell)."""
+
+    def __init__(self, layers, hidden, dropout=0.1):
+        super().__init__()
+        self.hidden, self.dropout = hidden, dropout
+        self.layers = torch.nn.ModuleList()
+        for _ in range(layers):
+            m = torch.nn.Module()
+            m.i2h = torch.nn.Linear(hidden, 4 * hidden)
+            m.h2h = torch.nn.Linear(hidden, 4 * hidden)
+            m.ln_i2h, m.ln_h2h, m.ln_cell = RefLayerNorm(4 * hidden), RefLayerNorm(4 * hidden), RefLayerNorm(hidden)
+            self.layers.append(m)
+
+    def forward(self, x):
+        b, t, w = x.shape
+        hs = self.hidden
+        for m in self.layers:
+            xi = m.ln_i2h(m.i2h(x))
+            std = math.sqrt(2.0 / (w + hs))
+            h = torch.randn(b, hs, device=x.device) * std
+            c = torch.randn(b, hs, device=x.device) * std
+            ys = []
+            for s in range(t):
+                pre = xi[:, s] + m.ln_h2h(m.h2h(h))
+                gates = torch.sigmoid(pre[:, : 3 * hs])
+                g = torch.tanh(pre[:, 3 * hs:])
+                i, f, o = gates[:, :hs], gates[:, hs:2 * hs], gates[:, 2 * hs:]
+                c = m.ln_cell(f * c + i * g)
+                h = torch.nn.functional.dropout(o * torch.tanh(c), self.dropout, self.training)
+                ys.append(h)
+            x = torch.stack(ys, 1)
+        return x
+
+
+class NnLstm(torch.nn.Module):
+    def __init__(self, layers, hidden):
+        super().__init__()
+        self.lstm = torch.nn.LSTM(hidden, hidden, num_layers=layers, batch_first=True, dropout=0.1)
+
+    def forward(self, x):
+        return self.lstm(x)[0]
+
+
+class Fpt(torch.nn.Module):
+    def __init__(self, s, full, nn_lstm=False):
+        super().__init__()
+        arch = s["arch"]
+        if arch == "gpt2":
+            cfg = transformers.GPT2Config(n_layer=s["layers"], n_embd=s["hidden"], n_head=s["heads"],
+                                          n_positions=max(1024, s["tokens"]))
+            self.body = transformers.GPT2Model(cfg)
+        elif arch == "minilm":
+            cfg = transformers.BertConfig(vocab_size=30522, hidden_size=s["hidden"], num_hidden_layers=s["layers"],
+                                          num_attention_heads=s["heads"], intermediate_size=4 * s["hidden"],
+                                          max_position_embeddings=512, hidden_act="gelu")
+            self.body = transformers.BertModel(cfg, add_pooling_layer=False)
+        elif nn_lstm:
+            self.body = NnLstm(s["layers"], s["hidden"])
+        else:
+            self.body = LnLstm(s["layers"], s["hidden"])
         if s["vocab"]:
             self.inp = torch.nn.Embedding(s["vocab"], s["hidden"])
         else:
             self.inp = torch.nn.Sequential(torch.nn.Linear(s["width"], s["hidden"]), torch.nn.Dropout(0.1))
             torch.nn.init.orthogonal_(self.inp[0].weight, gain=1.41)
             self.inp[0].bias.data.zero_()
-        self.out = torch.nn.Linear(s["hidden"], s["classes"])
-        for name, p in self.transformer.named_parameters():
+        self.readout, self.labels, self.classes = s["readout"], s["labels"], s["classes"]
+        self.out = torch.nn.Linear(s["hidden"], s["labels"] * s["classes"] // s["readout"])
+        for name, p in self.body.named_parameters():
             n = name.lower()
             if full:
-                p.requires_grad = "wte" not in n
+                p.requires_grad = "wte" not in n and "word_embeddings" not in n
             else:
-                p.requires_grad = ("ln" in n) or ("wpe" in n)
+                p.requires_grad = ("ln" in n) or ("wpe" in n) or ("layernorm" in n) or ("position_embeddings" in n)
+        self.arch = arch
 
     def forward(self, x):
-        h = self.transformer(inputs_embeds=self.inp(x)).last_hidden_state
-        return self.out(h[:, -1])
+        e = self.inp(x)
+        if self.arch in ("gpt2", "minilm"):
+            h = self.body(inputs_embeds=e).last_hidden_state
+        else:
+            h = self.body(e)
+        y = self.out(h[:, -self.readout:])
+        return y.reshape(-1, self.classes)
 
 
 def sync(device):
@@ -57,16 +158,16 @@ def sync(device):
         torch.cuda.synchronize(device)
 
 
-def time_steps(s, full, warmup, steps, device):
+def time_steps(s, full, warmup, steps, device, nn_lstm=False):
     torch.manual_seed(0)
-    model = Fpt(s, full).train().to(device)
+    model = Fpt(s, full, nn_lstm).train().to(device)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.Adam(params, lr=1e-3)
     if s["vocab"]:
         x = torch.randint(0, s["vocab"], (s["batch"], s["tokens"]))
     else:
         x = torch.randn(s["batch"], s["tokens"], s["width"])
-    y = torch.randint(0, s["classes"], (s["batch"],))
+    y = torch.randint(0, s["classes"], (s["batch"] * s["labels"],))
     x, y = x.to(device), y.to(device)
     ms = []
     for i in range(warmup + steps):
@@ -99,9 +200,12 @@ def main():
     fpt_ms = time_steps(s, False, a.warmup, a.steps, device)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     full_ms = None if a.no_full else time_steps(s, True, a.warmup, a.steps, device)
-    print(json.dumps({"shape": a.shape, "pytorch_ms": fpt_ms, "pytorch_full_ms": full_ms, "peak_rss_mb": rss,
-                      "threads": torch.get_num_threads(), "device": a.device, "torch": torch.__version__,
-                      "transformers": transformers.__version__}))
+    out = {"shape": a.shape, "backbone": s["arch"], "pytorch_ms": fpt_ms, "pytorch_full_ms": full_ms,
+           "peak_rss_mb": rss, "threads": torch.get_num_threads(), "device": a.device, "torch": torch.__version__,
+           "transformers": transformers.__version__}
+    if s["arch"] == "lstm":
+        out["nn_lstm_ms"] = time_steps(s, False, a.warmup, a.steps, device, nn_lstm=True)
+    print(json.dumps(out))
 
 
 if __name__ == "__main__":

@@ -15,11 +15,13 @@
 //!   input/output layers, LayerNorms and positions on Bit XOR, does the same on a randomly
 //!   initialised copy of the same architecture, and prints both results (about 5 minutes on
 //!   2 CPU cores after the build).
-//! - `bench step [--shape NAME]... [--steps N] [--warmup N] [--json]`: times the FPT step
-//!   and the full fine-tune step (`fpt bench`, one process per shape so peak memory is per
-//!   shape) and, when `torch` and `transformers` import (`$FPT_PYTHON`, else `python3`), the
-//!   PyTorch reference of the same step (`bench/pytorch_fpt_step.py`); prints both and
-//!   their ratio.
+//! - `bench step [--backbone gpt2|minilm|lstm] [--shape NAME]... [--steps N] [--warmup N]
+//!   [--rounds N] [--paths native,portable] [--json]`: times the FPT step and the full
+//!   fine-tune step (`fpt bench`, one process per shape and kernel path so peak memory is
+//!   per shape) on the native kernel path and the portable one (`FPT_KERNELS=portable`)
+//!   and, when `torch` and `transformers` import (`$FPT_PYTHON`, else `python3`), the
+//!   PyTorch reference of the same step (`bench/pytorch_fpt_step.py`); prints all and
+//!   their ratios, per kernel path.
 //! - `sanitize [--allow-no-miri] [--asan-only | --miri-only]`: fpt-nn's tests under
 //!   AddressSanitizer (every kernel path the CPU runs; a canary must be reported) and its
 //!   scalar-path unit tests under Miri.
@@ -351,22 +353,69 @@ fn run_json(cmd: &mut Command, what: &str) -> Result<serde_json::Value> {
     serde_json::from_str(last).with_context(|| format!("{what} printed no JSON: {text}"))
 }
 
-/// One bench round of a shape: fpt's JSON entry and PyTorch's (when measured).
-type Round = (serde_json::Value, Option<serde_json::Value>);
+/// One bench round of a shape: fpt's JSON entry per kernel path and PyTorch's (when measured).
+type Round = (Vec<serde_json::Value>, Option<serde_json::Value>);
+
+const BENCH_USAGE: &str = "usage: cargo xtask bench step [--backbone gpt2|minilm|lstm] [--shape NAME]... [--steps N] [--warmup N] [--rounds N] [--paths native,portable] [--device D] [--no-full] [--json]";
+
+/// The shapes of a backbone, as `fpt bench` and the PyTorch script name them.
+fn bench_shapes(backbone: &str) -> Result<Vec<String>> {
+    let v: &[&str] = match backbone {
+        "gpt2" => &["tiny", "c10", "lra", "listops"],
+        "minilm" => &["minilm-mnist", "minilm-listops", "minilm-bitxor"],
+        "lstm" => &["lstm-bitxor", "lstm-listops"],
+        other => bail!("bench step: unknown --backbone `{other}` (gpt2, minilm or lstm)"),
+    };
+    Ok(v.iter().map(|s| s.to_string()).collect())
+}
+
+/// The name of the kernel path fpt picks here by default (the most capable this CPU runs),
+/// as a one-step `fpt bench` reports it.
+fn native_path(bin: &Path) -> Result<String> {
+    let out = Command::new(bin)
+        .args([
+            "bench",
+            "--json",
+            "--shape",
+            "tiny",
+            "--steps",
+            "1",
+            "--warmup",
+            "0",
+            "--no-full",
+        ])
+        .output()
+        .context("running fpt bench to find the native kernel path")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let v: serde_json::Value =
+        serde_json::from_str(text.lines().last().unwrap_or("")).context("fpt bench printed no JSON")?;
+    v["tiny"]["kernel_path"]
+        .as_str()
+        .map(str::to_string)
+        .context("fpt bench reported no kernel path")
+}
 
 fn bench(args: &[String]) -> Result<()> {
     if args.first().map(String::as_str) != Some("step") {
-        bail!("usage: cargo xtask bench step [--shape NAME]... [--steps N] [--warmup N] [--rounds N] [--device D] [--no-full] [--json]");
+        bail!("{BENCH_USAGE}");
     }
     let mut device = "cpu".to_string();
     let (mut shapes, mut steps, mut warmup, mut json) = (Vec::new(), "5".to_string(), "2".to_string(), false);
-    let (mut rounds, mut no_full) = (1usize, false);
+    let (mut rounds, mut no_full, mut backbone) = (1usize, false, "gpt2".to_string());
+    let mut paths_arg = "native,portable".to_string();
     let mut it = args[1..].iter();
     while let Some(a) = it.next() {
         match a.as_str() {
             "--shape" => shapes.push(it.next().context("--shape needs a name")?.clone()),
+            "--backbone" => backbone = it.next().context("--backbone needs gpt2, minilm or lstm")?.clone(),
             "--steps" => steps = it.next().context("--steps needs a number")?.clone(),
             "--warmup" => warmup = it.next().context("--warmup needs a number")?.clone(),
+            "--paths" => {
+                paths_arg = it
+                    .next()
+                    .context("--paths needs native, portable or native,portable")?
+                    .clone()
+            }
             "--json" => json = true,
             "--no-full" => no_full = true,
             "--device" => device = it.next().context("--device needs cpu, cuda or cuda:N")?.clone(),
@@ -377,16 +426,47 @@ fn bench(args: &[String]) -> Result<()> {
                     .filter(|&n: &usize| n > 0)
                     .context("--rounds needs a positive number")?
             }
-            other => bail!("bench step: unknown argument `{other}`"),
+            "--help" | "-h" => {
+                println!("{BENCH_USAGE}");
+                return Ok(());
+            }
+            other => bail!("bench step: unknown argument `{other}`\n{BENCH_USAGE}"),
         }
     }
+    let known = bench_shapes(&backbone)?;
     if shapes.is_empty() {
-        shapes = ["tiny", "c10", "lra", "listops"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+        shapes = known.clone();
+    } else {
+        // `--backbone minilm --shape mnist` means `minilm-mnist`.
+        for s in shapes.iter_mut() {
+            let prefixed = format!("{backbone}-{s}");
+            if !known.contains(s) && known.contains(&prefixed) {
+                *s = prefixed;
+            }
+            if !known.contains(s) {
+                bail!(
+                    "bench step: no shape `{s}` for --backbone {backbone} (known: {})",
+                    known.join(", ")
+                );
+            }
+        }
     }
     let bin = build_fpt()?;
+    // Kernel paths: the native one and the portable one (what users without AVX-512 or
+    // AVX2 get), each named by what ran; one when they coincide or off the CPU.
+    let native = native_path(&bin)?;
+    let mut paths: Vec<(String, Option<&str>)> = Vec::new();
+    for p in paths_arg.split(',') {
+        match p.trim() {
+            "native" => paths.push((native.clone(), None)),
+            "portable" => paths.push(("portable".into(), Some("portable"))),
+            other => bail!("bench step: --paths takes native and/or portable, not `{other}`"),
+        }
+    }
+    paths.dedup_by(|a, b| a.0 == b.0);
+    if device != "cpu" {
+        paths.truncate(1);
+    }
     let torch_ok = Command::new(python())
         .args(["-c", "import torch, transformers"])
         .output()
@@ -402,20 +482,26 @@ fn bench(args: &[String]) -> Result<()> {
         (!v.is_empty()).then(|| v[v.len() / 2])
     };
     for s in &shapes {
-        // Rounds alternate fpt and PyTorch, so both see the same machine: on shared cloud
-        // cores the speed drifts by 10-30% over minutes.
+        // Rounds alternate fpt (each path) and PyTorch, so all see the same machine: on
+        // shared cloud cores the speed drifts by 10-30% over minutes.
         let mut round_rows: Vec<Round> = Vec::new();
         for r in 1..=rounds {
-            eprintln!("xtask: bench {s} (round {r}/{rounds}): fpt ...");
-            let mut cmd = Command::new(&bin);
-            cmd.args([
-                "bench", "--json", "--shape", s, "--steps", &steps, "--warmup", &warmup, "--device", &device,
-            ]);
-            if no_full {
-                cmd.arg("--no-full");
+            let mut ours_per_path = Vec::new();
+            for (name, env) in &paths {
+                eprintln!("xtask: bench {s} (round {r}/{rounds}): fpt on the {name} kernel path ...");
+                let mut cmd = Command::new(&bin);
+                cmd.args([
+                    "bench", "--json", "--shape", s, "--steps", &steps, "--warmup", &warmup, "--device", &device,
+                ]);
+                if let Some(v) = env {
+                    cmd.env("FPT_KERNELS", v);
+                }
+                if no_full {
+                    cmd.arg("--no-full");
+                }
+                let ours = run_json(&mut cmd, "fpt bench")?;
+                ours_per_path.push(ours.get(s.as_str()).cloned().context("fpt bench returned no entry")?);
             }
-            let ours = run_json(&mut cmd, "fpt bench")?;
-            let ours = ours.get(s.as_str()).cloned().context("fpt bench returned no entry")?;
             let torch = if torch_ok {
                 eprintln!("xtask: bench {s} (round {r}/{rounds}): pytorch ...");
                 let mut cmd = Command::new(python());
@@ -429,45 +515,62 @@ fn bench(args: &[String]) -> Result<()> {
             } else {
                 None
             };
-            round_rows.push((ours, torch));
+            round_rows.push((ours_per_path, torch));
         }
         let f = |v: &serde_json::Value, k: &str| v.get(k).and_then(|x| x.as_f64());
-        let med = |pick: &dyn Fn(&Round) -> Option<f64>| median(round_rows.iter().filter_map(pick).collect());
-        let ratios: Vec<f64> = round_rows
-            .iter()
-            .filter_map(|(o, t)| f(o, "ours_ms").zip(t.as_ref().and_then(|t| f(t, "pytorch_ms"))))
-            .map(|(a, b)| a / b)
-            .collect();
-        let ratio = median(ratios.clone());
-        // GFLOP/s, peak and memory come from the round with the median fpt time.
-        let mut order: Vec<usize> = (0..round_rows.len()).collect();
-        order.sort_by(|&a, &b| {
-            let r = |i: usize| f(&round_rows[i].0, "ours_ms").unwrap_or(f64::MAX);
-            r(a).total_cmp(&r(b))
-        });
-        let (ours, torch) = round_rows[order[order.len() / 2]].clone();
-        let ours_med = med(&|x| f(&x.0, "ours_ms"));
-        let torch_med = med(&|x| x.1.as_ref().and_then(|t| f(t, "pytorch_ms")));
-        let ours_ms = ours_med;
-        let pytorch_ms = torch_med;
-        let full_ms = med(&|x| f(&x.0, "full_ms"));
-        let row = serde_json::json!({
-            "ours_ms": ours_ms,
-            "full_ms": full_ms,
-            "pytorch_ms": pytorch_ms,
-            "pytorch_full_ms": med(&|x| x.1.as_ref().and_then(|t| f(t, "pytorch_full_ms"))),
-            "ratio_vs_pytorch": ratio,
-            "round_ratios": ratios,
-            "rounds": rounds,
-            "fpt_over_full": ours_ms.zip(full_ms).map(|(a, b)| a / b),
-            "gflops": f(&ours, "gflops"),
-            "peak_gflops": f(&ours, "peak_gflops"),
-            "peak_fraction": f(&ours, "peak_fraction"),
-            "peak_rss_mb": f(&ours, "peak_rss_mb"),
-            "pytorch_peak_rss_mb": torch.as_ref().and_then(|t| f(t, "peak_rss_mb")),
-            "spread_ms": ours.get("ours"),
-        });
-        all.insert(s.clone(), row);
+        let torch_med = |k: &str| {
+            median(
+                round_rows
+                    .iter()
+                    .filter_map(|x| x.1.as_ref().and_then(|t| f(t, k)))
+                    .collect(),
+            )
+        };
+        for (pi, (path, _)) in paths.iter().enumerate() {
+            let ours_of = |x: &Round| x.0[pi].clone();
+            let ratios: Vec<f64> = round_rows
+                .iter()
+                .filter_map(|x| f(&ours_of(x), "ours_ms").zip(x.1.as_ref().and_then(|t| f(t, "pytorch_ms"))))
+                .map(|(a, b)| a / b)
+                .collect();
+            let full_ratios: Vec<f64> = round_rows
+                .iter()
+                .filter_map(|x| f(&ours_of(x), "full_ms").zip(x.1.as_ref().and_then(|t| f(t, "pytorch_full_ms"))))
+                .map(|(a, b)| a / b)
+                .collect();
+            // GFLOP/s, peak and memory come from the round with the median fpt time.
+            let mut order: Vec<usize> = (0..round_rows.len()).collect();
+            order.sort_by(|&a, &b| {
+                let r = |i: usize| f(&ours_of(&round_rows[i]), "ours_ms").unwrap_or(f64::MAX);
+                r(a).total_cmp(&r(b))
+            });
+            let mid = &round_rows[order[order.len() / 2]];
+            let ours = ours_of(mid);
+            let ours_ms = median(round_rows.iter().filter_map(|x| f(&ours_of(x), "ours_ms")).collect());
+            let full_ms = median(round_rows.iter().filter_map(|x| f(&ours_of(x), "full_ms")).collect());
+            let row = serde_json::json!({
+                "shape": s,
+                "backbone": backbone,
+                "kernel_path": ours.get("kernel_path").cloned().unwrap_or(serde_json::Value::String(path.clone())),
+                "ours_ms": ours_ms,
+                "full_ms": full_ms,
+                "pytorch_ms": torch_med("pytorch_ms"),
+                "pytorch_full_ms": torch_med("pytorch_full_ms"),
+                "pytorch_nn_lstm_ms": torch_med("nn_lstm_ms"),
+                "ratio_vs_pytorch": median(ratios.clone()),
+                "round_ratios": ratios,
+                "full_ratio_vs_pytorch": median(full_ratios),
+                "rounds": rounds,
+                "fpt_over_full": ours_ms.zip(full_ms).map(|(a, b)| a / b),
+                "gflops": f(&ours, "gflops"),
+                "peak_gflops": f(&ours, "peak_gflops"),
+                "peak_fraction": f(&ours, "peak_fraction"),
+                "peak_rss_mb": f(&ours, "peak_rss_mb"),
+                "pytorch_peak_rss_mb": mid.1.as_ref().and_then(|t| f(t, "peak_rss_mb")),
+                "spread_ms": ours.get("ours"),
+            });
+            all.insert(format!("{s} [{path}]"), row);
+        }
     }
     if json {
         println!("{}", serde_json::Value::Object(all));
@@ -478,9 +581,9 @@ fn bench(args: &[String]) -> Result<()> {
             .and_then(|x| x.as_f64())
             .map_or("-".to_string(), |x| format!("{x:.p$}"))
     };
-    println!("| shape | fpt step ms | full ms | pytorch ms | ours/pytorch | fpt/full | GFLOP/s | peak fraction | RSS MB (ours / pytorch) |");
-    println!("|---|---|---|---|---|---|---|---|---|");
-    for (s, r) in &all {
+    println!("| shape | kernels | fpt step ms | pytorch ms | ours/pytorch | full ms (ours / pytorch) | full ratio | GFLOP/s | peak fraction | RSS MB (ours / pytorch) |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    for r in all.values() {
         // With several rounds, the per-round ratios beside their median.
         let mut ratio = fmt(r, "ratio_vs_pytorch", 2);
         let rounds: Vec<String> = r["round_ratios"]
@@ -490,12 +593,18 @@ fn bench(args: &[String]) -> Result<()> {
         if rounds.len() > 1 {
             ratio = format!("{ratio} ({})", rounds.join(", "));
         }
+        let mut torch = fmt(r, "pytorch_ms", 1);
+        if r["pytorch_nn_lstm_ms"].is_number() {
+            torch = format!("{torch} (nn.LSTM {})", fmt(r, "pytorch_nn_lstm_ms", 1));
+        }
         println!(
-            "| {s} | {} | {} | {} | {ratio} | {} | {} | {} of {} | {} / {} |",
+            "| {} | {} | {} | {torch} | {ratio} | {} / {} | {} | {} | {} of {} | {} / {} |",
+            r["shape"].as_str().unwrap_or("?"),
+            r["kernel_path"].as_str().unwrap_or("?"),
             fmt(r, "ours_ms", 1),
             fmt(r, "full_ms", 1),
-            fmt(r, "pytorch_ms", 1),
-            fmt(r, "fpt_over_full", 2),
+            fmt(r, "pytorch_full_ms", 1),
+            fmt(r, "full_ratio_vs_pytorch", 2),
             fmt(r, "gflops", 1),
             fmt(r, "peak_fraction", 2),
             fmt(r, "peak_gflops", 1),
@@ -520,7 +629,7 @@ fn main() -> Result<()> {
         Some("gpu-check") => cuda::gpu_check(&args[1..]),
         Some(other) => bail!("unknown task `{other}`; tasks: reproduce, merge, demo, bench, sanitize, fuzz, cuda-toolkit, cuda-build, gpu-check"),
         None => {
-            eprintln!("usage: cargo xtask <task>\n\ntasks:\n  reproduce <table|fig|all>... [--scale smoke|cpu|paper] [--jobs N] [--shard I/N] [--out DIR] [--force] [--list]\n                                 run the paper's tables and report them beside its numbers\n  merge --out DIR SHARD_DIR...   combine shard results and render the reports\n  demo [--out DIR] [--steps N]   pretrained vs random frozen MiniLM on Bit XOR, offline\n  bench step [--shape NAME]...   time the FPT step beside PyTorch's\n  sanitize [--allow-no-miri]     fpt-nn's tests under AddressSanitizer and Miri\n  fuzz [--seconds N] [TARGET]... fuzz the parsers (idx, jsonl, tsv, spec, config, safetensors)\n  cuda-toolkit [--dir DIR]       the CUDA 13.0 toolkit from PyPI wheels, a libcuda link stub, env.sh\n  cuda-build [--dir DIR]         cargo build --release -p fpt-cli --features cuda with that toolkit\n  gpu-check [--device D] [--out FILE]  build with CUDA and run fpt gpu-check (--device cpu: try it on the CPU)");
+            eprintln!("usage: cargo xtask <task>\n\ntasks:\n  reproduce <table|fig|all>... [--scale smoke|cpu|paper] [--jobs N] [--shard I/N] [--out DIR] [--force] [--list]\n                                 run the paper's tables and report them beside its numbers\n  merge --out DIR SHARD_DIR...   combine shard results and render the reports\n  demo [--out DIR] [--steps N]   pretrained vs random frozen MiniLM on Bit XOR, offline\n  bench step [--backbone B] [--shape NAME]...  time the FPT step beside PyTorch's, per kernel path\n  sanitize [--allow-no-miri]     fpt-nn's tests under AddressSanitizer and Miri\n  fuzz [--seconds N] [TARGET]... fuzz the parsers (idx, jsonl, tsv, spec, config, safetensors)\n  cuda-toolkit [--dir DIR]       the CUDA 13.0 toolkit from PyPI wheels, a libcuda link stub, env.sh\n  cuda-build [--dir DIR]         cargo build --release -p fpt-cli --features cuda with that toolkit\n  gpu-check [--device D] [--out FILE]  build with CUDA and run fpt gpu-check (--device cpu: try it on the CPU)");
             Ok(())
         }
     }

@@ -225,11 +225,6 @@ pub struct Lstm {
     origin: String,
 }
 
-fn sigmoid(x: &Tensor) -> candle_core::Result<Tensor> {
-    // sigmoid(x) = (tanh(x / 2) + 1) / 2, built from ops with backward.
-    x.affine(0.5, 0.0)?.tanh()?.affine(0.5, 0.5)
-}
-
 impl Lstm {
     pub(crate) fn assemble(
         config: &LstmConfig,
@@ -345,7 +340,7 @@ impl Lstm {
         let hsz = self.config.hidden_size;
         // The input map and its LayerNorm do not depend on the state: all steps at once.
         let xi = l.ln_i2h.forward(&l.i2h.forward(x)?)?; // [b, t, 4H]
-        let (mut h, mut c) = match self.config.initial_state {
+        let (h0, c0) = match self.config.initial_state {
             InitialState::Random => {
                 let std = (2.0 / (w + hsz) as f64).sqrt();
                 let hv = ctx.rng.normal_vec(b * hsz, 0.0, std);
@@ -360,24 +355,29 @@ impl Lstm {
                 (z.clone(), z)
             }
         };
-        let mut ys = Vec::with_capacity(t);
-        for s in 0..t {
-            let pre = (xi.narrow(1, s, 1)?.squeeze(1)? + l.ln_h2h.forward(&l.h2h.forward(&h)?)?)?;
-            let gates = sigmoid(&pre.narrow(1, 0, 3 * hsz)?)?;
-            let g = pre.narrow(1, 3 * hsz, hsz)?.tanh()?;
-            let (i, f, o) = (
-                gates.narrow(1, 0, hsz)?,
-                gates.narrow(1, hsz, hsz)?,
-                gates.narrow(1, 2 * hsz, hsz)?,
-            );
-            c = l.ln_cell.forward(&((f * &c)? + (i * g)?)?)?;
-            h = (o * c.tanh()?)?;
-            if self.dropout {
-                h = ctx.dropout(&h, self.config.dropout)?;
+        // Each step's dropout multipliers, drawn in step order as `Ctx::dropout` would.
+        let p = self.config.dropout;
+        let masks = if self.dropout && ctx.train && p > 0.0 {
+            let mut m = Vec::with_capacity(t * b * hsz);
+            for _ in 0..t {
+                m.extend(ops::dropout_mask_values(b * hsz, p, ctx.rng.next_u64()));
             }
-            ys.push(h.clone());
-        }
-        Tensor::stack(&ys, 1)
+            Some(Tensor::from_vec(m, (t, b, hsz), x.device())?.to_dtype(x.dtype())?)
+        } else {
+            None
+        };
+        let b_hh = l
+            .h2h
+            .bias
+            .as_ref()
+            .ok_or_else(|| candle_core::Error::Msg("layer-norm LSTM: h2h has no bias".into()))?;
+        let params = ops::LnLstmParams {
+            b_hh: b_hh.tensor(),
+            ln_h2h: (l.ln_h2h.weight.tensor(), l.ln_h2h.bias.tensor()),
+            ln_cell: (l.ln_cell.weight.tensor(), l.ln_cell.bias.tensor()),
+            eps: self.config.layer_norm_eps,
+        };
+        ops::ln_lstm(&xi, l.h2h.weight.tensor(), &params, &h0, &c0, masks.as_ref())
     }
 }
 

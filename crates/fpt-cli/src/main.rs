@@ -119,9 +119,14 @@ struct PretrainArgs {
 
 #[derive(Args)]
 struct BenchArgs {
-    /// Shapes to time (repeatable); default: all.
+    /// Shapes to time (repeatable); default: every shape of `--backbone`.
     #[arg(long = "shape")]
     shapes: Vec<String>,
+    /// Backbone whose shapes run: `gpt2`, `minilm` (all-MiniLM-L6-v2's config) or `lstm`
+    /// (the cpu scale's 3 x 256 layer-norm LSTM); a `--shape` may then drop the prefix
+    /// (`--backbone minilm --shape mnist`).
+    #[arg(long, default_value = "gpt2")]
+    backbone: String,
     /// Timed steps per measurement (median and spread are reported).
     #[arg(long, default_value_t = 5)]
     steps: usize,
@@ -755,13 +760,15 @@ fn train(a: TrainArgs, m: &clap::ArgMatches) -> Result<()> {
 fn bench(a: BenchArgs) -> Result<()> {
     use fpt_train::bench;
     let device = parse_device(&a.device)?;
+    let arch = bench::Arch::parse(&a.backbone)
+        .with_context(|| format!("unknown --backbone `{}` (known: gpt2, minilm, lstm)", a.backbone))?;
     let shapes: Vec<bench::Shape> = if a.shapes.is_empty() {
-        bench::SHAPES.to_vec()
+        bench::shapes_for(arch)
     } else {
         a.shapes
             .iter()
             .map(|n| {
-                bench::shape(n).with_context(|| {
+                bench::find(arch, n).or_else(|| bench::shape(n)).with_context(|| {
                     let known: Vec<&str> = bench::SHAPES.iter().map(|s| s.name).collect();
                     format!("unknown --shape `{n}` (known: {})", known.join(", "))
                 })
@@ -772,14 +779,20 @@ fn bench(a: BenchArgs) -> Result<()> {
     for s in &shapes {
         if !a.json {
             eprintln!(
-                "fpt bench: {} ({} layers x {}, batch {} x {} tokens) ...",
-                s.name, s.layers, s.hidden, s.batch, s.tokens
+                "fpt bench: {} ({} {} layers x {}, batch {} x {} tokens, {} kernels) ...",
+                s.name,
+                s.arch.name(),
+                s.layers,
+                s.hidden,
+                s.batch,
+                s.tokens,
+                fpt_nn::kernels::KernelPath::active().name()
             );
         }
         let r = bench::run(s, a.warmup, a.steps, !a.no_full, &device)?;
         if !a.json {
             println!(
-                "{:<8} fpt step {:>9.1} ms (min {:.1}, max {:.1}){}  {:.1} GFLOP/s = {:.0}% of the {:.1} GFLOP/s matmul peak  peak RSS {}",
+                "{:<14} fpt step {:>9.1} ms (min {:.1}, max {:.1}){}  {:.1} GFLOP/s = {:.0}% of the {:.1} GFLOP/s matmul peak  peak RSS {}",
                 s.name,
                 r.ours_ms,
                 r.ours.min_ms,

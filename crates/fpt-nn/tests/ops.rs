@@ -646,3 +646,90 @@ fn fused_pre_norm_branch_matches_composed_and_finite_differences_on_one_path() -
     assert!(g.get(&w).is_some(), "the trained weight gets its gradient");
     Ok(())
 }
+
+#[test]
+fn fused_ln_lstm_matches_the_composed_recurrence() -> Result<()> {
+    every_path(fused_ln_lstm_matches_the_composed_recurrence_on_one_path)
+}
+
+/// The layer-norm LSTM's fused recurrence against the same recurrence in candle ops: values
+/// and the gradients of everything that trains, with dropout, with the recurrent weight
+/// trained (`--train all`) and frozen (the FPT setting, where neither `W_hh` nor `b_hh` may
+/// get a gradient), and with a mixed pack (which runs the composed twin).
+fn fused_ln_lstm_matches_the_composed_recurrence_on_one_path() -> Result<()> {
+    let (b, t, h) = (3, 5, 6);
+    let masks = Tensor::from_vec(ops::dropout_mask_values(t * b * h, 0.3, 42), (t, b, h), &Device::Cpu)?;
+    let (h0, c0) = (randn(&[b, h], 1, DType::F32)?, randn(&[b, h], 2, DType::F32)?);
+    let shapes: [&[usize]; 7] = [&[b, t, 4 * h], &[4 * h, h], &[4 * h], &[4 * h], &[4 * h], &[h], &[h]];
+    let tensors: Vec<Tensor> = shapes
+        .iter()
+        .enumerate()
+        .map(|(i, s)| randn(s, 30 + i as u64, DType::F32))
+        .collect::<Result<_>>()?;
+    // Which inputs train: all; the FPT setting (W_hh, b_hh frozen); a mixed recurrent pack.
+    for (case, trains) in [
+        ("all", [true; 7]),
+        ("fpt", [true, false, false, true, true, true, true]),
+        ("mixed", [true, true, false, true, true, true, true]),
+    ] {
+        let vars: Vec<Option<Var>> = tensors
+            .iter()
+            .zip(trains)
+            .map(|(x, tr)| tr.then(|| Var::from_tensor(x)).transpose())
+            .collect::<Result<_>>()?;
+        let ts: Vec<Tensor> = vars
+            .iter()
+            .zip(&tensors)
+            .map(|(v, x)| v.as_ref().map_or_else(|| x.clone(), |v| v.as_tensor().clone()))
+            .collect();
+        let p = ops::LnLstmParams {
+            b_hh: &ts[2],
+            ln_h2h: (&ts[3], &ts[4]),
+            ln_cell: (&ts[5], &ts[6]),
+            eps: 1e-6,
+        };
+        let yf = ops::ln_lstm(&ts[0], &ts[1], &p, &h0, &c0, Some(&masks))?;
+        let yc = ops::ln_lstm_composed(&ts[0], &ts[1], &p, &h0, &c0, Some(&masks))?;
+        assert_eq!(yf.dims(), &[b, t, h]);
+        let dv = max_abs_diff(&yf, &yc)?;
+        assert!(dv < 1e-5, "{case}: values differ by {dv}");
+        let gf = loss(&yf, 99)?.backward()?;
+        let gc = loss(&yc, 99)?.backward()?;
+        for (i, v) in vars.iter().enumerate() {
+            match v {
+                Some(v) => {
+                    let a = gf
+                        .get(v)
+                        .unwrap_or_else(|| panic!("{case}: fused, no gradient for input {i}"));
+                    let c = gc
+                        .get(v)
+                        .unwrap_or_else(|| panic!("{case}: composed, no gradient for input {i}"));
+                    let d = max_abs_diff(a, c)?;
+                    let scale = c.abs()?.flatten_all()?.max(0)?.to_scalar::<f32>()? as f64;
+                    assert!(d < 1e-4 * (1.0 + scale), "{case}: gradient of input {i} differs by {d}");
+                }
+                None if case == "fpt" => {
+                    assert!(gf.get(&ts[i]).is_none(), "{case}: frozen input {i} got a gradient");
+                }
+                None => {}
+            }
+        }
+    }
+    // Without dropout the masks are ones: the same as no masks.
+    let p = ops::LnLstmParams {
+        b_hh: &tensors[2],
+        ln_h2h: (&tensors[3], &tensors[4]),
+        ln_cell: (&tensors[5], &tensors[6]),
+        eps: 1e-6,
+    };
+    let ones = Tensor::ones((t, b, h), DType::F32, &Device::Cpu)?;
+    let a = ops::ln_lstm(&tensors[0], &tensors[1], &p, &h0, &c0, None)?;
+    let c = ops::ln_lstm(&tensors[0], &tensors[1], &p, &h0, &c0, Some(&ones))?;
+    assert_eq!(max_abs_diff(&a, &c)?, 0.0);
+    // Shapes that do not fit are refused with the operand's name.
+    let e = ops::ln_lstm(&tensors[0], &tensors[2], &p, &h0, &c0, None)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("W_hh"), "{e}");
+    Ok(())
+}

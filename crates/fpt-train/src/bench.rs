@@ -1,10 +1,17 @@
 //! Timing of one training step at named shapes (issue "engine speed"): the FPT step
 //! (input, output, LayerNorm and positions train) and the full fine-tune step, on a
-//! randomly initialised GPT-2 of the shape, with synthetic data of the task's shapes.
+//! randomly initialised backbone of the shape, with synthetic data of the task's shapes.
+//! The step's cost does not depend on the weights' values, so no weights are needed.
 //!
-//! Shapes: `tiny` (for CI), `c10` (GPT-2 base, batch 16 x 64 tokens of width 48, 10
-//! classes), `lra` (GPT-2 base, batch 2 x 1024 tokens of width 1), `listops` (GPT-2 base,
-//! batch 4 x 512 tokens through an Embedding of 15 ids).
+//! Shapes, per backbone ([`Arch`]):
+//! - GPT-2: `tiny` (for CI), `c10` (GPT-2 base, batch 16 x 64 tokens of width 48, 10
+//!   classes), `lra` (batch 2 x 1024 tokens of width 1), `listops` (batch 4 x 512 tokens
+//!   through an Embedding of 15 ids).
+//! - MiniLM (all-MiniLM-L6-v2's config: BERT, 6 layers x 384, 12 heads, the stand-in for
+//!   GPT-2 at the `cpu` scale): `minilm-mnist` (16 x 49 tokens of 16 pixels),
+//!   `minilm-listops` (4 x 512 ids), `minilm-bitxor` (32 x 10 bits, 5 read out).
+//! - The layer-norm LSTM at the `cpu` scale's size (3 layers x 256): `lstm-bitxor`,
+//!   `lstm-listops`.
 
 use crate::{Result, Trainer};
 use candle_core::{Device, Tensor};
@@ -13,16 +20,51 @@ use fpt_tasks::{InputKind, Synthetic, TaskDims};
 use serde::Serialize;
 use std::time::Instant;
 
+/// The backbone a benchmark shape runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Arch {
+    /// GPT-2 (pre-norm, causal) at the shape's size.
+    Gpt2,
+    /// BERT at all-MiniLM-L6-v2's config (post-norm, bidirectional).
+    Minilm,
+    /// The reference code's layer-norm LSTM.
+    Lstm,
+}
+
+impl Arch {
+    /// `gpt2`, `minilm` or `lstm`.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "gpt2" => Some(Arch::Gpt2),
+            "minilm" => Some(Arch::Minilm),
+            "lstm" => Some(Arch::Lstm),
+            _ => None,
+        }
+    }
+
+    /// Its name, as [`Arch::parse`] reads it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::Gpt2 => "gpt2",
+            Arch::Minilm => "minilm",
+            Arch::Lstm => "lstm",
+        }
+    }
+}
+
 /// A benchmark shape.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Shape {
     /// Its name.
     pub name: &'static str,
-    /// GPT-2 blocks.
+    /// The backbone.
+    pub arch: Arch,
+    /// Blocks (LSTM layers).
     pub layers: usize,
     /// Width.
     pub hidden: usize,
-    /// Heads.
+    /// Heads (0 for the LSTM).
     pub heads: usize,
     /// Examples per step.
     pub batch: usize,
@@ -32,10 +74,57 @@ pub struct Shape {
     pub input: InputKind,
     /// Classes.
     pub classes: usize,
+    /// Tokens read out at the end (1, or Bit XOR's 5).
+    pub readout: usize,
+    /// Labels per example.
+    pub labels: usize,
 }
 
+const GPT2_BASE: Shape = Shape {
+    name: "",
+    arch: Arch::Gpt2,
+    layers: 12,
+    hidden: 768,
+    heads: 12,
+    batch: 16,
+    tokens: 64,
+    input: InputKind::Vectors { width: 48 },
+    classes: 10,
+    readout: 1,
+    labels: 1,
+};
+const MINILM: Shape = Shape {
+    arch: Arch::Minilm,
+    layers: 6,
+    hidden: 384,
+    heads: 12,
+    ..GPT2_BASE
+};
+const LSTM: Shape = Shape {
+    arch: Arch::Lstm,
+    layers: 3,
+    hidden: 256,
+    heads: 0,
+    ..GPT2_BASE
+};
+const LISTOPS: Shape = Shape {
+    batch: 4,
+    tokens: 512,
+    input: InputKind::Tokens { vocab: 15 },
+    ..GPT2_BASE
+};
+const BIT_XOR: Shape = Shape {
+    batch: 32,
+    tokens: 10,
+    input: InputKind::Vectors { width: 1 },
+    classes: 2,
+    readout: 5,
+    labels: 5,
+    ..GPT2_BASE
+};
+
 /// Every named shape.
-pub const SHAPES: [Shape; 4] = [
+pub const SHAPES: [Shape; 9] = [
     Shape {
         name: "tiny",
         layers: 2,
@@ -44,37 +133,60 @@ pub const SHAPES: [Shape; 4] = [
         batch: 4,
         tokens: 16,
         input: InputKind::Vectors { width: 8 },
-        classes: 10,
+        ..GPT2_BASE
     },
     Shape {
         name: "c10",
-        layers: 12,
-        hidden: 768,
-        heads: 12,
-        batch: 16,
-        tokens: 64,
-        input: InputKind::Vectors { width: 48 },
-        classes: 10,
+        ..GPT2_BASE
     },
     Shape {
         name: "lra",
-        layers: 12,
-        hidden: 768,
-        heads: 12,
         batch: 2,
         tokens: 1024,
         input: InputKind::Vectors { width: 1 },
-        classes: 10,
+        ..GPT2_BASE
     },
     Shape {
         name: "listops",
-        layers: 12,
-        hidden: 768,
-        heads: 12,
-        batch: 4,
-        tokens: 512,
-        input: InputKind::Tokens { vocab: 15 },
-        classes: 10,
+        ..LISTOPS
+    },
+    Shape {
+        name: "minilm-mnist",
+        tokens: 49,
+        input: InputKind::Vectors { width: 16 },
+        ..MINILM
+    },
+    Shape {
+        name: "minilm-listops",
+        arch: Arch::Minilm,
+        layers: MINILM.layers,
+        hidden: MINILM.hidden,
+        heads: MINILM.heads,
+        ..LISTOPS
+    },
+    Shape {
+        name: "minilm-bitxor",
+        arch: Arch::Minilm,
+        layers: MINILM.layers,
+        hidden: MINILM.hidden,
+        heads: MINILM.heads,
+        ..BIT_XOR
+    },
+    Shape {
+        name: "lstm-bitxor",
+        arch: Arch::Lstm,
+        layers: LSTM.layers,
+        hidden: LSTM.hidden,
+        heads: 0,
+        ..BIT_XOR
+    },
+    Shape {
+        name: "lstm-listops",
+        arch: Arch::Lstm,
+        layers: LSTM.layers,
+        hidden: LSTM.hidden,
+        heads: 0,
+        ..LISTOPS
     },
 ];
 
@@ -83,14 +195,31 @@ pub fn shape(name: &str) -> Option<Shape> {
     SHAPES.iter().copied().find(|s| s.name == name)
 }
 
+/// The shapes of a backbone, in [`SHAPES`]' order.
+pub fn shapes_for(arch: Arch) -> Vec<Shape> {
+    SHAPES.iter().copied().filter(|s| s.arch == arch).collect()
+}
+
+/// A shape by its name alone (`c10`, `minilm-mnist`) or by the name without the backbone's
+/// prefix (`mnist` with [`Arch::Minilm`]).
+pub fn find(arch: Arch, name: &str) -> Option<Shape> {
+    shape(&format!("{}-{name}", arch.name()))
+        .filter(|s| s.arch == arch)
+        .or_else(|| shape(name).filter(|s| s.arch == arch))
+}
+
 impl Shape {
-    /// Matmul FLOPs fpt executes for one step (2 per multiply-add), read out at the last
-    /// token: the blocks' linear layers (12 C^2 multiply-adds per token and layer, except
-    /// that the last block runs only Q/K/V (3 C^2) for every token and its projection and
-    /// MLP (9 C^2) for the read-out token), their input gradients in backward (as much
-    /// again), the weight gradients too when `full`; attention's two T x T products per
-    /// layer forward and five backward (four plus the recomputed scores; the last layer
-    /// has one query).
+    /// Matmul FLOPs fpt executes for one step (2 per multiply-add), with `full` the weight
+    /// gradients too.
+    ///
+    /// GPT-2, read out at the last token: the blocks' linear layers (12 C^2 multiply-adds
+    /// per token and layer, except that the last block runs only Q/K/V (3 C^2) for every
+    /// token and its projection and MLP (9 C^2) for the read-out token), their input
+    /// gradients in backward (as much again), the weight gradients too when `full`;
+    /// attention's two T x T products per layer forward and five backward (four plus the
+    /// recomputed scores; the last layer has one query). BERT: every block for every
+    /// token, the same per-token counts. LSTM: the input and recurrent maps (4 H^2 each
+    /// per token and layer), twice (forward and input gradients), thrice when `full`.
     pub fn step_flops(&self, full: bool) -> f64 {
         let (b, t, c, l) = (
             self.batch as f64,
@@ -98,27 +227,52 @@ impl Shape {
             self.hidden as f64,
             self.layers as f64,
         );
-        let per_token = 12.0 * c * c;
-        let linear_macs = b * ((l - 1.0) * t * per_token + t * 3.0 * c * c + 9.0 * c * c);
-        let linear = 2.0 * linear_macs * if full { 3.0 } else { 2.0 };
-        let attn_macs = b * ((l - 1.0) * t * t * c + t * c);
-        let attention = 2.0 * attn_macs * 7.0;
-        linear + attention
+        let passes = if full { 3.0 } else { 2.0 };
+        match self.arch {
+            Arch::Gpt2 => {
+                let per_token = 12.0 * c * c;
+                let linear_macs = b * ((l - 1.0) * t * per_token + t * 3.0 * c * c + 9.0 * c * c);
+                let attn_macs = b * ((l - 1.0) * t * t * c + t * c);
+                2.0 * linear_macs * passes + 2.0 * attn_macs * 7.0
+            }
+            Arch::Minilm => {
+                let linear_macs = b * l * t * 12.0 * c * c;
+                let attn_macs = b * l * t * t * c;
+                2.0 * linear_macs * passes + 2.0 * attn_macs * 7.0
+            }
+            Arch::Lstm => 2.0 * b * l * t * 8.0 * c * c * passes,
+        }
     }
 
     fn spec(&self, groups: TrainGroups) -> RunSpec {
-        RunSpec {
-            task: TaskSpec::new(TaskName::BitXor),
-            backbone: BackboneSpec {
-                source: "gpt2".into(),
-                init: Init::Random,
-                shape: ShapeOverrides {
+        let (source, shape) = match self.arch {
+            Arch::Gpt2 => (
+                "gpt2",
+                ShapeOverrides {
                     layers: Some(self.layers),
                     hidden: Some(self.hidden),
                     heads: Some(self.heads),
                     positions: Some(self.tokens.max(1024)),
                     ..Default::default()
                 },
+            ),
+            // The built-in config (512 positions), randomly initialised.
+            Arch::Minilm => ("sentence-transformers/all-MiniLM-L6-v2", ShapeOverrides::default()),
+            Arch::Lstm => (
+                "lstm",
+                ShapeOverrides {
+                    layers: Some(self.layers),
+                    hidden: Some(self.hidden),
+                    ..Default::default()
+                },
+            ),
+        };
+        RunSpec {
+            task: TaskSpec::new(TaskName::BitXor),
+            backbone: BackboneSpec {
+                source: source.into(),
+                init: Init::Random,
+                shape,
                 residual_init: Default::default(),
                 depth: None,
                 final_norm: true,
@@ -140,8 +294,8 @@ impl Shape {
         TaskDims {
             input: self.input,
             seq_len: self.tokens,
-            readout_tokens: 1,
-            labels_per_example: 1,
+            readout_tokens: self.readout,
+            labels_per_example: self.labels,
             classes: self.classes,
         }
     }
@@ -228,6 +382,8 @@ pub struct BenchResult {
     pub peak_fraction: f64,
     /// Peak resident memory of the process (MB).
     pub peak_rss_mb: Option<f64>,
+    /// The kernel path that ran (`avx512`, `avx2`, `portable`; the device's name off the CPU).
+    pub kernel_path: String,
 }
 
 /// Benchmarks one shape: the FPT step, then (if `full`) the full fine-tune step.
@@ -253,5 +409,10 @@ pub fn run(shape: &Shape, warmup: usize, steps: usize, full: bool, device: &Devi
         peak_gflops: peak,
         peak_fraction: gflops / peak,
         peak_rss_mb: rss,
+        kernel_path: if device.is_cpu() {
+            fpt_nn::kernels::KernelPath::active().name().to_string()
+        } else {
+            format!("{device:?}")
+        },
     })
 }

@@ -247,4 +247,19 @@ fn bench_times_the_tiny_shape_and_counts_c10_flops() {
     assert!(r.ours_ms > 0.0 && r.full_ms.unwrap() > 0.0 && r.peak_gflops > 0.0);
     assert!((r.peak_fraction - r.gflops / r.peak_gflops).abs() < 1e-12);
     assert!(bench::shape("nope").is_none());
+    // The MiniLM and LSTM shapes: found with or without the backbone's prefix, and their
+    // FLOPs from the per-token counts (BERT: 12 C^2 per token and layer, every layer; LSTM:
+    // 8 H^2), forward plus input gradients.
+    let m = bench::find(bench::Arch::Minilm, "mnist").unwrap();
+    assert_eq!(m, bench::shape("minilm-mnist").unwrap());
+    assert_eq!((m.layers, m.hidden, m.batch, m.tokens), (6, 384, 16, 49));
+    let bert = 2.0 * 2.0 * 16.0 * 6.0 * 49.0 * 12.0 * 384.0 * 384.0 + 2.0 * 7.0 * 16.0 * 6.0 * 49.0 * 49.0 * 384.0;
+    assert!((m.step_flops(false) - bert).abs() < 1.0, "{}", m.step_flops(false));
+    let l = bench::find(bench::Arch::Lstm, "listops").unwrap();
+    assert_eq!((l.layers, l.hidden, l.readout), (3, 256, 1));
+    assert!((l.step_flops(true) / l.step_flops(false) - 1.5).abs() < 1e-12);
+    assert!(bench::find(bench::Arch::Lstm, "c10").is_none());
+    assert_eq!(bench::shapes_for(bench::Arch::Minilm).len(), 3);
+    let r = bench::run(&bench::shape("lstm-bitxor").unwrap(), 0, 1, false, &Device::Cpu).unwrap();
+    assert!(r.ours_ms > 0.0 && !r.kernel_path.is_empty());
 }

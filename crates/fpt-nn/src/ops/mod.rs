@@ -15,6 +15,7 @@ mod gelu;
 mod layer_norm;
 mod linear;
 mod loss;
+mod lstm;
 pub(crate) mod sgemm;
 mod softmax;
 
@@ -28,6 +29,7 @@ pub use layer_norm::{layer_norm, layer_norm_composed};
 pub(crate) use linear::linear_prepacked;
 pub use linear::{linear, linear_composed};
 pub use loss::{correct, cross_entropy, cross_entropy_composed};
+pub use lstm::{ln_lstm, ln_lstm_composed, LnLstmParams};
 pub use softmax::{masked_softmax, masked_softmax_composed, Mask};
 
 use candle_core::{CpuStorage, DType, Error, Layout, Result, Storage, Tensor, WithDType};
