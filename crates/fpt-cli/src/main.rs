@@ -1223,6 +1223,7 @@ fn inspect(a: InspectArgs) -> Result<()> {
 
 fn main() {
     fpt_nn::tune_allocator();
+    fpt_nn::quiet_candle_pool();
     // candle re-reads /proc/cpuinfo on every matmul to count threads unless this is set.
     if std::env::var_os("RAYON_NUM_THREADS").is_none() {
         std::env::set_var("RAYON_NUM_THREADS", fpt_nn::num_threads().to_string());

@@ -28,10 +28,10 @@ use std::sync::OnceLock;
 pub enum KernelPath {
     /// Plain Rust loops and the `gemm` crate's product: every CPU.
     Portable,
-    /// AVX2 + FMA element-wise loops and the `gemm` crate's product.
+    /// AVX2 + FMA element-wise loops, fpt's matrix product with an AVX2 micro-kernel,
+    /// packed frozen weights and the fused branch.
     Avx2,
-    /// fpt's AVX-512 matrix product, packed frozen weights, the fused branch, and the AVX2
-    /// loops.
+    /// The same with fpt's AVX-512 micro-kernel.
     Avx512,
 }
 
@@ -138,7 +138,14 @@ impl KernelPath {
         self >= KernelPath::Avx2
     }
 
-    /// Whether fpt's AVX-512 product (and what builds on it) runs on this path.
+    /// Whether fpt's own blocked matrix product (its AVX2 or AVX-512 micro-kernel), the
+    /// packed frozen weights and the fused branch run on this path.
+    #[inline]
+    pub(crate) fn own_gemm(self) -> bool {
+        self >= KernelPath::Avx2
+    }
+
+    /// Whether fpt's AVX-512 micro-kernel runs on this path.
     #[inline]
     pub(crate) fn avx512(self) -> bool {
         self == KernelPath::Avx512

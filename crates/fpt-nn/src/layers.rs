@@ -12,7 +12,7 @@ type PackCache = Arc<Mutex<Option<(TensorId, Arc<PackedB>)>>>;
 
 /// `y = x W^T + b`, `W: [out, in]`.
 ///
-/// On the AVX-512 kernel path, a frozen f32 weight is packed for the forward product at the first
+/// On the AVX2 and AVX-512 kernel paths, a frozen f32 weight is packed for the forward product at the first
 /// forward and kept (one more copy of the weight in memory; clones of the layer share it),
 /// so the steps after the first skip re-packing it. A [`PreNormBranch`] also keeps it packed
 /// for the backward product (a second copy).
@@ -52,7 +52,7 @@ impl Linear {
     }
 
     /// Whether the weight is frozen and `x` and the weight are f32 on the CPU, on the
-    /// AVX-512 kernel path: then the weight is kept packed.
+    /// AVX2 or AVX-512 kernel path: then the weight is kept packed.
     fn packs_for(&self, x: &Tensor) -> bool {
         let w = self.weight.tensor();
         !self.weight.is_trainable()
@@ -60,7 +60,7 @@ impl Linear {
             && w.dtype() == DType::F32
             && x.device().is_cpu()
             && w.device().is_cpu()
-            && crate::kernels::KernelPath::active().avx512()
+            && crate::kernels::KernelPath::active().own_gemm()
     }
 
     /// Whether the bias (if any) is frozen too.

@@ -223,7 +223,7 @@ impl LinearOp {
             DType::F32
                 if self.packed.as_ref().is_some_and(|p| p.dims() == (k, n))
                     && k > 0
-                    && KernelPath::active().avx512() =>
+                    && KernelPath::active().own_gemm() =>
             {
                 let p = self.packed.as_ref().expect("checked");
                 let bias = b.map(|(s, l)| cpu_slice::<f32>(s, l, "linear")).transpose()?;

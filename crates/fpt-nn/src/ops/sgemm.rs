@@ -10,9 +10,15 @@
 //! the edges are stored with masked stores. Both cores share one packed B panel and split
 //! the rows of A (or, for short A, the slivers of B).
 //!
-//! [`sgemm`] runs the `gemm` crate's product instead on the other kernel paths
-//! ([`KernelPath`]: CPUs without AVX-512F, or `FPT_KERNELS` lower), with the same
-//! contract: the bias (or, when accumulating, the previous contents of C) is added.
+//! The AVX2 path runs the same blocked product and packing with an AVX2 + FMA micro-kernel:
+//! the 12 x 32 tile as four 6 x 16 sub-tiles, each accumulated in 12 of the 16 256-bit
+//! registers (the `gemm` crate reached about half of this machine's matmul peak at the
+//! BERT-family shapes the `cpu` scale runs, 784 x 384 by 384 x 1536: see `fpt bench
+//! --backbone minilm`).
+//!
+//! [`sgemm`] runs the `gemm` crate's product instead on the portable path ([`KernelPath`]:
+//! CPUs without AVX2 and FMA, or `FPT_KERNELS=portable`), with the same contract: the bias
+//! (or, when accumulating, the previous contents of C) is added.
 
 use crate::kernels::KernelPath;
 use rayon::prelude::*;
@@ -208,8 +214,29 @@ impl PackedB {
     }
 }
 
-/// [`sgemm`] (overwriting `c`, with an optional bias) against a [`PackedB`]; only on the
-/// AVX-512 path and for `k > 0` (panics otherwise, before touching memory).
+/// The micro-kernel of a path: `C[..mr, ..nr] (+)= A_sliver^T B_sliver (+ bias)` over `kc`
+/// for packed `MR`-row and `NR`-column slivers.
+type MicroKernel = unsafe fn(usize, *const f32, *const f32, *mut f32, usize, usize, usize, bool, *const f32);
+
+/// fpt's micro-kernel for `path` when the path has one and the CPU runs it (AVX-512F, or
+/// AVX2 + FMA); `None` on the portable path (the `gemm` crate's product runs).
+fn micro_kernel(path: KernelPath) -> Option<MicroKernel> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if path.avx512() && path.runs_here() {
+            return Some(kernel as MicroKernel);
+        }
+        if path.own_gemm() && path.runs_here() {
+            return Some(kernel_avx2 as MicroKernel);
+        }
+    }
+    let _ = path;
+    None
+}
+
+/// [`sgemm`] (overwriting `c`, with an optional bias) against a [`PackedB`]; only on a
+/// path with fpt's micro-kernel (AVX-512 or AVX2) and for `k > 0` (panics otherwise,
+/// before touching memory).
 ///
 /// # Safety
 /// As [`sgemm`]: `a` and `c` describe live memory (their extents are checked against their
@@ -225,9 +252,10 @@ pub(crate) unsafe fn sgemm_prepacked(
     threads: usize,
 ) {
     let (k, n) = b.dims();
+    let kern = micro_kernel(path);
     assert!(
-        path.avx512() && path.runs_here() && k > 0,
-        "sgemm_prepacked needs the AVX-512 path (got {path}) and a non-empty depth"
+        kern.is_some() && k > 0,
+        "sgemm_prepacked needs the AVX-512 or AVX2 path (got {path}) and a non-empty depth"
     );
     a.check(m, k, "A");
     c.check(m, n);
@@ -242,8 +270,23 @@ pub(crate) unsafe fn sgemm_prepacked(
     #[cfg(target_arch = "x86_64")]
     {
         let bias = bias.map_or(std::ptr::null(), |bv| bv.as_ptr());
-        // SAFETY: forwarded contract; the CPU has AVX-512F.
-        unsafe { blocked(m, n, k, a, BSource::Packed(b), OutPtr(c), ldc, false, bias, threads) };
+        let kern = kern.expect("checked above");
+        // SAFETY: forwarded contract; the CPU runs the kernel's instructions (micro_kernel).
+        unsafe {
+            blocked(
+                m,
+                n,
+                k,
+                a,
+                BSource::Packed(b),
+                OutPtr(c),
+                ldc,
+                false,
+                bias,
+                threads,
+                kern,
+            )
+        };
     }
 }
 
@@ -289,10 +332,24 @@ pub(crate) unsafe fn sgemm(
         assert!(b.len() >= n, "sgemm: bias of {} for {n} columns", b.len());
     }
     #[cfg(target_arch = "x86_64")]
-    if path.avx512() && path.runs_here() && k > 0 {
+    if let Some(kern) = micro_kernel(path).filter(|_| k > 0) {
         let bias = bias.map_or(std::ptr::null(), |b| b.as_ptr());
-        // SAFETY: forwarded contract; the CPU has AVX-512F.
-        unsafe { blocked(m, n, k, a, BSource::Raw(b), OutPtr(c), ldc, accumulate, bias, threads) };
+        // SAFETY: forwarded contract; the CPU runs the kernel's instructions (micro_kernel).
+        unsafe {
+            blocked(
+                m,
+                n,
+                k,
+                a,
+                BSource::Raw(b),
+                OutPtr(c),
+                ldc,
+                accumulate,
+                bias,
+                threads,
+                kern,
+            )
+        };
         return;
     }
     let mut accumulate = accumulate;
@@ -438,11 +495,11 @@ fn pack_a(dst: &mut Vec<f32>, a: MatRef, ic: usize, mc: usize, pc: usize, kc: us
     }
 }
 
-/// The blocked product on the AVX-512 path: B packed panel by panel (or read prepacked),
-/// A packed per thread, the micro-kernel over each tile.
+/// The blocked product on the AVX-512 and AVX2 paths: B packed panel by panel (or read
+/// prepacked), A packed per thread, the path's micro-kernel over each tile.
 ///
 /// # Safety
-/// The CPU has AVX-512F; `a`, `b` cover their `m x k` and `k x n` extents and `c` rows
+/// The CPU runs `kern`'s instructions; `a`, `b` cover their `m x k` and `k x n` extents and `c` rows
 /// `0..m` of `n`, `ldc` apart (checked by the callers, [`sgemm`] and [`sgemm_prepacked`]);
 /// `bias` is null or holds `n` values.
 #[cfg(target_arch = "x86_64")]
@@ -458,6 +515,7 @@ unsafe fn blocked(
     accumulate: bool,
     bias: *const f32,
     threads: usize,
+    kern: MicroKernel,
 ) {
     let bias = BiasPtr(bias);
     // Small products are not worth waking another thread for.
@@ -495,7 +553,26 @@ unsafe fn blocked(
                     if r0 < r1 {
                         PACK_A.with_borrow_mut(|pa| {
                             // SAFETY: rows r0..r1 of c belong to this task only.
-                            unsafe { rows(pa, a, pb, c, ldc, r0, r1, pc, kc, jc, nc, 0, nc.div_ceil(NR), acc, bias) }
+                            unsafe {
+                                rows(
+                                    pa,
+                                    a,
+                                    pb,
+                                    c,
+                                    ldc,
+                                    r0,
+                                    r1,
+                                    pc,
+                                    kc,
+                                    jc,
+                                    nc,
+                                    0,
+                                    nc.div_ceil(NR),
+                                    acc,
+                                    bias,
+                                    kern,
+                                )
+                            }
                         });
                     }
                 });
@@ -507,14 +584,33 @@ unsafe fn blocked(
                     if s0 < s1 {
                         PACK_A.with_borrow_mut(|pa| {
                             // SAFETY: columns of slivers s0..s1 belong to this task only.
-                            unsafe { rows(pa, a, pb, c, ldc, 0, m, pc, kc, jc, nc, s0, s1, acc, bias) }
+                            unsafe { rows(pa, a, pb, c, ldc, 0, m, pc, kc, jc, nc, s0, s1, acc, bias, kern) }
                         });
                     }
                 });
             } else {
                 PACK_A.with_borrow_mut(|pa| {
                     // SAFETY: a single task writes all of c.
-                    unsafe { rows(pa, a, pb, c, ldc, 0, m, pc, kc, jc, nc, 0, nc.div_ceil(NR), acc, bias) }
+                    unsafe {
+                        rows(
+                            pa,
+                            a,
+                            pb,
+                            c,
+                            ldc,
+                            0,
+                            m,
+                            pc,
+                            kc,
+                            jc,
+                            nc,
+                            0,
+                            nc.div_ceil(NR),
+                            acc,
+                            bias,
+                            kern,
+                        )
+                    }
                 });
             }
         }
@@ -548,6 +644,7 @@ unsafe fn rows(
     s1: usize,
     acc: bool,
     bias: BiasPtr,
+    kern: MicroKernel,
 ) {
     for ic in (r0..r1).step_by(MC) {
         let mc = MC.min(r1 - ic);
@@ -560,9 +657,9 @@ unsafe fn rows(
                 let mr = MR.min(mc - i0);
                 let at = &pa[t * kc * MR..(t + 1) * kc * MR];
                 // SAFETY: the tile (ic + i0.., jc + j0..) of mr x nr lies inside c; the CPU
-                // has AVX-512F (checked by the caller).
+                // runs the kernel's instructions (checked by the caller).
                 unsafe {
-                    kernel(
+                    kern(
                         kc,
                         at.as_ptr(),
                         bs.as_ptr(),
@@ -692,6 +789,141 @@ unsafe fn kernel(
                 }
                 _mm512_mask_storeu_ps(row, m0, v0);
                 _mm512_mask_storeu_ps(row.add(16), m1, v1);
+            }
+        }
+    }
+}
+
+/// The AVX2 + FMA micro-kernel over the same packed 12 x 32 tile as [`kernel`]: four 6 x 16
+/// sub-tiles (rows 0-5 and 6-11 by columns 0-15 and 16-31), each over the whole depth.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA; `pa` and `pb` hold `kc * MR` and `kc * NR` floats; rows `..mr`
+/// and columns `..nr` of the tile at `c` (rows `ldc` apart) are valid for writes (and reads
+/// when `acc`); `bias` is null or holds `nr` values.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn kernel_avx2(
+    kc: usize,
+    pa: *const f32,
+    pb: *const f32,
+    c: *mut f32,
+    ldc: usize,
+    mr: usize,
+    nr: usize,
+    acc: bool,
+    bias: *const f32,
+) {
+    for i0 in [0, AVX2_MR] {
+        if i0 >= mr {
+            break;
+        }
+        for j0 in [0, AVX2_NR] {
+            if j0 >= nr {
+                break;
+            }
+            // SAFETY: the sub-tile's rows i0.. and columns j0.. lie in the tile (i0 < mr,
+            // j0 < nr), its slivers' parts inside the packed slivers, its bias values
+            // inside bias's nr; AVX2 + FMA per the caller.
+            unsafe {
+                sub_tile_avx2(
+                    kc,
+                    pa.add(i0),
+                    pb.add(j0),
+                    c.add(i0 * ldc + j0),
+                    ldc,
+                    (mr - i0).min(AVX2_MR),
+                    (nr - j0).min(AVX2_NR),
+                    acc,
+                    if bias.is_null() { bias } else { bias.add(j0) },
+                )
+            };
+        }
+    }
+}
+
+/// Rows of an AVX2 sub-tile.
+const AVX2_MR: usize = 6;
+/// Columns of an AVX2 sub-tile (two 8-lane registers).
+const AVX2_NR: usize = 16;
+
+/// One 6 x 16 sub-tile: `pa` and `pb` point into the packed slivers (rows `MR` and `NR`
+/// apart per depth step), the accumulators stay in 12 registers.
+///
+/// # Safety
+/// As [`kernel_avx2`] for a tile of `AVX2_MR x AVX2_NR` whose first `mr` rows and `nr`
+/// columns are written; `pa + p * MR + 0..6` and `pb + p * NR + 0..16` are readable for
+/// every depth `p < kc` (the packed slivers are zero-padded to whole tiles).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+#[inline]
+unsafe fn sub_tile_avx2(
+    kc: usize,
+    pa: *const f32,
+    pb: *const f32,
+    c: *mut f32,
+    ldc: usize,
+    mr: usize,
+    nr: usize,
+    acc: bool,
+    bias: *const f32,
+) {
+    use std::arch::x86_64::*;
+    let mut r = [[_mm256_setzero_ps(); 2]; AVX2_MR];
+    let (mut a, mut b) = (pa, pb);
+    for _ in 0..kc {
+        // SAFETY: depth step inside the packed slivers (see the function's contract).
+        unsafe {
+            let b0 = _mm256_loadu_ps(b);
+            let b1 = _mm256_loadu_ps(b.add(8));
+            for (i, ri) in r.iter_mut().enumerate() {
+                let av = _mm256_broadcast_ss(&*a.add(i));
+                ri[0] = _mm256_fmadd_ps(av, b0, ri[0]);
+                ri[1] = _mm256_fmadd_ps(av, b1, ri[1]);
+            }
+            a = a.add(MR);
+            b = b.add(NR);
+        }
+    }
+    // SAFETY: rows ..mr and columns ..nr of the sub-tile lie inside c; bias holds nr values.
+    unsafe {
+        if mr == AVX2_MR && nr == AVX2_NR {
+            let (b0, b1) = if bias.is_null() {
+                (_mm256_setzero_ps(), _mm256_setzero_ps())
+            } else {
+                (_mm256_loadu_ps(bias), _mm256_loadu_ps(bias.add(8)))
+            };
+            for (i, ri) in r.iter().enumerate() {
+                let row = c.add(i * ldc);
+                let (mut v0, mut v1) = (_mm256_add_ps(ri[0], b0), _mm256_add_ps(ri[1], b1));
+                if acc {
+                    v0 = _mm256_add_ps(v0, _mm256_loadu_ps(row));
+                    v1 = _mm256_add_ps(v1, _mm256_loadu_ps(row.add(8)));
+                }
+                _mm256_storeu_ps(row, v0);
+                _mm256_storeu_ps(row.add(8), v1);
+            }
+        } else {
+            // An edge: the sub-tile through a buffer, the valid part copied out.
+            let mut buf = [[0f32; AVX2_NR]; AVX2_MR];
+            for (ri, out) in r.iter().zip(buf.iter_mut()) {
+                _mm256_storeu_ps(out.as_mut_ptr(), ri[0]);
+                _mm256_storeu_ps(out.as_mut_ptr().add(8), ri[1]);
+            }
+            for (i, vals) in buf.iter().enumerate().take(mr) {
+                let row = c.add(i * ldc);
+                for (j, &v) in vals.iter().enumerate().take(nr) {
+                    let mut v = v;
+                    if !bias.is_null() {
+                        v += *bias.add(j);
+                    }
+                    if acc {
+                        v += *row.add(j);
+                    }
+                    *row.add(j) = v;
+                }
             }
         }
     }
@@ -885,10 +1117,17 @@ mod tests {
 
     #[test]
     fn a_prepacked_b_gives_the_same_product() {
-        if !KernelPath::available().contains(&KernelPath::Avx512) {
-            eprintln!("skipped: the AVX-512 path does not run here");
+        let paths: Vec<KernelPath> = KernelPath::available().into_iter().filter(|p| p.own_gemm()).collect();
+        if paths.is_empty() {
+            eprintln!("skipped: neither the AVX2 nor the AVX-512 path runs here");
             return;
         }
+        for path in paths {
+            prepacked_on(path);
+        }
+    }
+
+    fn prepacked_on(path: KernelPath) {
         // Two column blocks (n > NC) and two depth blocks (k > KC), transposed B, bias.
         let (m, n, k) = (29, 3100, 800);
         let mut rng = crate::Rng::new(8);
@@ -898,7 +1137,6 @@ mod tests {
         let (av, bv) = (MatRef::of(&a, k, 1), MatRef::of(&w, 1, k));
         let packed = PackedB::new(bv, k, n, 2);
         let (mut c1, mut c2) = (vec![0f32; m * n], vec![1f32; m * n]);
-        let path = KernelPath::Avx512;
         // SAFETY: the views cover the vectors.
         unsafe {
             sgemm(
@@ -923,7 +1161,7 @@ mod tests {
                 2,
             );
         }
-        assert_eq!(c1, c2);
+        assert_eq!(c1, c2, "{path}");
     }
 }
 
