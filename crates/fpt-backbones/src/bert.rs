@@ -421,6 +421,48 @@ impl Bert {
     fn position_offset(&self) -> usize {
         self.config.longformer.map_or(0, |l| l.position_offset)
     }
+
+    /// Embeddings and the layers; with `last = Some(n)` the last layer runs its queries,
+    /// attention output, LayerNorms and feed-forward for the last `n` positions only (all
+    /// positions are still its keys and values): exact, and most of a layer saved when one
+    /// token is read out. (Dropout masks are then drawn for those positions only.)
+    fn run(&self, embeds: &Tensor, ctx: &mut Ctx, last: Option<usize>) -> candle_core::Result<Tensor> {
+        let c = &self.config;
+        let t = crate::check_embeds(self, embeds)?;
+        let mask = match c.longformer {
+            Some(l) => Mask::Band(l.one_sided_window),
+            None => Mask::None,
+        };
+        let drop = |ctx: &mut Ctx, x: &Tensor, p: f64| if self.dropout { ctx.dropout(x, p) } else { Ok(x.clone()) };
+        let pos = self.positions.tensor().narrow(0, self.position_offset(), t)?;
+        let tt = self.token_type.tensor().narrow(0, 0, 1)?;
+        let h = embeds.broadcast_add(&pos)?.broadcast_add(&tt)?;
+        let mut h = drop(ctx, &self.emb_ln.forward(&h)?, c.hidden_dropout_prob)?;
+        let (nh, hd) = (c.num_attention_heads, c.hidden_size / c.num_attention_heads);
+        let n = self.layers.len();
+        for (i, l) in self.layers.iter().enumerate() {
+            let dropout = self.dropout.then_some(c.attention_probs_dropout_prob);
+            let scale = 1.0 / (hd as f64).sqrt();
+            let (o, residual) = match last.filter(|_| i + 1 == n) {
+                Some(k) => {
+                    // Q, K and V packed for the fused read-out attention.
+                    let qkv = Tensor::cat(&[l.query.forward(&h)?, l.key.forward(&h)?, l.value.forward(&h)?], 2)?;
+                    let o = crate::attention_packed(&qkv, nh, scale, mask, ctx, dropout, Some(k))?;
+                    (o, h.narrow(1, t - k, k)?)
+                }
+                None => {
+                    let (q, k, v) = (l.query.forward(&h)?, l.key.forward(&h)?, l.value.forward(&h)?);
+                    (crate::attention(&q, &k, &v, nh, scale, mask, None, ctx, dropout)?, h)
+                }
+            };
+            let a = drop(ctx, &l.attn_out.forward(&o)?, c.hidden_dropout_prob)?;
+            let h1 = l.attn_ln.forward(&(a + &residual)?)?;
+            let m = ops::gelu_erf(&l.intermediate.forward(&h1)?)?;
+            let m = drop(ctx, &l.output.forward(&m)?, c.hidden_dropout_prob)?;
+            h = l.out_ln.forward(&(m + h1)?)?;
+        }
+        Ok(h)
+    }
 }
 
 impl Backbone for Bert {
@@ -445,29 +487,16 @@ impl Backbone for Bert {
     }
 
     fn forward(&self, embeds: &Tensor, ctx: &mut Ctx) -> candle_core::Result<Tensor> {
-        let c = &self.config;
-        let t = crate::check_embeds(self, embeds)?;
-        let mask = match c.longformer {
-            Some(l) => Mask::Band(l.one_sided_window),
-            None => Mask::None,
-        };
-        let drop = |ctx: &mut Ctx, x: &Tensor, p: f64| if self.dropout { ctx.dropout(x, p) } else { Ok(x.clone()) };
-        let pos = self.positions.tensor().narrow(0, self.position_offset(), t)?;
-        let tt = self.token_type.tensor().narrow(0, 0, 1)?;
-        let h = embeds.broadcast_add(&pos)?.broadcast_add(&tt)?;
-        let mut h = drop(ctx, &self.emb_ln.forward(&h)?, c.hidden_dropout_prob)?;
-        let (nh, hd) = (c.num_attention_heads, c.hidden_size / c.num_attention_heads);
-        for l in &self.layers {
-            let (q, k, v) = (l.query.forward(&h)?, l.key.forward(&h)?, l.value.forward(&h)?);
-            let dropout = self.dropout.then_some(c.attention_probs_dropout_prob);
-            let o = crate::attention(&q, &k, &v, nh, 1.0 / (hd as f64).sqrt(), mask, None, ctx, dropout)?;
-            let a = drop(ctx, &l.attn_out.forward(&o)?, c.hidden_dropout_prob)?;
-            let h1 = l.attn_ln.forward(&(a + &h)?)?;
-            let m = ops::gelu_erf(&l.intermediate.forward(&h1)?)?;
-            let m = drop(ctx, &l.output.forward(&m)?, c.hidden_dropout_prob)?;
-            h = l.out_ln.forward(&(m + h1)?)?;
+        self.run(embeds, ctx, None)
+    }
+
+    fn forward_last(&self, embeds: &Tensor, ctx: &mut Ctx, last: usize) -> candle_core::Result<Tensor> {
+        let t = embeds.dim(1)?;
+        if last == 0 || last >= t {
+            let h = self.run(embeds, ctx, None)?;
+            return h.narrow(1, t.saturating_sub(last), last.min(t));
         }
-        Ok(h)
+        self.run(embeds, ctx, Some(last))
     }
 
     fn config(&self) -> crate::Config {
