@@ -212,14 +212,14 @@ impl Shape {
     /// Matmul FLOPs fpt executes for one step (2 per multiply-add), with `full` the weight
     /// gradients too.
     ///
-    /// GPT-2, read out at the last token: the blocks' linear layers (12 C^2 multiply-adds
-    /// per token and layer, except that the last block runs only Q/K/V (3 C^2) for every
-    /// token and its projection and MLP (9 C^2) for the read-out token), their input
-    /// gradients in backward (as much again), the weight gradients too when `full`;
-    /// attention's two T x T products per layer forward and five backward (four plus the
-    /// recomputed scores; the last layer has one query). BERT: every block for every
-    /// token, the same per-token counts. LSTM: the input and recurrent maps (4 H^2 each
-    /// per token and layer), twice (forward and input gradients), thrice when `full`.
+    /// GPT-2 and BERT, read out at the last `readout` tokens: the blocks' linear layers (12
+    /// C^2 multiply-adds per token and layer, except that the last block runs only Q/K/V (3
+    /// C^2) for every token and its projection and MLP (9 C^2) for the read-out tokens),
+    /// their input gradients in backward (as much again), the weight gradients too when
+    /// `full`; attention's two T x T products per layer forward and five backward (four
+    /// plus the recomputed scores; the last layer has `readout` queries). LSTM: the input
+    /// and recurrent maps (4 H^2 each per token and layer), twice (forward and input
+    /// gradients), thrice when `full`.
     pub fn step_flops(&self, full: bool) -> f64 {
         let (b, t, c, l) = (
             self.batch as f64,
@@ -228,16 +228,12 @@ impl Shape {
             self.layers as f64,
         );
         let passes = if full { 3.0 } else { 2.0 };
+        let r = self.readout as f64;
         match self.arch {
-            Arch::Gpt2 => {
+            Arch::Gpt2 | Arch::Minilm => {
                 let per_token = 12.0 * c * c;
-                let linear_macs = b * ((l - 1.0) * t * per_token + t * 3.0 * c * c + 9.0 * c * c);
-                let attn_macs = b * ((l - 1.0) * t * t * c + t * c);
-                2.0 * linear_macs * passes + 2.0 * attn_macs * 7.0
-            }
-            Arch::Minilm => {
-                let linear_macs = b * l * t * 12.0 * c * c;
-                let attn_macs = b * l * t * t * c;
+                let linear_macs = b * ((l - 1.0) * t * per_token + t * 3.0 * c * c + r * 9.0 * c * c);
+                let attn_macs = b * ((l - 1.0) * t * t * c + r * t * c);
                 2.0 * linear_macs * passes + 2.0 * attn_macs * 7.0
             }
             Arch::Lstm => 2.0 * b * l * t * 8.0 * c * c * passes,

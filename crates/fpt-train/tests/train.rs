@@ -248,12 +248,16 @@ fn bench_times_the_tiny_shape_and_counts_c10_flops() {
     assert!((r.peak_fraction - r.gflops / r.peak_gflops).abs() < 1e-12);
     assert!(bench::shape("nope").is_none());
     // The MiniLM and LSTM shapes: found with or without the backbone's prefix, and their
-    // FLOPs from the per-token counts (BERT: 12 C^2 per token and layer, every layer; LSTM:
-    // 8 H^2), forward plus input gradients.
+    // FLOPs from the per-token counts (BERT as GPT-2: 12 C^2 per token and layer, the last
+    // layer 3 C^2 per token and 9 C^2 per read-out token; LSTM: 8 H^2), forward plus input
+    // gradients.
     let m = bench::find(bench::Arch::Minilm, "mnist").unwrap();
     assert_eq!(m, bench::shape("minilm-mnist").unwrap());
     assert_eq!((m.layers, m.hidden, m.batch, m.tokens), (6, 384, 16, 49));
-    let bert = 2.0 * 2.0 * 16.0 * 6.0 * 49.0 * 12.0 * 384.0 * 384.0 + 2.0 * 7.0 * 16.0 * 6.0 * 49.0 * 49.0 * 384.0;
+    let c2 = 384.0 * 384.0;
+    let linear = 16.0 * (5.0 * 49.0 * 12.0 * c2 + 49.0 * 3.0 * c2 + 9.0 * c2);
+    let attn = 16.0 * (5.0 * 49.0 * 49.0 * 384.0 + 49.0 * 384.0);
+    let bert = 2.0 * 2.0 * linear + 2.0 * 7.0 * attn;
     assert!((m.step_flops(false) - bert).abs() < 1.0, "{}", m.step_flops(false));
     let l = bench::find(bench::Arch::Lstm, "listops").unwrap();
     assert_eq!((l.layers, l.hidden, l.readout), (3, 256, 1));
