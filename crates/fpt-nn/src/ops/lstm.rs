@@ -22,7 +22,7 @@
 //! candle ops (the reference the kernel is tested against).
 
 use super::fastmath::{exp_f32, tanh_f32};
-use super::sgemm::{sgemm, MatMut, MatRef};
+use super::sgemm::{has_micro_kernel, sgemm, sgemm_prepacked, MatMut, MatRef, PackedB};
 use super::{cpu_slice, tracks, unsupported, with_cpu_slice};
 use crate::kernels::KernelPath;
 use candle_core::backend::BackendStorage as _;
@@ -188,6 +188,41 @@ fn threads_for(m: usize, n: usize, k: usize) -> usize {
     }
 }
 
+/// The right operand of the per-step products: packed once per call where fpt's
+/// micro-kernel runs (every step multiplies by the same `W_hh`), else a view.
+enum Rhs<'a> {
+    Packed(PackedB),
+    View(MatRef, std::marker::PhantomData<&'a [f32]>),
+}
+
+impl<'a> Rhs<'a> {
+    /// `b` (`k x n`, a view of `data`).
+    fn new(data: &'a [f32], rs: usize, cs: usize, k: usize, n: usize) -> Self {
+        let view = MatRef::of(data, rs, cs);
+        if has_micro_kernel(KernelPath::active()) && k > 0 {
+            Rhs::Packed(PackedB::new(view, k, n, 1))
+        } else {
+            Rhs::View(view, std::marker::PhantomData)
+        }
+    }
+
+    /// `c = a b (+ bias)` for a row-major `a` of `m` rows of `k` into `c` (rows `n` apart).
+    fn product(&self, m: usize, n: usize, k: usize, a: &[f32], c: &mut [f32], bias: Option<&[f32]>) {
+        let a = MatRef::of(a, k, 1);
+        match self {
+            Rhs::Packed(p) => {
+                let out = MatMut::new(c.as_mut_ptr(), n, c.len());
+                // SAFETY: `a` views a live slice and `c` is a distinct &mut slice (valid for
+                // writes, aliased by neither operand nor any other thread); sgemm_prepacked
+                // checks a's and c's extents against their lengths and that the active path
+                // has the micro-kernel the panel was packed for (Rhs::new) before any access.
+                unsafe { sgemm_prepacked(KernelPath::active(), m, a, p, out, bias, threads_for(m, n, k)) }
+            }
+            Rhs::View(b, _) => product(m, n, k, a, *b, c, n, bias),
+        }
+    }
+}
+
 /// `c = a b (+ bias)` for views `a: [m, k]`, `b: [k, n]` into row-major `c` with rows
 /// `ldc` apart.
 #[allow(clippy::too_many_arguments)]
@@ -271,12 +306,12 @@ impl LnLstmOp {
         let mut r = vec![0.0f32; b * g4];
         let mut cp = vec![0.0f32; h];
         // W_hh^T as a view of [W_hh | b_hh] ([4H, H + 1] row-major): (p, j) at j (H + 1) + p.
-        let wt = MatRef::of(wb, 1, h + 1);
+        let wt = Rhs::new(wb, 1, h + 1, h, g4);
         for s in 0..t {
             let at = s * b;
             sv.hprev[at * h..(at + b) * h].copy_from_slice(&hcur);
             sv.cprev[at * h..(at + b) * h].copy_from_slice(&ccur);
-            product(b, g4, h, MatRef::of(&hcur, h, 1), wt, &mut r, g4, Some(&b_hh));
+            wt.product(b, g4, h, &hcur, &mut r, Some(&b_hh));
             for row in 0..b {
                 let k = at + row;
                 let rhat = &mut sv.rhat[k * g4..(k + 1) * g4];
@@ -332,7 +367,7 @@ impl LnLstmOp {
         let mut dc = vec![0.0f32; b * h];
         let mut d = vec![0.0f32; h];
         // W_hh as a view of [W_hh | b_hh]: (p, j) at p (H + 1) + j.
-        let wv = MatRef::of(wb, h + 1, 1);
+        let wv = Rhs::new(wb, h + 1, 1, g4, h);
         for s in (0..t).rev() {
             let at = s * b;
             let dr_step = if want_w {
@@ -384,7 +419,7 @@ impl LnLstmOp {
                 }
             }
             // dh for the step before: dr W_hh.
-            product(b, h, g4, MatRef::of(dr_step, g4, 1), wv, &mut dh, h, None);
+            wv.product(b, h, g4, dr_step, &mut dh, None);
         }
         let dwb = want_w.then(|| {
             // dW_hh = sum over steps and rows of dr^T hprev ([4H, T B] x [T B, H]) into the

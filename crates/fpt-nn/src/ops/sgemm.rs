@@ -234,6 +234,11 @@ fn micro_kernel(path: KernelPath) -> Option<MicroKernel> {
     None
 }
 
+/// Whether `path` runs fpt's micro-kernel here (so [`sgemm_prepacked`] may be called).
+pub(crate) fn has_micro_kernel(path: KernelPath) -> bool {
+    micro_kernel(path).is_some()
+}
+
 /// [`sgemm`] (overwriting `c`, with an optional bias) against a [`PackedB`]; only on a
 /// path with fpt's micro-kernel (AVX-512 or AVX2) and for `k > 0` (panics otherwise,
 /// before touching memory).
