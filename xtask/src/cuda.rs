@@ -152,7 +152,7 @@ pub fn toolkit(args: &[String]) -> Result<()> {
     }
     // cudarc's driver symbols come from the registry: fetch the cuda build's crates first.
     run(
-        Command::new(super::cargo()).current_dir(super::root()).args(["fetch"]),
+        super::cargo_command().current_dir(super::root()).args(["fetch"]),
         "cargo fetch",
     )?;
     let syms = match driver_symbols() {
@@ -160,7 +160,7 @@ pub fn toolkit(args: &[String]) -> Result<()> {
         Err(_) => {
             // cudarc is only fetched when a cuda build resolves it: resolve one.
             run(
-                Command::new(super::cargo())
+                super::cargo_command()
                     .current_dir(super::root())
                     .args(["metadata", "--format-version", "1", "--features", "cuda", "-q"])
                     .stdout(std::process::Stdio::null()),
@@ -214,7 +214,7 @@ fn cargo_with_env(dir: &Path) -> Result<Command> {
         root.join("bin").display(),
         std::env::var("PATH").unwrap_or_default()
     );
-    let mut cmd = Command::new(super::cargo());
+    let mut cmd = super::cargo_command();
     cmd.current_dir(super::root())
         .env("CUDA_ROOT", &root)
         .env("CUDA_PATH", &root)

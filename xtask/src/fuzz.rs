@@ -75,7 +75,7 @@ pub fn fuzz(args: &[String]) -> Result<()> {
     }
     if !has_cargo_fuzz() {
         eprintln!("xtask fuzz: installing cargo-fuzz (crates.io) and the nightly toolchain's rust-src");
-        let ok = Command::new(super::cargo())
+        let ok = super::cargo_command()
             .args(["install", "cargo-fuzz", "--locked"])
             .status()
             .is_ok_and(|s| s.success());

@@ -23,7 +23,7 @@ fn host_triple() -> Result<String> {
 fn asan(triple: &str) -> Result<()> {
     let target_dir = super::root().join("target").join("sanitize");
     let cmd = |extra: &[&str]| {
-        let mut c = Command::new(super::cargo());
+        let mut c = super::cargo_command();
         c.current_dir(super::root())
             .args(["test", "-p", "fpt-nn", "--target", triple, "--target-dir"])
             .arg(&target_dir)
