@@ -4,9 +4,9 @@
 //! - [`KernelPath::Avx512`]: fpt's own matrix product with its AVX-512 micro-kernel
 //!   (`ops/sgemm.rs`), frozen weights kept packed for it, the fused pre-norm branch, and the
 //!   AVX2 + FMA element-wise loops below;
-//! - [`KernelPath::Avx2`]: the `gemm` crate's product (what candle uses; it picks its own
-//!   AVX2/FMA kernels), the composed branch, and the AVX2 + FMA element-wise loops
-//!   (`ops/fastmath.rs`: GELUs, softmax rows, dropout masks);
+//! - [`KernelPath::Avx2`]: the same product with an AVX2 + FMA micro-kernel, packed frozen
+//!   weights, the fused branch, and the AVX2 + FMA element-wise loops (`ops/fastmath.rs`:
+//!   GELUs, softmax rows, dropout masks);
 //! - [`KernelPath::Portable`]: the `gemm` crate's product and plain Rust element-wise loops,
 //!   what every CPU without AVX2 (ARM included) runs.
 //!

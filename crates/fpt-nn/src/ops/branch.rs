@@ -48,9 +48,9 @@ fn product(a: &[f32], b: &PackedB, bias: Option<&[f32]>) -> Vec<f32> {
     let m = a.len() / k;
     let mut y = super::uninit::<f32>(m * n);
     // SAFETY: `a` holds m rows of k (checked by the op's shape checks); y has m * n slots,
-    // all written (overwrite mode); sgemm_prepacked checks the AVX-512 path and k > 0
-    // before touching memory (the branch is fused only on that path, and weights have a
-    // non-empty input width).
+    // all written (overwrite mode); sgemm_prepacked checks that the path has fpt's
+    // micro-kernel and k > 0 before touching memory (the branch is fused only on such a
+    // path, and weights have a non-empty input width).
     unsafe {
         sgemm_prepacked(
             crate::kernels::KernelPath::active(),

@@ -127,7 +127,7 @@ unsafe fn sgemm_as_f32<T: WithDType>(
 }
 
 /// A fresh `[m, n]` = `lhs @ rhs (+ bias)`: f32 through fpt's product on the active kernel
-/// path (written once, with no zero-fill first on the AVX-512 path; filled with the bias
+/// path (written once, with no zero-fill first on the AVX2 and AVX-512 paths; filled with the bias
 /// rows first and accumulated into on the others); f64 filled and accumulated into.
 #[allow(clippy::too_many_arguments)]
 fn gemm_alloc<T: WithDType>(

@@ -12,9 +12,10 @@
 //!
 //! The AVX2 path runs the same blocked product and packing with an AVX2 + FMA micro-kernel:
 //! the 12 x 32 tile as four 6 x 16 sub-tiles, each accumulated in 12 of the 16 256-bit
-//! registers (the `gemm` crate reached about half of this machine's matmul peak at the
-//! BERT-family shapes the `cpu` scale runs, 784 x 384 by 384 x 1536: see `fpt bench
-//! --backbone minilm`).
+//! registers. Measured on a 2-core AMD EPYC it runs about as fast as the `gemm` crate's own
+//! AVX2 kernel (115-150 GFLOP/s on both); it is there so that what reads fpt's packed
+//! panels (frozen weights packed once, the fused GPT-2 branch, the LSTM's per-step products)
+//! runs on CPUs without AVX-512 too.
 //!
 //! [`sgemm`] runs the `gemm` crate's product instead on the portable path ([`KernelPath`]:
 //! CPUs without AVX2 and FMA, or `FPT_KERNELS=portable`), with the same contract: the bias
@@ -298,8 +299,8 @@ pub(crate) unsafe fn sgemm_prepacked(
 /// `c[i * ldc + j] (+)= sum_p a(i, p) * b(p, j)` for an `m x k` matrix `a` and a `k x n`
 /// matrix `b`; `accumulate` adds to `c`, otherwise `c` is overwritten (with `bias[j]` added
 /// to every row when a bias is given: the linear layer's `x W^T + b` in one pass). Uses up
-/// to `threads` rayon workers; `path` picks the kernels (the AVX-512 micro-kernel, else the
-/// `gemm` crate).
+/// to `threads` rayon workers; `path` picks the kernels (the AVX-512 or AVX2 micro-kernel,
+/// else the `gemm` crate).
 ///
 /// The extents are checked against the views' lengths (a panic, before any access, if one
 /// reaches past its buffer).
