@@ -5,7 +5,7 @@
 //!
 //! The estimate is deliberately generous (it must not refuse runs that fit): f32 weights of
 //! every used tensor, up to two packed copies of the frozen linear weights (the AVX2 and AVX-512
-//! path), gradient and Adam moments of the trained ones, and per micro-batch the
+//! paths), gradient and Adam moments of the trained ones, and per micro-batch the
 //! activations kept for backward (about 24 floats per token per layer and hidden unit, plus
 //! the attention scores of the composed paths). `FPT_SKIP_MEMORY_CHECK=1` turns the check
 //! off (e.g. with swap).
