@@ -136,7 +136,9 @@ fn reproduce(args: &[String]) -> Result<()> {
     if ids.is_empty() && !list {
         bail!("usage: cargo xtask reproduce <table1..table22|fig1|fig3..fig6|all>... [--scale smoke|cpu|paper] [--jobs N] [--shard I/N] [--out DIR] [--force] [--list] [--dry-run]");
     }
+    let t0 = std::time::Instant::now();
     let bin = build_fpt_profile(dev)?;
+    let mut stages = vec![("build", t0.elapsed().as_secs_f64())];
     let tables = root().join("data").join("tables");
     let tables_s = tables.to_str().context("non-UTF-8 path")?.to_string();
     let out_s = out.to_str().context("non-UTF-8 --out")?.to_string();
@@ -160,6 +162,7 @@ fn reproduce(args: &[String]) -> Result<()> {
         return fpt(&bin, &refs);
     }
     // Assets: everything the offline scales use; the rest is tried and reported.
+    let t0 = std::time::Instant::now();
     let mut missing = Vec::new();
     let fetch_list: &[&str] = if pass.iter().any(|p| p == "--report-only") {
         &[]
@@ -203,7 +206,11 @@ fn reproduce(args: &[String]) -> Result<()> {
             missing.join(", ")
         );
     }
+    stages.push(("fetch", t0.elapsed().as_secs_f64()));
+    let t0 = std::time::Instant::now();
     selfcheck(&bin)?;
+    stages.push(("selfcheck", t0.elapsed().as_secs_f64()));
+    let t0 = std::time::Instant::now();
     base.extend(pass);
     let refs: Vec<&str> = base.iter().map(String::as_str).collect();
     eprintln!("xtask: fpt {}", refs.join(" "));
@@ -216,8 +223,11 @@ fn reproduce(args: &[String]) -> Result<()> {
     if !output.status.success() {
         bail!("fpt run-table failed");
     }
-    // Print each report's grid.
-    for line in String::from_utf8_lossy(&output.stdout).lines() {
+    stages.push(("runs and reports", t0.elapsed().as_secs_f64()));
+    // Print each report's grid, then the time of each run and of each stage.
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let (times, reports): (Vec<&str>, Vec<&str>) = stdout.lines().partition(|l| is_time_line(l));
+    for line in reports {
         println!("{line}");
         if let Some((_, path)) = line.split_once(": ") {
             if let Ok(md) = std::fs::read_to_string(path.trim()) {
@@ -226,7 +236,29 @@ fn reproduce(args: &[String]) -> Result<()> {
             }
         }
     }
+    for line in times {
+        println!("{line}");
+    }
+    println!("{}", stage_line(&stages));
     Ok(())
+}
+
+/// `fpt run-table`'s lines of run times (`<table> time per run ...` and the lines under it).
+fn is_time_line(l: &str) -> bool {
+    l.split_once(' ')
+        .is_some_and(|(_, rest)| rest.starts_with("time per run") || rest.starts_with("    "))
+}
+
+/// One line: each stage's time and the total (xtask's own build, before it ran, not counted).
+fn stage_line(stages: &[(&str, f64)]) -> String {
+    let total: f64 = stages.iter().map(|s| s.1).sum();
+    let parts: Vec<String> = stages.iter().map(|(n, t)| format!("{n} {}", mmss(*t))).collect();
+    format!("xtask: time per stage: {}; total {}", parts.join(", "), mmss(total))
+}
+
+fn mmss(secs: f64) -> String {
+    let s = secs.round() as u64;
+    format!("{} min {:02} s", s / 60, s % 60)
 }
 
 /// `cargo xtask merge --out DIR [--scale S] SHARD_DIR...`: gathers the runs of shard result

@@ -18,6 +18,7 @@
 pub mod claims;
 pub mod figure;
 pub mod report;
+pub mod worker;
 
 pub use report::Report;
 
@@ -54,6 +55,14 @@ pub enum AblateError {
         /// The run directory.
         dir: PathBuf,
         /// The panic's message.
+        msg: String,
+    },
+    /// A run trained in a child process failed (see [`worker`]).
+    #[error("{}: {msg}", dir.display())]
+    Worker {
+        /// The run directory.
+        dir: PathBuf,
+        /// Why.
         msg: String,
     },
     /// This build failed its self-check: no report is written from it.
@@ -650,12 +659,15 @@ pub struct RunOptions {
     pub force: bool,
     /// Run only shard `i` of `n` (`(i, n)`): every `n`-th runnable run, by key order.
     pub shard: Option<(usize, usize)>,
-    /// Cells trained at once.
+    /// Runs trained at once: in threads of this process, or with `workers` in child
+    /// processes.
     pub jobs: usize,
     /// Render only; train nothing.
     pub report_only: bool,
     /// Where runs train (`None`: the CPU).
     pub device: Option<candle_core::Device>,
+    /// Train each run in a child process (CPU only; see [`worker`]).
+    pub workers: Option<worker::Workers>,
 }
 
 /// Where the run of `key` lives under `out`.
@@ -677,11 +689,11 @@ pub fn runs_of(cells: &[Cell]) -> Vec<(String, RunSpec)> {
 /// Trains every run of `cells` that has no `result.json` under `out/runs/` (or all with
 /// `force`), honouring the shard. A run directory left by an interrupted run is resumed
 /// from its checkpoint, or started again when it has none. `log` receives progress lines.
-/// Returns the number of runs trained; a failed run is logged and counted in the report,
-/// not fatal.
-pub fn run(cells: &[Cell], out: &Path, opts: &RunOptions, log: &mut (dyn FnMut(&str) + Send)) -> Result<usize> {
+/// Returns the runs trained and each run's time; a failed run is logged and counted in the
+/// report, not fatal.
+pub fn run(cells: &[Cell], out: &Path, opts: &RunOptions, log: &mut (dyn FnMut(&str) + Send)) -> Result<Trained> {
     if opts.report_only {
-        return Ok(0);
+        return Ok(Trained::default());
     }
     let mut todo: Vec<(String, RunSpec)> = runs_of(cells);
     if let Some((i, n)) = opts.shard {
@@ -693,7 +705,11 @@ pub fn run(cells: &[Cell], out: &Path, opts: &RunOptions, log: &mut (dyn FnMut(&
             .collect();
     }
     todo.retain(|(key, _)| opts.force || !run_dir(out, key).join("result.json").is_file());
+    order_for_builds(&mut todo);
     let total = todo.len();
+    let on_cpu = opts.device.as_ref().is_none_or(|d| d.is_cpu());
+    let workers = opts.workers.as_ref().filter(|_| on_cpu);
+    let times = std::sync::Mutex::new(Vec::new());
     let queue = std::sync::Mutex::new(todo.into_iter().enumerate());
     let log = std::sync::Mutex::new(log);
     let say = |s: String| (log.lock().expect("log lock"))(&s);
@@ -729,8 +745,18 @@ pub fn run(cells: &[Cell], out: &Path, opts: &RunOptions, log: &mut (dyn FnMut(&
                 };
                 let device = opts.device.clone().unwrap_or(candle_core::Device::Cpu);
                 // A panic inside one run is that run's failure, not the table's.
-                let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    run_one(&spec, &dir, opts.force, &device, &mut progress)
+                let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match workers {
+                    Some(w) => w.train(&spec, &dir, opts.force, &mut |e| {
+                        say(format!(
+                            "[{}/{total}]     step {}/{}: test_accuracy {:.4}, {:.0} s",
+                            i + 1,
+                            e.step,
+                            spec.train.steps,
+                            e.test_accuracy,
+                            e.elapsed_s
+                        ))
+                    }),
+                    None => run_one(&spec, &dir, opts.force, &device, &mut progress),
                 }))
                 .unwrap_or_else(|p| {
                     let why = p
@@ -743,6 +769,9 @@ pub fn run(cells: &[Cell], out: &Path, opts: &RunOptions, log: &mut (dyn FnMut(&
                         msg: format!("the run panicked: {why}"),
                     })
                 });
+                let secs = t0.elapsed().as_secs_f64();
+                let what = format!("{} {} ({})", key, spec.task.label(), spec.backbone.init);
+                times.lock().expect("times lock").push((what, secs, outcome.is_ok()));
                 match outcome {
                     Ok(r) => {
                         done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -758,7 +787,71 @@ pub fn run(cells: &[Cell], out: &Path, opts: &RunOptions, log: &mut (dyn FnMut(&
             });
         }
     });
-    Ok(done.into_inner())
+    Ok(Trained {
+        count: done.into_inner(),
+        times: times.into_inner().expect("times lock"),
+        how: match workers {
+            Some(w) => format!(
+                "{} at once in child processes, {} thread(s) each",
+                opts.jobs.max(1),
+                w.threads
+            ),
+            None => format!("{} at once in this process", opts.jobs.max(1)),
+        },
+    })
+}
+
+/// What [`run`] trained.
+#[derive(Debug, Clone, Default)]
+pub struct Trained {
+    /// Runs that finished.
+    pub count: usize,
+    /// Every run started, in the order it finished: what it was (key, task, init), its
+    /// wall-clock seconds, and whether it finished.
+    pub times: Vec<(String, f64, bool)>,
+    /// How the runs were spread (jobs, processes, threads).
+    pub how: String,
+}
+
+impl Trained {
+    /// The time of each run, one line each under a heading; empty when nothing ran.
+    pub fn time_lines(&self) -> Vec<String> {
+        if self.times.is_empty() {
+            return Vec::new();
+        }
+        let total: f64 = self.times.iter().map(|t| t.1).sum();
+        let mut lines = vec![format!("time per run ({}; {:.0} s of runs in all):", self.how, total)];
+        for (what, secs, ok) in &self.times {
+            lines.push(format!("    {secs:6.0} s  {what}{}", if *ok { "" } else { "  FAILED" }));
+        }
+        lines
+    }
+}
+
+/// Orders the runs so that a backbone fpt trains itself (the Bit init) is built early and
+/// the runs that wait for it come last: first one run per backbone still to build, then
+/// the runs that need no build, then the rest; by key within each group. With several jobs,
+/// the others train meanwhile instead of waiting on the build's lock.
+fn order_for_builds(todo: &mut [(String, RunSpec)]) {
+    let mut first = std::collections::BTreeSet::new();
+    let rank: Vec<u8> = todo
+        .iter()
+        .map(|(_, spec)| match fpt_train::pretrain::self_built_dir(&spec.backbone) {
+            Some(dir) if !dir.join("config.json").is_file() => {
+                if first.insert(dir) {
+                    0
+                } else {
+                    2
+                }
+            }
+            _ => 1,
+        })
+        .collect();
+    let mut ranked: Vec<(u8, (String, RunSpec))> = rank.into_iter().zip(todo.iter().cloned()).collect();
+    ranked.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1 .0.cmp(&b.1 .0)));
+    for (slot, (_, r)) in todo.iter_mut().zip(ranked) {
+        *slot = r;
+    }
 }
 
 fn run_one(

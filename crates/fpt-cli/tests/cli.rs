@@ -824,3 +824,114 @@ fn a_failed_selfcheck_writes_no_report_and_is_recorded() {
         "{p}"
     );
 }
+
+/// A miniature table (a custom sequence task, the tiny GPT-2 fixture, four runs) in `dir`.
+fn write_mini_table(dir: &std::path::Path) -> std::path::PathBuf {
+    let tables = dir.join("tables");
+    std::fs::create_dir_all(&tables).unwrap();
+    let data = dir.join("series.jsonl");
+    let lines: String = (0..40)
+        .map(|i| {
+            let label = i % 2;
+            let steps: Vec<String> = (0..6)
+                .map(|t| format!("[{}]", if label == 0 { t as f64 } else { 6.0 - t as f64 } / 6.0))
+                .collect();
+            let split = if i < 30 { "train" } else { "test" };
+            format!(
+                "{{\"features\": [{}], \"label\": {label}, \"split\": \"{split}\"}}\n",
+                steps.join(", ")
+            )
+        })
+        .collect();
+    std::fs::write(&data, lines).unwrap();
+    std::fs::write(
+        tables.join("scales.toml"),
+        format!(
+            "[mini]\nall = {{ steps = 6, batch_size = 4, eval_every = 3 }}\n[mini.backbones.gpt2]\nsource = \"{}\"\nnote = \"the tiny fixture\"\n",
+            fixture_dir("gpt2-tiny").display()
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        tables.join("table1.toml"),
+        format!(
+            "id = \"table1\"\ntitle = \"mini\"\ncaption = \"a miniature table\"\npaper = [[\"50%\", \"60%\"], [\"70%\", \"80%\"]]\n\
+             [defaults]\ntask = \"custom:{}\"\nbackbone = \"gpt2\"\n\
+             [[rows]]\nlabel = \"FPT\"\ninit = \"pretrained\"\n[[rows]]\nlabel = \"Random\"\ninit = \"random\"\n\
+             [[cols]]\nlabel = \"fpt\"\ntrain = \"fpt\"\n[[cols]]\nlabel = \"all\"\ntrain = \"all\"\n",
+            data.display()
+        ),
+    )
+    .unwrap();
+    tables
+}
+
+/// `--jobs 2` trains each run in a child process of its own, one thread each, and gets the
+/// same numbers as one run at a time in the process; every run's time is printed.
+#[test]
+fn run_table_jobs_in_child_processes_give_the_same_numbers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let tables = write_mini_table(tmp.path());
+    let run = |jobs: &str, out: &str| {
+        let o = Command::new(env!("CARGO_BIN_EXE_fpt"))
+            .args(["run-table", "table1", "--scale", "mini", "--jobs", jobs, "--tables"])
+            .arg(&tables)
+            .arg("--out")
+            .arg(tmp.path().join(out))
+            .env("FPT_HOME", tmp.path().join("home"))
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", stderr(&o));
+        (String::from_utf8_lossy(&o.stdout).into_owned(), stderr(&o))
+    };
+    let (one, _) = run("1", "one");
+    let (two, log) = run("2", "two");
+    assert!(one.contains("time per run (1 at once in this process"), "{one}");
+    assert!(
+        two.contains("time per run (2 at once in child processes, 1 thread(s) each"),
+        "{two}"
+    );
+    assert_eq!(two.lines().filter(|l| l.contains(" s  ")).count(), 4, "{two}");
+    assert_eq!(log.matches("step 6/6: test_accuracy").count(), 4, "{log}");
+    let mut compared = 0;
+    for e in std::fs::read_dir(tmp.path().join("one/runs")).unwrap() {
+        let e = e.unwrap();
+        let read = |root: &str| -> serde_json::Value {
+            let p = tmp
+                .path()
+                .join(root)
+                .join("runs")
+                .join(e.file_name())
+                .join("result.json");
+            serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+        };
+        let (a, b) = (read("one"), read("two"));
+        assert_eq!(a["test_loss"], b["test_loss"], "{:?}", e.file_name());
+        assert_eq!(a["final_train_loss"], b["final_train_loss"], "{:?}", e.file_name());
+        compared += 1;
+    }
+    assert_eq!(compared, 4);
+}
+
+/// The child's side of `--jobs`: a spec that does not parse is an `fpt-error` line and a
+/// failed exit, and no run directory is left.
+#[test]
+fn run_cell_refuses_a_bad_spec_clearly() {
+    use std::io::Write;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("run");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_fpt"))
+        .args(["run-cell", "--dir"])
+        .arg(&dir)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(b"{\"task\": 3}").unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert!(!o.status.success());
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.starts_with("fpt-error <stdin>: not a run spec"), "{out}");
+    assert!(!dir.exists());
+}

@@ -60,8 +60,47 @@ fn key_of(spec: &RunSpec) -> String {
 }
 
 /// Serialises the building of self-trained backbones within a process (`--jobs` runs
-/// share one).
+/// share one); [`BuildLock`] does the same across processes.
 static BUILDING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Where the backbone of a `bit-pretrained` spec is cached (whether built yet or not);
+/// `None` for every other init. Its `config.json` exists once it is built.
+pub fn self_built_dir(spec: &BackboneSpec) -> Option<PathBuf> {
+    (spec.init == Init::BitPretrained).then(|| {
+        let run = bit_memory_run(spec, &spec.bit_pretrain.unwrap_or_default());
+        backbones_home().join(format!("bit-memory-{}", key_of(&run)))
+    })
+}
+
+/// An exclusive advisory lock on `<dir>.lock`, held while a self-trained backbone is built,
+/// so that runs in other processes (`fpt run-table --jobs N` trains runs in child
+/// processes) wait for the one building it instead of training it twice. Released on drop,
+/// and by the OS if the process dies.
+struct BuildLock(#[allow(dead_code)] std::fs::File);
+
+impl BuildLock {
+    fn take(dir: &Path) -> Result<Self> {
+        let path = dir.with_extension("lock");
+        let io = |source| TrainError::Io {
+            path: path.clone(),
+            source,
+        };
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).map_err(|source| TrainError::Io {
+                path: parent.to_path_buf(),
+                source,
+            })?;
+        }
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(io)?;
+        f.lock().map_err(io)?;
+        Ok(Self(f))
+    }
+}
 
 /// The backbone a run actually loads. For `bit-pretrained`, the cached Bit Memory backbone
 /// (trained first if missing: `$FPT_HOME/backbones/bit-memory-<key>`, its training run
@@ -73,13 +112,18 @@ pub fn resolve_backbone(spec: &BackboneSpec, device: &Device) -> Result<Backbone
     }
     let bp = spec.bit_pretrain.unwrap_or_default();
     let run = bit_memory_run(spec, &bp);
-    let dir = backbones_home().join(format!("bit-memory-{}", key_of(&run)));
+    let dir = self_built_dir(spec).expect("a bit-pretrained spec");
     let shape = if spec.shape.any() {
         serde_json::to_string(&spec.shape).unwrap_or_default()
     } else {
         "its own shape".into()
     };
     let _guard = BUILDING.lock().unwrap_or_else(|e| e.into_inner());
+    let _lock = if dir.join("config.json").is_file() {
+        None
+    } else {
+        Some(BuildLock::take(&dir)?)
+    };
     if !dir.join("config.json").is_file() {
         let run_dir = dir.with_extension("run");
         tracing::info!(
