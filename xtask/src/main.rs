@@ -5,7 +5,7 @@
 //! - `reproduce <table1..table22 | fig1 | fig3..fig6 | all>... [--scale smoke|cpu|paper]
 //!   [--jobs N] [--shard I/N] [--device cpu|cuda[:N]] [--out DIR] [--force] [--report-only] [--list] [--dev]`: fetches
 //!   the assets (saying which it cannot get), runs `fpt selfcheck` (and stops if it fails), runs the tables with `fpt run-table` (cells with
-//!   a finished run are skipped) and prints each report's grid; reports land in
+//!   a finished run are skipped) and prints each report's grid and the time of each run and stage; reports land in
 //!   `results/<table>/<scale>/`. `--dev` uses the (optimised) dev-profile build instead of
 //!   the release build.
 //! - `merge --out DIR [--scale S] SHARD_DIR...`: gathers the runs of `--shard` result
@@ -73,12 +73,15 @@ fn cargo_command() -> Command {
 
 /// Builds the release `fpt` binary and returns its path.
 fn build_fpt() -> Result<PathBuf> {
-    build_fpt_profile(false)
+    build_fpt_profile(false, true)
 }
 
 /// Builds `fpt` in the release profile, or (`dev`) the dev profile, which this workspace
 /// optimises (opt-level 3) and which `cargo test` has usually built already.
-fn build_fpt_profile(dev: bool) -> Result<PathBuf> {
+/// Builds `fpt` in the release profile (or the optimised dev profile with `dev`); without
+/// `png`, without the PNG rasteriser (resvg and its font stack: about a minute of a clean
+/// build on 2 cores), which only figures and learning-curve PNGs need.
+fn build_fpt_profile(dev: bool, png: bool) -> Result<PathBuf> {
     let (args, dir): (&[&str], &str) = if dev {
         eprintln!("xtask: building fpt (dev profile, optimised)");
         (&["build", "-p", "fpt-cli"], "debug")
@@ -87,6 +90,9 @@ fn build_fpt_profile(dev: bool) -> Result<PathBuf> {
         (&["build", "--release", "-p", "fpt-cli"], "release")
     };
     let mut args: Vec<&str> = args.to_vec();
+    if !png {
+        args.push("--no-default-features");
+    }
     if std::env::var("FPT_CUDA").is_ok_and(|v| v == "1") {
         eprintln!("xtask: FPT_CUDA=1: building with --features cuda");
         args.extend(["--features", "cuda"]);
@@ -137,7 +143,9 @@ fn reproduce(args: &[String]) -> Result<()> {
         bail!("usage: cargo xtask reproduce <table1..table22|fig1|fig3..fig6|all>... [--scale smoke|cpu|paper] [--jobs N] [--shard I/N] [--out DIR] [--force] [--list] [--dry-run]");
     }
     let t0 = std::time::Instant::now();
-    let bin = build_fpt_profile(dev)?;
+    // Tables alone need no PNG rasteriser (their learning curves stay SVG); figures do.
+    let png = ids.iter().any(|i| !i.starts_with("table"));
+    let bin = build_fpt_profile(dev, png)?;
     let mut stages = vec![("build", t0.elapsed().as_secs_f64())];
     let tables = root().join("data").join("tables");
     let tables_s = tables.to_str().context("non-UTF-8 path")?.to_string();

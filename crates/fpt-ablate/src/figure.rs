@@ -240,16 +240,38 @@ pub(crate) fn write_all(dir: &Path, files: &[(&str, String)]) -> Result<()> {
     for (name, text) in files {
         write(name, text.as_bytes())?;
         if let Some(stem) = name.strip_suffix(".svg") {
+            let png_name = format!("{stem}.png");
             match png(text) {
-                Ok(bytes) => write(&format!("{stem}.png"), &bytes)?,
-                Err(e) => tracing::warn!("{}: no PNG: {e}", dir.join(name).display()),
+                Ok(bytes) => write(&png_name, &bytes)?,
+                Err(e) => {
+                    // An earlier build's PNG would no longer match its SVG.
+                    let old = dir.join(&png_name);
+                    if old.is_file() {
+                        std::fs::remove_file(&old).map_err(io(&old))?;
+                    }
+                    if cfg!(feature = "png") {
+                        tracing::warn!("{}: no PNG: {e}", dir.join(name).display())
+                    } else {
+                        tracing::info!("{}: no PNG: {e}", dir.join(name).display())
+                    }
+                }
             }
         }
     }
     Ok(())
 }
 
+/// An SVG rasterised at its own size: an error in a build without the `png` feature.
+#[cfg(not(feature = "png"))]
+pub fn png(_svg: &str) -> std::result::Result<Vec<u8>, String> {
+    Err(
+        "this build has no PNG output (built without the `png` feature, which `cargo build --release -p fpt-cli` has)"
+            .into(),
+    )
+}
+
 /// An SVG rasterised at its own size (text with the system's fonts).
+#[cfg(feature = "png")]
 pub fn png(svg: &str) -> std::result::Result<Vec<u8>, String> {
     use std::sync::{Arc, OnceLock};
     static FONTS: OnceLock<Arc<resvg::usvg::fontdb::Database>> = OnceLock::new();
