@@ -233,9 +233,7 @@ pub(crate) fn write_all(dir: &Path, files: &[(&str, String)]) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(io(dir))?;
     let write = |name: &str, bytes: &[u8]| -> Result<()> {
         let p = dir.join(name);
-        let tmp = dir.join(format!("{name}.part"));
-        std::fs::write(&tmp, bytes).map_err(io(&tmp))?;
-        std::fs::rename(&tmp, &p).map_err(io(&p))
+        fpt_spec::files::write_atomic(&p, bytes).map_err(io(&p))
     };
     for (name, text) in files {
         write(name, text.as_bytes())?;

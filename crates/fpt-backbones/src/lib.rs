@@ -1030,14 +1030,15 @@ pub fn save_pretrained(
         };
         out.insert(spec.name, t);
     }
-    let w_tmp = dir.join("model.safetensors.tmp");
-    candle_core::safetensors::save(&out, &w_tmp)?;
-    std::fs::rename(&w_tmp, dir.join("model.safetensors")).map_err(io(w_tmp))?;
+    let weights = dir.join("model.safetensors");
+    fpt_spec::files::write_atomic_with(&weights, |tmp| {
+        candle_core::safetensors::save(&out, tmp).map_err(std::io::Error::other)
+    })
+    .map_err(io(weights))?;
     let mut cfg = config.to_json();
     cfg["model_type"] = model_type.into();
     cfg["architectures"] = serde_json::json!([arch]);
-    let c_tmp = dir.join("config.json.tmp");
-    std::fs::write(&c_tmp, serde_json::to_string_pretty(&cfg).expect("json")).map_err(io(c_tmp.clone()))?;
-    std::fs::rename(&c_tmp, dir.join("config.json")).map_err(io(c_tmp))?;
+    let c = dir.join("config.json");
+    fpt_spec::files::write_atomic(&c, serde_json::to_string_pretty(&cfg).expect("json").as_bytes()).map_err(io(c))?;
     Ok(())
 }

@@ -180,9 +180,10 @@ pub fn forward(a: ForwardArgs) -> Result<()> {
         .with_context(|| format!("running {} on {}", a.backbone, file.display()))?;
     let out =
         std::collections::HashMap::from([("last_hidden_state".to_string(), h.to_device(&candle_core::Device::Cpu)?)]);
-    let tmp = a.out.with_extension("safetensors.part");
-    candle_core::safetensors::save(&out, &tmp).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, &a.out).with_context(|| format!("renaming {} to {}", tmp.display(), a.out.display()))?;
+    fpt_spec::files::write_atomic_with(&a.out, |tmp| {
+        candle_core::safetensors::save(&out, tmp).map_err(std::io::Error::other)
+    })
+    .with_context(|| format!("writing {}", a.out.display()))?;
     eprintln!(
         "last_hidden_state {:?} of {} ({} kernel path) -> {}",
         h.dims(),

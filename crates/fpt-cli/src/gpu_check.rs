@@ -185,10 +185,8 @@ pub fn gpu_check(a: GpuCheckArgs) -> Result<()> {
         "bench": bench,
         "seconds": t0.elapsed().as_secs_f64(),
     });
-    let tmp = a.out.with_extension("json.tmp");
-    std::fs::write(&tmp, serde_json::to_string_pretty(&result)?)
-        .with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, &a.out).with_context(|| format!("writing {}", a.out.display()))?;
+    fpt_spec::files::write_atomic(&a.out, serde_json::to_string_pretty(&result)?.as_bytes())
+        .with_context(|| format!("writing {}", a.out.display()))?;
     println!(
         "fpt gpu-check: {} ({})",
         if failed.is_empty() { "passed" } else { "FAILED" },

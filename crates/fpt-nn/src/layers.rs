@@ -1,5 +1,6 @@
 //! Layers over [`Param`]s: each picks the op that computes no gradient for what is frozen.
 
+pub use crate::ops::branch::BranchMid;
 use crate::{ops, Param};
 
 use crate::ops::sgemm::{MatRef, PackedB};
@@ -112,16 +113,6 @@ impl Linear {
             .map(|b| b.tensor().flatten_all()?.to_vec1::<f32>())
             .transpose()
     }
-}
-
-/// What runs between the two linear layers of a [`PreNormBranch`].
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum BranchMid {
-    /// `gelu_new` (GPT-2's feed-forward layer).
-    GeluNew,
-    /// Self-attention over Q, K and V packed side by side in the first layer's output
-    /// (GPT-2's `c_attn`), as [`ops::attention_packed`] computes it.
-    Attention(ops::AttentionSpec),
 }
 
 /// A pre-LayerNorm residual branch, `x + dropout(output(mid(input(norm(x)))))`: the

@@ -6,6 +6,7 @@
 //! config saved next to every result. Names follow the paper (Lu et al. 2021, §2.2 and
 //! App. C): `TrainGroups { input, output, layer_norm, positions, attention, feed_forward }`.
 
+pub mod files;
 pub mod limits;
 
 use serde::{Deserialize, Serialize};
@@ -937,6 +938,13 @@ pub struct RunSpec {
 }
 
 impl RunSpec {
+    /// 16 hex digits of the SHA-256 of the spec's JSON: a run directory's name in the
+    /// harness (`results/runs/<key>`) and a self-trained backbone's cache key.
+    pub fn key(&self) -> String {
+        let json = serde_json::to_vec(self).expect("a run spec serialises");
+        files::sha256_hex(&json)[..16].to_string()
+    }
+
     /// Checks value ranges; returns the first problem with the field it is in.
     pub fn validate(&self) -> Result<()> {
         let t = &self.train;

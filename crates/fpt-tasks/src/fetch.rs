@@ -20,27 +20,7 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-/// `$FPT_HOME`, or `~/.cache/fpt`.
-pub fn home() -> PathBuf {
-    if let Some(h) = std::env::var_os("FPT_HOME").filter(|h| !h.is_empty()) {
-        return PathBuf::from(h);
-    }
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .filter(|h| !h.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-        .unwrap_or_else(|| PathBuf::from(".cache"));
-    base.join("fpt")
-}
-
-/// Where a task's data lives: `$FPT_HOME/data/<name>` (CIFAR-10 LRA shares CIFAR-10's).
-pub fn data_dir(task: TaskName) -> PathBuf {
-    let name = match task {
-        TaskName::Cifar10Lra => TaskName::Cifar10,
-        t => t,
-    };
-    home().join("data").join(name.as_str())
-}
+pub use crate::paths::{data_dir, home};
 
 /// What a fetch reports as it goes.
 pub enum Event<'a> {
@@ -128,14 +108,7 @@ const TAPE_URL: &str = "http://s3.amazonaws.com/songlabdata/proteindata/data_raw
 /// The manifest each fetched dataset directory holds.
 pub const MANIFEST: &str = "fpt-fetch.json";
 
-fn hex(d: &[u8]) -> String {
-    d.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// sha256 of bytes, hex.
-pub fn sha256(bytes: &[u8]) -> String {
-    hex(&sha2::Sha256::digest(bytes))
-}
+pub use fpt_spec::files::sha256_hex as sha256;
 
 fn fetch_err(what: &str, msg: impl Into<String>) -> TaskError {
     TaskError::Fetch {
@@ -390,10 +363,7 @@ pub fn verify_dir(dir: &Path, full: bool) -> Result<()> {
     if changed {
         // Best effort: a read-only data directory is hashed again next time.
         if let Ok(text) = serde_json::to_string(&seen) {
-            let part = dir.join(format!(".fpt-verified.json.{}.part", std::process::id()));
-            if std::fs::write(&part, text).is_ok() {
-                let _ = std::fs::rename(&part, &record);
-            }
+            let _ = fpt_spec::files::write_atomic(&record, text.as_bytes());
         }
     }
     Ok(())
@@ -551,7 +521,7 @@ pub fn fetch(task: TaskName, report: &mut dyn FnMut(Event)) -> Result<Fetched> {
                     "cs.toronto.edu (cifar-10-binary.tar.gz)",
                     Box::new(|r: &mut dyn FnMut(Event)| {
                         let tgz = download(CIFAR_URL, r)?;
-                        let m = hex(&md5::Md5::digest(&tgz));
+                        let m = fpt_spec::files::hex(&md5::Md5::digest(&tgz));
                         if m != CIFAR_MD5 {
                             return Err(format!("md5 {m}, expected {CIFAR_MD5}"));
                         }

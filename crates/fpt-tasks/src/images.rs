@@ -211,7 +211,7 @@ pub fn cifar_task(dir: &Path, spec: &TaskSpec, seed: u64) -> Result<DatasetTask>
                 what: format!("{f} not found"),
                 hint: format!(
                     "run `fpt fetch cifar10` where the network allows (it downloads cifar-10-binary.tar.gz), or unpack that archive into {}",
-                    crate::fetch::data_dir(TaskName::Cifar10).display()
+                    crate::paths::data_dir(TaskName::Cifar10).display()
                 ),
             })
         }

@@ -14,6 +14,7 @@ pub mod homology;
 pub mod idx;
 pub mod images;
 pub mod listops;
+pub mod paths;
 pub mod text;
 
 use candle_core::{Device, Tensor};
@@ -213,9 +214,9 @@ pub trait Task: Send {
 
 /// Builds the task a spec names. `seed` fixes the evaluation set (and, for datasets, the
 /// training order and any sampling). Dataset tasks read `spec.path` or
-/// `$FPT_HOME/data/<task>` ([`fetch::data_dir`]).
+/// `$FPT_HOME/data/<task>` ([`paths::data_dir`]).
 pub fn build(spec: &TaskSpec, seed: u64) -> Result<Box<dyn Task>> {
-    let dir = || spec.path.clone().unwrap_or_else(|| fetch::data_dir(spec.name));
+    let dir = || spec.path.clone().unwrap_or_else(|| paths::data_dir(spec.name));
     if !spec.name.is_generated() && spec.name != TaskName::Custom {
         // Fetched data is re-checked against the sha256 recorded when it was fetched.
         fetch::verify_dir(&dir(), false)?;
@@ -362,7 +363,7 @@ pub fn dims_of(spec: &TaskSpec) -> Option<TaskDims> {
 /// Checks that a dataset task's files are where [`build`] will look, without reading them
 /// (the harness uses it to say which cells cannot run here). Generated tasks always pass.
 pub fn check_present(spec: &TaskSpec) -> Result<()> {
-    let dir = spec.path.clone().unwrap_or_else(|| fetch::data_dir(spec.name));
+    let dir = spec.path.clone().unwrap_or_else(|| paths::data_dir(spec.name));
     let missing = |what: String| TaskError::Missing {
         task: spec.name.to_string(),
         dir: dir.clone(),

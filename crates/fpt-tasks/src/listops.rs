@@ -158,19 +158,16 @@ pub fn generate(c: &GenConfig, progress: &mut dyn FnMut(usize, usize)) -> Genera
 /// Writes rows in LRA's TSV format (header `Source\tTarget`, `\r\n` line ends as Python's
 /// csv writer), to a temporary file renamed into place.
 pub fn write_tsv(path: &Path, rows: &[(String, u32)]) -> Result<()> {
-    let tmp = path.with_extension("tsv.part");
-    let f = std::fs::File::create(&tmp).map_err(TaskError::io(&tmp))?;
-    let mut w = BufWriter::new(f);
-    let write = |w: &mut BufWriter<std::fs::File>| -> std::io::Result<()> {
+    fpt_spec::files::write_atomic_with(path, |tmp| {
+        let mut w = BufWriter::new(std::fs::File::create(tmp)?);
         w.write_all(b"Source\tTarget\r\n")?;
         for (s, t) in rows {
             write!(w, "{s}\t{t}\r\n")?;
         }
         w.flush()?;
         w.get_ref().sync_all()
-    };
-    write(&mut w).map_err(TaskError::io(&tmp))?;
-    std::fs::rename(&tmp, path).map_err(TaskError::io(path))
+    })
+    .map_err(TaskError::io(path))
 }
 
 /// Token ids: 0 padding, digits 1-10, MIN 11, MAX 12, MED 13, SM 14, and (brackets kept)

@@ -67,7 +67,7 @@ pub const FETCHED: [&str; 1] = ["austen"];
 /// (`austen`), else the path as given.
 pub fn corpus_dir(name: &Path) -> PathBuf {
     if FETCHED.iter().any(|f| Path::new(f) == name) {
-        crate::fetch::home().join("data").join(name)
+        crate::paths::home().join("data").join(name)
     } else {
         name.to_path_buf()
     }

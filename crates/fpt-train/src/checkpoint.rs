@@ -17,9 +17,9 @@
 use crate::{write_atomic, Result, RunState, TrainError, Trainer};
 use candle_core::{Device, Tensor};
 use fpt_nn::Rng;
+use fpt_spec::files::sha256_hex;
 use fpt_spec::RunSpec;
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -68,10 +68,6 @@ fn err(path: &Path, msg: impl Into<String>) -> TrainError {
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> TrainError + '_ {
     move |e| err(path, e.to_string())
-}
-
-fn sha256_hex(bytes: &[u8]) -> String {
-    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {

@@ -230,25 +230,10 @@ pub enum Event<'a> {
 /// Writes `bytes` to `path` atomically (temporary file in the same directory, synced, then
 /// renamed), so a reader never sees a half-written file.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let io = |source| TrainError::Io {
+    fpt_spec::files::write_atomic(path, bytes).map_err(|source| TrainError::Io {
         path: path.to_path_buf(),
         source,
-    };
-    let tmp = path.with_extension(format!(
-        "{}.tmp",
-        path.extension().and_then(|e| e.to_str()).unwrap_or("")
-    ));
-    let res = (|| -> std::io::Result<()> {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        drop(f);
-        std::fs::rename(&tmp, path)
-    })();
-    if res.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    res.map_err(io)
+    })
 }
 
 /// Mean loss and accuracy of `model` over a whole evaluation split.

@@ -49,16 +49,6 @@ pub fn bit_memory_run(spec: &BackboneSpec, bp: &BitPretrainSpec) -> RunSpec {
     }
 }
 
-/// 16 hex digits of the SHA-256 of a run spec's JSON.
-fn key_of(spec: &RunSpec) -> String {
-    use sha2::Digest;
-    let json = serde_json::to_vec(spec).expect("spec serialises");
-    sha2::Sha256::digest(&json)[..8]
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
 /// Serialises the building of self-trained backbones within a process (`--jobs` runs
 /// share one); [`BuildLock`] does the same across processes.
 static BUILDING: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -68,7 +58,7 @@ static BUILDING: std::sync::Mutex<()> = std::sync::Mutex::new(());
 pub fn self_built_dir(spec: &BackboneSpec) -> Option<PathBuf> {
     (spec.init == Init::BitPretrained).then(|| {
         let run = bit_memory_run(spec, &spec.bit_pretrain.unwrap_or_default());
-        backbones_home().join(format!("bit-memory-{}", key_of(&run)))
+        backbones_home().join(format!("bit-memory-{}", run.key()))
     })
 }
 

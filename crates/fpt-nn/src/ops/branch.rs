@@ -13,11 +13,20 @@ use super::attention::{packed_backward, packed_forward};
 use super::dropout::DropoutAdd;
 use super::sgemm::{sgemm_prepacked, MatMut, MatRef, PackedB};
 use super::{cpu_slice, tracks, with_cpu_slice};
-use crate::layers::BranchMid;
 use candle_core::backend::BackendStorage as _;
 use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 use std::sync::{Arc, Mutex};
+
+/// What runs between the two linear layers of a [`PreNormBranch`](crate::PreNormBranch).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum BranchMid {
+    /// `gelu_new` (GPT-2's feed-forward layer).
+    GeluNew,
+    /// Self-attention over Q, K and V packed side by side in the first layer's output
+    /// (GPT-2's `c_attn`), as [`attention_packed`](super::attention_packed) computes it.
+    Attention(super::AttentionSpec),
+}
 
 /// A frozen linear layer as the fused branch uses it.
 pub(crate) struct FrozenLinear {

@@ -1,0 +1,87 @@
+//! `fpt bench`: one training step timed at the benchmark shapes.
+
+use crate::parse_device;
+use anyhow::{Context, Result};
+use clap::Args;
+
+#[derive(Args)]
+pub(crate) struct BenchArgs {
+    /// Shapes to time (repeatable); default: every shape of `--backbone`.
+    #[arg(long = "shape")]
+    pub(crate) shapes: Vec<String>,
+    /// Backbone whose shapes run: `gpt2`, `minilm` (all-MiniLM-L6-v2's config) or `lstm`
+    /// (the cpu scale's 3 x 256 layer-norm LSTM); a `--shape` may then drop the prefix
+    /// (`--backbone minilm --shape mnist`).
+    #[arg(long, default_value = "gpt2")]
+    pub(crate) backbone: String,
+    /// Timed steps per measurement (median and spread are reported).
+    #[arg(long, default_value_t = 5)]
+    pub(crate) steps: usize,
+    /// Untimed steps first.
+    #[arg(long, default_value_t = 2)]
+    pub(crate) warmup: usize,
+    /// Skip the full fine-tune step.
+    #[arg(long)]
+    pub(crate) no_full: bool,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub(crate) json: bool,
+    /// Device: `cpu`, or `cuda` / `cuda:N` when built with `--features cuda`.
+    #[arg(long, default_value = "cpu")]
+    pub(crate) device: String,
+}
+
+pub(crate) fn bench(a: BenchArgs) -> Result<()> {
+    use fpt_train::bench;
+    let device = parse_device(&a.device)?;
+    let arch = bench::Arch::parse(&a.backbone)
+        .with_context(|| format!("unknown --backbone `{}` (known: gpt2, minilm, lstm)", a.backbone))?;
+    let shapes: Vec<bench::Shape> = if a.shapes.is_empty() {
+        bench::shapes_for(arch)
+    } else {
+        a.shapes
+            .iter()
+            .map(|n| {
+                bench::find(arch, n).or_else(|| bench::shape(n)).with_context(|| {
+                    let known: Vec<&str> = bench::SHAPES.iter().map(|s| s.name).collect();
+                    format!("unknown --shape `{n}` (known: {})", known.join(", "))
+                })
+            })
+            .collect::<Result<_>>()?
+    };
+    let mut out = serde_json::Map::new();
+    for s in &shapes {
+        if !a.json {
+            eprintln!(
+                "fpt bench: {} ({} {} layers x {}, batch {} x {} tokens, {} kernels) ...",
+                s.name,
+                s.arch.name(),
+                s.layers,
+                s.hidden,
+                s.batch,
+                s.tokens,
+                fpt_nn::kernels::KernelPath::active().name()
+            );
+        }
+        let r = bench::run(s, a.warmup, a.steps, !a.no_full, &device)?;
+        if !a.json {
+            println!(
+                "{:<14} fpt step {:>9.1} ms (min {:.1}, max {:.1}){}  {:.1} GFLOP/s = {:.0}% of the {:.1} GFLOP/s matmul peak  peak RSS {}",
+                s.name,
+                r.ours_ms,
+                r.ours.min_ms,
+                r.ours.max_ms,
+                r.full_ms.map(|f| format!("  full {f:.1} ms (fpt/full {:.2})", r.ours_ms / f)).unwrap_or_default(),
+                r.gflops,
+                100.0 * r.peak_fraction,
+                r.peak_gflops,
+                r.peak_rss_mb.map(|m| format!("{m:.0} MB")).unwrap_or_else(|| "n/a".into())
+            );
+        }
+        out.insert(s.name.to_string(), serde_json::to_value(&r)?);
+    }
+    if a.json {
+        println!("{}", serde_json::Value::Object(out));
+    }
+    Ok(())
+}

@@ -1,0 +1,416 @@
+//! `fpt train` (a run from flags, `--spec FILE` or `--resume DIR`) and `fpt eval`.
+
+use crate::args::{BackboneArgs, TaskArgs};
+use crate::parse_device;
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use fpt_spec::{LrSchedule, RunSpec, TrainEval, TrainSpec};
+use std::io::IsTerminal;
+use std::path::PathBuf;
+
+#[derive(Args)]
+#[command(allow_negative_numbers = true)]
+pub(crate) struct TrainArgs {
+    #[command(flatten)]
+    pub(crate) task: TaskArgs,
+    /// Continue the run in this directory from its latest checkpoint (its spec.json gives
+    /// every setting; flags that would change it are refused).
+    #[arg(long, value_name = "DIR", conflicts_with = "out")]
+    pub(crate) resume: Option<PathBuf>,
+    #[command(flatten)]
+    pub(crate) backbone: BackboneArgs,
+    /// Optimizer steps.
+    #[arg(long, default_value_t = 1000)]
+    pub(crate) steps: usize,
+    /// Examples per optimizer step.
+    #[arg(long, default_value_t = 32)]
+    pub(crate) batch_size: usize,
+    /// Examples per forward/backward pass (gradient accumulation when smaller than
+    /// --batch-size); defaults to --batch-size.
+    #[arg(long)]
+    pub(crate) micro_batch_size: Option<usize>,
+    /// Adam learning rate (constant; no weight decay).
+    #[arg(long, default_value_t = 1e-3)]
+    pub(crate) lr: f64,
+    /// Gradient-norm clipping threshold; 0 turns clipping off.
+    #[arg(long, default_value_t = 1.0)]
+    pub(crate) clip: f64,
+    /// A loss above this many times the first step's (or a non-finite one) marks the run
+    /// diverged: it stops, keeping its best evaluation and that evaluation's parameters.
+    #[arg(long, default_value_t = fpt_spec::DEFAULT_DIVERGENCE_FACTOR)]
+    pub(crate) divergence_factor: f64,
+    /// Evaluate on the held-out set every N steps (and at the end).
+    #[arg(long, default_value_t = 250)]
+    pub(crate) eval_every: usize,
+    /// Held-out examples: bit tasks draw this many once per seed (default 512); datasets
+    /// evaluate a fixed seeded sample of this many (default 0 = the whole split).
+    #[arg(long)]
+    pub(crate) eval_examples: Option<usize>,
+    /// Bits per string for the bit tasks (paper: XOR 5, Memory 1000).
+    #[arg(long)]
+    pub(crate) n_bits: Option<usize>,
+    /// Bits per token for the bit tasks (paper: XOR 1, Memory 50).
+    #[arg(long)]
+    pub(crate) patch: Option<usize>,
+    /// Dropout after the input layer.
+    #[arg(long, default_value_t = 0.1)]
+    pub(crate) input_dropout: f64,
+    /// Gain of the orthogonal init of the input layer.
+    #[arg(long, default_value_t = 1.41)]
+    pub(crate) orth_gain: f64,
+    /// Turn the backbone's own dropouts off during training (the reference keeps them on).
+    #[arg(long)]
+    pub(crate) no_backbone_dropout: bool,
+    /// Seed of every random number in the run.
+    #[arg(long, default_value_t = 0)]
+    pub(crate) seed: u64,
+    /// Learning-rate schedule: constant, linear:WARMUP or cosine:WARMUP.
+    #[arg(long, default_value = "constant")]
+    pub(crate) lr_schedule: LrSchedule,
+    /// Accuracy on the training split: never, final or every (evaluation).
+    #[arg(long, default_value = "final")]
+    pub(crate) train_eval: TrainEval,
+    /// Write a checkpoint every N steps (one is always written at the end).
+    #[arg(long)]
+    pub(crate) checkpoint_every: Option<usize>,
+    /// Tolerance (absolute accuracy) for steps to convergence and early stopping.
+    #[arg(long, default_value_t = 0.01)]
+    pub(crate) convergence_tolerance: f64,
+    /// Stop after N evaluations without improvement.
+    #[arg(long)]
+    pub(crate) early_stop_patience: Option<usize>,
+    /// Output-only training on cached features (paper Table 10): compute the frozen model's
+    /// read-out features once, then train the output layer on them for N epochs; reports
+    /// the per-epoch speedup over FPT training. Needs `--train out`.
+    #[arg(long, value_name = "N")]
+    pub(crate) cached_epochs: Option<usize>,
+    /// Device: `cpu`, or `cuda` / `cuda:N` when built with `--features cuda`.
+    #[arg(long, default_value = "cpu")]
+    pub(crate) device: String,
+    /// Run directory for spec.json, metrics.jsonl, checkpoints/ and result.json.
+    #[arg(long, required_unless_present = "resume")]
+    pub(crate) out: Option<PathBuf>,
+    /// Print only the final line.
+    #[arg(long, short)]
+    pub(crate) quiet: bool,
+    /// Take every setting from this run-spec JSON file (the format of a run's spec.json);
+    /// the ablation harness runs cells this way.
+    #[arg(long, value_name = "FILE", conflicts_with = "resume")]
+    pub(crate) spec: Option<PathBuf>,
+    /// Train a linear classifier on the flattened inputs (token ids one-hot) instead of a
+    /// transformer: same data, optimizer, steps and evaluation; the floor to beat.
+    #[arg(long, conflicts_with = "resume")]
+    pub(crate) linear_baseline: bool,
+}
+
+/// The run spec the flags describe. With `base` (a resumed run's saved spec), only flags
+/// given on the command line replace its values.
+pub(crate) fn spec_from_args(a: &TrainArgs, given: &dyn Fn(&str) -> bool, base: Option<RunSpec>) -> Result<RunSpec> {
+    if let (Some(file), None) = (&a.spec, &base) {
+        let text = std::fs::read_to_string(file).with_context(|| format!("reading --spec {}", file.display()))?;
+        let spec: RunSpec =
+            serde_json::from_str(&text).with_context(|| format!("{}: not a valid run spec", file.display()))?;
+        spec.validate().with_context(|| format!("{}", file.display()))?;
+        return Ok(spec);
+    }
+    let fresh = base.is_none();
+    let mut s = match base {
+        Some(b) => b,
+        None => RunSpec {
+            task: a.task.task.clone().context("--task is required")?,
+            backbone: a.backbone.spec(),
+            train_groups: a.backbone.train_groups,
+            train: TrainSpec::default(),
+            input_dropout: a.input_dropout,
+            orth_gain: a.orth_gain,
+            backbone_dropout: !a.no_backbone_dropout,
+        },
+    };
+    let set = |id: &str| fresh || given(id);
+    let b = a.backbone.spec();
+    a.task.apply(&mut s.task, &set);
+    if set("n_bits") {
+        s.task.n_bits = a.n_bits;
+    }
+    if set("patch") {
+        s.task.patch = a.patch;
+    }
+    if let Some(n) = a.eval_examples.filter(|_| set("eval_examples")) {
+        s.task.eval_examples = n;
+    }
+    if set("backbone") {
+        s.backbone.source = b.source.clone();
+    }
+    if set("init") {
+        s.backbone.init = b.init;
+    }
+    if set("layers") {
+        s.backbone.shape.layers = b.shape.layers;
+    }
+    if set("hidden") {
+        s.backbone.shape.hidden = b.shape.hidden;
+    }
+    if set("heads") {
+        s.backbone.shape.heads = b.shape.heads;
+    }
+    if set("positions") {
+        s.backbone.shape.positions = b.shape.positions;
+    }
+    if set("residual_init") {
+        s.backbone.residual_init = b.residual_init;
+    }
+    if set("depth") {
+        s.backbone.depth = b.depth;
+    }
+    if set("train_groups") {
+        s.train_groups = a.backbone.train_groups;
+    }
+    let t = &mut s.train;
+    if set("steps") {
+        t.steps = a.steps;
+    }
+    if set("batch_size") {
+        t.batch_size = a.batch_size;
+    }
+    if set("micro_batch_size") || (fresh || given("batch_size")) && a.micro_batch_size.is_none() {
+        t.micro_batch_size = a.micro_batch_size.unwrap_or(a.batch_size);
+    }
+    if set("lr") {
+        t.lr = a.lr;
+    }
+    if set("clip") {
+        t.clip_norm = (a.clip > 0.0).then_some(a.clip);
+    }
+    if set("divergence_factor") {
+        t.divergence_factor = a.divergence_factor;
+    }
+    if set("eval_every") {
+        t.eval_every = a.eval_every;
+    }
+    if set("seed") {
+        t.seed = a.seed;
+    }
+    if set("lr_schedule") {
+        t.lr_schedule = a.lr_schedule;
+    }
+    if set("train_eval") {
+        t.train_eval = a.train_eval;
+    }
+    if set("checkpoint_every") {
+        t.checkpoint_every = a.checkpoint_every;
+    }
+    if set("convergence_tolerance") {
+        t.convergence_tolerance = a.convergence_tolerance;
+    }
+    if set("cached_epochs") {
+        t.cached_epochs = a.cached_epochs;
+    }
+    if set("early_stop_patience") {
+        t.early_stop_patience = a.early_stop_patience;
+    }
+    if set("input_dropout") {
+        s.input_dropout = a.input_dropout;
+    }
+    if set("orth_gain") {
+        s.orth_gain = a.orth_gain;
+    }
+    if set("no_backbone_dropout") {
+        s.backbone_dropout = !a.no_backbone_dropout;
+    }
+    Ok(s)
+}
+
+/// Prints progress: a bar on a terminal, one line per evaluation otherwise.
+pub(crate) struct Progress {
+    pub(crate) quiet: bool,
+    pub(crate) bar: Option<indicatif::ProgressBar>,
+    pub(crate) steps: usize,
+    pub(crate) last_acc: Option<f64>,
+}
+
+impl Progress {
+    pub(crate) fn line(&self, msg: String) {
+        match &self.bar {
+            Some(b) => b.println(msg),
+            None => eprintln!("{msg}"),
+        }
+    }
+
+    pub(crate) fn on(&mut self, e: &fpt_train::Event) {
+        if self.quiet {
+            return;
+        }
+        use fpt_train::Event;
+        match e {
+            Event::Started {
+                trainable,
+                total,
+                weights,
+                from_step,
+                steps,
+            } => {
+                self.steps = *steps;
+                let from = if *from_step > 0 {
+                    format!(", resuming at step {from_step}")
+                } else {
+                    String::new()
+                };
+                eprintln!(
+                    "fpt: training {trainable} of {total} parameters ({:.3}%); backbone weights: {weights}{from}",
+                    100.0 * *trainable as f64 / (*total).max(1) as f64
+                );
+                if std::io::stderr().is_terminal() {
+                    let bar = indicatif::ProgressBar::new(*steps as u64);
+                    bar.set_style(
+                        indicatif::ProgressStyle::with_template(
+                            "{bar:30} {pos}/{len} steps  {msg}  {per_sec}  eta {eta}",
+                        )
+                        .expect("valid template"),
+                    );
+                    bar.set_position(*from_step as u64);
+                    bar.reset_eta();
+                    self.bar = Some(bar);
+                }
+            }
+            Event::Step { step, loss } => {
+                if let Some(b) = &self.bar {
+                    b.set_position(*step as u64);
+                    let acc = self.last_acc.map(|a| format!("  test_acc {a:.4}")).unwrap_or_default();
+                    b.set_message(format!("loss {loss:.4}{acc}"));
+                }
+            }
+            Event::Eval(r) => {
+                self.last_acc = Some(r.test_accuracy);
+                let train = r
+                    .train_accuracy
+                    .map(|a| format!("  train_acc {a:.4}"))
+                    .unwrap_or_default();
+                let rate = r.step as f64 / r.elapsed_s.max(1e-9);
+                self.line(format!(
+                    "step {:>6}/{}  train_loss {:.4}  test_loss {:.4}  test_acc {:.4}{train}  {:.1} steps/s  elapsed {:.0}s",
+                    r.step, self.steps, r.train_loss, r.test_loss, r.test_accuracy, rate, r.elapsed_s
+                ));
+            }
+            Event::Checkpoint(p) => tracing::info!(path = %p.display(), "checkpoint written"),
+            Event::Diverged(step) => self.line(format!(
+                "fpt: diverged at step {step} (non-finite loss or gradient); reporting the last finite parameters"
+            )),
+            Event::StoppedEarly(step) => self.line(format!("fpt: early stop at step {step} (no improvement)")),
+        }
+    }
+}
+
+pub(crate) fn train(a: TrainArgs, m: &clap::ArgMatches) -> Result<()> {
+    let given = |id: &str| {
+        m.try_get_raw(id).ok().flatten().is_some() && m.value_source(id) == Some(clap::parser::ValueSource::CommandLine)
+    };
+    if a.spec.is_some() {
+        let extra: Vec<String> = m
+            .ids()
+            .map(|id| id.as_str().to_string())
+            .filter(|id| !["spec", "out", "quiet", "device"].contains(&id.as_str()) && given(id))
+            .collect();
+        if !extra.is_empty() {
+            bail!(
+                "--spec gives every setting; these flags would be ignored: --{}",
+                extra.join(", --").replace('_', "-")
+            );
+        }
+    }
+    let device = parse_device(&a.device)?;
+    let check = fpt_train::selfcheck::cached();
+    if !check.passed {
+        eprintln!(
+            "warning: this build failed its self-check ({}): its numbers are not to be trusted; see `fpt selfcheck`",
+            check.summary()
+        );
+    }
+    let mut progress = Progress {
+        quiet: a.quiet,
+        bar: None,
+        steps: 0,
+        last_acc: None,
+    };
+    if a.linear_baseline {
+        let spec = spec_from_args(&a, &given, None)?;
+        let out = a.out.clone().context("--out is required")?;
+        let quiet = a.quiet;
+        let r = fpt_train::linear::train_linear(&spec, &out, &device, &mut |step, acc| {
+            if !quiet {
+                eprintln!("step {step:>6}/{}  test_acc {acc:.4}", spec.train.steps)
+            }
+        })?;
+        println!(
+            "{} (linear baseline, {} parameters): test_accuracy {:.4}, train_accuracy {:.4}, {} steps in {:.1}s -> {}",
+            r.task,
+            r.params,
+            r.test_accuracy,
+            r.train_accuracy,
+            r.steps,
+            r.wall_seconds,
+            out.join("result.json").display()
+        );
+        return Ok(());
+    }
+    let mut on_event = |e: &fpt_train::Event| progress.on(e);
+    let (r, out) = match &a.resume {
+        Some(dir) => {
+            let saved = fpt_train::saved_spec(dir)?;
+            let wanted = spec_from_args(&a, &given, Some(saved))?;
+            (
+                fpt_train::resume(dir, Some(&wanted), &device, &mut on_event)?,
+                dir.clone(),
+            )
+        }
+        None => {
+            let spec = spec_from_args(&a, &given, None)?;
+            let out = a.out.clone().context("--out is required")?;
+            (fpt_train::train(&spec, &out, &device, &mut on_event)?, out)
+        }
+    };
+    if let Some(b) = &progress.bar {
+        b.finish_and_clear();
+    }
+    let train_acc = r
+        .train_accuracy
+        .map(|a| format!(", train_accuracy {a:.4}"))
+        .unwrap_or_default();
+    let conv = r
+        .converged_step
+        .map(|s| format!(", converged at step {s}"))
+        .unwrap_or_default();
+    println!(
+        "{}: test_accuracy {:.4} (best {:.4} at step {}{conv}){train_acc}, {} steps in {:.1}s -> {}",
+        r.task,
+        r.test_accuracy,
+        r.best_accuracy,
+        r.best_step,
+        r.steps,
+        r.wall_seconds,
+        out.join("result.json").display()
+    );
+    Ok(())
+}
+
+#[derive(Args)]
+pub(crate) struct EvalArgs {
+    /// The run directory.
+    pub(crate) dir: PathBuf,
+    /// Device: `cpu`, or `cuda` / `cuda:N` when built with `--features cuda`.
+    #[arg(long, default_value = "cpu")]
+    pub(crate) device: String,
+}
+
+pub(crate) fn eval(a: EvalArgs) -> Result<()> {
+    let device = parse_device(&a.device)?;
+    let (test_loss, test_acc, train_acc, step) = fpt_train::evaluate_run(&a.dir, &device)?;
+    let v = serde_json::json!({
+        "run": a.dir.display().to_string(),
+        "step": step,
+        "test_loss": test_loss,
+        "test_accuracy": test_acc,
+        "train_accuracy": train_acc,
+    });
+    println!("{}", serde_json::to_string_pretty(&v)?);
+    Ok(())
+}
