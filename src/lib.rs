@@ -12,29 +12,22 @@
 //! - [`train`]: the training loop and its run directory.
 //!
 //! ```no_run
-//! use fpt::spec::{BackboneSpec, Init, RunSpec, ShapeOverrides, TaskName, TaskSpec, TrainGroups, TrainSpec};
-//! let spec = RunSpec {
-//!     task: TaskSpec::new(TaskName::BitXor),
-//!     backbone: BackboneSpec {
-//!         source: "gpt2".into(),
-//!         init: Init::Random,
-//!         shape: ShapeOverrides { layers: Some(4), hidden: Some(128), heads: Some(4), ..Default::default() },
-//!         residual_init: Default::default(),
-//!         depth: None,
-//!         final_norm: true,
-//!         bit_pretrain: None,
-//!     },
-//!     train_groups: TrainGroups::fpt(),
-//!     train: TrainSpec { steps: 4000, ..TrainSpec::default() },
-//!     input_dropout: 0.1,
-//!     orth_gain: 1.41,
-//!     backbone_dropout: true,
+//! use fpt::spec::{BackboneSpec, Init, RunSpec, ShapeOverrides, TaskName, TaskSpec, TrainSpec};
+//! let backbone = BackboneSpec {
+//!     shape: ShapeOverrides { layers: Some(4), hidden: Some(128), heads: Some(4), ..Default::default() },
+//!     ..BackboneSpec::new("gpt2", Init::Random)
 //! };
-//! let result = fpt::train::train(&spec, "runs/xor".as_ref(), &candle_core::Device::Cpu, &mut |_| {})?;
+//! let spec = RunSpec {
+//!     train: TrainSpec { steps: 4000, ..TrainSpec::default() },
+//!     ..RunSpec::new(TaskSpec::new(TaskName::BitXor), backbone)
+//! };
+//! let result = fpt::train::train(&spec, "runs/xor".as_ref(), &fpt::candle_core::Device::Cpu, &mut |_| {})?;
 //! println!("test accuracy {}", result.test_accuracy);
 //! # Ok::<(), fpt::train::TrainError>(())
 //! ```
 
+/// candle, which the crates' APIs speak (`Device`, `Tensor`), so that `fpt` alone suffices.
+pub use candle_core;
 pub use fpt_ablate as ablate;
 pub use fpt_backbones as backbones;
 pub use fpt_model as model;

@@ -8,24 +8,18 @@ use fpt::spec::{
 fn facade_trains_a_tiny_model() {
     let mut task = TaskSpec::new(TaskName::BitXor);
     task.eval_examples = 64;
-    let spec = RunSpec {
-        task,
-        backbone: BackboneSpec {
-            source: "gpt2".into(),
-            init: Init::Random,
-            shape: ShapeOverrides {
-                layers: Some(1),
-                hidden: Some(16),
-                heads: Some(2),
-                positions: Some(16),
-                ..Default::default()
-            },
-            residual_init: ResidualInit::Unscaled,
-            depth: None,
-            final_norm: true,
-            bit_pretrain: None,
+    let backbone = BackboneSpec {
+        shape: ShapeOverrides {
+            layers: Some(1),
+            hidden: Some(16),
+            heads: Some(2),
+            positions: Some(16),
+            ..Default::default()
         },
-        train_groups: TrainGroups::fpt(),
+        residual_init: ResidualInit::Unscaled,
+        ..BackboneSpec::new("gpt2", Init::Random)
+    };
+    let spec = RunSpec {
         train: TrainSpec {
             steps: 5,
             batch_size: 4,
@@ -33,13 +27,12 @@ fn facade_trains_a_tiny_model() {
             eval_every: 5,
             ..TrainSpec::default()
         },
-        input_dropout: 0.1,
-        orth_gain: 1.41,
-        backbone_dropout: true,
+        ..RunSpec::new(task, backbone)
     };
+    assert_eq!(spec.train_groups, TrainGroups::fpt());
     let dir = tempfile::tempdir().unwrap();
     let mut evals = 0;
-    let r = fpt::train::train(&spec, dir.path(), &candle_core::Device::Cpu, &mut |e| {
+    let r = fpt::train::train(&spec, dir.path(), &fpt::candle_core::Device::Cpu, &mut |e| {
         if matches!(e, fpt::train::Event::Eval(_)) {
             evals += 1;
         }

@@ -525,13 +525,9 @@ fn plan_at(s: &CellSettings, metric: Metric, sc: &ScaleSettings, notes: &mut Vec
         ..TrainSpec::default()
     };
     let spec = RunSpec {
-        task,
-        backbone,
         train_groups: groups,
         train,
-        input_dropout: 0.1,
-        orth_gain: 1.41,
-        backbone_dropout: true,
+        ..RunSpec::new(task, backbone)
     };
     if let Err(e) = spec.validate() {
         return Plan::Unavailable(format!("invalid run spec: {e}"));

@@ -886,7 +886,18 @@ pub fn stats_only(
 /// `google/vit-base-patch16-224-in21k`), a local directory, or a
 /// Hugging Face model id. Random init needs only a config (known names have theirs built
 /// in); pretrained needs weights. The spec's depth cut (`depth`, `final_norm`) is applied.
+///
+/// A `bit-pretrained` spec is refused: its weights come from a Bit Memory training run that
+/// `fpt_train::pretrain::resolve_backbone` makes (and caches) first, turning the spec into a
+/// `pretrained` one; loading it here would silently give a random backbone.
 pub fn load(spec: &BackboneSpec, groups: &TrainGroups, device: &Device, rng: &mut Rng) -> Result<Box<dyn Backbone>> {
+    if spec.init == Init::BitPretrained {
+        return Err(BackboneError::Unsupported(format!(
+            "backbone `{}` with init bit-pretrained: its weights are trained first; resolve the spec with \
+             fpt_train::pretrain::resolve_backbone (fpt_train::train does) and load the `pretrained` spec it returns",
+            spec.source
+        )));
+    }
     let mut backbone = build(spec, groups, device, rng)?;
     if let Some(k) = spec.depth {
         backbone.truncate(k)?;

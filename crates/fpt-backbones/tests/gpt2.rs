@@ -460,3 +460,24 @@ fn frozen_fused_blocks_train_like_the_composed_ones_on_one_path() {
     let other = fpt.forward(&x, &mut Ctx::train(8)).unwrap();
     assert!(max_diff(&out_a, &other) > 1e-3, "dropout should change the output");
 }
+
+/// `load` refuses a `bit-pretrained` spec (its weights come from a training run that
+/// `fpt_train::pretrain::resolve_backbone` makes first) instead of quietly building a
+/// random backbone.
+#[test]
+fn a_bit_pretrained_spec_is_refused_not_loaded_as_random() {
+    let spec = fpt_spec::BackboneSpec {
+        source: "gpt2".into(),
+        init: fpt_spec::Init::BitPretrained,
+        shape: Default::default(),
+        residual_init: Default::default(),
+        depth: None,
+        final_norm: true,
+        bit_pretrain: Some(Default::default()),
+    };
+    let e = fpt_backbones::load(&spec, &TrainGroups::fpt(), &Device::Cpu, &mut Rng::new(0))
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(e.contains("bit-pretrained") && e.contains("resolve_backbone"), "{e}");
+}

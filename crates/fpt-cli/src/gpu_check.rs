@@ -8,7 +8,7 @@
 
 use anyhow::{Context, Result};
 use clap::Args;
-use fpt_spec::{BackboneSpec, Init, RunSpec, ShapeOverrides, TaskName, TaskSpec, TrainGroups, TrainSpec};
+use fpt_spec::{BackboneSpec, Init, RunSpec, ShapeOverrides, TaskName, TaskSpec, TrainSpec};
 use std::path::PathBuf;
 
 #[derive(Args)]
@@ -30,23 +30,16 @@ pub struct GpuCheckArgs {
 fn training_spec(steps: usize) -> RunSpec {
     let mut task = TaskSpec::new(TaskName::BitXor);
     task.eval_examples = 512;
-    RunSpec {
-        task,
-        backbone: BackboneSpec {
-            source: "gpt2".into(),
-            init: Init::Random,
-            shape: ShapeOverrides {
-                layers: Some(2),
-                hidden: Some(64),
-                heads: Some(4),
-                ..Default::default()
-            },
-            residual_init: Default::default(),
-            depth: None,
-            final_norm: true,
-            bit_pretrain: None,
+    let backbone = BackboneSpec {
+        shape: ShapeOverrides {
+            layers: Some(2),
+            hidden: Some(64),
+            heads: Some(4),
+            ..Default::default()
         },
-        train_groups: TrainGroups::fpt(),
+        ..BackboneSpec::new("gpt2", Init::Random)
+    };
+    RunSpec {
         train: TrainSpec {
             steps,
             batch_size: 16,
@@ -55,9 +48,7 @@ fn training_spec(steps: usize) -> RunSpec {
             seed: 0,
             ..TrainSpec::default()
         },
-        input_dropout: 0.1,
-        orth_gain: 1.41,
-        backbone_dropout: true,
+        ..RunSpec::new(task, backbone)
     }
 }
 

@@ -111,7 +111,7 @@ pub(crate) fn lm_run_spec(a: &PretrainArgs) -> Result<RunSpec> {
             ..TrainSpec::default()
         },
         input_dropout: 0.0,
-        orth_gain: 1.41,
+        orth_gain: fpt_spec::DEFAULT_ORTH_GAIN,
         backbone_dropout: true,
     };
     spec.validate()?;

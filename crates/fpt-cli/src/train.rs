@@ -53,10 +53,10 @@ pub(crate) struct TrainArgs {
     #[arg(long)]
     pub(crate) patch: Option<usize>,
     /// Dropout after the input layer.
-    #[arg(long, default_value_t = 0.1)]
+    #[arg(long, default_value_t = fpt_spec::DEFAULT_INPUT_DROPOUT)]
     pub(crate) input_dropout: f64,
     /// Gain of the orthogonal init of the input layer.
-    #[arg(long, default_value_t = 1.41)]
+    #[arg(long, default_value_t = fpt_spec::DEFAULT_ORTH_GAIN)]
     pub(crate) orth_gain: f64,
     /// Turn the backbone's own dropouts off during training (the reference keeps them on).
     #[arg(long)]
@@ -162,6 +162,20 @@ pub(crate) fn spec_from_args(a: &TrainArgs, given: &dyn Fn(&str) -> bool, base: 
     if set("depth") {
         s.backbone.depth = b.depth;
     }
+    // Every other backbone flag too: on `--resume` a given flag is never dropped (a value
+    // that differs from the saved run's makes `resume` refuse, naming the field).
+    if set("lstm_residual") {
+        s.backbone.shape.lstm_residual = b.shape.lstm_residual;
+    }
+    if set("lstm_positions") {
+        s.backbone.shape.lstm_positions = b.shape.lstm_positions;
+    }
+    if set("no_final_norm") {
+        s.backbone.final_norm = b.final_norm;
+    }
+    if set("bit_pretrain_steps") || set("init") {
+        s.backbone.bit_pretrain = b.bit_pretrain;
+    }
     if set("train_groups") {
         s.train_groups = a.backbone.train_groups;
     }
@@ -181,33 +195,25 @@ pub(crate) fn spec_from_args(a: &TrainArgs, given: &dyn Fn(&str) -> bool, base: 
     if set("clip") {
         t.clip_norm = (a.clip > 0.0).then_some(a.clip);
     }
-    if set("divergence_factor") {
-        t.divergence_factor = a.divergence_factor;
+    // Flags named as the `TrainSpec` field they set: copied when given (or fresh).
+    macro_rules! same_name {
+        ($($f:ident),*) => {
+            $(if set(stringify!($f)) {
+                t.$f = a.$f;
+            })*
+        };
     }
-    if set("eval_every") {
-        t.eval_every = a.eval_every;
-    }
-    if set("seed") {
-        t.seed = a.seed;
-    }
-    if set("lr_schedule") {
-        t.lr_schedule = a.lr_schedule;
-    }
-    if set("train_eval") {
-        t.train_eval = a.train_eval;
-    }
-    if set("checkpoint_every") {
-        t.checkpoint_every = a.checkpoint_every;
-    }
-    if set("convergence_tolerance") {
-        t.convergence_tolerance = a.convergence_tolerance;
-    }
-    if set("cached_epochs") {
-        t.cached_epochs = a.cached_epochs;
-    }
-    if set("early_stop_patience") {
-        t.early_stop_patience = a.early_stop_patience;
-    }
+    same_name!(
+        divergence_factor,
+        eval_every,
+        seed,
+        lr_schedule,
+        train_eval,
+        checkpoint_every,
+        convergence_tolerance,
+        cached_epochs,
+        early_stop_patience
+    );
     if set("input_dropout") {
         s.input_dropout = a.input_dropout;
     }

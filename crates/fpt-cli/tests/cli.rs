@@ -935,3 +935,60 @@ fn run_cell_refuses_a_bad_spec_clearly() {
     assert!(out.starts_with("fpt-error <stdin>: not a run spec"), "{out}");
     assert!(!dir.exists());
 }
+
+/// The defaults live in one place: a run from flags that set only the task, the backbone
+/// and a short budget writes the spec `RunSpec::new` (the library's constructor) gives.
+#[test]
+fn cli_defaults_are_the_library_constructors() {
+    use fpt_spec::{BackboneSpec, Init, RunSpec, ShapeOverrides, TrainSpec};
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("run");
+    let out = fpt(&[
+        "train",
+        "-q",
+        "--task",
+        "bit-xor",
+        "--backbone",
+        "gpt2",
+        "--init",
+        "random",
+        "--layers",
+        "1",
+        "--hidden",
+        "16",
+        "--heads",
+        "2",
+        "--steps",
+        "1",
+        "--batch-size",
+        "2",
+        "--eval-every",
+        "1",
+        "--eval-examples",
+        "8",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let saved: RunSpec = serde_json::from_str(&std::fs::read_to_string(dir.join("spec.json")).unwrap()).unwrap();
+    let backbone = BackboneSpec {
+        shape: ShapeOverrides {
+            layers: Some(1),
+            hidden: Some(16),
+            heads: Some(2),
+            ..Default::default()
+        },
+        ..BackboneSpec::new("gpt2", Init::Random)
+    };
+    let expected = RunSpec {
+        train: TrainSpec {
+            steps: 1,
+            batch_size: 2,
+            micro_batch_size: 2,
+            eval_every: 1,
+            ..TrainSpec::default()
+        },
+        ..RunSpec::new(saved.task.clone(), backbone)
+    };
+    assert_eq!(saved, expected);
+}

@@ -184,3 +184,100 @@ fn resume_refuses_a_changed_spec_and_eval_reads_the_checkpoint() {
         .unwrap();
     assert!(String::from_utf8_lossy(&out.stderr).contains("already holds a run"));
 }
+
+/// Every backbone flag counts on `--resume`: an LSTM run (residual, positions) resumed with
+/// its own flags continues; a flag the saved run did not have is refused, naming the field,
+/// never silently dropped; a depth-cut GPT-2 run's `--no-final-norm` likewise.
+#[test]
+fn resume_keeps_or_refuses_every_backbone_flag() {
+    let root = tempfile::tempdir().unwrap();
+    let lstm = root.path().join("lstm");
+    let base = [
+        "train",
+        "-q",
+        "--task",
+        "bit-xor",
+        "--backbone",
+        "lstm",
+        "--init",
+        "random",
+        "--layers",
+        "1",
+        "--hidden",
+        "16",
+        "--steps",
+        "4",
+        "--eval-every",
+        "2",
+        "--eval-examples",
+        "16",
+        "--checkpoint-every",
+        "2",
+    ];
+    let out = fpt()
+        .args(base)
+        .args(["--lstm-residual", "--out"])
+        .arg(&lstm)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let saved: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(lstm.join("spec.json")).unwrap()).unwrap();
+    assert_eq!(saved["backbone"]["shape"]["lstm_residual"], true);
+    // The same flag again: not a change.
+    let out = fpt()
+        .args(["train", "-q", "--lstm-residual", "--steps", "4", "--resume"])
+        .arg(&lstm)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // A flag the run was not started with: refused, naming the field.
+    let out = fpt()
+        .args(["train", "-q", "--lstm-positions", "--resume"])
+        .arg(&lstm)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("changed spec") && err.contains("lstm_positions"), "{err}");
+
+    let cut = root.path().join("cut");
+    let out = fpt()
+        .args([
+            "train",
+            "-q",
+            "--task",
+            "bit-xor",
+            "--backbone",
+            "gpt2",
+            "--init",
+            "random",
+            "--layers",
+            "2",
+            "--hidden",
+            "16",
+            "--heads",
+            "2",
+            "--depth",
+            "1",
+            "--steps",
+            "2",
+            "--eval-every",
+            "2",
+            "--eval-examples",
+            "16",
+            "--out",
+        ])
+        .arg(&cut)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = fpt()
+        .args(["train", "-q", "--depth", "1", "--no-final-norm", "--resume"])
+        .arg(&cut)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("changed spec") && err.contains("final_norm"), "{err}");
+}

@@ -44,8 +44,8 @@ pub struct HeadConfig {
 impl Default for HeadConfig {
     fn default() -> Self {
         Self {
-            input_dropout: 0.1,
-            orth_gain: 1.41,
+            input_dropout: fpt_spec::DEFAULT_INPUT_DROPOUT,
+            orth_gain: fpt_spec::DEFAULT_ORTH_GAIN,
         }
     }
 }

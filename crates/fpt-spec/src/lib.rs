@@ -725,6 +725,23 @@ pub struct BackboneSpec {
     pub bit_pretrain: Option<BitPretrainSpec>,
 }
 
+impl BackboneSpec {
+    /// `source` with `init` and every other setting at its default: no shape overrides, the
+    /// paper's residual init, no depth cut, and for `bit-pretrained` the default Bit
+    /// Memory pretraining.
+    pub fn new(source: impl Into<String>, init: Init) -> Self {
+        Self {
+            source: source.into(),
+            init,
+            shape: ShapeOverrides::default(),
+            residual_init: ResidualInit::default(),
+            depth: None,
+            final_norm: true,
+            bit_pretrain: (init == Init::BitPretrained).then(BitPretrainSpec::default),
+        }
+    }
+}
+
 fn default_true() -> bool {
     true
 }
@@ -834,6 +851,12 @@ fn default_tolerance() -> f64 {
 /// diverged (as does a non-finite loss or gradient).
 pub const DEFAULT_DIVERGENCE_FACTOR: f64 = 100.0;
 
+/// Dropout after the input layer: the reference code's 0.1.
+pub const DEFAULT_INPUT_DROPOUT: f64 = 0.1;
+
+/// Gain of the input layer's orthogonal init: the reference code's 1.41.
+pub const DEFAULT_ORTH_GAIN: f64 = 1.41;
+
 fn default_divergence_factor() -> f64 {
     DEFAULT_DIVERGENCE_FACTOR
 }
@@ -938,6 +961,22 @@ pub struct RunSpec {
 }
 
 impl RunSpec {
+    /// A run of `task` on `backbone` with the paper's FPT recipe and every default in one
+    /// place: the FPT groups trained (input, output, LayerNorms, positions),
+    /// [`TrainSpec::default`], [`DEFAULT_INPUT_DROPOUT`], [`DEFAULT_ORTH_GAIN`], the
+    /// backbone's own dropouts on. Change fields after (`RunSpec { train, ..RunSpec::new(..) }`).
+    pub fn new(task: TaskSpec, backbone: BackboneSpec) -> Self {
+        Self {
+            task,
+            backbone,
+            train_groups: TrainGroups::fpt(),
+            train: TrainSpec::default(),
+            input_dropout: DEFAULT_INPUT_DROPOUT,
+            orth_gain: DEFAULT_ORTH_GAIN,
+            backbone_dropout: true,
+        }
+    }
+
     /// 16 hex digits of the SHA-256 of the spec's JSON: a run directory's name in the
     /// harness (`results/runs/<key>`) and a self-trained backbone's cache key.
     pub fn key(&self) -> String {

@@ -263,26 +263,18 @@ impl Shape {
                 },
             ),
         };
+        let backbone = BackboneSpec {
+            shape,
+            ..BackboneSpec::new(source, Init::Random)
+        };
         RunSpec {
-            task: TaskSpec::new(TaskName::BitXor),
-            backbone: BackboneSpec {
-                source: source.into(),
-                init: Init::Random,
-                shape,
-                residual_init: Default::default(),
-                depth: None,
-                final_norm: true,
-                bit_pretrain: None,
-            },
             train_groups: groups,
             train: TrainSpec {
                 batch_size: self.batch,
                 micro_batch_size: self.batch,
                 ..TrainSpec::default()
             },
-            input_dropout: 0.1,
-            orth_gain: 1.41,
-            backbone_dropout: true,
+            ..RunSpec::new(TaskSpec::new(TaskName::BitXor), backbone)
         }
     }
 

@@ -8,7 +8,7 @@
 use crate::{Result, TrainError, Trainer};
 use candle_core::{DType, Device, Tensor};
 use fpt_nn::Rng;
-use fpt_spec::{BackboneSpec, Init, RunSpec, TaskName, TrainGroups};
+use fpt_spec::{BackboneSpec, Init, RunSpec, TaskName};
 use fpt_tasks::{Batch, InputKind, Inputs, Split, Task, TaskDims};
 use std::collections::HashMap;
 use std::path::Path;
@@ -113,17 +113,6 @@ pub fn replay(dir: &Path, device: &Device) -> Result<ParityDiff> {
     let (steps, batch, seq, width) = inputs.dims4()?;
     let classes = num("classes")? as usize;
     let spec = RunSpec {
-        task: fpt_spec::TaskSpec::new(TaskName::BitXor),
-        backbone: BackboneSpec {
-            source: dir.display().to_string(),
-            init: Init::Pretrained,
-            shape: Default::default(),
-            residual_init: Default::default(),
-            depth: None,
-            final_norm: true,
-            bit_pretrain: None,
-        },
-        train_groups: TrainGroups::fpt(),
         train: fpt_spec::TrainSpec {
             steps,
             batch_size: batch,
@@ -134,8 +123,11 @@ pub fn replay(dir: &Path, device: &Device) -> Result<ParityDiff> {
             ..Default::default()
         },
         input_dropout: 0.0,
-        orth_gain: 1.41,
         backbone_dropout: false,
+        ..RunSpec::new(
+            fpt_spec::TaskSpec::new(TaskName::BitXor),
+            BackboneSpec::new(dir.display().to_string(), Init::Pretrained),
+        )
     };
     let task = Replay {
         inputs,

@@ -22,17 +22,12 @@ pub fn backbones_home() -> PathBuf {
 pub fn bit_memory_run(spec: &BackboneSpec, bp: &BitPretrainSpec) -> RunSpec {
     let mut task = TaskSpec::new(TaskName::BitMemory);
     task.eval_examples = 256;
+    let backbone = BackboneSpec {
+        shape: spec.shape,
+        residual_init: spec.residual_init,
+        ..BackboneSpec::new(spec.source.clone(), Init::Random)
+    };
     RunSpec {
-        task,
-        backbone: BackboneSpec {
-            source: spec.source.clone(),
-            init: Init::Random,
-            shape: spec.shape,
-            residual_init: spec.residual_init,
-            depth: None,
-            final_norm: true,
-            bit_pretrain: None,
-        },
         train_groups: TrainGroups::all(),
         train: TrainSpec {
             steps: bp.steps,
@@ -43,9 +38,7 @@ pub fn bit_memory_run(spec: &BackboneSpec, bp: &BitPretrainSpec) -> RunSpec {
             seed: bp.seed,
             ..TrainSpec::default()
         },
-        input_dropout: 0.1,
-        orth_gain: 1.41,
-        backbone_dropout: true,
+        ..RunSpec::new(task, backbone)
     }
 }
 
