@@ -141,38 +141,27 @@ pub(crate) fn spec_from_args(a: &TrainArgs, given: &dyn Fn(&str) -> bool, base: 
     if set("backbone") {
         s.backbone.source = b.source.clone();
     }
-    if set("init") {
-        s.backbone.init = b.init;
+    // Every backbone flag (on `--resume` a given flag is never dropped: a value that differs
+    // from the saved run's makes `resume` refuse, naming the field): flag id => field.
+    macro_rules! backbone_flags {
+        ($($flag:literal => $($field:ident).+),* $(,)?) => {
+            $(if set($flag) {
+                s.backbone.$($field).+ = b.$($field).+;
+            })*
+        };
     }
-    if set("layers") {
-        s.backbone.shape.layers = b.shape.layers;
-    }
-    if set("hidden") {
-        s.backbone.shape.hidden = b.shape.hidden;
-    }
-    if set("heads") {
-        s.backbone.shape.heads = b.shape.heads;
-    }
-    if set("positions") {
-        s.backbone.shape.positions = b.shape.positions;
-    }
-    if set("residual_init") {
-        s.backbone.residual_init = b.residual_init;
-    }
-    if set("depth") {
-        s.backbone.depth = b.depth;
-    }
-    // Every other backbone flag too: on `--resume` a given flag is never dropped (a value
-    // that differs from the saved run's makes `resume` refuse, naming the field).
-    if set("lstm_residual") {
-        s.backbone.shape.lstm_residual = b.shape.lstm_residual;
-    }
-    if set("lstm_positions") {
-        s.backbone.shape.lstm_positions = b.shape.lstm_positions;
-    }
-    if set("no_final_norm") {
-        s.backbone.final_norm = b.final_norm;
-    }
+    backbone_flags!(
+        "init" => init,
+        "layers" => shape.layers,
+        "hidden" => shape.hidden,
+        "heads" => shape.heads,
+        "positions" => shape.positions,
+        "lstm_residual" => shape.lstm_residual,
+        "lstm_positions" => shape.lstm_positions,
+        "residual_init" => residual_init,
+        "depth" => depth,
+        "no_final_norm" => final_norm,
+    );
     if set("bit_pretrain_steps") || set("init") {
         s.backbone.bit_pretrain = b.bit_pretrain;
     }
