@@ -722,30 +722,23 @@ pub fn run(cells: &[Cell], out: &Path, opts: &RunOptions, log: &mut (dyn FnMut(&
                     spec.train.steps
                 ));
                 let t0 = std::time::Instant::now();
+                let eval_line = |step: usize, acc: f64, secs: f64| {
+                    say(format!(
+                        "[{}/{total}]     step {step}/{}: test_accuracy {acc:.4}, {secs:.0} s",
+                        i + 1,
+                        spec.train.steps,
+                    ))
+                };
                 let mut progress = |e: &fpt_train::Event| {
                     if let fpt_train::Event::Eval(r) = e {
-                        say(format!(
-                            "[{}/{total}]     step {}/{}: test_accuracy {:.4}, {:.0} s",
-                            i + 1,
-                            r.step,
-                            spec.train.steps,
-                            r.test_accuracy,
-                            r.elapsed_s
-                        ))
+                        eval_line(r.step, r.test_accuracy, r.elapsed_s)
                     }
                 };
                 let device = opts.device.clone().unwrap_or(candle_core::Device::Cpu);
                 // A panic inside one run is that run's failure, not the table's.
                 let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match workers {
                     Some(w) => w.train(&spec, &dir, opts.force, &mut |e| {
-                        say(format!(
-                            "[{}/{total}]     step {}/{}: test_accuracy {:.4}, {:.0} s",
-                            i + 1,
-                            e.step,
-                            spec.train.steps,
-                            e.test_accuracy,
-                            e.elapsed_s
-                        ))
+                        eval_line(e.step, e.test_accuracy, e.elapsed_s)
                     }),
                     None => run_one(&spec, &dir, opts.force, &device, &mut progress),
                 }))
