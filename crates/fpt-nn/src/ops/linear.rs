@@ -22,6 +22,17 @@ struct LinearOp {
     packed: Option<std::sync::Arc<super::sgemm::PackedB>>,
 }
 
+/// Threads for a product of `m x n x k`: every thread from ~2M multiply-adds up, one
+/// below (a few tens of microseconds of work, where handing it to other threads costs more
+/// than it saves).
+pub(crate) fn product_threads(m: usize, n: usize, k: usize) -> usize {
+    if m * n * k >= 1 << 21 {
+        crate::num_threads()
+    } else {
+        1
+    }
+}
+
 /// `dst[m, n] (+)= lhs @ rhs` for `lhs: [m, k]` and `rhs: [k, n]` given by (row, column)
 /// strides; `dst` is row-major.
 #[allow(clippy::too_many_arguments)]
@@ -39,7 +50,6 @@ fn gemm_into<T: WithDType>(
     rhs_cs: usize,
 ) {
     debug_assert!(dst.len() >= m * n && lhs.len() >= m * k && rhs.len() >= k * n);
-    let threads = crate::num_threads();
     if T::DTYPE == candle_core::DType::F32 {
         // SAFETY: T is f32 (checked by its dtype); the views cover the slices as above.
         unsafe {
@@ -56,12 +66,9 @@ fn gemm_into<T: WithDType>(
         };
         return;
     }
-    // Below ~2M multiply-adds (a few tens of microseconds) handing work to rayon costs more
-    // than it saves.
-    let par = if threads > 1 && m * n * k >= 1 << 21 {
-        gemm::Parallelism::Rayon(threads)
-    } else {
-        gemm::Parallelism::None
+    let par = match product_threads(m, n, k) {
+        1 => gemm::Parallelism::None,
+        threads => gemm::Parallelism::Rayon(threads),
     };
     // SAFETY: the slices hold m*n, m*k and k*n elements at the given strides (checked by
     // the callers' shape checks); gemm reads and writes only inside them.

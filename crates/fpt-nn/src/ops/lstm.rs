@@ -22,6 +22,7 @@
 //! candle ops (the reference the kernel is tested against).
 
 use super::fastmath::{exp_f32, tanh_f32};
+use super::linear::product_threads as threads_for;
 use super::sgemm::{has_micro_kernel, sgemm, sgemm_prepacked, MatMut, MatRef, PackedB};
 use super::{cpu_slice, tracks, unsupported, with_cpu_slice};
 use crate::kernels::KernelPath;
@@ -176,16 +177,6 @@ struct LnLstmOp {
     masks: Option<Vec<f32>>,
     eps: f32,
     saved: Mutex<Option<Saved>>,
-}
-
-/// Threads for a product of `m x n x k`: below ~2M multiply-adds handing work to other
-/// threads costs more than it saves.
-fn threads_for(m: usize, n: usize, k: usize) -> usize {
-    if m * n * k >= 1 << 21 {
-        crate::num_threads()
-    } else {
-        1
-    }
 }
 
 /// The right operand of the per-step products: packed once per call where fpt's
