@@ -202,15 +202,11 @@ impl BertConfig {
             ("vocab_size", self.vocab_size, MAX_VOCAB),
             ("type_vocab_size", self.type_vocab_size, MAX_VOCAB),
         ])?;
-        if !self.hidden_size.is_multiple_of(self.num_attention_heads) {
-            return Err(format!(
-                "hidden_size {} is not divisible by num_attention_heads {}",
-                self.hidden_size, self.num_attention_heads
-            ));
-        }
-        if self.hidden_act != "gelu" {
-            return Err(format!("hidden_act `{}` is not supported (gelu only)", self.hidden_act));
-        }
+        crate::check_heads(
+            ("hidden_size", self.hidden_size),
+            ("num_attention_heads", self.num_attention_heads),
+        )?;
+        crate::check_gelu(&self.hidden_act)?;
         if let Some(p) = &self.position_embedding_type {
             if p != "absolute" {
                 return Err(format!(

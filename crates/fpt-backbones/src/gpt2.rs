@@ -133,12 +133,7 @@ impl Gpt2Config {
             ("vocab_size", self.vocab_size, MAX_VOCAB),
             ("n_inner", self.inner(), MAX_FFN),
         ])?;
-        if !self.n_embd.is_multiple_of(self.n_head) {
-            return Err(format!(
-                "n_embd {} is not divisible by n_head {}",
-                self.n_embd, self.n_head
-            ));
-        }
+        crate::check_heads(("n_embd", self.n_embd), ("n_head", self.n_head))?;
         if !matches!(self.activation_function.as_str(), "gelu_new" | "gelu_pytorch_tanh") {
             return Err(format!(
                 "activation_function `{}` is not supported (gelu_new only)",

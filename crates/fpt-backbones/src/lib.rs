@@ -202,6 +202,28 @@ pub(crate) fn check_sizes(sizes: &[(&str, usize, usize)]) -> std::result::Result
         .try_for_each(|&(name, value, max)| fpt_spec::limits::check_positive(name, value, max))
 }
 
+/// Checks that a config's width (`width`: (field name, value)) splits evenly into its
+/// attention heads (`heads`: (field name, value), positive by `check_sizes`).
+pub(crate) fn check_heads(width: (&str, usize), heads: (&str, usize)) -> std::result::Result<(), String> {
+    if width.1.is_multiple_of(heads.1) {
+        Ok(())
+    } else {
+        Err(format!(
+            "{} {} is not divisible by {} {}",
+            width.0, width.1, heads.0, heads.1
+        ))
+    }
+}
+
+/// Checks a BERT-family config's `hidden_act` (exact GELU is the one implemented).
+pub(crate) fn check_gelu(act: &str) -> std::result::Result<(), String> {
+    if act == "gelu" {
+        Ok(())
+    } else {
+        Err(format!("hidden_act `{act}` is not supported (gelu only)"))
+    }
+}
+
 /// Checks input embeddings `[batch, tokens, width]` against a backbone's width and
 /// position table; returns the number of tokens.
 pub(crate) fn check_embeds(b: &dyn Backbone, embeds: &Tensor) -> candle_core::Result<usize> {

@@ -183,15 +183,11 @@ impl VitConfig {
             ("image_size", self.image_size, MAX_POSITIONS),
             ("num_channels", self.num_channels, MAX_INPUT_WIDTH),
         ])?;
-        if !self.hidden_size.is_multiple_of(self.num_attention_heads) {
-            return Err(format!(
-                "hidden_size {} is not divisible by num_attention_heads {}",
-                self.hidden_size, self.num_attention_heads
-            ));
-        }
-        if self.hidden_act != "gelu" {
-            return Err(format!("hidden_act `{}` is not supported (gelu only)", self.hidden_act));
-        }
+        crate::check_heads(
+            ("hidden_size", self.hidden_size),
+            ("num_attention_heads", self.num_attention_heads),
+        )?;
+        crate::check_gelu(&self.hidden_act)?;
         if self.patch_size == 0 || !self.image_size.is_multiple_of(self.patch_size) {
             return Err(format!(
                 "image_size {} is not a multiple of patch_size {}",
