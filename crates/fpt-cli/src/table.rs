@@ -88,7 +88,7 @@ pub fn run_table(a: RunTableArgs) -> Result<()> {
         (Some(n), true) => (n, Some((cores / n).max(1))),
         (Some(n), false) => (n, None),
         (None, true) => {
-            let (n, threads) = fpt_ablate::worker::auto_jobs(cores, usize::MAX);
+            let (n, threads) = fpt_ablate::worker::auto_jobs(cores);
             (n, (n > 1).then_some(threads))
         }
         (None, false) => (1, None),
