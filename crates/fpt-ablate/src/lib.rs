@@ -224,6 +224,28 @@ pub struct Cell {
     /// `paper` scale field by field, and the `paper` scale's own recorded differences
     /// (`differs` in `scales.toml`).
     pub differs: Vec<String>,
+    /// Further runs of the same plan with the next seeds (`seeds` at the scale): the cell
+    /// reports the mean over its run and these, with their spread. Each as (key, spec).
+    pub replicas: Vec<(String, Box<RunSpec>)>,
+}
+
+/// The runs that repeat `plan` with the `seeds - 1` seeds after its own.
+fn replicas_of(plan: &Plan, seeds: usize) -> Vec<(String, Box<RunSpec>)> {
+    let Plan::Run { spec, .. } = plan else {
+        return Vec::new();
+    };
+    (1..seeds as u64)
+        .map(|i| {
+            let mut s = spec.clone();
+            s.train.seed = spec.train.seed.wrapping_add(i);
+            (s.key(), s)
+        })
+        .collect()
+}
+
+/// Runs per cell at scale `sc` for the cell's task (`seeds`, at least one).
+fn seeds_for(s: &CellSettings, sc: &ScaleSettings) -> usize {
+    s.task.as_deref().and_then(|t| sc.for_task(t).seeds).unwrap_or(1).max(1)
 }
 
 /// The run directory's name of `spec`: [`RunSpec::key`].
@@ -335,7 +357,7 @@ fn expand_with(
         let metric = Metric::TestAccuracy;
         let mut notes = Vec::new();
         let plan = plan_at(&s, metric, &sc, &mut notes, check);
-        let differs = paper_differences(&s, metric, &plan, paper_sc.as_ref());
+        let differs = paper_differences(&s, metric, &plan, paper_sc.as_ref(), 1);
         cells.push(Cell {
             row: 0,
             col: 0,
@@ -345,6 +367,7 @@ fn expand_with(
             plan,
             notes,
             differs,
+            replicas: Vec::new(),
         });
         return Ok(cells);
     }
@@ -362,7 +385,15 @@ fn expand_with(
             } else {
                 plan_at(&s, metric, &sc, &mut notes, check)
             };
-            let differs = paper_differences(&s, metric, &plan, paper_sc.as_ref());
+            let seeds = seeds_for(&s, &sc);
+            let differs = paper_differences(&s, metric, &plan, paper_sc.as_ref(), seeds);
+            let replicas = replicas_of(&plan, seeds);
+            if !replicas.is_empty() {
+                notes.push(format!(
+                    "{} seeds per cell: the mean and spread over them (the paper prints one number per cell)",
+                    replicas.len() + 1
+                ));
+            }
             cells.push(Cell {
                 row: r,
                 col: c,
@@ -372,6 +403,7 @@ fn expand_with(
                 plan,
                 notes,
                 differs,
+                replicas,
             });
         }
     }
@@ -541,7 +573,13 @@ fn plan_at(s: &CellSettings, metric: Metric, sc: &ScaleSettings, notes: &mut Vec
 
 /// What in `here` (a cell's plan at some scale) differs from the same cell at the `paper`
 /// scale, field by field, plus the paper scale's own recorded differences from the paper.
-fn paper_differences(s: &CellSettings, metric: Metric, here: &Plan, paper_sc: Option<&ScaleSettings>) -> Vec<String> {
+fn paper_differences(
+    s: &CellSettings,
+    metric: Metric,
+    here: &Plan,
+    paper_sc: Option<&ScaleSettings>,
+    seeds: usize,
+) -> Vec<String> {
     let Some(psc) = paper_sc else {
         return Vec::new();
     };
@@ -593,6 +631,17 @@ fn paper_differences(s: &CellSettings, metric: Metric, here: &Plan, paper_sc: Op
         let cached = |t: &TrainSpec| t.cached_epochs.map_or("-".into(), |n| n.to_string());
         d("cached epochs", cached(&h.train), cached(&p.train));
     }
+    let first = h.train.seed;
+    out.push(match seeds {
+        0 | 1 => format!("one seed ({first}): the paper does not say how many seeds its numbers average"),
+        n => format!(
+            "{n} seeds ({}), their mean reported: the paper does not say how many seeds its numbers average",
+            (0..n as u64)
+                .map(|i| first.wrapping_add(i).to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    });
     let task = s.task.as_deref().unwrap_or("");
     let init = s.init.as_deref().unwrap_or("");
     let model = s.model.as_deref().unwrap_or("transformer");
@@ -671,6 +720,9 @@ pub fn runs_of(cells: &[Cell]) -> Vec<(String, RunSpec)> {
     let mut m: BTreeMap<String, RunSpec> = BTreeMap::new();
     for c in cells {
         if let Plan::Run { spec, key } = &c.plan {
+            m.insert(key.clone(), (**spec).clone());
+        }
+        for (key, spec) in &c.replicas {
             m.insert(key.clone(), (**spec).clone());
         }
     }

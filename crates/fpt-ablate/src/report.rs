@@ -53,6 +53,74 @@ pub struct CellReport {
     /// Steps between evaluations (a convergence step is known to this resolution).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub eval_every: Option<usize>,
+    /// Where the cell runs several seeds: each seed's number, and `ours` is their mean.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seeds: Option<Seeds>,
+}
+
+/// A cell's numbers over its seeds.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Seeds {
+    /// Runs the cell asks for.
+    pub runs: usize,
+    /// The numbers of the runs that finished, seed order (the cell's own run first).
+    pub values: Vec<f64>,
+    /// Sample standard deviation of `values` (0 with fewer than two).
+    pub sd: f64,
+    /// The other seeds' run directories, relative to the results directory.
+    pub other_runs: Vec<String>,
+}
+
+impl Seeds {
+    /// From the finished runs' numbers.
+    pub fn new(runs: usize, values: Vec<f64>, other_runs: Vec<String>) -> Seeds {
+        let n = values.len() as f64;
+        let mean = values.iter().sum::<f64>() / n.max(1.0);
+        let sd = if values.len() > 1 {
+            (values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1.0)).sqrt()
+        } else {
+            0.0
+        };
+        Seeds {
+            runs,
+            values,
+            sd,
+            other_runs,
+        }
+    }
+
+    /// The mean of the finished runs.
+    pub fn mean(&self) -> Option<f64> {
+        (!self.values.is_empty()).then(|| self.values.iter().sum::<f64>() / self.values.len() as f64)
+    }
+
+    /// How the grid and the cell table show the spread: `+-sd, n seeds`.
+    pub fn label(&self) -> String {
+        if self.values.len() == self.runs {
+            format!("+-{:.1}, {} seeds", self.sd, self.runs)
+        } else {
+            format!("+-{:.1}, {} of {} seeds", self.sd, self.values.len(), self.runs)
+        }
+    }
+}
+
+/// A run's number for `metric` (percent for accuracies).
+fn metric_of(res: &fpt_train::RunResult, metric: Metric) -> Option<f64> {
+    match metric {
+        Metric::TrainAccuracy => res.train_accuracy.map(|a| 100.0 * a),
+        Metric::StepsToConvergence => res.converged_step.map(|s| s as f64),
+        Metric::Speedup => res.cached.as_ref().map(|c| c.speedup),
+        _ => Some(100.0 * res.test_accuracy),
+    }
+}
+
+/// The finished result of the run `key` under `out`, if it has one that passed its
+/// self-check.
+fn finished(out: &Path, key: &str) -> Option<fpt_train::RunResult> {
+    std::fs::read_to_string(run_dir(out, key).join("result.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str::<fpt_train::RunResult>(&t).ok())
+        .filter(|r| r.provenance.as_ref().is_none_or(|p| p.selfcheck.passed))
 }
 
 /// How the last two evaluations of a run in `dir` compare, measured against the binomial
@@ -259,6 +327,7 @@ impl Report {
                 curve: None,
                 eval_examples: None,
                 eval_every: None,
+                seeds: None,
             };
             match &c.plan {
                 Plan::PaperOnly(why) => {
@@ -323,14 +392,22 @@ impl Report {
                             }
                             r.curve = curve_state(&dir, res.eval_examples);
                             r.eval_examples = Some(res.eval_examples);
-                            r.ours = match c.metric {
-                                Metric::TrainAccuracy => res.train_accuracy.map(|a| 100.0 * a),
-                                Metric::StepsToConvergence => res.converged_step.map(|s| s as f64),
-                                Metric::Speedup => res.cached.as_ref().map(|c| c.speedup),
-                                _ => Some(100.0 * res.test_accuracy),
-                            };
+                            r.ours = metric_of(&res, c.metric);
                             if c.metric == Metric::StepsToConvergence && r.ours.is_none() {
                                 r.why = Some(format!("did not converge in {} steps", res.steps));
+                            }
+                            if !c.replicas.is_empty() {
+                                let mut values: Vec<f64> = r.ours.into_iter().collect();
+                                for (k, _) in &c.replicas {
+                                    if let Some(res) = finished(out, k) {
+                                        *origins.entry(run_origin(&res)).or_insert(0) += 1;
+                                        values.extend(metric_of(&res, c.metric));
+                                    }
+                                }
+                                let others = c.replicas.iter().map(|(k, _)| format!("runs/{k}")).collect();
+                                let seeds = Seeds::new(c.replicas.len() + 1, values, others);
+                                r.ours = seeds.mean();
+                                r.seeds = Some(seeds);
                             }
                         }
                     }
@@ -359,6 +436,13 @@ impl Report {
                         // A convergence step is known to the evaluation interval.
                         (Metric::StepsToConvergence, _) => cell.eval_every.map_or(0.0, |e| e as f64 / 2.0),
                         _ => 0.0,
+                    };
+                    // Over several seeds: the standard error of their mean, from the larger
+                    // of their spread and one evaluation's own noise (three seeds' spread
+                    // alone can be small by chance).
+                    let se = match &cell.seeds {
+                        Some(s) if s.values.len() > 1 => s.sd.max(se) / (s.values.len() as f64).sqrt(),
+                        _ => se,
                     };
                     Some((v, se))
                 });
@@ -428,7 +512,8 @@ impl Report {
             (None, s) => s.to_string(),
         };
         let dagger = if c.diverged.is_some() { " [†]" } else { "" };
-        format!("{ours}{dagger} ({})", c.paper_text)
+        let spread = c.seeds.as_ref().map_or(String::new(), |s| format!(" [{}]", s.label()));
+        format!("{ours}{spread}{dagger} ({})", c.paper_text)
     }
 
     /// The report as Markdown.
@@ -466,7 +551,7 @@ impl Report {
             s.push_str(&format!("| {row} | {} |\n", cells.join(" | ")));
         }
         if !self.claims.is_empty() {
-            s.push_str("\n## The paper's claims\n\nVerdict on our numbers (one seed; `inconclusive`: the difference is within its noise, two standard errors of the evaluation's sampling for accuracies and the evaluation interval for steps to convergence, so more examples, evaluations or seeds would be needed), and on the paper's.\n\n| claim | ours | decided by | paper |\n|---|---|---|---|\n");
+            s.push_str("\n## The paper's claims\n\nVerdict on our numbers (one seed per cell unless the cell says `n seeds`, then their mean; `inconclusive`: the difference is within its noise, two standard errors of the evaluation's sampling for accuracies (of the seeds' mean, from the larger of their spread and the sampling, where a cell ran several) and the evaluation interval for steps to convergence, so more examples, evaluations or seeds would be needed), and on the paper's.\n\n| claim | ours | decided by | paper |\n|---|---|---|---|\n");
             for c in &self.claims {
                 s.push_str(&format!(
                     "| {} | **{}** | {} | {} ({}) |\n",
@@ -525,7 +610,17 @@ impl Report {
                     c.why.clone(),
                     c.diverged.clone(),
                     c.curve.clone().map(|k| format!("curve {k}")),
-                    c.run.clone()
+                    c.run.clone(),
+                    c.seeds.as_ref().map(|s| format!(
+                        "seeds {}: {}; the other seeds' runs: {}",
+                        s.label(),
+                        s.values
+                            .iter()
+                            .map(|v| Self::fmt(*v, c.metric))
+                            .collect::<Vec<_>>()
+                            .join(", "),
+                        s.other_runs.join(", ")
+                    )),
                 ]
                 .into_iter()
                 .flatten()
@@ -564,12 +659,12 @@ impl Report {
     pub fn csv(&self) -> String {
         let q = |s: &str| format!("\"{}\"", s.replace('"', "\"\""));
         let mut s =
-            "row,column,metric,ours,paper,paper_text,diff,status,why,notes,run,seconds,diverged,curve,differs\n"
+            "row,column,metric,ours,paper,paper_text,diff,status,why,notes,run,seconds,diverged,curve,differs,seeds\n"
                 .to_string();
         let num = |v: Option<f64>| v.map(|v| format!("{v}")).unwrap_or_default();
         for c in &self.cells {
             s.push_str(&format!(
-                "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
+                "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
                 q(&c.row),
                 q(&c.col),
                 serde_json::to_value(c.metric)
@@ -587,7 +682,13 @@ impl Report {
                 num(c.seconds),
                 q(c.diverged.as_deref().unwrap_or("")),
                 q(c.curve.as_deref().unwrap_or("")),
-                q(&c.differs.join("; "))
+                q(&c.differs.join("; ")),
+                q(&c.seeds.as_ref().map_or(String::new(), |s| s
+                    .values
+                    .iter()
+                    .map(|v| format!("{v}"))
+                    .collect::<Vec<_>>()
+                    .join("; ")))
             ));
         }
         s

@@ -446,3 +446,73 @@ fn table8_counts_trained_parameters_as_the_paper_did() {
         trained[0].1
     );
 }
+
+#[test]
+fn a_cell_with_seeds_trains_each_seed_and_reports_their_mean_and_spread() {
+    let d = tempfile::tempdir().unwrap();
+    write_mini(d.path());
+    let tables = d.path().join("tables");
+    let mut toml = std::fs::read_to_string(tables.join("table1.toml")).unwrap();
+    toml.push_str("\n[scales.mini.all]\nseeds = 3\n");
+    std::fs::write(tables.join("table1.toml"), toml).unwrap();
+    let t = load_table(&tables, "table1").unwrap();
+    let cells = expand(&t, &load_scales(&tables).unwrap(), "mini").unwrap();
+    let Plan::Run { spec, key } = &cells[0].plan else {
+        panic!("{:?}", cells[0].plan)
+    };
+    // The next two seeds, each its own run; counted and unavailable cells get none.
+    let seeds: Vec<u64> = cells[0].replicas.iter().map(|(_, s)| s.train.seed).collect();
+    assert_eq!(seeds, vec![spec.train.seed + 1, spec.train.seed + 2]);
+    for (k, s) in &cells[0].replicas {
+        assert_eq!((k.as_str(), s.task.clone()), (s.key().as_str(), spec.task.clone()));
+        assert_ne!(k, key);
+    }
+    assert!(cells[2].replicas.is_empty() && cells[5].replicas.is_empty());
+    assert!(
+        cells[0].notes.iter().any(|n| n.starts_with("3 seeds per cell")),
+        "{:?}",
+        cells[0].notes
+    );
+    assert_eq!(fpt_ablate::runs_of(&cells).len(), 12);
+
+    let out = d.path().join("results");
+    let trained = run(&cells, &out, &RunOptions::default(), &mut |_| {}).unwrap();
+    assert_eq!(trained.count, 12);
+    // Give the three runs of the first cell known numbers: 50%, 60%, 70%.
+    let keys: Vec<String> = std::iter::once(key.clone())
+        .chain(cells[0].replicas.iter().map(|(k, _)| k.clone()))
+        .collect();
+    let set = |k: &str, acc: f64| {
+        let p = fpt_ablate::run_dir(&out, k).join("result.json");
+        let mut res: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+        res["test_accuracy"] = acc.into();
+        std::fs::write(&p, serde_json::to_string(&res).unwrap()).unwrap();
+    };
+    for (k, acc) in keys.iter().zip([0.5, 0.6, 0.7]) {
+        set(k, acc);
+    }
+    let r = Report::new(&t, "mini", &cells, &out);
+    let c = &r.cells[0];
+    let s = c.seeds.as_ref().unwrap();
+    assert_eq!(s.values.len(), 3);
+    assert!(
+        (c.ours.unwrap() - 60.0).abs() < 1e-9 && (s.sd - 10.0).abs() < 1e-9,
+        "{c:?}"
+    );
+    assert_eq!(c.diff, Some(60.0 - 50.0));
+    let md = r.markdown(&out);
+    let row = md.lines().find(|l| l.starts_with("| FPT | ")).unwrap();
+    assert!(row.contains("60.0% [+-10.0, 3 seeds] (50%)"), "{row}");
+    assert!(md.contains(&format!("runs/{}", keys[2])), "{md}");
+    assert!(
+        r.csv().lines().nth(1).unwrap().ends_with("\"50; 60; 70\""),
+        "{}",
+        r.csv()
+    );
+
+    // A seed still to run: the mean of those that finished, and the report says so.
+    std::fs::remove_file(fpt_ablate::run_dir(&out, &keys[1]).join("result.json")).unwrap();
+    let r = Report::new(&t, "mini", &cells, &out);
+    assert_eq!(r.cells[0].ours, Some(60.0));
+    assert!(r.markdown(&out).contains("[+-14.1, 2 of 3 seeds]"));
+}

@@ -258,3 +258,27 @@ fn claim_verdicts_follow_the_numbers_and_their_noise() {
     let none = fpt_ablate::claims::check(&t, claim, &|_, _| None);
     assert_eq!(none.verdict, "not run");
 }
+
+#[test]
+fn every_cell_says_how_many_seeds_it_ran() {
+    let tables = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/tables");
+    let scales = load_scales(&tables).unwrap();
+    // Table 4 runs three seeds per cell at the cpu scale; Table 2 one, as the paper scale.
+    for (id, scale, want) in [
+        ("table4", "cpu", "3 seeds (0, 1, 2), their mean reported"),
+        ("table4", "paper", "one seed (0)"),
+        ("table2", "cpu", "one seed (0)"),
+    ] {
+        let t = load_table(&tables, id).unwrap();
+        for c in expand_unchecked(&t, &scales, scale).unwrap() {
+            if let Plan::Run { .. } = c.plan {
+                assert!(
+                    c.differs.iter().any(|d| d.starts_with(want)),
+                    "{id} at {scale}: {:?}",
+                    c.differs
+                );
+                assert_eq!(c.replicas.len() + 1, if want.starts_with('3') { 3 } else { 1 });
+            }
+        }
+    }
+}

@@ -1597,6 +1597,10 @@ pub mod table {
         /// training accuracy always measure it. `None`: `final`.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pub train_eval: Option<super::TrainEval>,
+        /// Runs per cell, each with its own seed (the cell's seed, then the next ones): the
+        /// cell reports their mean and spread, and claims use it. `None`: one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub seeds: Option<usize>,
     }
 
     impl TaskOverrides {
@@ -1618,7 +1622,8 @@ pub mod table {
                 lr,
                 cached_epochs,
                 cached_examples,
-                train_eval
+                train_eval,
+                seeds
             )
         }
     }
