@@ -1,0 +1,409 @@
+//! Tables and figures of the paper as data (`data/tables/<id>.toml`), and the scales they
+//! run at (`data/tables/scales.toml`). The ablation harness (`fpt-ablate`) expands a table
+//! into one cell per (row, column): the table's `defaults`, then the row's settings, then
+//! the column's; no table has code of its own.
+
+use crate::ShapeOverrides;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// What a table's cells hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum Metric {
+    /// Accuracy on the evaluation split, in percent.
+    #[default]
+    TestAccuracy,
+    /// Accuracy on the training split, in percent.
+    TrainAccuracy,
+    /// Steps to convergence (see `TrainSpec::convergence_tolerance`).
+    StepsToConvergence,
+    /// Backbone parameters (counted from the config; nothing trains).
+    ParamsTotal,
+    /// Trained parameters, input and output layers included (counted).
+    ParamsTrained,
+    /// Trained parameters counted as the paper's Table 8 did: position rows only for the
+    /// tokens the task uses, the input layer at the cell's `input_width` when set.
+    ParamsTrainedUsed,
+    /// Blocks of the backbone (from its config).
+    ConfigLayers,
+    /// Hidden width (from its config).
+    ConfigHidden,
+    /// Attention heads (from its config).
+    ConfigHeads,
+    /// Per-epoch speedup of output-only training on cached features over FPT training
+    /// (Table 10), as a factor.
+    Speedup,
+    /// A number only the paper gives (a hyperparameter, a citation): shown, not run.
+    PaperOnly,
+}
+
+/// The settings of a cell; unset fields inherit (table defaults, row, column).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CellSettings {
+    /// Task name as on the command line.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task: Option<String>,
+    /// Backbone as named in the paper (`gpt2`, `gpt2-medium`, `gpt2-large`,
+    /// `bert-base-uncased`, `t5-base`, `allenai/longformer-base-4096`, `vit`); scales may
+    /// substitute it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backbone: Option<String>,
+    /// `pretrained`, `random`, `stats-only` or `bit-pretrained`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init: Option<String>,
+    /// Trained groups (`--train` syntax).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub train: Option<String>,
+    /// Depth cut: the first N blocks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub depth: Option<usize>,
+    /// `transformer` (default), `lstm`, `output-only` (cached features), or `literature`
+    /// (a number the paper cites from other work).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// LSTM layers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lstm_layers: Option<usize>,
+    /// LSTM with residual connections.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lstm_residual: Option<bool>,
+    /// LSTM with learned positional embeddings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lstm_positions: Option<bool>,
+    /// Train the last attention layer too (Table 14).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_attention: Option<bool>,
+    /// What the cell reports.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metric: Option<Metric>,
+    /// Learning rate (paper: 1e-3; homology 1e-4; LSTMs 3e-4).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lr: Option<f64>,
+    /// For counted cells: the input layer's width the paper counted with (Table 8: 16).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_width: Option<usize>,
+}
+
+impl Metric {
+    /// Whether the metric is read off the backbone's config (nothing trains).
+    pub fn is_counted(self) -> bool {
+        matches!(
+            self,
+            Metric::ParamsTotal
+                | Metric::ParamsTrained
+                | Metric::ParamsTrainedUsed
+                | Metric::ConfigLayers
+                | Metric::ConfigHidden
+                | Metric::ConfigHeads
+        )
+    }
+}
+
+impl CellSettings {
+    /// `self` with every field `over` sets replaced.
+    pub fn merged(&self, over: &CellSettings) -> CellSettings {
+        macro_rules! pick {
+            ($($f:ident),*) => { CellSettings { $($f: over.$f.clone().or_else(|| self.$f.clone())),* } };
+        }
+        pick!(
+            task,
+            backbone,
+            init,
+            train,
+            depth,
+            model,
+            lstm_layers,
+            lstm_residual,
+            lstm_positions,
+            last_attention,
+            metric,
+            lr,
+            input_width
+        )
+    }
+}
+
+/// A row or a column: a label and the settings it contributes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Axis {
+    /// As printed in the paper.
+    pub label: String,
+    /// Its settings.
+    #[serde(flatten)]
+    pub set: CellSettings,
+}
+
+/// Settings for one cell, on top of its row and column (e.g. Table 1's CIFAR-10 FPT
+/// number comes from GPT-2 large).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CellOverride {
+    /// Row label.
+    pub row: String,
+    /// Column label.
+    pub col: String,
+    /// Its settings.
+    #[serde(flatten)]
+    pub set: CellSettings,
+}
+
+/// What kind of artefact a spec describes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum Kind {
+    /// A table of numbers.
+    #[default]
+    Table,
+    /// Grouped bars of a table's cells (Figure 1).
+    Bars,
+    /// First-layer attention maps of a trained run (Figures 3-5).
+    AttentionMap,
+    /// Standard deviation of parameters by layer (Figure 6).
+    ParamStd,
+}
+
+/// One table or figure of the paper.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TableSpec {
+    /// `table1` ... `table22`, `fig1`, `fig3` ... `fig6`.
+    pub id: String,
+    /// Short title.
+    pub title: String,
+    /// The paper's caption.
+    pub caption: String,
+    /// Section of the paper.
+    #[serde(default)]
+    pub section: String,
+    /// Table or figure kind.
+    #[serde(default)]
+    pub kind: Kind,
+    /// For figures drawn from a table's cells: that table's id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_table: Option<String>,
+    /// Settings every cell starts from.
+    #[serde(default)]
+    pub defaults: CellSettings,
+    /// Rows.
+    #[serde(default)]
+    pub rows: Vec<Axis>,
+    /// Columns.
+    #[serde(default)]
+    pub cols: Vec<Axis>,
+    /// The paper's numbers as printed, `paper[row][col]` (`-` where the paper has none).
+    #[serde(default)]
+    pub paper: Vec<Vec<String>>,
+    /// Per-cell settings.
+    #[serde(default)]
+    pub cells: Vec<CellOverride>,
+    /// Notes shown under the report.
+    #[serde(default)]
+    pub notes: Vec<String>,
+    /// Per-scale overrides of `scales.toml` for this table.
+    #[serde(default)]
+    pub scales: BTreeMap<String, ScaleSettings>,
+    /// The paper's claims this table tests, as checks over its cells.
+    #[serde(default)]
+    pub claims: Vec<Claim>,
+}
+
+/// Cells of a table: every cell of `row`, of `col`, or the one at both.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Select {
+    /// A row label.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub row: Option<String>,
+    /// A column label.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub col: Option<String>,
+}
+
+/// How a claim compares its cells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ClaimKind {
+    /// `a` exceeds `b` by more than `by` points, on the mean of paired differences.
+    #[default]
+    Greater,
+    /// `a` exceeds every selection in `among` (paired the same way).
+    Best,
+}
+
+/// A claim of the paper, checked over a table's cells: `a` and `b` (or each of `among`)
+/// select the same number of cells, paired in order (a row against a row pairs by
+/// column).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Claim {
+    /// The claim, as the paper makes it.
+    pub text: String,
+    /// How the cells compare.
+    #[serde(default)]
+    pub kind: ClaimKind,
+    /// The cells that should be ahead.
+    pub a: Select,
+    /// What they are compared with (`greater`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub b: Option<Select>,
+    /// What they are compared with (`best`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub among: Vec<Select>,
+    /// The margin, in the cells' unit (points of accuracy, steps).
+    #[serde(default)]
+    pub by: f64,
+}
+
+/// A backbone standing in for another at a scale.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Substitute {
+    /// What loads instead (a name, Hub id or directory).
+    pub source: String,
+    /// Shape overrides (random init only).
+    #[serde(default)]
+    pub shape: ShapeOverrides,
+    /// Why, printed beside every cell it affects.
+    pub note: String,
+}
+
+/// Per-task overrides at a scale.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TaskOverrides {
+    /// Optimizer steps.
+    #[serde(default)]
+    pub steps: Option<usize>,
+    /// Batch size.
+    #[serde(default)]
+    pub batch_size: Option<usize>,
+    /// Micro-batch size.
+    #[serde(default)]
+    pub micro_batch_size: Option<usize>,
+    /// Evaluate every N steps.
+    #[serde(default)]
+    pub eval_every: Option<usize>,
+    /// Held-out examples (0 = all).
+    #[serde(default)]
+    pub eval_examples: Option<usize>,
+    /// Training examples (sample).
+    #[serde(default)]
+    pub train_examples: Option<usize>,
+    /// Bits per string (bit tasks).
+    #[serde(default)]
+    pub n_bits: Option<usize>,
+    /// Bits per token (bit tasks).
+    #[serde(default)]
+    pub patch: Option<usize>,
+    /// Maximum sequence length.
+    #[serde(default)]
+    pub max_len: Option<usize>,
+    /// Learning rate.
+    #[serde(default)]
+    pub lr: Option<f64>,
+    /// Epochs of output-only training on cached features (Table 10).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cached_epochs: Option<usize>,
+    /// Training examples whose features output-only training caches (datasets; `None`:
+    /// `train_examples`, else the whole split).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cached_examples: Option<usize>,
+    /// Accuracy on the training split (`never`, `final`, `every`); cells that report
+    /// training accuracy always measure it. `None`: `final`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub train_eval: Option<crate::TrainEval>,
+    /// Runs per cell, each with its own seed (the cell's seed, then the next ones): the
+    /// cell reports their mean and spread, and claims use it. `None`: one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seeds: Option<usize>,
+}
+
+impl TaskOverrides {
+    /// `self` with every field `over` sets replaced.
+    pub fn merged(&self, over: &TaskOverrides) -> TaskOverrides {
+        macro_rules! pick {
+            ($($f:ident),*) => { TaskOverrides { $($f: over.$f.or(self.$f)),* } };
+        }
+        pick!(
+            steps,
+            batch_size,
+            micro_batch_size,
+            eval_every,
+            eval_examples,
+            train_examples,
+            n_bits,
+            patch,
+            max_len,
+            lr,
+            cached_epochs,
+            cached_examples,
+            train_eval,
+            seeds
+        )
+    }
+}
+
+/// A scale: what every cell runs with, per task, and which backbones stand in.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScaleSettings {
+    /// One line on what the scale is for.
+    #[serde(default)]
+    pub description: String,
+    /// Settings for every task.
+    #[serde(default)]
+    pub all: TaskOverrides,
+    /// Per-task settings (keys: task names).
+    #[serde(default)]
+    pub tasks: BTreeMap<String, TaskOverrides>,
+    /// Backbone substitutions (keys: the paper's backbone names; `lstm` for the LSTM
+    /// baselines).
+    #[serde(default)]
+    pub backbones: BTreeMap<String, Substitute>,
+    /// How `bit-pretrained` backbones are trained at this scale (defaults when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bit_pretrain: Option<crate::BitPretrainSpec>,
+    /// Where this scale's settings still differ from the paper's, printed beside every
+    /// cell they concern (the `paper` scale: what fpt cannot or does not copy). Keys: `all`,
+    /// a task name, `init:<init>` or `model:<model>`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub differs: BTreeMap<String, Vec<String>>,
+}
+
+impl ScaleSettings {
+    /// `self` overridden by `over` (task settings merged key by key).
+    pub fn merged(&self, over: &ScaleSettings) -> ScaleSettings {
+        let mut tasks = self.tasks.clone();
+        for (k, v) in &over.tasks {
+            let base = tasks.get(k).cloned().unwrap_or_default();
+            tasks.insert(k.clone(), base.merged(v));
+        }
+        let mut backbones = self.backbones.clone();
+        backbones.extend(over.backbones.clone());
+        ScaleSettings {
+            description: if over.description.is_empty() {
+                self.description.clone()
+            } else {
+                over.description.clone()
+            },
+            all: self.all.merged(&over.all),
+            tasks,
+            backbones,
+            bit_pretrain: over.bit_pretrain.or(self.bit_pretrain),
+            differs: {
+                let mut d = self.differs.clone();
+                d.extend(over.differs.clone());
+                d
+            },
+        }
+    }
+
+    /// The settings for `task`: `all`, then the task's own.
+    pub fn for_task(&self, task: &str) -> TaskOverrides {
+        match self.tasks.get(task) {
+            Some(t) => self.all.merged(t),
+            None => self.all.clone(),
+        }
+    }
+}
