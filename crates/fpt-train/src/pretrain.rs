@@ -226,3 +226,240 @@ pub fn export_backbone(run_dir: &Path, model_dir: &Path, token_table: bool, card
     })?;
     Ok(())
 }
+
+/// What [`pretrain`] trains: a small GPT-2 from scratch, on a language corpus (causal
+/// language modelling) or on Bit Memory (the paper's "Bit" backbone). `Default` gives the
+/// settings `fpt pretrain` uses when no flag is given.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PretrainRequest {
+    /// `austen`, `uniform`, `zipf`, `parens`, `bit-memory`, or the directory of a corpus.
+    pub corpus: String,
+    /// GPT-2 blocks.
+    pub layers: usize,
+    /// Hidden width.
+    pub hidden: usize,
+    /// Attention heads.
+    pub heads: usize,
+    /// Tokens per training window (language corpora).
+    pub seq_len: usize,
+    /// Vocabulary of the artificial corpora.
+    pub vocab: usize,
+    /// Optimizer steps.
+    pub steps: usize,
+    /// Windows (or bit strings) per step.
+    pub batch_size: usize,
+    /// Peak Adam learning rate (linear warm-up over 5% of the steps, cosine decay, for
+    /// language corpora; constant for Bit Memory).
+    pub lr: f64,
+    /// Steps between evaluations and checkpoints.
+    pub eval_every: usize,
+    /// Held-out windows per evaluation (0 = the whole held-out text).
+    pub eval_examples: usize,
+    /// Seed.
+    pub seed: u64,
+}
+
+impl Default for PretrainRequest {
+    fn default() -> Self {
+        PretrainRequest {
+            corpus: "austen".into(),
+            layers: 4,
+            hidden: 256,
+            heads: 4,
+            seq_len: 128,
+            vocab: 4096,
+            steps: 4000,
+            batch_size: 16,
+            lr: 1e-3,
+            eval_every: 500,
+            eval_examples: 0,
+            seed: 0,
+        }
+    }
+}
+
+/// What [`pretrain`] made.
+#[derive(Debug, Clone)]
+pub struct Pretrained {
+    /// The training run's result (its directory is `<out>/run`).
+    pub result: crate::RunResult,
+    /// The backbone directory (`<out>/model`), loadable with `--backbone DIR`.
+    pub model_dir: PathBuf,
+    /// The model card written as its `README.md`.
+    pub card: String,
+    /// Language corpora: held-out perplexity (where measured), the unigram perplexity of
+    /// the same held-out tokens, and the tokens seen in training.
+    pub perplexity: Option<(Option<f64>, f64, usize)>,
+}
+
+impl PretrainRequest {
+    /// Whether this is the Bit Memory backbone rather than a language model.
+    pub fn is_bits(&self) -> bool {
+        self.corpus == "bit-memory"
+    }
+
+    fn shape(&self) -> fpt_spec::ShapeOverrides {
+        fpt_spec::ShapeOverrides {
+            layers: Some(self.layers),
+            hidden: Some(self.hidden),
+            heads: Some(self.heads),
+            ..Default::default()
+        }
+    }
+
+    /// The run spec this request trains (validated).
+    pub fn run_spec(&self) -> Result<RunSpec> {
+        if self.is_bits() {
+            let bb = BackboneSpec {
+                shape: self.shape(),
+                ..BackboneSpec::new("gpt2", Init::BitPretrained)
+            };
+            let mut s = bit_memory_run(
+                &bb,
+                &BitPretrainSpec {
+                    steps: self.steps,
+                    batch_size: self.batch_size,
+                    lr: self.lr,
+                    seed: self.seed,
+                },
+            );
+            s.train.eval_every = self.eval_every;
+            s.train.checkpoint_every = Some(self.eval_every);
+            s.validate()?;
+            return Ok(s);
+        }
+        let mut task = TaskSpec::parse(&format!("text:{}", self.corpus))?;
+        task.data.max_len = Some(self.seq_len);
+        task.eval_examples = self.eval_examples;
+        if fpt_tasks::text::ARTIFICIAL.contains(&self.corpus.as_str()) {
+            task.data.vocab = Some(self.vocab);
+        }
+        let vocab = match fpt_tasks::dims_of(&task) {
+            Some(d) => d.classes,
+            None => {
+                fpt_tasks::check_present(&task)?;
+                return Err(TrainError::RunDir {
+                    path: PathBuf::from(&self.corpus),
+                    msg: "cannot read the corpus's vocabulary".into(),
+                });
+            }
+        };
+        let spec = RunSpec {
+            train_groups: TrainGroups::all(),
+            train: TrainSpec {
+                steps: self.steps,
+                batch_size: self.batch_size,
+                micro_batch_size: self.batch_size,
+                lr: self.lr,
+                lr_schedule: fpt_spec::LrSchedule::Cosine {
+                    warmup_steps: (self.steps / 20).max(1),
+                },
+                eval_every: self.eval_every,
+                checkpoint_every: Some(self.eval_every),
+                train_eval: fpt_spec::TrainEval::Never,
+                seed: self.seed,
+                ..TrainSpec::default()
+            },
+            input_dropout: 0.0,
+            ..RunSpec::new(
+                task,
+                BackboneSpec {
+                    shape: fpt_spec::ShapeOverrides {
+                        positions: Some(self.seq_len.max(1024)),
+                        vocab: Some(vocab),
+                        ..self.shape()
+                    },
+                    residual_init: fpt_spec::ResidualInit::Scaled,
+                    ..BackboneSpec::new("gpt2", Init::Random)
+                },
+            )
+        };
+        spec.validate()?;
+        Ok(spec)
+    }
+}
+
+/// Trains the backbone `req` describes in `<out>/run` (continuing it there with `resume`)
+/// and exports it to `<out>/model` with a model card (and the corpus's tokenizer, where it
+/// has one).
+pub fn pretrain(
+    req: &PretrainRequest,
+    out: &Path,
+    resume: bool,
+    device: &Device,
+    on_event: &mut dyn FnMut(&Event),
+) -> Result<Pretrained> {
+    let run_dir = out.join("run");
+    let model_dir = out.join("model");
+    let spec = req.run_spec()?;
+    let r = if resume {
+        crate::resume(&run_dir, Some(&spec), device, on_event)?
+    } else {
+        crate::train(&spec, &run_dir, device, on_event)?
+    };
+    let shape = format!(
+        "GPT-2, {} layers x {} wide x {} heads",
+        req.layers, req.hidden, req.heads
+    );
+    let (card, perplexity) = if req.is_bits() {
+        let card = format!(
+            "# {shape}, trained on Bit Memory\n\nEvery parameter trained on Bit Memory (paper Table 2's \"Bit\" \
+             backbone) by `fpt pretrain --corpus bit-memory`.\n\n- steps: {}, batch {}, lr {}, seed {}\n\
+             - final bit accuracy (held-out): {:.4}\n- training time: {:.0} s\n",
+            r.steps, req.batch_size, req.lr, req.seed, r.test_accuracy, r.wall_seconds
+        );
+        (card, None)
+    } else {
+        let task = fpt_tasks::text::TextTask::new(&spec.task, spec.train.seed)?;
+        let unigram = task.unigram_perplexity();
+        let ppl = r.test_loss.map(f64::exp);
+        let tokens = r.steps * req.batch_size * req.seq_len;
+        let opt = |v: Option<f64>, digits: usize| v.map_or("-".to_string(), |x| format!("{x:.digits$}"));
+        let card = format!(
+            "# {shape}, causal LM on `{corpus}`\n\nTrained from scratch by `fpt pretrain --corpus {corpus}` \
+             (next-token cross-entropy; the token table is `wte`, the output head was a separate \
+             linear layer and is not part of this backbone).\n\n\
+             | | |\n|---|---|\n\
+             | corpus | {corpus} (vocabulary {vocab}) |\n\
+             | window | {seq} tokens |\n\
+             | tokens seen | {tokens} ({steps} steps x {batch} windows) |\n\
+             | final training loss | {train_loss} |\n\
+             | held-out loss | {test_loss} |\n\
+             | held-out perplexity | {ppl} |\n\
+             | unigram perplexity (same held-out tokens) | {unigram:.1} |\n\
+             | next-token accuracy (held-out) | {acc:.4} |\n\
+             | training time | {secs:.0} s on {device} |\n\
+             | seed | {seed} |\n",
+            corpus = req.corpus,
+            vocab = task.vocab(),
+            seq = req.seq_len,
+            steps = r.steps,
+            batch = req.batch_size,
+            train_loss = opt(r.final_train_loss, 4),
+            test_loss = opt(r.test_loss, 4),
+            ppl = opt(ppl, 1),
+            acc = r.test_accuracy,
+            secs = r.wall_seconds,
+            device = r.device,
+            seed = req.seed,
+        );
+        (card, Some((ppl, unigram, tokens)))
+    };
+    export_backbone(&run_dir, &model_dir, !req.is_bits(), &card)?;
+    if !req.is_bits() {
+        let dir = fpt_tasks::text::corpus_dir(Path::new(&req.corpus));
+        let tok = dir.join(fpt_tasks::text::TOKENIZER);
+        if tok.is_file() {
+            std::fs::copy(&tok, model_dir.join(fpt_tasks::text::TOKENIZER)).map_err(|source| TrainError::Io {
+                path: tok.clone(),
+                source,
+            })?;
+        }
+    }
+    Ok(Pretrained {
+        result: r,
+        model_dir,
+        card,
+        perplexity,
+    })
+}
