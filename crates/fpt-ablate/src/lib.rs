@@ -18,6 +18,7 @@
 pub mod claims;
 pub mod figure;
 pub mod report;
+pub mod reproduce;
 pub mod worker;
 
 pub use report::Report;
@@ -65,6 +66,10 @@ pub enum AblateError {
         /// Why.
         msg: String,
     },
+    /// A request names something that does not exist (a table id, a scale) or asks for
+    /// something impossible (no jobs).
+    #[error("{0}")]
+    Request(String),
     /// This build failed its self-check: no report is written from it.
     #[error("not writing {table}: this build failed its self-check ({summary}); run `fpt selfcheck` to see which")]
     SelfCheck {

@@ -516,3 +516,46 @@ fn a_cell_with_seeds_trains_each_seed_and_reports_their_mean_and_spread() {
     assert_eq!(r.cells[0].ours, Some(60.0));
     assert!(r.markdown(&out).contains("[+-14.1, 2 of 3 seeds]"));
 }
+
+#[test]
+fn reproduce_is_one_library_call_and_refuses_unknown_tables_and_scales() {
+    use fpt_ablate::reproduce::{reproduce, run_options, Done, Progress, Request};
+    let d = tempfile::tempdir().unwrap();
+    write_mini(d.path());
+    let no_exe = || -> std::io::Result<PathBuf> { Err(std::io::Error::other("no child processes in this test")) };
+    let req = |ids: &[&str], scale: &str| Request {
+        tables: d.path().join("tables"),
+        ids: ids.iter().map(|s| s.to_string()).collect(),
+        scale: scale.into(),
+        out: d.path().join("results"),
+        opts: run_options(candle_core::Device::Cpu, Some(1), &no_exe).unwrap(),
+    };
+    let mut lines = Vec::new();
+    let mut written = Vec::new();
+    let done = reproduce(&req(&["all"], "mini"), &mut |p| match p {
+        Progress::Line { id, line } => lines.push(format!("{id}: {line}")),
+        Progress::Done(d) => written.push(format!("{d:?}")),
+    })
+    .unwrap();
+    let [Done::Table { id, dir, trained }] = done.as_slice() else {
+        panic!("{done:?}")
+    };
+    assert_eq!((id.as_str(), trained.count), ("table1", 4));
+    assert!(dir.join("report.md").is_file() && dir.ends_with("table1/mini"));
+    assert_eq!(written.len(), 1);
+    assert!(lines.iter().any(|l| l.starts_with("table1: [4/4] run ")), "{lines:?}");
+    for (ids, scale, want) in [
+        (&["table9"][..], "mini", "no table `table9`"),
+        (&["table1"][..], "huge", "unknown scale `huge` (known: mini)"),
+    ] {
+        let e = reproduce(&req(ids, scale), &mut |_| {}).unwrap_err();
+        assert!(
+            matches!(&e, fpt_ablate::AblateError::Request(m) if m.contains(want)),
+            "{e}"
+        );
+    }
+    assert!(run_options(candle_core::Device::Cpu, Some(0), &no_exe).is_err());
+    // More than one job on a CPU needs the binary that trains a run in a child process.
+    let e = run_options(candle_core::Device::Cpu, Some(2), &no_exe).unwrap_err();
+    assert!(e.to_string().contains("child process"), "{e}");
+}

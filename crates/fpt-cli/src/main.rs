@@ -196,7 +196,7 @@ fn exit_code(e: &anyhow::Error) -> i32 {
         }
         if let Some(a) = cause.downcast_ref::<fpt_ablate::AblateError>() {
             return match a {
-                fpt_ablate::AblateError::Spec { .. } => 2,
+                fpt_ablate::AblateError::Spec { .. } | fpt_ablate::AblateError::Request(_) => 2,
                 fpt_ablate::AblateError::Train(t) => train(t),
                 _ => 1,
             };

@@ -60,125 +60,45 @@ fn parse_shard(s: &str) -> Result<(usize, usize)> {
 }
 
 pub fn run_table(a: RunTableArgs) -> Result<()> {
-    let all = fpt_ablate::list(&a.tables)?;
-    let ids: Vec<String> = if a.ids.is_empty() || a.ids.iter().any(|i| i == "all") {
-        all.clone()
-    } else {
-        for id in &a.ids {
-            if !all.contains(id) {
-                bail!("no table `{id}` in {} (known: {})", a.tables.display(), all.join(", "));
+    use fpt_ablate::reproduce::{self, Done, Progress};
+    let ids = reproduce::table_ids(&a.tables, &a.ids)?;
+    let scales = reproduce::scales_with(&a.tables, &a.scale)?;
+    if a.list || a.dry_run {
+        for id in &ids {
+            let table = fpt_ablate::load_table(&a.tables, id)?;
+            let lines = match a.list {
+                true => reproduce::listing(&table, &scales, &a.scale)?,
+                false => reproduce::dry_run(&table, &scales, &a.scale)?,
+            };
+            for line in lines {
+                println!("{line}");
             }
         }
-        a.ids.clone()
-    };
-    let scales = fpt_ablate::load_scales(&a.tables)?;
-    if !scales.contains_key(&a.scale) {
-        bail!(
-            "unknown --scale `{}` (known: {})",
-            a.scale,
-            scales.keys().cloned().collect::<Vec<_>>().join(", ")
-        );
+        return Ok(());
     }
-    let shard = a.shard.as_deref().map(parse_shard).transpose()?;
-    let device = parse_device(&a.device)?;
-    let cores = fpt_nn::num_threads();
-    let (jobs, workers) = match (a.jobs, device.is_cpu()) {
-        (Some(0), _) => bail!("--jobs 0: need at least 1"),
-        (Some(1), _) => (1, None),
-        (Some(n), true) => (n, Some((cores / n).max(1))),
-        (Some(n), false) => (n, None),
-        (None, true) => {
-            let (n, threads) = fpt_ablate::worker::auto_jobs(cores);
-            (n, (n > 1).then_some(threads))
-        }
-        (None, false) => (1, None),
+    let mut opts = reproduce::run_options(parse_device(&a.device)?, a.jobs, &std::env::current_exe)?;
+    opts.force = a.force;
+    opts.report_only = a.report_only;
+    opts.shard = a.shard.as_deref().map(parse_shard).transpose()?;
+    let req = reproduce::Request {
+        tables: a.tables,
+        ids,
+        scale: a.scale,
+        out: a.out,
+        opts,
     };
-    let workers = match workers {
-        Some(threads) => Some(fpt_ablate::worker::Workers {
-            exe: std::env::current_exe().context("finding the fpt binary to run each run in a child process")?,
-            threads,
-        }),
-        None => None,
-    };
-    let opts = fpt_ablate::RunOptions {
-        force: a.force,
-        shard,
-        jobs,
-        report_only: a.report_only,
-        device: Some(device),
-        workers,
-    };
-    for id in &ids {
-        let table = fpt_ablate::load_table(&a.tables, id)?;
-        if table.kind != fpt_spec::table::Kind::Table {
-            if a.list {
-                println!("{id}: {} | figure ({:?})", table.title, table.kind);
-                continue;
-            }
-            if table.kind == fpt_spec::table::Kind::AttentionMap && !a.report_only {
-                // The figure draws from one trained run: train it first (shared with any
-                // table cell of the same spec).
-                let cells = fpt_ablate::expand(&table, &scales, &a.scale)?;
-                let mut log = |line: &str| eprintln!("fpt run-table: {id}: {line}");
-                fpt_ablate::run(&cells, &a.out, &opts, &mut log)?;
-            }
-            let dir = fpt_ablate::figure::render(&table, &a.tables, &scales, &a.scale, &a.out)?;
+    // Progress on stderr; each table's report path and run times on stdout as soon as it is
+    // written (`cargo xtask reproduce` reads them).
+    reproduce::reproduce(&req, &mut |p| match p {
+        Progress::Line { id, line } => eprintln!("fpt run-table: {id}: {line}"),
+        Progress::Done(Done::Figure { id, dir }) => println!("{id}: {}", dir.join("report.md").display()),
+        Progress::Done(Done::Table { id, dir, trained }) => {
             println!("{id}: {}", dir.join("report.md").display());
-            continue;
-        }
-        if a.dry_run {
-            let cells = fpt_ablate::expand_unchecked(&table, &scales, &a.scale)?;
-            println!("## {id}: {} (scale `{}`)", table.title, a.scale);
-            for c in &cells {
-                println!(
-                    "{} / {}: {}",
-                    table.rows[c.row].label,
-                    table.cols[c.col].label,
-                    fpt_ablate::describe(&c.plan)
-                );
-                for d in &c.differs {
-                    println!("    differs from the paper: {d}");
-                }
+            for line in trained.time_lines() {
+                println!("{id} {line}");
             }
-            continue;
         }
-        let cells = fpt_ablate::expand(&table, &scales, &a.scale)?;
-        if a.list {
-            let runs = fpt_ablate::runs_of(&cells).len();
-            let count = |f: &dyn Fn(&fpt_ablate::Plan) -> bool| cells.iter().filter(|c| f(&c.plan)).count();
-            println!(
-                "{id}: {} | {} cells: {runs} runs, {} counted, {} paper-only, {} not in the paper, {} unavailable",
-                table.title,
-                cells.len(),
-                count(&|p| matches!(p, fpt_ablate::Plan::Count(_))),
-                count(&|p| matches!(p, fpt_ablate::Plan::PaperOnly(_))),
-                count(&|p| matches!(p, fpt_ablate::Plan::NotInPaper)),
-                count(&|p| matches!(p, fpt_ablate::Plan::Unavailable(_))),
-            );
-            let mut why: Vec<String> = cells
-                .iter()
-                .filter_map(|c| match &c.plan {
-                    fpt_ablate::Plan::Unavailable(w) => Some(w.clone()),
-                    _ => None,
-                })
-                .collect();
-            why.sort();
-            why.dedup();
-            for w in why {
-                println!("    unavailable: {w}");
-            }
-            continue;
-        }
-        eprintln!("fpt run-table: {id} at scale {} ({} cells)", a.scale, cells.len());
-        let mut log = |line: &str| eprintln!("fpt run-table: {id}: {line}");
-        let trained = fpt_ablate::run(&cells, &a.out, &opts, &mut log)?;
-        let report = fpt_ablate::Report::new(&table, &a.scale, &cells, &a.out);
-        let dir = report.write(&a.out)?;
-        println!("{id}: {}", dir.join("report.md").display());
-        for line in trained.time_lines() {
-            println!("{id} {line}");
-        }
-    }
+    })?;
     Ok(())
 }
 

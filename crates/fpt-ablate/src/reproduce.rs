@@ -1,0 +1,230 @@
+//! The whole of `fpt run-table` as library calls: which tables, at which scale, how runs
+//! are spread over the machine ([`run_options`]), and per table either a report (train the
+//! missing runs, write `report.{md,json,csv}`) or a figure, a listing ([`listing`]) or the
+//! settings every cell would run with ([`dry_run`]). The CLI parses flags, calls these and
+//! prints what they return.
+
+use crate::{
+    describe, expand, expand_unchecked, figure, list, load_scales, load_table, run, runs_of, worker, AblateError, Plan,
+    Report, Result, RunOptions, Trained,
+};
+use candle_core::Device;
+use fpt_spec::table::{Kind, ScaleSettings, TableSpec};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// What [`reproduce`] does.
+#[derive(Debug, Clone)]
+pub struct Request {
+    /// The directory of the table specs (`data/tables`).
+    pub tables: PathBuf,
+    /// Table and figure ids; empty or `all`: every one.
+    pub ids: Vec<String>,
+    /// `smoke`, `cpu`, `paper`, or another scale of `scales.toml`.
+    pub scale: String,
+    /// The results directory (runs under `runs/<key>`, reports under `<id>/<scale>/`).
+    pub out: PathBuf,
+    /// How runs train.
+    pub opts: RunOptions,
+}
+
+/// What [`reproduce`] made of one table or figure.
+#[derive(Debug, Clone)]
+pub enum Done {
+    /// A table: its report directory and the runs trained for it.
+    Table {
+        /// Table id.
+        id: String,
+        /// `<out>/<id>/<scale>`.
+        dir: PathBuf,
+        /// The runs trained (none where every run had its result).
+        trained: Trained,
+    },
+    /// A figure: its directory.
+    Figure {
+        /// Figure id.
+        id: String,
+        /// `<out>/<id>/<scale>`.
+        dir: PathBuf,
+    },
+}
+
+/// What [`reproduce`] reports as it goes.
+#[derive(Debug)]
+pub enum Progress<'a> {
+    /// A progress line of table or figure `id` (a run started, an evaluation, a run done).
+    Line {
+        /// Table or figure id.
+        id: &'a str,
+        /// The line.
+        line: &'a str,
+    },
+    /// A table or figure is written.
+    Done(&'a Done),
+}
+
+fn bad(msg: String) -> AblateError {
+    AblateError::Request(msg)
+}
+
+/// The ids `ids` names in `tables` (empty or `all`: every one, in paper order); an unknown
+/// id is an error listing the known ones.
+pub fn table_ids(tables: &Path, ids: &[String]) -> Result<Vec<String>> {
+    let all = list(tables)?;
+    if ids.is_empty() || ids.iter().any(|i| i == "all") {
+        return Ok(all);
+    }
+    for id in ids {
+        if !all.contains(id) {
+            return Err(bad(format!(
+                "no table `{id}` in {} (known: {})",
+                tables.display(),
+                all.join(", ")
+            )));
+        }
+    }
+    Ok(ids.to_vec())
+}
+
+/// The scales of `tables`, checked to have `scale`.
+pub fn scales_with(tables: &Path, scale: &str) -> Result<BTreeMap<String, ScaleSettings>> {
+    let scales = load_scales(tables)?;
+    if !scales.contains_key(scale) {
+        return Err(bad(format!(
+            "unknown scale `{scale}` (known: {})",
+            scales.keys().cloned().collect::<Vec<_>>().join(", ")
+        )));
+    }
+    Ok(scales)
+}
+
+/// How runs spread over `device`: on a CPU, `jobs` runs at once (default
+/// [`worker::auto_jobs`] of the machine's cores), each in a child process of `exe` (the
+/// binary with the `run-cell` subcommand) on cores / jobs threads, or one at a time in this
+/// process on every core (`jobs` 1); on a GPU, `jobs` runs in this process (default 1).
+pub fn run_options(
+    device: Device,
+    jobs: Option<usize>,
+    exe: &dyn Fn() -> std::io::Result<PathBuf>,
+) -> Result<RunOptions> {
+    let cores = fpt_nn::num_threads();
+    let (jobs, threads) = match (jobs, device.is_cpu()) {
+        (Some(0), _) => return Err(bad("--jobs 0: need at least 1".into())),
+        (Some(1), _) => (1, None),
+        (Some(n), true) => (n, Some((cores / n).max(1))),
+        (Some(n), false) => (n, None),
+        (None, true) => {
+            let (n, threads) = worker::auto_jobs(cores);
+            (n, (n > 1).then_some(threads))
+        }
+        (None, false) => (1, None),
+    };
+    let workers = match threads {
+        Some(threads) => Some(worker::Workers {
+            exe: exe().map_err(|source| AblateError::Io {
+                path: PathBuf::from("the fpt binary (to run each run in a child process)"),
+                source,
+            })?,
+            threads,
+        }),
+        None => None,
+    };
+    Ok(RunOptions {
+        jobs,
+        device: Some(device),
+        workers,
+        ..RunOptions::default()
+    })
+}
+
+/// One line per table: its title, what the scale runs, counts and cannot run here (with
+/// the reasons).
+pub fn listing(table: &TableSpec, scales: &BTreeMap<String, ScaleSettings>, scale: &str) -> Result<Vec<String>> {
+    if table.kind != Kind::Table {
+        return Ok(vec![format!(
+            "{}: {} | figure ({:?})",
+            table.id, table.title, table.kind
+        )]);
+    }
+    let cells = expand(table, scales, scale)?;
+    let count = |f: &dyn Fn(&Plan) -> bool| cells.iter().filter(|c| f(&c.plan)).count();
+    let mut lines = vec![format!(
+        "{}: {} | {} cells: {} runs, {} counted, {} paper-only, {} not in the paper, {} unavailable",
+        table.id,
+        table.title,
+        cells.len(),
+        runs_of(&cells).len(),
+        count(&|p| matches!(p, Plan::Count(_))),
+        count(&|p| matches!(p, Plan::PaperOnly(_))),
+        count(&|p| matches!(p, Plan::NotInPaper)),
+        count(&|p| matches!(p, Plan::Unavailable(_))),
+    )];
+    let mut why: Vec<String> = cells
+        .iter()
+        .filter_map(|c| match &c.plan {
+            Plan::Unavailable(w) => Some(w.clone()),
+            _ => None,
+        })
+        .collect();
+    why.sort();
+    why.dedup();
+    lines.extend(why.into_iter().map(|w| format!("    unavailable: {w}")));
+    Ok(lines)
+}
+
+/// Every cell's settings at `scale` as it would run, whether or not its data and weights
+/// are here, and where they differ from the paper's; nothing trains. Empty for figures.
+pub fn dry_run(table: &TableSpec, scales: &BTreeMap<String, ScaleSettings>, scale: &str) -> Result<Vec<String>> {
+    if table.kind != Kind::Table {
+        return Ok(Vec::new());
+    }
+    let mut lines = vec![format!("## {}: {} (scale `{scale}`)", table.id, table.title)];
+    for c in expand_unchecked(table, scales, scale)? {
+        lines.push(format!(
+            "{} / {}: {}",
+            table.rows[c.row].label,
+            table.cols[c.col].label,
+            describe(&c.plan)
+        ));
+        lines.extend(c.differs.iter().map(|d| format!("    differs from the paper: {d}")));
+    }
+    Ok(lines)
+}
+
+/// Reproduces every table and figure `req` names: trains what has no result (nothing with
+/// `opts.report_only`), writes each report or figure, and returns what it made. `on`
+/// receives progress lines, and each table or figure as soon as it is written.
+pub fn reproduce(req: &Request, on: &mut (dyn FnMut(Progress) + Send)) -> Result<Vec<Done>> {
+    let ids = table_ids(&req.tables, &req.ids)?;
+    let scales = scales_with(&req.tables, &req.scale)?;
+    let mut done = Vec::new();
+    for id in &ids {
+        let table = load_table(&req.tables, id)?;
+        if table.kind != Kind::Table {
+            if table.kind == Kind::AttentionMap && !req.opts.report_only {
+                // The figure draws from one trained run: train it first (shared with any
+                // table cell of the same spec).
+                let cells = expand(&table, &scales, &req.scale)?;
+                run(&cells, &req.out, &req.opts, &mut |line| on(Progress::Line { id, line }))?;
+            }
+            let dir = figure::render(&table, &req.tables, &scales, &req.scale, &req.out)?;
+            done.push(Done::Figure { id: id.clone(), dir });
+            on(Progress::Done(done.last().expect("just pushed")));
+            continue;
+        }
+        let cells = expand(&table, &scales, &req.scale)?;
+        on(Progress::Line {
+            id,
+            line: &format!("at scale {} ({} cells)", req.scale, cells.len()),
+        });
+        let trained = run(&cells, &req.out, &req.opts, &mut |line| on(Progress::Line { id, line }))?;
+        let dir = Report::new(&table, &req.scale, &cells, &req.out).write(&req.out)?;
+        done.push(Done::Table {
+            id: id.clone(),
+            dir,
+            trained,
+        });
+        on(Progress::Done(done.last().expect("just pushed")));
+    }
+    Ok(done)
+}
