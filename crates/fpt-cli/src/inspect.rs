@@ -26,10 +26,10 @@ pub(crate) fn data_report(spec: &TaskSpec) -> Result<Option<serde_json::Value>> 
         return Ok(None);
     }
     let t0 = std::time::Instant::now();
-    let mut task = match fpt_tasks::build(spec, 0) {
+    let mut task = match fpt_tasks::build(spec, &fpt_nn::Rng::new(0)) {
         Ok(t) => t,
         Err(fpt_tasks::TaskError::Missing { .. }) if spec.name != TaskName::Custom => {
-            let e = fpt_tasks::build(spec, 0)
+            let e = fpt_tasks::build(spec, &fpt_nn::Rng::new(0))
                 .err()
                 .map(|e| e.to_string())
                 .unwrap_or_default();
@@ -130,7 +130,7 @@ pub(crate) fn inspect(a: InspectArgs) -> Result<()> {
     let dims = match &tspec {
         Some(t) => match fpt_tasks::dims_of(t) {
             Some(d) => Some(d),
-            None => Some(fpt_tasks::build(t, 0)?.dims()),
+            None => Some(fpt_tasks::build(t, &fpt_nn::Rng::new(0))?.dims()),
         },
         None => None,
     };

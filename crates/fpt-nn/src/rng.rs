@@ -52,6 +52,13 @@ impl Rng {
         Rng::new(self.s[0] ^ self.s[2].rotate_left(17) ^ h)
     }
 
+    /// Sub-stream `index` of this generator (e.g. one per epoch of a data order), from its
+    /// next output and the index; does not advance `self`.
+    pub fn substream(&self, index: u64) -> Self {
+        let k = self.clone().next_u64();
+        Rng::new(k ^ index.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+    }
+
     /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
         let result = self.s[0]

@@ -215,23 +215,7 @@ mod tests {
 
     #[test]
     fn validate_names_the_field() {
-        let mut spec = RunSpec {
-            task: TaskSpec::new(TaskName::BitXor),
-            backbone: BackboneSpec {
-                source: "gpt2".into(),
-                init: Init::Random,
-                shape: ShapeOverrides::default(),
-                residual_init: ResidualInit::Scaled,
-                depth: None,
-                final_norm: true,
-                bit_pretrain: None,
-            },
-            train_groups: TrainGroups::fpt(),
-            train: TrainSpec::default(),
-            input_dropout: 0.1,
-            orth_gain: 1.41,
-            backbone_dropout: true,
-        };
+        let mut spec = RunSpec::new(TaskSpec::new(TaskName::BitXor), BackboneSpec::new("gpt2", Init::Random));
         spec.validate().unwrap();
         spec.train.micro_batch_size = 5;
         let e = spec.validate().unwrap_err().to_string();
@@ -271,23 +255,7 @@ mod tests {
     /// error naming it (a misspelt optional key once silently turned early stopping off).
     #[test]
     fn spec_json_refuses_unknown_and_duplicate_keys() {
-        let spec = RunSpec {
-            task: TaskSpec::new(TaskName::BitXor),
-            backbone: BackboneSpec {
-                source: "gpt2".into(),
-                init: Init::Random,
-                shape: ShapeOverrides::default(),
-                residual_init: ResidualInit::Scaled,
-                depth: None,
-                final_norm: true,
-                bit_pretrain: None,
-            },
-            train_groups: TrainGroups::fpt(),
-            train: TrainSpec::default(),
-            input_dropout: 0.1,
-            orth_gain: 1.41,
-            backbone_dropout: true,
-        };
+        let spec = RunSpec::new(TaskSpec::new(TaskName::BitXor), BackboneSpec::new("gpt2", Init::Random));
         let json = serde_json::to_string(&spec).unwrap();
         let misspelt = json.replace("\"train\":{", "\"train\":{\"early_stop_patiense\":3,");
         let e = serde_json::from_str::<RunSpec>(&misspelt).unwrap_err().to_string();

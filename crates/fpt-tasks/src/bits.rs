@@ -57,9 +57,9 @@ struct EvalSets {
 }
 
 impl EvalSets {
-    /// Draws both sets with `generate` from streams derived from `seed` and `task`.
-    fn draw(task: &str, len: usize, seed: u64, generate: impl Fn(usize, &mut Rng) -> Examples) -> Self {
-        let base = Rng::new(seed);
+    /// Draws both sets with `generate` from forks of the run's `root` named after `task`.
+    fn draw(task: &str, len: usize, root: &Rng, generate: impl Fn(usize, &mut Rng) -> Examples) -> Self {
+        let base = root;
         Self {
             test: generate(len, &mut base.fork(&format!("{task}/eval"))),
             train_sample: generate(len, &mut base.fork(&format!("{task}/train-sample"))),
@@ -95,10 +95,10 @@ pub struct BitXor {
 
 impl BitXor {
     /// `n` bits per string, `patch` bits per token, `eval_len` held-out examples drawn from
-    /// a stream derived from `seed`.
-    pub fn new(n: usize, patch: usize, eval_len: usize, seed: u64) -> Result<Self> {
+    /// a fork of the run's `root` generator.
+    pub fn new(n: usize, patch: usize, eval_len: usize, root: &Rng) -> Result<Self> {
         check("bit-xor", n, patch)?;
-        let eval = EvalSets::draw("bit-xor", eval_len, seed, |c, r| Self::generate(n, c, r));
+        let eval = EvalSets::draw("bit-xor", eval_len, root, |c, r| Self::generate(n, c, r));
         Ok(Self { n, patch, eval })
     }
 
@@ -156,8 +156,8 @@ pub struct BitMemory {
 
 impl BitMemory {
     /// `n` bits per string, `patterns` strings, `patch` bits per token, `eval_len` held-out
-    /// examples drawn from a stream derived from `seed`.
-    pub fn new(n: usize, patterns: usize, patch: usize, eval_len: usize, seed: u64) -> Result<Self> {
+    /// examples drawn from a fork of the run's `root` generator.
+    pub fn new(n: usize, patterns: usize, patch: usize, eval_len: usize, root: &Rng) -> Result<Self> {
         check("bit-memory", n, patch)?;
         if patterns == 0 {
             return Err(TaskError::Invalid {
@@ -165,7 +165,7 @@ impl BitMemory {
                 msg: "needs at least one pattern".into(),
             });
         }
-        let eval = EvalSets::draw("bit-memory", eval_len, seed, |c, r| Self::generate(n, patterns, c, r));
+        let eval = EvalSets::draw("bit-memory", eval_len, root, |c, r| Self::generate(n, patterns, c, r));
         Ok(Self {
             n,
             patterns,
@@ -234,7 +234,7 @@ mod tests {
 
     #[test]
     fn xor_labels_are_the_xor_of_the_two_strings() {
-        let mut t = BitXor::new(5, 1, 8, 0).unwrap();
+        let mut t = BitXor::new(5, 1, 8, &fpt_nn::Rng::new(0)).unwrap();
         let d = t.dims();
         assert_eq!(
             (d.seq_len, d.readout_tokens, d.labels_per_example, d.output_dim()),
@@ -253,7 +253,7 @@ mod tests {
 
     #[test]
     fn memory_query_is_a_masked_copy_of_one_pattern() {
-        let mut t = BitMemory::new(100, 5, 10, 4, 0).unwrap();
+        let mut t = BitMemory::new(100, 5, 10, 4, &fpt_nn::Rng::new(0)).unwrap();
         let d = t.dims();
         assert_eq!((d.seq_len, d.readout_tokens, d.output_dim()), (60, 10, 20));
         let b = t.train_batch(32, &mut Rng::new(2), &Device::Cpu).unwrap();
@@ -282,7 +282,7 @@ mod tests {
     #[test]
     fn eval_set_is_fixed_by_the_seed() {
         let get = |seed: u64, split: Split| {
-            let b = BitXor::new(5, 1, 16, seed)
+            let b = BitXor::new(5, 1, 16, &fpt_nn::Rng::new(seed))
                 .unwrap()
                 .eval_batch(split, 0, 16, &Device::Cpu)
                 .unwrap();
@@ -291,6 +291,6 @@ mod tests {
         assert_eq!(get(7, Split::Test), get(7, Split::Test));
         assert_ne!(get(7, Split::Test), get(8, Split::Test));
         assert_ne!(get(7, Split::Test), get(7, Split::Train));
-        assert!(BitXor::new(5, 2, 4, 0).is_err());
+        assert!(BitXor::new(5, 2, 4, &fpt_nn::Rng::new(0)).is_err());
     }
 }

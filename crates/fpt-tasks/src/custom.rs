@@ -21,6 +21,7 @@
 
 use crate::data::{eval_split, task_from_spec, Dataset, DatasetTask, Encoding, Examples};
 use crate::{Result, TaskError};
+use fpt_nn::Rng;
 use fpt_spec::TaskSpec;
 use std::collections::BTreeMap;
 use std::io::BufRead;
@@ -304,7 +305,7 @@ fn describe((tokens, width): (bool, usize)) -> String {
 }
 
 /// The custom task at `path`.
-pub fn task(path: &Path, spec: &TaskSpec, seed: u64) -> Result<DatasetTask> {
+pub fn task(path: &Path, spec: &TaskSpec, root: &Rng) -> Result<DatasetTask> {
     let mut splits = read(path)?;
     let have: Vec<String> = splits.keys().cloned().collect();
     let train = splits.remove("train").ok_or_else(|| TaskError::Missing {
@@ -365,5 +366,5 @@ pub fn task(path: &Path, spec: &TaskSpec, seed: u64) -> Result<DatasetTask> {
         }
         _ => (Encoding::Features { len, left: true }, 0),
     };
-    task_from_spec(spec, train, eval, encoding, classes, vocab, seed)
+    task_from_spec(spec, train, eval, encoding, classes, vocab, root)
 }

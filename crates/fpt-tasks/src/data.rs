@@ -409,15 +409,17 @@ pub struct DatasetTask {
     test: Dataset,
     train_sample: Dataset,
     encoding: Encoding,
-    order_seed: u64,
+    /// The run root's `order` fork: epoch `e`'s order is its sub-stream `e`.
+    order_rng: Rng,
     cursor: Cursor,
     order: Vec<usize>,
 }
 
 impl DatasetTask {
     /// A task over `train` and the evaluation split `test` (already sampled), with `classes`
-    /// classes and `vocab` token ids (token inputs). `seed` fixes the training order and
-    /// the training-split evaluation sample.
+    /// classes and `vocab` token ids (token inputs). Forks of the run's `root` generator fix
+    /// the training order (`order`) and the training-split evaluation sample
+    /// (`train-eval-sample`).
     pub fn new(
         name: TaskName,
         train: Dataset,
@@ -425,7 +427,7 @@ impl DatasetTask {
         encoding: Encoding,
         classes: usize,
         vocab: usize,
-        seed: u64,
+        root: &Rng,
     ) -> Result<Self> {
         if train.is_empty() {
             return Err(TaskError::Invalid {
@@ -447,9 +449,9 @@ impl DatasetTask {
             labels_per_example: 1,
             classes,
         };
-        let mut rng = Rng::new(seed).fork("train-eval-sample");
+        let mut rng = root.fork("train-eval-sample");
         let train_sample = train.sample(test.len(), &mut rng);
-        let order_seed = Rng::new(seed).fork("order").next_u64();
+        let order_rng = root.fork("order");
         let mut t = Self {
             name,
             dims,
@@ -457,7 +459,7 @@ impl DatasetTask {
             test,
             train_sample,
             encoding,
-            order_seed,
+            order_rng,
             cursor: Cursor::default(),
             order: Vec::new(),
         };
@@ -466,7 +468,7 @@ impl DatasetTask {
     }
 
     fn epoch_order(&self, epoch: u64) -> Vec<usize> {
-        let mut rng = Rng::new(self.order_seed ^ epoch.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let mut rng = self.order_rng.substream(epoch);
         permutation(self.train.len(), &mut rng)
     }
 
@@ -626,15 +628,15 @@ pub fn task_from_spec(
     encoding: Encoding,
     classes: usize,
     vocab: usize,
-    seed: u64,
+    root: &Rng,
 ) -> Result<DatasetTask> {
-    let rng = Rng::new(seed);
+    let rng = root;
     let train = match spec.train_examples {
         Some(n) => train.sample(n, &mut rng.fork("train-sample")),
         None => train,
     };
     let eval = eval.sample(spec.eval_examples, &mut rng.fork("eval-sample"));
-    DatasetTask::new(spec.name, train, eval, encoding, classes, vocab, seed)
+    DatasetTask::new(spec.name, train, eval, encoding, classes, vocab, root)
 }
 
 impl Encoding {

@@ -14,6 +14,7 @@
 
 use crate::data::{eval_split, task_from_spec, Dataset, DatasetTask, Encoding, Examples};
 use crate::{Result, TaskError};
+use fpt_nn::Rng;
 use fpt_spec::TaskSpec;
 use std::path::{Path, PathBuf};
 
@@ -124,7 +125,7 @@ pub fn read_json(path: &Path, max_len: usize) -> Result<(Dataset, Skipped)> {
 }
 
 /// The homology task from TAPE JSON files in `dir`.
-pub fn task(dir: &Path, spec: &TaskSpec, seed: u64) -> Result<DatasetTask> {
+pub fn task(dir: &Path, spec: &TaskSpec, root: &Rng) -> Result<DatasetTask> {
     let split = eval_split(spec, &SPLITS[1..], "valid")?;
     let max_len = spec.data.max_len.unwrap_or(1024);
     let read = |s: &str| {
@@ -151,5 +152,5 @@ pub fn task(dir: &Path, spec: &TaskSpec, seed: u64) -> Result<DatasetTask> {
         per_batch: true,
         left: false,
     };
-    task_from_spec(spec, train, eval, encoding, CLASSES, VOCAB, seed)
+    task_from_spec(spec, train, eval, encoding, CLASSES, VOCAB, root)
 }

@@ -11,6 +11,7 @@
 
 use crate::data::{eval_split, task_from_spec, Augment, Dataset, DatasetTask, Encoding, Examples};
 use crate::{idx, Result, TaskError};
+use fpt_nn::Rng;
 use fpt_spec::{ImageSize, TaskName, TaskSpec};
 use std::path::{Path, PathBuf};
 
@@ -107,7 +108,7 @@ pub fn read_mnist_split(dir: &Path, task: TaskName, prefix: &str) -> Result<(Dat
 }
 
 /// MNIST or Fashion-MNIST from `dir`.
-pub fn mnist_task(dir: &Path, spec: &TaskSpec, seed: u64) -> Result<DatasetTask> {
+pub fn mnist_task(dir: &Path, spec: &TaskSpec, root: &Rng) -> Result<DatasetTask> {
     eval_split(spec, &["test"], "test")?;
     let (train, train_file) = read_mnist_split(dir, spec.name, "train")?;
     let (test, test_file) = read_mnist_split(dir, spec.name, "t10k")?;
@@ -137,7 +138,7 @@ pub fn mnist_task(dir: &Path, spec: &TaskSpec, seed: u64) -> Result<DatasetTask>
             ),
         ));
     }
-    task_from_spec(spec, train, test, encoding, 10, 0, seed)
+    task_from_spec(spec, train, test, encoding, 10, 0, root)
 }
 
 /// Reads CIFAR-10 binary batch files into one split (pixels converted to `[h, w, c]`).
@@ -197,7 +198,7 @@ pub fn cifar_dir(dir: &Path) -> PathBuf {
 }
 
 /// CIFAR-10 (RGB 4x4 patches) or CIFAR-10 LRA (gray pixels) from `dir`.
-pub fn cifar_task(dir: &Path, spec: &TaskSpec, seed: u64) -> Result<DatasetTask> {
+pub fn cifar_task(dir: &Path, spec: &TaskSpec, root: &Rng) -> Result<DatasetTask> {
     eval_split(spec, &["test"], "test")?;
     let d = cifar_dir(dir);
     let path = |f: &str| {
@@ -239,5 +240,5 @@ pub fn cifar_task(dir: &Path, spec: &TaskSpec, seed: u64) -> Result<DatasetTask>
             augment,
         }
     };
-    task_from_spec(spec, train, test, encoding, 10, 0, seed)
+    task_from_spec(spec, train, test, encoding, 10, 0, root)
 }

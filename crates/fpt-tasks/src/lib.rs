@@ -212,34 +212,35 @@ pub trait Task: Send {
     }
 }
 
-/// Builds the task a spec names. `seed` fixes the evaluation set (and, for datasets, the
-/// training order and any sampling). Dataset tasks read `spec.path` or
+/// Builds the task a spec names. Named forks of the run's `root` generator (the one
+/// `Rng::new(seed)` every random stream of a run descends from) fix the evaluation set and,
+/// for datasets, the training order and any sampling. Dataset tasks read `spec.path` or
 /// `$FPT_HOME/data/<task>` ([`paths::data_dir`]).
-pub fn build(spec: &TaskSpec, seed: u64) -> Result<Box<dyn Task>> {
+pub fn build(spec: &TaskSpec, root: &Rng) -> Result<Box<dyn Task>> {
     let dir = || spec.path.clone().unwrap_or_else(|| paths::data_dir(spec.name));
     if !spec.name.is_generated() && spec.name != TaskName::Custom {
         // Fetched data is re-checked against the sha256 recorded when it was fetched.
         fetch::verify_dir(&dir(), false)?;
     }
     Ok(match spec.name {
-        TaskName::ListOps => Box::new(listops::task(&dir(), spec, seed)?),
-        TaskName::Mnist | TaskName::FashionMnist => Box::new(images::mnist_task(&dir(), spec, seed)?),
-        TaskName::Cifar10 | TaskName::Cifar10Lra => Box::new(images::cifar_task(&dir(), spec, seed)?),
-        TaskName::Homology => Box::new(homology::task(&dir(), spec, seed)?),
-        TaskName::Custom => Box::new(custom::task(&dir(), spec, seed)?),
-        TaskName::Text => Box::new(text::TextTask::new(spec, seed)?),
+        TaskName::ListOps => Box::new(listops::task(&dir(), spec, root)?),
+        TaskName::Mnist | TaskName::FashionMnist => Box::new(images::mnist_task(&dir(), spec, root)?),
+        TaskName::Cifar10 | TaskName::Cifar10Lra => Box::new(images::cifar_task(&dir(), spec, root)?),
+        TaskName::Homology => Box::new(homology::task(&dir(), spec, root)?),
+        TaskName::Custom => Box::new(custom::task(&dir(), spec, root)?),
+        TaskName::Text => Box::new(text::TextTask::new(spec, root)?),
         TaskName::BitXor => Box::new(BitXor::new(
             spec.n_bits.unwrap_or(5),
             spec.patch.unwrap_or(1),
             spec.eval_examples,
-            seed,
+            root,
         )?),
         TaskName::BitMemory => Box::new(BitMemory::new(
             spec.n_bits.unwrap_or(1000),
             5,
             spec.patch.unwrap_or(50),
             spec.eval_examples,
-            seed,
+            root,
         )?),
     })
 }

@@ -297,7 +297,7 @@ pub fn split_file(dir: &Path, split: &str) -> std::path::PathBuf {
 
 /// The ListOps task from the TSV files in `dir`. Evaluation runs on `val` by default (the
 /// reference code reports it as "test"); `eval_split = "test"` selects the test file.
-pub fn task(dir: &Path, spec: &TaskSpec, seed: u64) -> Result<DatasetTask> {
+pub fn task(dir: &Path, spec: &TaskSpec, root: &Rng) -> Result<DatasetTask> {
     let split = eval_split(spec, &["val", "test"], "val")?;
     let max_len = spec.data.max_len.unwrap_or(512);
     let b = spec.data.brackets;
@@ -321,5 +321,5 @@ pub fn task(dir: &Path, spec: &TaskSpec, seed: u64) -> Result<DatasetTask> {
         per_batch: false,
         left: false,
     };
-    task_from_spec(spec, train, eval, encoding, 10, vocab_size(b), seed)
+    task_from_spec(spec, train, eval, encoding, 10, vocab_size(b), root)
 }

@@ -147,7 +147,7 @@ fn generate(kind: &str, cdf: &[f64], n: usize, rng: &mut Rng) -> Vec<u32> {
 impl TextTask {
     /// The corpus `spec.path` names (see the module docs); `spec.data.max_len` is the
     /// window (default 128), `spec.data.vocab` the artificial vocabulary (default 4096).
-    pub fn new(spec: &TaskSpec, seed: u64) -> Result<Self> {
+    pub fn new(spec: &TaskSpec, root: &Rng) -> Result<Self> {
         let invalid = |msg: String| TaskError::Invalid { task: "text", msg };
         let name = spec.path.clone().ok_or_else(|| {
             invalid(format!(
@@ -206,7 +206,6 @@ impl TextTask {
             eval_test: Vec::new(),
             eval_train: Vec::new(),
         };
-        let root = Rng::new(seed);
         t.eval_test = t.eval_windows(Split::Test, spec.eval_examples, &mut root.fork("text-eval-test"));
         t.eval_train = t.eval_windows(Split::Train, spec.eval_examples, &mut root.fork("text-eval-train"));
         Ok(t)

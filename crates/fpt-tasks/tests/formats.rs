@@ -69,7 +69,7 @@ fn mnist_patches_are_the_reference_layout_plain_and_gzip() {
     for gz in [false, true] {
         let d = tempfile::tempdir().unwrap();
         write_mnist(d.path(), 12, 5, gz);
-        let t = build(&spec(TaskName::Mnist, d.path()), 0).unwrap();
+        let t = build(&spec(TaskName::Mnist, d.path()), &fpt_nn::Rng::new(0)).unwrap();
         let dims = t.dims();
         assert_eq!((dims.seq_len, dims.classes, dims.output_dim()), (49, 10, 10));
         assert_eq!(t.eval_len(Split::Test), 5);
@@ -91,7 +91,7 @@ fn mnist_padded_to_32_has_64_tokens_and_a_zero_border() {
     write_mnist(d.path(), 3, 2, false);
     let mut s = spec(TaskName::Mnist, d.path());
     s.data.image_size = ImageSize::Pad32;
-    let t = build(&s, 0).unwrap();
+    let t = build(&s, &fpt_nn::Rng::new(0)).unwrap();
     assert_eq!(t.dims().seq_len, 64);
     let (shape, v) = vectors(&t.eval_batch(Split::Test, 0, 1, &Device::Cpu).unwrap().inputs);
     assert_eq!(shape, vec![1, 64, 16]);
@@ -110,41 +110,41 @@ fn bad_idx_files_are_named_errors() {
     let good = std::fs::read(&images).unwrap();
 
     std::fs::write(&images, &good[..good.len() - 100]).unwrap();
-    let e = err_of(build(&s, 0));
+    let e = err_of(build(&s, &fpt_nn::Rng::new(0)));
     assert!(e.contains("train-images-idx3-ubyte") && e.contains("truncated"), "{e}");
 
     let mut bad = good.clone();
     bad[0] = 0x12;
     std::fs::write(&images, &bad).unwrap();
-    let e = err_of(build(&s, 0));
+    let e = err_of(build(&s, &fpt_nn::Rng::new(0)));
     assert!(
         e.contains("train-images-idx3-ubyte") && e.contains("wrong magic"),
         "{e}"
     );
 
     std::fs::write(&images, &good[..6]).unwrap();
-    let e = err_of(build(&s, 0));
+    let e = err_of(build(&s, &fpt_nn::Rng::new(0)));
     assert!(e.contains("truncated header"), "{e}");
 
     std::fs::write(&images, &good).unwrap();
     let labels = d.path().join("train-labels-idx1-ubyte");
     std::fs::write(&labels, idx::encode(&[3], &[1, 2, 3])).unwrap();
-    let e = err_of(build(&s, 0));
+    let e = err_of(build(&s, &fpt_nn::Rng::new(0)));
     assert!(
         e.contains("train-labels-idx1-ubyte") && e.contains("3 labels for 4 images"),
         "{e}"
     );
 
     std::fs::write(&labels, idx::encode(&[4], &[1, 2, 11, 3])).unwrap();
-    let e = err_of(build(&s, 0));
+    let e = err_of(build(&s, &fpt_nn::Rng::new(0)));
     assert!(e.contains("record 2") && e.contains("11"), "{e}");
 
     std::fs::write(d.path().join("train-labels-idx1-ubyte"), [0x1f, 0x8b, 1, 2, 3]).unwrap();
-    let e = err_of(build(&s, 0));
+    let e = err_of(build(&s, &fpt_nn::Rng::new(0)));
     assert!(e.contains("gzip"), "{e}");
 
     std::fs::remove_file(&labels).unwrap();
-    match build(&s, 0) {
+    match build(&s, &fpt_nn::Rng::new(0)) {
         Err(TaskError::Missing { what, hint, .. }) => {
             assert!(
                 what.contains("train-labels") && hint.contains("fpt fetch mnist"),
@@ -187,7 +187,7 @@ fn image_sizes_that_do_not_fit_the_task_are_named_errors() {
         if pad32 {
             s.data.image_size = ImageSize::Pad32;
         }
-        let e = err_of(build(&s, 0));
+        let e = err_of(build(&s, &fpt_nn::Rng::new(0)));
         assert!(
             e.contains(want) && e.contains("-images-idx3-ubyte"),
             "{train}/{test}: {e}"
@@ -209,11 +209,11 @@ fn fetched_data_that_changed_is_refused() {
     )
     .unwrap();
     let s = spec(TaskName::Mnist, d.path());
-    build(&s, 0).unwrap();
+    build(&s, &fpt_nn::Rng::new(0)).unwrap();
     let mut bytes = std::fs::read(&images).unwrap();
     bytes[500] ^= 1;
     std::fs::write(&images, &bytes).unwrap();
-    let e = err_of(build(&s, 0));
+    let e = err_of(build(&s, &fpt_nn::Rng::new(0)));
     assert!(
         e.contains("train-images-idx3-ubyte") && e.contains("differs") && e.contains("fpt fetch"),
         "{e}"
@@ -245,7 +245,7 @@ fn write_cifar(dir: &Path, per_file: usize) {
 fn cifar_patches_are_channel_fastest_and_normalized() {
     let d = tempfile::tempdir().unwrap();
     write_cifar(d.path(), 3);
-    let t = build(&spec(TaskName::Cifar10, d.path()), 0).unwrap();
+    let t = build(&spec(TaskName::Cifar10, d.path()), &fpt_nn::Rng::new(0)).unwrap();
     assert_eq!((t.dims().seq_len, t.eval_len(Split::Test)), (64, 3));
     let (shape, v) = vectors(&t.eval_batch(Split::Test, 0, 3, &Device::Cpu).unwrap().inputs);
     assert_eq!(shape, vec![3, 64, 48]);
@@ -259,7 +259,7 @@ fn cifar_patches_are_channel_fastest_and_normalized() {
         assert!((v[(64 + tok) * 48 + within] - want).abs() < 1e-6);
     }
     // LRA: gray (PIL luma), one pixel per token, [-1, 1].
-    let t = build(&spec(TaskName::Cifar10Lra, d.path()), 0).unwrap();
+    let t = build(&spec(TaskName::Cifar10Lra, d.path()), &fpt_nn::Rng::new(0)).unwrap();
     let (shape, v) = vectors(&t.eval_batch(Split::Test, 1, 1, &Device::Cpu).unwrap().inputs);
     assert_eq!(shape, vec![1, 1024, 1]);
     let p = |c: usize| rec[1 + c * 1024 + y * 32 + x] as u32;
@@ -273,7 +273,7 @@ fn cifar_augmentation_is_seeded_switchable_and_training_only() {
     write_cifar(d.path(), 2);
     let s = spec(TaskName::Cifar10, d.path());
     let batch = |s: &TaskSpec, rng_seed: u64| {
-        let mut t = build(s, 0).unwrap();
+        let mut t = build(s, &fpt_nn::Rng::new(0)).unwrap();
         vectors(&t.train_batch(4, &mut Rng::new(rng_seed), &Device::Cpu).unwrap().inputs).1
     };
     let (a, b, c) = (batch(&s, 1), batch(&s, 1), batch(&s, 2));
@@ -284,7 +284,7 @@ fn cifar_augmentation_is_seeded_switchable_and_training_only() {
     let plain = batch(&off, 1);
     assert_ne!(a, plain);
     // Without augmentation a training batch is exactly the evaluation encoding.
-    let mut t = build(&off, 0).unwrap();
+    let mut t = build(&off, &fpt_nn::Rng::new(0)).unwrap();
     let train = t.train_batch(10, &mut Rng::new(3), &Device::Cpu).unwrap();
     let labels: Vec<u32> = train.labels.flatten_all().unwrap().to_vec1().unwrap();
     let mut sorted = labels.clone();
@@ -303,19 +303,19 @@ fn bad_cifar_files_are_named_errors() {
     let s = spec(TaskName::Cifar10, d.path());
     let f = d.path().join("data_batch_3.bin");
     std::fs::write(&f, vec![1u8; 3073 + 5]).unwrap();
-    let e = err_of(build(&s, 0));
+    let e = err_of(build(&s, &fpt_nn::Rng::new(0)));
     assert!(e.contains("data_batch_3.bin") && e.contains("3073-byte records"), "{e}");
     let mut bytes = cifar_record(1, 0);
     bytes.extend(cifar_record(12, 1));
     std::fs::write(&f, bytes).unwrap();
-    let e = err_of(build(&s, 0));
+    let e = err_of(build(&s, &fpt_nn::Rng::new(0)));
     assert!(
         e.contains("data_batch_3.bin") && e.contains("record 1") && e.contains("label 12"),
         "{e}"
     );
     write_cifar(d.path(), 2);
     std::fs::remove_file(d.path().join("test_batch.bin")).unwrap();
-    let e = err_of(build(&s, 0));
+    let e = err_of(build(&s, &fpt_nn::Rng::new(0)));
     assert!(
         e.contains("test_batch.bin not found") && e.contains("fpt fetch cifar10"),
         "{e}"
@@ -398,7 +398,7 @@ fn listops_generator_follows_lra_and_round_trips_through_tsv() {
     let raw = std::fs::read_to_string(d.path().join("basic_val.tsv")).unwrap();
     assert!(raw.starts_with("Source\tTarget\r\n"));
     let mut s = spec(TaskName::ListOps, d.path());
-    let t = build(&s, 0).unwrap();
+    let t = build(&s, &fpt_nn::Rng::new(0)).unwrap();
     assert_eq!(
         (t.eval_len(Split::Test), t.dims().seq_len, t.dims().classes),
         (10, 512, 10)
@@ -415,7 +415,7 @@ fn listops_generator_follows_lra_and_round_trips_through_tsv() {
     assert!(ids.iter().all(|&i| i < 15));
     s.eval_split = Some("test".into());
     s.data.brackets = Brackets::Keep;
-    let t = build(&s, 0).unwrap();
+    let t = build(&s, &fpt_nn::Rng::new(0)).unwrap();
     let (_, ids) = tokens(&t.eval_batch(Split::Test, 0, 1, &Device::Cpu).unwrap().inputs);
     let keep = fpt_tasks::listops::tokenize(&g.test[0].0, Brackets::Keep).unwrap();
     assert_eq!(&ids[..keep.len()], &keep[..]);
@@ -424,7 +424,7 @@ fn listops_generator_follows_lra_and_round_trips_through_tsv() {
         eval_source(&g.test[0].0).1 - first_len_without_brackets(&g.test[0].0)
     );
     s.eval_split = Some("valid".into());
-    let e = err_of(build(&s, 0));
+    let e = err_of(build(&s, &fpt_nn::Rng::new(0)));
     assert!(
         e.contains("no evaluation split `valid`") && e.contains("val, test"),
         "{e}"
@@ -465,11 +465,11 @@ fn bad_listops_rows_are_named_errors() {
     ];
     for (text, want) in cases {
         std::fs::write(d.path().join("basic_train.tsv"), text).unwrap();
-        let e = err_of(build(&s, 0));
+        let e = err_of(build(&s, &fpt_nn::Rng::new(0)));
         assert!(e.contains("basic_train.tsv") && e.contains(want), "{e} (wanted {want})");
     }
     std::fs::remove_file(d.path().join("basic_train.tsv")).unwrap();
-    let e = err_of(build(&s, 0));
+    let e = err_of(build(&s, &fpt_nn::Rng::new(0)));
     assert!(
         e.contains("basic_train.tsv not found") && e.contains("fpt fetch listops"),
         "{e}"
@@ -502,7 +502,7 @@ fn tape_ok(dir: &Path) {
 fn tape_json_encodes_iupac_with_cls_and_sep_and_drops_long_sequences() {
     let d = tempfile::tempdir().unwrap();
     tape_ok(d.path());
-    let t = build(&spec(TaskName::Homology, d.path()), 0).unwrap();
+    let t = build(&spec(TaskName::Homology, d.path()), &fpt_nn::Rng::new(0)).unwrap();
     assert_eq!(
         (t.dims().classes, t.eval_len(Split::Test)),
         (1195, 2),
@@ -517,7 +517,7 @@ fn tape_json_encodes_iupac_with_cls_and_sep_and_drops_long_sequences() {
     assert_eq!(labels, vec![3, 1194]);
     let mut s = spec(TaskName::Homology, d.path());
     s.eval_split = Some("test_fold_holdout".into());
-    assert!(build(&s, 0).is_ok());
+    assert!(build(&s, &fpt_nn::Rng::new(0)).is_ok());
 }
 
 #[test]
@@ -549,7 +549,7 @@ fn bad_tape_records_are_named_errors() {
         let d = tempfile::tempdir().unwrap();
         tape_ok(d.path());
         write_tape(d.path(), "train", records);
-        let e = err_of(build(&spec(TaskName::Homology, d.path()), 0));
+        let e = err_of(build(&spec(TaskName::Homology, d.path()), &fpt_nn::Rng::new(0)));
         assert!(
             e.contains("remote_homology_train.json") && e.contains(want),
             "{e} (wanted {want})"
@@ -558,7 +558,7 @@ fn bad_tape_records_are_named_errors() {
     let d = tempfile::tempdir().unwrap();
     tape_ok(d.path());
     std::fs::remove_file(d.path().join("remote_homology/remote_homology_valid.json")).unwrap();
-    let e = err_of(build(&spec(TaskName::Homology, d.path()), 0));
+    let e = err_of(build(&spec(TaskName::Homology, d.path()), &fpt_nn::Rng::new(0)));
     assert!(e.contains("remote_homology_valid.json not found"), "{e}");
 }
 
@@ -573,7 +573,11 @@ fn custom_tokens_and_features_from_a_directory_or_one_file() {
     )
     .unwrap();
     std::fs::write(d.path().join("test.jsonl"), "{\"tokens\": [9, 2], \"label\": 1}\n").unwrap();
-    let t = build(&TaskSpec::parse(&format!("custom:{}", d.path().display())).unwrap(), 0).unwrap();
+    let t = build(
+        &TaskSpec::parse(&format!("custom:{}", d.path().display())).unwrap(),
+        &fpt_nn::Rng::new(0),
+    )
+    .unwrap();
     let dims = t.dims();
     assert_eq!((dims.seq_len, dims.classes), (3, 3));
     assert_eq!(dims.input, fpt_tasks::InputKind::Tokens { vocab: 11 });
@@ -586,7 +590,11 @@ fn custom_tokens_and_features_from_a_directory_or_one_file() {
         "{\"features\": [[0.5, 1], [2, 3]], \"label\": 1, \"split\": \"train\"}\n{\"features\": [[7, 8]], \"label\": 0, \"split\": \"val\"}\n",
     )
     .unwrap();
-    let t = build(&TaskSpec::parse(&format!("custom:{}", f.display())).unwrap(), 0).unwrap();
+    let t = build(
+        &TaskSpec::parse(&format!("custom:{}", f.display())).unwrap(),
+        &fpt_nn::Rng::new(0),
+    )
+    .unwrap();
     assert_eq!(t.dims().input, fpt_tasks::InputKind::Vectors { width: 2 });
     let (shape, v) = vectors(&t.eval_batch(Split::Test, 0, 1, &Device::Cpu).unwrap().inputs);
     assert_eq!((shape, v), (vec![1, 2, 2], vec![0.0, 0.0, 7.0, 8.0]));
@@ -616,7 +624,10 @@ fn bad_custom_records_are_named_errors() {
         let d = tempfile::tempdir().unwrap();
         let f = d.path().join("data.jsonl");
         std::fs::write(&f, text).unwrap();
-        let e = err_of(build(&TaskSpec::parse(&format!("custom:{}", f.display())).unwrap(), 0));
+        let e = err_of(build(
+            &TaskSpec::parse(&format!("custom:{}", f.display())).unwrap(),
+            &fpt_nn::Rng::new(0),
+        ));
         assert!(e.contains(want), "{e} (wanted {want})");
         assert!(e.contains("data.jsonl"), "{e}");
     }
@@ -645,7 +656,7 @@ fn training_order_is_seeded_epochwise_and_resumes_from_a_cursor() {
             .to_vec1()
             .unwrap()
     };
-    let mut a = build(&s, 5).unwrap();
+    let mut a = build(&s, &fpt_nn::Rng::new(5)).unwrap();
     let first: Vec<u32> = labels(&mut a, 7);
     let mut sorted = first.clone();
     sorted.sort_unstable();
@@ -654,10 +665,10 @@ fn training_order_is_seeded_epochwise_and_resumes_from_a_cursor() {
     let cursor = a.cursor().unwrap();
     assert_eq!((cursor.epoch, cursor.position), (1, 3));
     let rest_a = labels(&mut a, 9);
-    let mut b = build(&s, 5).unwrap();
+    let mut b = build(&s, &fpt_nn::Rng::new(5)).unwrap();
     b.set_cursor(cursor).unwrap();
     assert_eq!(labels(&mut b, 9), rest_a, "a restored cursor continues the same order");
-    let mut c = build(&s, 6).unwrap();
+    let mut c = build(&s, &fpt_nn::Rng::new(6)).unwrap();
     assert_ne!(labels(&mut c, 7), first, "another seed, another order");
     let bad = fpt_tasks::Cursor { epoch: 0, position: 99 };
     assert!(b.set_cursor(bad).unwrap_err().to_string().contains("99"));
@@ -670,7 +681,7 @@ fn train_and_eval_samples_are_fixed_by_the_seed() {
     let mut s = spec(TaskName::Mnist, d.path());
     s.train_examples = Some(10);
     s.eval_examples = 8;
-    let t = build(&s, 1).unwrap();
+    let t = build(&s, &fpt_nn::Rng::new(1)).unwrap();
     assert_eq!((t.eval_len(Split::Test), t.eval_len(Split::Train)), (8, 8));
     assert_eq!(t.splits()[0].1.len(), 10);
     let labels = |t: &dyn Task| -> Vec<u32> {
@@ -682,7 +693,10 @@ fn train_and_eval_samples_are_fixed_by_the_seed() {
             .to_vec1()
             .unwrap()
     };
-    assert_eq!(labels(t.as_ref()), labels(build(&s, 1).unwrap().as_ref()));
+    assert_eq!(
+        labels(t.as_ref()),
+        labels(build(&s, &fpt_nn::Rng::new(1)).unwrap().as_ref())
+    );
 }
 
 #[test]

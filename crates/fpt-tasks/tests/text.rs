@@ -95,7 +95,7 @@ fn bpe_round_trips_and_prepared_corpora_give_shifted_windows() {
     std::fs::write(dir.join("corpus.json"), r#"{"vocab": 50}"#).unwrap();
     let mut spec = TaskSpec::parse(&format!("text:{}", dir.display())).unwrap();
     spec.data.max_len = Some(10);
-    let mut task = TextTask::new(&spec, 0).unwrap();
+    let mut task = TextTask::new(&spec, &fpt_nn::Rng::new(0)).unwrap();
     // 41 held-out ids: 4 windows of 10 inputs, each overlapping the next by one token.
     assert_eq!(task.eval_len(Split::Test), 4);
     let b = task.eval_batch(Split::Test, 1, 1, &Device::Cpu).unwrap();
@@ -122,13 +122,13 @@ fn bpe_round_trips_and_prepared_corpora_give_shifted_windows() {
 
     // Bad corpora are named: an id outside the vocabulary, a split shorter than a window.
     write_ids("test.ids", &[1, 2, 77, 3, 4, 5, 6, 7, 8, 9, 10, 11]);
-    let e = TextTask::new(&spec, 0).err().unwrap().to_string();
+    let e = TextTask::new(&spec, &fpt_nn::Rng::new(0)).err().unwrap().to_string();
     assert!(e.contains("test.ids") && e.contains("token 2 is id 77"), "{e}");
     write_ids("test.ids", &[1, 2, 3]);
-    let e = TextTask::new(&spec, 0).err().unwrap().to_string();
+    let e = TextTask::new(&spec, &fpt_nn::Rng::new(0)).err().unwrap().to_string();
     assert!(e.contains("test.ids") && e.contains("fewer than one window"), "{e}");
     std::fs::remove_file(dir.join("corpus.json")).unwrap();
-    let e = TextTask::new(&spec, 0).err().unwrap().to_string();
+    let e = TextTask::new(&spec, &fpt_nn::Rng::new(0)).err().unwrap().to_string();
     assert!(e.contains("corpus.json") && e.contains("fpt fetch austen"), "{e}");
 }
 
@@ -137,7 +137,7 @@ fn bpe_round_trips_and_prepared_corpora_give_shifted_windows() {
 fn stats(corpus: &str) -> (Vec<u32>, f64, f64) {
     let mut spec = TaskSpec::parse(&format!("text:{corpus}")).unwrap();
     spec.data.max_len = Some(255);
-    let mut task = TextTask::new(&spec, 0).unwrap();
+    let mut task = TextTask::new(&spec, &fpt_nn::Rng::new(0)).unwrap();
     let b = task.train_batch(40, &mut Rng::new(7), &Device::Cpu).unwrap();
     let Inputs::Tokens(x) = &b.inputs else {
         panic!("token inputs")

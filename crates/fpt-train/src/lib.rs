@@ -311,11 +311,18 @@ pub struct StepOutcome {
     pub finite: bool,
 }
 
+/// The run's root generator, `Rng::new(spec.train.seed)`: every random stream of a run is a
+/// named fork of it, the trainer's `init` (weights), `data` (batches) and `dropout`, and the
+/// task's (`fpt_tasks::build`: evaluation sets, samples, the training order).
+pub fn root_rng(spec: &RunSpec) -> Rng {
+    Rng::new(spec.train.seed)
+}
+
 impl Trainer {
     /// Builds everything `spec` describes on `device`.
     pub fn new(spec: &RunSpec, device: &Device) -> Result<Self> {
         spec.validate()?;
-        Self::with_task(spec, fpt_tasks::build(&spec.task, spec.train.seed)?, device)
+        Self::with_task(spec, fpt_tasks::build(&spec.task, &root_rng(spec))?, device)
     }
 
     /// Builds the run of `spec` on another task than the one it names (benchmarks use
@@ -323,7 +330,7 @@ impl Trainer {
     pub fn with_task(spec: &RunSpec, task: Box<dyn Task>, device: &Device) -> Result<Self> {
         spec.validate()?;
         let t = &spec.train;
-        let master = Rng::new(t.seed);
+        let master = root_rng(spec);
         let mut init_rng = master.fork("init");
         // Sizes are within fpt's limits (validated); check the whole against this machine
         // before anything is allocated (or a Bit backbone trained).

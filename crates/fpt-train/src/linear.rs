@@ -64,7 +64,8 @@ pub fn train_linear(
 ) -> Result<LinearResult> {
     spec.validate()?;
     let t0 = std::time::Instant::now();
-    let mut task = fpt_tasks::build(&spec.task, spec.train.seed)?;
+    let master = crate::root_rng(spec);
+    let mut task = fpt_tasks::build(&spec.task, &master)?;
     let d = task.dims();
     let width = match d.input {
         InputKind::Vectors { width } => width,
@@ -73,7 +74,6 @@ pub fn train_linear(
     let inputs = d.seq_len * width;
     let outputs = d.labels_per_example * d.classes;
     // PyTorch nn.Linear's default init: U(-1/sqrt(in), 1/sqrt(in)).
-    let master = Rng::new(spec.train.seed);
     let mut init = master.fork("init");
     let bound = 1.0 / (inputs as f32).sqrt();
     let u = |n: usize, r: &mut Rng| {

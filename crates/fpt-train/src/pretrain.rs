@@ -410,7 +410,7 @@ pub fn pretrain(
         );
         (card, None)
     } else {
-        let task = fpt_tasks::text::TextTask::new(&spec.task, spec.train.seed)?;
+        let task = fpt_tasks::text::TextTask::new(&spec.task, &crate::root_rng(&spec))?;
         let unigram = task.unigram_perplexity();
         let ppl = r.test_loss.map(f64::exp);
         let tokens = r.steps * req.batch_size * req.seq_len;
