@@ -13,8 +13,7 @@ use super::attention::{packed_backward, packed_forward};
 use super::dropout::DropoutAdd;
 use super::sgemm::{sgemm_prepacked, MatMut, MatRef, PackedB};
 use super::{cpu_slice, tracks, with_cpu_slice};
-use candle_core::backend::BackendStorage as _;
-use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor};
+use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 use std::sync::{Arc, Mutex};
 
@@ -162,11 +161,7 @@ impl CustomOp3 for BranchOp {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        for s in [s1, s2, s3] {
-            if s.dtype() != DType::F32 {
-                return Err(super::unsupported("pre-norm branch", s.dtype()));
-            }
-        }
+        super::f32_only(&[s1, s2, s3], "pre-norm branch")?;
         let x = cpu_slice::<f32>(s1, l1, "pre-norm branch")?;
         let gamma = cpu_slice::<f32>(s2, l2, "pre-norm branch")?;
         let beta = cpu_slice::<f32>(s3, l3, "pre-norm branch")?;

@@ -24,9 +24,8 @@
 use super::fastmath::{exp_f32, tanh_f32};
 use super::linear::product_threads as threads_for;
 use super::sgemm::{has_micro_kernel, sgemm, sgemm_prepacked, MatMut, MatRef, PackedB};
-use super::{cpu_slice, tracks, unsupported, with_cpu_slice};
+use super::{cpu_slice, tracks, with_cpu_slice};
 use crate::kernels::KernelPath;
-use candle_core::backend::BackendStorage as _;
 use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor, D};
 use std::sync::Mutex;
 
@@ -449,11 +448,7 @@ impl CustomOp3 for LnLstmOp {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        for s in [s1, s2, s3] {
-            if s.dtype() != DType::F32 {
-                return Err(unsupported("layer-norm LSTM", s.dtype()));
-            }
-        }
+        super::f32_only(&[s1, s2, s3], "layer-norm LSTM")?;
         let (b, t, h) = self.dims(l1)?;
         let xi = cpu_slice::<f32>(s1, l1, "layer-norm LSTM")?;
         let wb = cpu_slice::<f32>(s2, l2, "layer-norm LSTM")?;

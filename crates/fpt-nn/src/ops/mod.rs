@@ -107,6 +107,16 @@ pub(crate) fn tracks(t: &Tensor) -> bool {
     t.track_op()
 }
 
+/// `Ok` when every storage holds f32 (what the f32-only fused kernels take), else the
+/// error naming `op` and the first other dtype.
+pub(crate) fn f32_only(storages: &[&candle_core::CpuStorage], op: &'static str) -> Result<()> {
+    use candle_core::backend::BackendStorage;
+    match storages.iter().find(|s| s.dtype() != DType::F32) {
+        Some(s) => Err(unsupported(op, s.dtype())),
+        None => Ok(()),
+    }
+}
+
 pub(crate) fn unsupported(op: &'static str, dtype: DType) -> Error {
     Error::Msg(format!(
         "{op}: unsupported dtype {dtype:?} (the fused kernels take f32 or f64)"
