@@ -228,3 +228,51 @@ pub fn reproduce(req: &Request, on: &mut (dyn FnMut(Progress) + Send)) -> Result
     }
     Ok(done)
 }
+
+/// Every claim of the tables `ids` at `scale`, with its verdicts, read from their written
+/// reports (`<out>/<id>/<scale>/report.json`, the same data `report.md` shows), as one
+/// Markdown table; a table that carries claims but has no report at the scale gets a row
+/// saying so. Tables without claims are left out.
+pub fn claims_summary(tables: &Path, ids: &[String], scale: &str, out: &Path) -> Result<String> {
+    let mut s = format!("| table | claim | ours (`{scale}` scale) | decided by | paper |\n|---|---|---|---|---|\n");
+    let cell = |t: &str| t.replace('|', "\\|");
+    for id in table_ids(tables, ids)? {
+        let table = load_table(tables, &id)?;
+        if table.claims.is_empty() {
+            continue;
+        }
+        let path = out.join(&id).join(scale).join("report.json");
+        let report: Option<serde_json::Value> = match std::fs::read_to_string(&path) {
+            Ok(text) => Some(serde_json::from_str(&text).map_err(|e| AblateError::Spec {
+                path: path.clone(),
+                msg: format!("not a report: {e}"),
+            })?),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(source) => return Err(AblateError::Io { path, source }),
+        };
+        let claims = report.as_ref().and_then(|r| r["claims"].as_array().cloned());
+        match claims {
+            None => {
+                for c in &table.claims {
+                    s.push_str(&format!(
+                        "| {id} | {} | no report at this scale | `fpt run-table {id} --scale {scale}` | |\n",
+                        cell(&c.text)
+                    ));
+                }
+            }
+            Some(claims) => {
+                for c in claims {
+                    let v = |who: &str, what: &str| c[who][what].as_str().unwrap_or("").to_string();
+                    s.push_str(&format!(
+                        "| {id} | {} | **{}** | {} | {} |\n",
+                        cell(c["text"].as_str().unwrap_or("")),
+                        v("ours", "verdict"),
+                        cell(&v("ours", "detail")),
+                        v("paper", "verdict"),
+                    ));
+                }
+            }
+        }
+    }
+    Ok(s)
+}

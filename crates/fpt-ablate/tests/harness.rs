@@ -559,3 +559,42 @@ fn reproduce_is_one_library_call_and_refuses_unknown_tables_and_scales() {
     let e = run_options(candle_core::Device::Cpu, Some(2), &no_exe).unwrap_err();
     assert!(e.to_string().contains("child process"), "{e}");
 }
+
+#[test]
+fn the_claims_summary_reads_the_written_reports() {
+    use fpt_ablate::reproduce::claims_summary;
+    let d = tempfile::tempdir().unwrap();
+    write_mini(d.path());
+    let tables = d.path().join("tables");
+    let mut toml = std::fs::read_to_string(tables.join("table1.toml")).unwrap();
+    toml.push_str("\n[[claims]]\ntext = \"FPT beats Random | fpt\"\na = { row = \"FPT\", col = \"fpt\" }\nb = { row = \"Random\", col = \"fpt\" }\n");
+    std::fs::write(tables.join("table1.toml"), toml).unwrap();
+    let out = d.path().join("results");
+    let ids = vec!["table1".to_string()];
+    // Before any report: the claim is listed with the command that makes it.
+    let s = claims_summary(&tables, &ids, "mini", &out).unwrap();
+    assert!(
+        s.contains(
+            "| table1 | FPT beats Random \\| fpt | no report at this scale | `fpt run-table table1 --scale mini` |"
+        ),
+        "{s}"
+    );
+    let t = load_table(&tables, "table1").unwrap();
+    let cells = expand(&t, &load_scales(&tables).unwrap(), "mini").unwrap();
+    run(&cells, &out, &RunOptions::default(), &mut |_| {}).unwrap();
+    let r = Report::new(&t, "mini", &cells, &out);
+    r.write(&out).unwrap();
+    let s = claims_summary(&tables, &ids, "mini", &out).unwrap();
+    let c = &r.claims[0];
+    assert!(
+        s.contains(&format!(
+            "| **{}** | {} | {} |",
+            c.ours.verdict, c.ours.detail, c.paper.verdict
+        )),
+        "{s}"
+    );
+    // A report that is not one is an error naming the file.
+    std::fs::write(out.join("table1/mini/report.json"), "{").unwrap();
+    let e = claims_summary(&tables, &ids, "mini", &out).unwrap_err().to_string();
+    assert!(e.contains("report.json") && e.contains("not a report"), "{e}");
+}

@@ -40,6 +40,10 @@ pub struct RunTableArgs {
     /// and weights are here) and where they differ from the paper; train nothing.
     #[arg(long)]
     dry_run: bool,
+    /// Print every claim of the tables at the scale with its verdicts, from their written
+    /// reports, as one Markdown table; train nothing.
+    #[arg(long)]
+    claims: bool,
     /// Device: `cpu`, or `cuda` / `cuda:N` when built with `--features cuda`.
     #[arg(long, default_value = "cpu")]
     device: String,
@@ -63,6 +67,10 @@ pub fn run_table(a: RunTableArgs) -> Result<()> {
     use fpt_ablate::reproduce::{self, Done, Progress};
     let ids = reproduce::table_ids(&a.tables, &a.ids)?;
     let scales = reproduce::scales_with(&a.tables, &a.scale)?;
+    if a.claims {
+        print!("{}", reproduce::claims_summary(&a.tables, &ids, &a.scale, &a.out)?);
+        return Ok(());
+    }
     if a.list || a.dry_run {
         for id in &ids {
             let table = fpt_ablate::load_table(&a.tables, id)?;
