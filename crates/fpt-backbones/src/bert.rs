@@ -430,8 +430,8 @@ impl Bert {
             None => Mask::None,
         };
         let drop = |ctx: &mut Ctx, x: &Tensor, p: f64| if self.dropout { ctx.dropout(x, p) } else { Ok(x.clone()) };
-        let pos = self.positions.tensor().narrow(0, self.position_offset(), t)?;
-        let tt = self.token_type.tensor().narrow(0, 0, 1)?;
+        let pos = self.positions.get().narrow(0, self.position_offset(), t)?;
+        let tt = self.token_type.get().narrow(0, 0, 1)?;
         let h = embeds.broadcast_add(&pos)?.broadcast_add(&tt)?;
         let mut h = drop(ctx, &self.emb_ln.forward(&h)?, c.hidden_dropout_prob)?;
         let (nh, hd) = (c.num_attention_heads, c.hidden_size / c.num_attention_heads);

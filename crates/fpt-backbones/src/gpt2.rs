@@ -331,7 +331,7 @@ impl Gpt2 {
     /// final norm) runs for the last `n` positions only.
     fn run(&self, embeds: &Tensor, ctx: &mut Ctx, last: Option<usize>) -> candle_core::Result<Tensor> {
         let t = crate::check_embeds(self, embeds)?;
-        let pos = self.wpe.tensor().narrow(0, 0, t)?;
+        let pos = self.wpe.get().narrow(0, 0, t)?;
         let mut h = embeds.broadcast_add(&pos)?;
         if self.dropout {
             h = ctx.dropout(&h, self.config.embd_pdrop)?;

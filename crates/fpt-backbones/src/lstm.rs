@@ -202,8 +202,8 @@ impl RefLayerNorm {
         let n = x.dim(candle_core::D::Minus1)? as f64;
         let k = (n - 1.0) / n;
         // (x - m) / sqrt(var_u + eps) = sqrt(k) (x - m) / sqrt(var_b + eps k).
-        let gamma = self.weight.tensor().affine(k.sqrt(), 0.0)?;
-        ops::layer_norm(x, &gamma, self.bias.tensor(), self.eps * k)
+        let gamma = self.weight.get().affine(k.sqrt(), 0.0)?;
+        ops::layer_norm(x, &gamma, &self.bias.get(), self.eps * k)
     }
 }
 
@@ -371,13 +371,22 @@ impl Lstm {
             .bias
             .as_ref()
             .ok_or_else(|| candle_core::Error::Msg("layer-norm LSTM: h2h has no bias".into()))?;
+        let [b_hh, g_h2h, b_h2h, g_cell, b_cell, w_hh] = [
+            b_hh,
+            &l.ln_h2h.weight,
+            &l.ln_h2h.bias,
+            &l.ln_cell.weight,
+            &l.ln_cell.bias,
+            &l.h2h.weight,
+        ]
+        .map(|p| p.get());
         let params = ops::LnLstmParams {
-            b_hh: b_hh.tensor(),
-            ln_h2h: (l.ln_h2h.weight.tensor(), l.ln_h2h.bias.tensor()),
-            ln_cell: (l.ln_cell.weight.tensor(), l.ln_cell.bias.tensor()),
+            b_hh: &b_hh,
+            ln_h2h: (&g_h2h, &b_h2h),
+            ln_cell: (&g_cell, &b_cell),
             eps: self.config.layer_norm_eps,
         };
-        ops::ln_lstm(&xi, l.h2h.weight.tensor(), &params, &h0, &c0, masks.as_ref())
+        ops::ln_lstm(&xi, &w_hh, &params, &h0, &c0, masks.as_ref())
     }
 }
 
@@ -401,7 +410,7 @@ impl Backbone for Lstm {
     fn forward(&self, embeds: &Tensor, ctx: &mut Ctx) -> candle_core::Result<Tensor> {
         let t = crate::check_embeds(self, embeds)?;
         let mut x = match &self.wpe {
-            Some(p) => embeds.broadcast_add(&p.tensor().narrow(0, 0, t)?)?,
+            Some(p) => embeds.broadcast_add(&p.get().narrow(0, 0, t)?)?,
             None => embeds.clone(),
         };
         for l in &self.layers {

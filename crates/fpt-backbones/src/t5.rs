@@ -328,7 +328,7 @@ impl T5Encoder {
             .flat_map(|i| (0..t).map(move |j| (i, j)))
             .map(|(i, j)| self.config.bucket(j as i64 - i as i64) as u32)
             .collect();
-        let table = self.rel_bias.tensor();
+        let table = self.rel_bias.get();
         let ids = Tensor::from_vec(buckets, t * t, table.device())?;
         table
             .index_select(&ids, 0)?
@@ -372,18 +372,18 @@ impl Backbone for T5Encoder {
         let nh = c.num_heads;
         let mut h = drop(ctx, embeds)?;
         for blk in &self.blocks {
-            let x = rms_norm(&h, blk.ln_attn.tensor(), eps)?;
+            let x = rms_norm(&h, &blk.ln_attn.get(), eps)?;
             let (q, k, v) = (blk.q.forward(&x)?, blk.k.forward(&x)?, blk.v.forward(&x)?);
             // T5 does not scale scores by 1/sqrt(d_kv).
             let dropout = self.dropout.then_some(c.dropout_rate);
             let o = crate::attention(&q, &k, &v, nh, 1.0, ops::Mask::None, Some(&bias), ctx, dropout)?;
             h = (&h + drop(ctx, &blk.o.forward(&o)?)?)?;
-            let x = rms_norm(&h, blk.ln_ff.tensor(), eps)?;
+            let x = rms_norm(&h, &blk.ln_ff.get(), eps)?;
             let m = drop(ctx, &blk.wi.forward(&x)?.relu()?)?;
             h = (&h + drop(ctx, &blk.wo.forward(&m)?)?)?;
         }
         match &self.final_ln {
-            Some(w) => drop(ctx, &rms_norm(&h, w.tensor(), eps)?),
+            Some(w) => drop(ctx, &rms_norm(&h, &w.get(), eps)?),
             None => drop(ctx, &h),
         }
     }

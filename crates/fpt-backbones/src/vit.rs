@@ -497,7 +497,7 @@ impl Backbone for Vit {
         let drop = |ctx: &mut Ctx, x: &Tensor, p: f64| if self.dropout { ctx.dropout(x, p) } else { Ok(x.clone()) };
         let mut h = drop(
             ctx,
-            &embeds.broadcast_add(&self.positions.tensor().narrow(0, 0, t)?)?,
+            &embeds.broadcast_add(&self.positions.get().narrow(0, 0, t)?)?,
             c.hidden_dropout_prob,
         )?;
         let (nh, hd) = (c.num_attention_heads, c.hidden_size / c.num_attention_heads);

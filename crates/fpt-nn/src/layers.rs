@@ -43,13 +43,14 @@ impl Linear {
     /// Applies the layer to `x: [.., in]`. The op computes gradients only for what takes
     /// part in backprop: a frozen weight gets none.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let w = self.weight.tensor();
+        let w = self.weight.get();
         let packed = if self.packs_for(x) {
             Some(self.packed_weight(false)?)
         } else {
             None
         };
-        ops::linear_prepacked(x, w, self.bias.as_ref().map(|b| b.tensor()), packed)
+        let b = self.bias.as_ref().map(|b| b.get());
+        ops::linear_prepacked(x, &w, b.as_ref(), packed)
     }
 
     /// Whether the weight is frozen and `x` and the weight are f32 on the CPU, on the
@@ -182,7 +183,7 @@ impl PreNormBranch<'_> {
             dropout.filter(|&(p, _)| p > 0.0),
         );
         x.contiguous()?
-            .apply_op3(self.norm.weight.tensor(), self.norm.bias.tensor(), op)
+            .apply_op3(&self.norm.weight.get(), &self.norm.bias.get(), op)
     }
 
     /// The branch composed of the layers' own ops (the reference; every device).
@@ -214,7 +215,7 @@ pub struct LayerNorm {
 impl LayerNorm {
     /// Applies the norm.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        ops::layer_norm(x, self.weight.tensor(), self.bias.tensor(), self.eps)
+        ops::layer_norm(x, &self.weight.get(), &self.bias.get(), self.eps)
     }
 }
 
@@ -231,7 +232,7 @@ impl Embedding {
         let (b, t) = ids.dims2()?;
         let d = self.weight.tensor().dim(1)?;
         self.weight
-            .tensor()
+            .get()
             .index_select(&ids.flatten_all()?, 0)?
             .reshape((b, t, d))
     }

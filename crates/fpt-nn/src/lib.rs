@@ -25,7 +25,7 @@ mod rng;
 
 pub use kernels::KernelPath;
 pub use layers::{BranchMid, Embedding, LayerNorm, Linear, PreNormBranch};
-pub use param::Param;
+pub use param::{grad_disabled, no_grad, Param};
 pub use rng::Rng;
 
 /// Worker threads for fpt's kernels: `RAYON_NUM_THREADS` if set, else the available

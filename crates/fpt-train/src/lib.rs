@@ -236,11 +236,14 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     })
 }
 
-/// Mean loss and accuracy of `model` over a whole evaluation split.
+/// Mean loss and accuracy of `model` over a whole evaluation split. The forward passes
+/// record no autograd graph ([`fpt_nn::no_grad`]): each activation is freed once used.
 pub fn evaluate(model: &Fpt, task: &dyn Task, split: Split, batch_size: usize, device: &Device) -> Result<(f64, f64)> {
     let mut ctx = Ctx::eval();
-    evaluate_with(task, split, batch_size, device, &mut |inputs| {
-        Ok(model.forward(inputs, &mut ctx)?)
+    fpt_nn::no_grad(|| {
+        evaluate_with(task, split, batch_size, device, &mut |inputs| {
+            Ok(model.forward(inputs, &mut ctx)?)
+        })
     })
 }
 
