@@ -308,6 +308,8 @@ struct Layer {
     query: Linear,
     key: Linear,
     value: Linear,
+    /// Q, K and V as one frozen product when all three are frozen (see [`packed_qkv`]).
+    qkv: Option<Linear>,
     attn_out: Linear,
     attn_ln: LayerNorm,
     intermediate: Linear,
@@ -327,6 +329,23 @@ pub struct Bert {
     origin: String,
 }
 
+/// Q, K and V as one frozen linear layer (`[3 * hidden, hidden]`, biases likewise) when all
+/// three weights and biases are frozen: one product over the input instead of three, whose
+/// output is already the packed `[q | k | v]` layout the fused attention reads. (A copy of
+/// the three weights; the named parameters stay the three originals.)
+fn packed_qkv(q: &Linear, k: &Linear, v: &Linear) -> candle_core::Result<Option<Linear>> {
+    let parts = [q, k, v];
+    let frozen = parts
+        .iter()
+        .all(|l| !l.weight.is_trainable() && l.bias.as_ref().is_some_and(|b| !b.is_trainable()));
+    if !frozen {
+        return Ok(None);
+    }
+    let w = Tensor::cat(&parts.map(|l| l.weight.tensor()), 0)?;
+    let b = Tensor::cat(&parts.map(|l| l.bias.as_ref().expect("checked above").tensor()), 0)?;
+    Ok(Some(Linear::new(Param::new(w, false)?, Some(Param::new(b, false)?))))
+}
+
 impl Bert {
     pub(crate) fn assemble(
         config: &BertConfig,
@@ -342,10 +361,14 @@ impl Bert {
         let mut layers = Vec::with_capacity(config.num_hidden_layers);
         for i in 0..config.num_hidden_layers {
             let p = format!("encoder.layer.{i}.");
+            let query = t.linear(&format!("{p}attention.self.query"))?;
+            let key = t.linear(&format!("{p}attention.self.key"))?;
+            let value = t.linear(&format!("{p}attention.self.value"))?;
             layers.push(Layer {
-                query: t.linear(&format!("{p}attention.self.query"))?,
-                key: t.linear(&format!("{p}attention.self.key"))?,
-                value: t.linear(&format!("{p}attention.self.value"))?,
+                qkv: packed_qkv(&query, &key, &value)?,
+                query,
+                key,
+                value,
                 attn_out: t.linear(&format!("{p}attention.output.dense"))?,
                 attn_ln: t.layer_norm(&format!("{p}attention.output.LayerNorm"), eps)?,
                 intermediate: t.linear(&format!("{p}intermediate.dense"))?,
@@ -442,9 +465,16 @@ impl Bert {
             let (o, residual) = match last.filter(|_| i + 1 == n) {
                 Some(k) => {
                     // Q, K and V packed for the fused read-out attention.
-                    let qkv = Tensor::cat(&[l.query.forward(&h)?, l.key.forward(&h)?, l.value.forward(&h)?], 2)?;
+                    let qkv = match &l.qkv {
+                        Some(qkv) => qkv.forward(&h)?,
+                        None => Tensor::cat(&[l.query.forward(&h)?, l.key.forward(&h)?, l.value.forward(&h)?], 2)?,
+                    };
                     let o = crate::attention_packed(&qkv, nh, scale, mask, ctx, dropout, Some(k))?;
                     (o, h.narrow(1, t - k, k)?)
+                }
+                None if l.qkv.is_some() => {
+                    let qkv = l.qkv.as_ref().expect("matched").forward(&h)?;
+                    (crate::attention_packed(&qkv, nh, scale, mask, ctx, dropout, None)?, h)
                 }
                 None => {
                     let (q, k, v) = (l.query.forward(&h)?, l.key.forward(&h)?, l.value.forward(&h)?);
@@ -500,4 +530,55 @@ impl Backbone for Bert {
     }
 
     crate::backbone_common!(layers, num_hidden_layers);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Var;
+
+    /// The packed Q/K/V product gives what the three products give, dropout included
+    /// (train mode, the same seed), forward and input gradient, on every kernel path.
+    #[test]
+    fn packed_qkv_equals_three_products() {
+        fpt_nn::kernels::on_every_path(|_| {
+            let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/fixtures/bert-tiny");
+            let crate::Config::Bert(cfg) = crate::Config::from_file(&dir.join("config.json")).unwrap() else {
+                panic!("expected a BERT config")
+            };
+            let mut model = Bert::load(&cfg, &dir.join("model.safetensors"), &TrainGroups::fpt(), &Device::Cpu).unwrap();
+            assert!(model.layers.iter().all(|l| l.qkv.is_some()));
+            let x = Var::from_tensor(
+                &Tensor::from_vec(
+                    Rng::new(3).normal_vec(2 * 5 * cfg.hidden_size, 0.0, 1.0),
+                    (2, 5, cfg.hidden_size),
+                    &Device::Cpu,
+                )
+                .unwrap(),
+            )
+            .unwrap();
+            let run = |m: &Bert| {
+                let y = m.forward(x.as_tensor(), &mut Ctx::train(11)).unwrap();
+                let g = y.sqr().unwrap().sum_all().unwrap().backward().unwrap();
+                (y, g.get(x.as_tensor()).unwrap().clone())
+            };
+            let (y1, g1) = run(&model);
+            for l in &mut model.layers {
+                l.qkv = None;
+            }
+            let (y2, g2) = run(&model);
+            let diff = |a: &Tensor, b: &Tensor| {
+                (a - b).unwrap().abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap()
+            };
+            assert!(diff(&y1, &y2) < 1e-5, "forward differs by {}", diff(&y1, &y2));
+            assert!(diff(&g1, &g2) < 1e-4, "gradient differs by {}", diff(&g1, &g2));
+        });
+        // An attention group that trains keeps the three products.
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/fixtures/bert-tiny");
+        let crate::Config::Bert(cfg) = crate::Config::from_file(&dir.join("config.json")).unwrap() else {
+            panic!("expected a BERT config")
+        };
+        let model = Bert::load(&cfg, &dir.join("model.safetensors"), &"in,out,ln,pos,attn".parse().unwrap(), &Device::Cpu).unwrap();
+        assert!(model.layers.iter().all(|l| l.qkv.is_none()));
+    }
 }
