@@ -13,7 +13,7 @@
 //! LayerNorm}}`, `pooler.dense` (unused), with or without a `bert.` prefix; the old
 //! `LayerNorm.gamma`/`beta` names of `bert-base-uncased` are read as `weight`/`bias`.
 
-use crate::{role_by_rules, Backbone, BackboneError, ParamSpec, ParamTaker, Result};
+use crate::{role_by_rules, Arch, Backbone, BackboneError, ParamSpec, ParamTaker, Result};
 use candle_core::{Device, Tensor};
 use fpt_nn::ops::Mask;
 use fpt_nn::{ops, Ctx, LayerNorm, Linear, Param, Rng};
@@ -346,8 +346,10 @@ fn packed_qkv(q: &Linear, k: &Linear, v: &Linear) -> candle_core::Result<Option<
     Ok(Some(Linear::new(Param::new(w, false)?, Some(Param::new(b, false)?))))
 }
 
-impl Bert {
-    pub(crate) fn assemble(
+impl Arch for Bert {
+    type Config = BertConfig;
+
+    fn assemble(
         config: &BertConfig,
         tensors: HashMap<String, Tensor>,
         groups: &TrainGroups,
@@ -388,20 +390,8 @@ impl Bert {
         })
     }
 
-    /// Loads `model.safetensors` (see the module docs for the accepted names), checking
-    /// every tensor's presence and shape.
-    pub fn load(config: &BertConfig, weights: &Path, groups: &TrainGroups, device: &Device) -> Result<Self> {
-        let origin = weights.display().to_string();
-        Ok(Self::assemble(
-            config,
-            Self::read(config, weights, device)?,
-            groups,
-            origin,
-        )?)
-    }
-
     /// The checkpoint's tensors under fpt's names, every one checked.
-    pub(crate) fn read(config: &BertConfig, weights: &Path, device: &Device) -> Result<HashMap<String, Tensor>> {
+    fn read(config: &BertConfig, weights: &Path, device: &Device) -> Result<HashMap<String, Tensor>> {
         // Old TF-converted checkpoints name LayerNorm parameters gamma and beta.
         let alias = |n: &str| {
             n.replace("LayerNorm.weight", "LayerNorm.gamma")
@@ -416,6 +406,14 @@ impl Bert {
             &["position_ids", "cls.", "lm_head.", "pooler."],
             device,
         )
+    }
+}
+
+impl Bert {
+    /// Loads `model.safetensors` (see the module docs for the accepted names), checking
+    /// every tensor's presence and shape.
+    pub fn load(config: &BertConfig, weights: &Path, groups: &TrainGroups, device: &Device) -> Result<Self> {
+        <Self as Arch>::load_checkpoint(config, weights, groups, device)
     }
 
     /// BERT's default random init: weights and embeddings N(0, 0.02), biases 0,
@@ -546,7 +544,8 @@ mod tests {
             let crate::Config::Bert(cfg) = crate::Config::from_file(&dir.join("config.json")).unwrap() else {
                 panic!("expected a BERT config")
             };
-            let mut model = Bert::load(&cfg, &dir.join("model.safetensors"), &TrainGroups::fpt(), &Device::Cpu).unwrap();
+            let mut model =
+                Bert::load(&cfg, &dir.join("model.safetensors"), &TrainGroups::fpt(), &Device::Cpu).unwrap();
             assert!(model.layers.iter().all(|l| l.qkv.is_some()));
             let x = Var::from_tensor(
                 &Tensor::from_vec(
@@ -568,7 +567,16 @@ mod tests {
             }
             let (y2, g2) = run(&model);
             let diff = |a: &Tensor, b: &Tensor| {
-                (a - b).unwrap().abs().unwrap().flatten_all().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap()
+                (a - b)
+                    .unwrap()
+                    .abs()
+                    .unwrap()
+                    .flatten_all()
+                    .unwrap()
+                    .max(0)
+                    .unwrap()
+                    .to_scalar::<f32>()
+                    .unwrap()
             };
             assert!(diff(&y1, &y2) < 1e-5, "forward differs by {}", diff(&y1, &y2));
             assert!(diff(&g1, &g2) < 1e-4, "gradient differs by {}", diff(&g1, &g2));
@@ -578,7 +586,13 @@ mod tests {
         let crate::Config::Bert(cfg) = crate::Config::from_file(&dir.join("config.json")).unwrap() else {
             panic!("expected a BERT config")
         };
-        let model = Bert::load(&cfg, &dir.join("model.safetensors"), &"in,out,ln,pos,attn".parse().unwrap(), &Device::Cpu).unwrap();
+        let model = Bert::load(
+            &cfg,
+            &dir.join("model.safetensors"),
+            &"in,out,ln,pos,attn".parse().unwrap(),
+            &Device::Cpu,
+        )
+        .unwrap();
         assert!(model.layers.iter().all(|l| l.qkv.is_none()));
     }
 }

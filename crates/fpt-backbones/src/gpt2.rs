@@ -8,7 +8,7 @@
 //! mlp.c_fc, mlp.c_proj}`, `ln_f`), with or without a `transformer.` prefix; their Conv1D
 //! weights are `[in, out]` and are transposed to `[out, in]` on load (and back on save).
 
-use crate::{role_by_rules, Backbone, BackboneError, ParamSpec, ParamTaker, Result};
+use crate::{role_by_rules, Arch, Backbone, BackboneError, ParamSpec, ParamTaker, Result};
 use candle_core::{Device, Tensor};
 use fpt_nn::{ops, BranchMid, Ctx, LayerNorm, Linear, Param, PreNormBranch, Rng};
 use fpt_spec::{ResidualInit, Role, ShapeOverrides, TrainGroups};
@@ -234,8 +234,10 @@ pub struct Gpt2 {
     origin: String,
 }
 
-impl Gpt2 {
-    pub(crate) fn assemble(
+impl Arch for Gpt2 {
+    type Config = Gpt2Config;
+
+    fn assemble(
         config: &Gpt2Config,
         tensors: HashMap<String, Tensor>,
         groups: &TrainGroups,
@@ -268,21 +270,8 @@ impl Gpt2 {
         })
     }
 
-    /// Loads `model.safetensors` (f32, f16 or bf16; converted to f32), checking that every
-    /// tensor the config implies is present with its shape. `wte` is shape-checked but not
-    /// loaded (FPT feeds input embeddings).
-    pub fn load(config: &Gpt2Config, weights: &Path, groups: &TrainGroups, device: &Device) -> Result<Self> {
-        let origin = weights.display().to_string();
-        Ok(Self::assemble(
-            config,
-            Self::read(config, weights, device)?,
-            groups,
-            origin,
-        )?)
-    }
-
     /// The checkpoint's tensors under fpt's names, every one checked.
-    pub(crate) fn read(config: &Gpt2Config, weights: &Path, device: &Device) -> Result<HashMap<String, Tensor>> {
+    fn read(config: &Gpt2Config, weights: &Path, device: &Device) -> Result<HashMap<String, Tensor>> {
         crate::read_checked(
             weights,
             &config.param_specs(),
@@ -292,6 +281,15 @@ impl Gpt2 {
             &[".attn.bias", ".attn.masked_bias", "lm_head."],
             device,
         )
+    }
+}
+
+impl Gpt2 {
+    /// Loads `model.safetensors` (f32, f16 or bf16; converted to f32), checking that every
+    /// tensor the config implies is present with its shape. `wte` is shape-checked but not
+    /// loaded (FPT feeds input embeddings).
+    pub fn load(config: &Gpt2Config, weights: &Path, groups: &TrainGroups, device: &Device) -> Result<Self> {
+        <Self as Arch>::load_checkpoint(config, weights, groups, device)
     }
 
     /// GPT-2's default random init: weights N(0, 0.02), biases 0, LayerNorm 1/0; with

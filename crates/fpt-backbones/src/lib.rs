@@ -930,6 +930,53 @@ pub fn load(spec: &BackboneSpec, groups: &TrainGroups, device: &Device, rng: &mu
     Ok(backbone)
 }
 
+/// What each architecture provides to be built from a checkpoint: its tensors read and
+/// checked under fpt's names, and a model assembled from tensors (pretrained, statistics-
+/// only or random alike).
+pub(crate) trait Arch: Backbone + Sized + 'static {
+    /// The architecture's config.
+    type Config;
+    /// The checkpoint's tensors under fpt's names, every one checked.
+    fn read(
+        config: &Self::Config,
+        weights: &Path,
+        device: &Device,
+    ) -> Result<std::collections::HashMap<String, Tensor>>;
+    /// The model from `tensors` (every name the config implies), with the roles `groups`
+    /// trains as `Var`s; `origin` says where the weights came from.
+    fn assemble(
+        config: &Self::Config,
+        tensors: std::collections::HashMap<String, Tensor>,
+        groups: &TrainGroups,
+        origin: String,
+    ) -> candle_core::Result<Self>;
+    /// The checkpoint at `weights` as read.
+    fn load_checkpoint(config: &Self::Config, weights: &Path, groups: &TrainGroups, device: &Device) -> Result<Self> {
+        let origin = weights.display().to_string();
+        Ok(Self::assemble(
+            config,
+            Self::read(config, weights, device)?,
+            groups,
+            origin,
+        )?)
+    }
+}
+
+/// The checkpoint at `weights`, its tensors passed through `prep`, as a boxed backbone.
+fn boxed<A: Arch>(
+    config: &A::Config,
+    weights: &Path,
+    groups: &TrainGroups,
+    device: &Device,
+    origin: String,
+    prep: &mut dyn FnMut(
+        std::collections::HashMap<String, Tensor>,
+    ) -> Result<std::collections::HashMap<String, Tensor>>,
+) -> Result<Box<dyn Backbone>> {
+    let tensors = prep(A::read(config, weights, device)?)?;
+    Ok(Box::new(A::assemble(config, tensors, groups, origin)?))
+}
+
 fn build(spec: &BackboneSpec, groups: &TrainGroups, device: &Device, rng: &mut Rng) -> Result<Box<dyn Backbone>> {
     let config = match Config::builtin(&spec.source) {
         Some(c) if spec.init == Init::Random => c,
@@ -945,38 +992,14 @@ fn build(spec: &BackboneSpec, groups: &TrainGroups, device: &Device, rng: &mut R
                     w.display().to_string()
                 };
                 let mut prep = |t| if stats { stats_only(t, rng) } else { Ok(t) };
-                return Ok(match config {
-                    Config::Gpt2(c) => Box::new(gpt2::Gpt2::assemble(
-                        &c,
-                        prep(gpt2::Gpt2::read(&c, w, device)?)?,
-                        groups,
-                        origin,
-                    )?),
-                    Config::Bert(c) => Box::new(bert::Bert::assemble(
-                        &c,
-                        prep(bert::Bert::read(&c, w, device)?)?,
-                        groups,
-                        origin,
-                    )?),
-                    Config::T5(c) => Box::new(t5::T5Encoder::assemble(
-                        &c,
-                        prep(t5::T5Encoder::read(&c, w, device)?)?,
-                        groups,
-                        origin,
-                    )?),
-                    Config::Vit(c) => Box::new(vit::Vit::assemble(
-                        &c,
-                        prep(vit::Vit::read(&c, w, device)?)?,
-                        groups,
-                        origin,
-                    )?),
-                    Config::Lstm(c) => Box::new(lstm::Lstm::assemble(
-                        &c,
-                        prep(lstm::Lstm::read(&c, w, device)?)?,
-                        groups,
-                        origin,
-                    )?),
-                });
+                let (w, prep) = (w.as_path(), &mut prep);
+                return match config {
+                    Config::Gpt2(c) => boxed::<gpt2::Gpt2>(&c, w, groups, device, origin, prep),
+                    Config::Bert(c) => boxed::<bert::Bert>(&c, w, groups, device, origin, prep),
+                    Config::T5(c) => boxed::<t5::T5Encoder>(&c, w, groups, device, origin, prep),
+                    Config::Vit(c) => boxed::<vit::Vit>(&c, w, groups, device, origin, prep),
+                    Config::Lstm(c) => boxed::<lstm::Lstm>(&c, w, groups, device, origin, prep),
+                };
             }
             config
         }

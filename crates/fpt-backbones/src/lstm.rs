@@ -30,7 +30,7 @@
 //! recurrent: frozen in the FPT setting, trained with `--train all` or `rec`),
 //! `layers.{i}.{ln_i2h,ln_h2h,ln_cell}.{weight,bias}` (LayerNorm).
 
-use crate::{role_by_rules, Backbone, BackboneError, ParamSpec, ParamTaker, Result};
+use crate::{role_by_rules, Arch, Backbone, BackboneError, ParamSpec, ParamTaker, Result};
 use candle_core::{DType, Device, Tensor};
 use fpt_nn::{ops, Ctx, Linear, Param, Rng};
 use fpt_spec::{Role, ShapeOverrides, TrainGroups};
@@ -225,8 +225,10 @@ pub struct Lstm {
     origin: String,
 }
 
-impl Lstm {
-    pub(crate) fn assemble(
+impl Arch for Lstm {
+    type Config = LstmConfig;
+
+    fn assemble(
         config: &LstmConfig,
         tensors: HashMap<String, Tensor>,
         groups: &TrainGroups,
@@ -268,6 +270,21 @@ impl Lstm {
         })
     }
 
+    /// The checkpoint's tensors (fpt's names, `[out, in]` layout), every one checked.
+    fn read(config: &LstmConfig, weights: &std::path::Path, device: &Device) -> Result<HashMap<String, Tensor>> {
+        crate::read_checked(
+            weights,
+            &config.param_specs(),
+            &[],
+            &|n: &str| n.to_string(),
+            &|_: &str| false,
+            &[],
+            device,
+        )
+    }
+}
+
+impl Lstm {
     /// The reference init (see the module docs); positions start at zero.
     pub fn random(config: &LstmConfig, groups: &TrainGroups, device: &Device, rng: &mut Rng) -> Result<Self> {
         let mut tensors = HashMap::new();
@@ -304,35 +321,12 @@ impl Lstm {
 
     /// Loads a `model.safetensors` written by [`crate::save_pretrained`] (every tensor checked).
     pub fn load(config: &LstmConfig, weights: &std::path::Path, groups: &TrainGroups, device: &Device) -> Result<Self> {
-        let origin = weights.display().to_string();
-        Ok(Self::assemble(
-            config,
-            Self::read(config, weights, device)?,
-            groups,
-            origin,
-        )?)
+        <Self as Arch>::load_checkpoint(config, weights, groups, device)
     }
 
     /// The config this model was built from.
     pub fn config(&self) -> &LstmConfig {
         &self.config
-    }
-
-    /// The checkpoint's tensors (fpt's names, `[out, in]` layout), every one checked.
-    pub(crate) fn read(
-        config: &LstmConfig,
-        weights: &std::path::Path,
-        device: &Device,
-    ) -> Result<HashMap<String, Tensor>> {
-        crate::read_checked(
-            weights,
-            &config.param_specs(),
-            &[],
-            &|n: &str| n.to_string(),
-            &|_: &str| false,
-            &[],
-            device,
-        )
     }
 
     fn layer_forward(&self, l: &Layer, x: &Tensor, ctx: &mut Ctx) -> candle_core::Result<Tensor> {

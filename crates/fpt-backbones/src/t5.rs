@@ -10,7 +10,7 @@
 //! `encoder.final_layer_norm`, `shared` (unused); a full encoder-decoder checkpoint
 //! (`t5-base`) loads too, its decoder ignored.
 
-use crate::{role_by_rules, Backbone, BackboneError, ParamSpec, ParamTaker, Result};
+use crate::{role_by_rules, Arch, Backbone, BackboneError, ParamSpec, ParamTaker, Result};
 use candle_core::{Device, Tensor, D};
 use fpt_nn::{ops, Ctx, Linear, Param, Rng};
 use fpt_spec::{Role, ShapeOverrides, TrainGroups};
@@ -241,8 +241,10 @@ pub struct T5Encoder {
     origin: String,
 }
 
-impl T5Encoder {
-    pub(crate) fn assemble(
+impl Arch for T5Encoder {
+    type Config = T5Config;
+
+    fn assemble(
         config: &T5Config,
         tensors: HashMap<String, Tensor>,
         groups: &TrainGroups,
@@ -285,19 +287,8 @@ impl T5Encoder {
         })
     }
 
-    /// Loads the encoder from `model.safetensors` (an encoder-only or a full T5 checkpoint).
-    pub fn load(config: &T5Config, weights: &Path, groups: &TrainGroups, device: &Device) -> Result<Self> {
-        let origin = weights.display().to_string();
-        Ok(Self::assemble(
-            config,
-            Self::read(config, weights, device)?,
-            groups,
-            origin,
-        )?)
-    }
-
     /// The checkpoint's tensors under fpt's names, every one checked.
-    pub(crate) fn read(config: &T5Config, weights: &Path, device: &Device) -> Result<HashMap<String, Tensor>> {
+    fn read(config: &T5Config, weights: &Path, device: &Device) -> Result<HashMap<String, Tensor>> {
         crate::read_checked(
             weights,
             &config.param_specs(),
@@ -307,6 +298,13 @@ impl T5Encoder {
             &["decoder.", "lm_head.", "encoder.embed_tokens."],
             device,
         )
+    }
+}
+
+impl T5Encoder {
+    /// Loads the encoder from `model.safetensors` (an encoder-only or a full T5 checkpoint).
+    pub fn load(config: &T5Config, weights: &Path, groups: &TrainGroups, device: &Device) -> Result<Self> {
+        <Self as Arch>::load_checkpoint(config, weights, groups, device)
     }
 
     /// Random init in the spirit of T5's `_init_weights` (N(0, 0.02) for every matrix and

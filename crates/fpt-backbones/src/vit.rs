@@ -17,7 +17,7 @@
 //! the names above, the fused `qkv` split into query, key and value (timm's LayerNorm eps
 //! is 1e-6).
 
-use crate::{role_by_rules, Backbone, BackboneError, ParamSpec, ParamTaker, Result};
+use crate::{role_by_rules, Arch, Backbone, BackboneError, ParamSpec, ParamTaker, Result};
 use candle_core::{DType, Device, Tensor};
 use fpt_nn::{ops, Ctx, LayerNorm, Linear, Param, Rng};
 use fpt_spec::{Role, ShapeOverrides, TrainGroups};
@@ -298,8 +298,10 @@ pub struct Vit {
     origin: String,
 }
 
-impl Vit {
-    pub(crate) fn assemble(
+impl Arch for Vit {
+    type Config = VitConfig;
+
+    fn assemble(
         config: &VitConfig,
         tensors: HashMap<String, Tensor>,
         groups: &TrainGroups,
@@ -341,20 +343,9 @@ impl Vit {
         })
     }
 
-    /// Loads `model.safetensors`; fpt's position table starts at zero.
-    pub fn load(config: &VitConfig, weights: &Path, groups: &TrainGroups, device: &Device) -> Result<Self> {
-        let origin = weights.display().to_string();
-        Ok(Self::assemble(
-            config,
-            Self::read(config, weights, device)?,
-            groups,
-            origin,
-        )?)
-    }
-
     /// The checkpoint's tensors under fpt's names (HF or timm), every one checked, plus
     /// fpt's zero position table.
-    pub(crate) fn read(config: &VitConfig, weights: &Path, device: &Device) -> Result<HashMap<String, Tensor>> {
+    fn read(config: &VitConfig, weights: &Path, device: &Device) -> Result<HashMap<String, Tensor>> {
         let specs: Vec<ParamSpec> = config
             .param_specs()
             .into_iter()
@@ -378,6 +369,13 @@ impl Vit {
             Tensor::zeros((FPT_POSITIONS, config.hidden_size), DType::F32, device)?,
         );
         Ok(tensors)
+    }
+}
+
+impl Vit {
+    /// Loads `model.safetensors`; fpt's position table starts at zero.
+    pub fn load(config: &VitConfig, weights: &Path, groups: &TrainGroups, device: &Device) -> Result<Self> {
+        <Self as Arch>::load_checkpoint(config, weights, groups, device)
     }
 
     /// Reads a timm checkpoint, checked, under the HF names.
