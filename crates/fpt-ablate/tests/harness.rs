@@ -170,6 +170,19 @@ fn a_table_runs_reports_skips_finished_cells_and_shards() {
     let r = Report::new(&t, "mini", &cells, &out);
     let ran: Vec<_> = r.cells.iter().filter(|c| c.status == "ran").collect();
     assert_eq!(ran.len(), 4);
+    // The report says where its runs ran, from the runs' own results: build, kernel path,
+    // CPU and device.
+    let [(origin, n)] = r.runs_from.as_slice() else {
+        panic!("{:?}", r.runs_from)
+    };
+    assert_eq!(*n, 4);
+    let path = fpt_nn::kernels::KernelPath::active();
+    assert!(
+        origin.contains("device cpu")
+            && origin.contains(&format!("{path} kernels"))
+            && origin.contains("self-check passed"),
+        "{origin}"
+    );
     for c in &ran {
         let ours = c.ours.unwrap();
         assert!((0.0..=100.0).contains(&ours));
@@ -265,6 +278,14 @@ fn a_malformed_table_is_an_error_naming_the_file() {
     std::fs::write(&p, "id = \"table1\"\ntitle = 3\n").unwrap();
     let e = load_table(&d.path().join("tables"), "table1").unwrap_err().to_string();
     assert!(e.contains("table1.toml") && e.contains("title"), "{e}");
+    // A misspelt cell setting is an error naming it, not a cell that quietly ignores it.
+    write_mini(d.path());
+    let text = std::fs::read_to_string(&p)
+        .unwrap()
+        .replace("init = \"random\"", "intit = \"random\"");
+    std::fs::write(&p, text).unwrap();
+    let e = load_table(&d.path().join("tables"), "table1").unwrap_err().to_string();
+    assert!(e.contains("table1.toml") && e.contains("intit"), "{e}");
 }
 
 /// The run spec of cell (row, col) of a real table at a scale.

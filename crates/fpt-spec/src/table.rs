@@ -125,8 +125,11 @@ impl CellSettings {
     }
 }
 
-/// A row or a column: a label and the settings it contributes.
+/// A row or a column: a label and the settings it contributes. Read strictly: a key that
+/// is not a [`CellSettings`] field is an error naming it (serde's `flatten` alone would
+/// drop it silently).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "Labelled")]
 pub struct Axis {
     /// As printed in the paper.
     pub label: String,
@@ -136,8 +139,9 @@ pub struct Axis {
 }
 
 /// Settings for one cell, on top of its row and column (e.g. Table 1's CIFAR-10 FPT
-/// number comes from GPT-2 large).
+/// number comes from GPT-2 large). Read strictly, as [`Axis`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "Labelled")]
 pub struct CellOverride {
     /// Row label.
     pub row: String,
@@ -146,6 +150,51 @@ pub struct CellOverride {
     /// Its settings.
     #[serde(flatten)]
     pub set: CellSettings,
+}
+
+/// A row, column or cell as written: its labels and every other key, which must be
+/// [`CellSettings`] fields.
+#[derive(Deserialize)]
+struct Labelled {
+    label: Option<String>,
+    row: Option<String>,
+    col: Option<String>,
+    #[serde(flatten)]
+    rest: serde_json::Map<String, serde_json::Value>,
+}
+
+impl Labelled {
+    fn settings(self, what: &str) -> Result<CellSettings, String> {
+        serde_json::from_value(serde_json::Value::Object(self.rest)).map_err(|e| format!("{what}: {e}"))
+    }
+}
+
+impl TryFrom<Labelled> for Axis {
+    type Error = String;
+    fn try_from(l: Labelled) -> Result<Self, String> {
+        let label = l.label.clone().ok_or("a row or column needs a `label`")?;
+        if l.row.is_some() || l.col.is_some() {
+            return Err(format!(
+                "row or column `{label}`: `row` and `col` belong to `[[cells]]`"
+            ));
+        }
+        let set = l.settings(&format!("row or column `{label}`"))?;
+        Ok(Axis { label, set })
+    }
+}
+
+impl TryFrom<Labelled> for CellOverride {
+    type Error = String;
+    fn try_from(l: Labelled) -> Result<Self, String> {
+        let (Some(row), Some(col)) = (l.row.clone(), l.col.clone()) else {
+            return Err("a `[[cells]]` entry needs `row` and `col`".into());
+        };
+        if l.label.is_some() {
+            return Err(format!("cell ({row}, {col}): `label` belongs to rows and columns"));
+        }
+        let set = l.settings(&format!("cell ({row}, {col})"))?;
+        Ok(CellOverride { row, col, set })
+    }
 }
 
 /// What kind of artefact a spec describes.
