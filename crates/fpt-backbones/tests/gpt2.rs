@@ -9,25 +9,15 @@ use fpt_spec::{ResidualInit, Role, TrainGroups};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
+mod common;
+use common::max_diff;
+
 fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/fixtures/gpt2-tiny")
 }
 
 fn golden() -> HashMap<String, Tensor> {
     safetensors::load(fixture().join("golden.safetensors"), &Device::Cpu).unwrap()
-}
-
-fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
-    (a - b)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .max(0)
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap()
 }
 
 fn load_tiny(dir: &Path) -> Result<Gpt2, BackboneError> {
@@ -380,33 +370,8 @@ fn forward_last_equals_the_full_forward_on_the_read_out_positions() {
 fn forward_last_equals_the_full_forward_on_the_read_out_positions_on_one_path() {
     let model = load_tiny(&fixture()).unwrap();
     let g = golden();
-    let x = Var::from_tensor(&g["inputs_embeds"]).unwrap();
-    let t = x.as_tensor().dim(1).unwrap();
     for last in [1, 2] {
-        let part = model.forward_last(x.as_tensor(), &mut Ctx::eval(), last).unwrap();
-        let full = model
-            .forward(x.as_tensor(), &mut Ctx::eval())
-            .unwrap()
-            .narrow(1, t - last, last)
-            .unwrap();
-        assert_eq!(part.dims(), full.dims());
-        assert!(max_diff(&part, &full) <= 1e-5, "last {last}: values");
-        let golden_last = g["last_hidden_state"].narrow(1, t - last, last).unwrap();
-        assert!(max_diff(&part, &golden_last) <= 1e-4, "last {last}: vs transformers");
-        let w = g["loss_weights"].narrow(1, t - last, last).unwrap();
-        let gp = (part * &w).unwrap().sum_all().unwrap().backward().unwrap();
-        let gf = (full * &w).unwrap().sum_all().unwrap().backward().unwrap();
-        let d = max_diff(gp.get(&x).unwrap(), gf.get(&x).unwrap());
-        assert!(d <= 1e-5, "last {last}: input gradient differs by {d}");
-        for (name, _, p) in model.params() {
-            if let Some(v) = p.var() {
-                let (a, b) = (gp.get(v.as_tensor()), gf.get(v.as_tensor()));
-                assert_eq!(a.is_some(), b.is_some(), "{name}");
-                if let (Some(a), Some(b)) = (a, b) {
-                    assert!(max_diff(a, b) <= 1e-5, "last {last}: gradient of {name}");
-                }
-            }
-        }
+        common::check_forward_last(&model, &g, last);
     }
 }
 

@@ -9,23 +9,13 @@ use fpt_nn::Ctx;
 use fpt_spec::{Role, ShapeOverrides, TrainGroups};
 use std::path::{Path, PathBuf};
 
+mod common;
+use common::max_diff;
+
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../data/fixtures")
         .join(name)
-}
-
-fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
-    (a - b)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .max(0)
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap()
 }
 
 /// Forward in eval mode and the gradients of sum(out * r) against the golden file (every
