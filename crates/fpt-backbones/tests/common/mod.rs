@@ -1,4 +1,5 @@
-//! Helpers the backbone tests share.
+//! Helpers the backbone tests share (not every test binary uses each).
+#![allow(dead_code)]
 
 use candle_core::Tensor;
 
