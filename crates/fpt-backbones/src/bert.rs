@@ -16,7 +16,7 @@
 use crate::{role_by_rules, Arch, Backbone, BackboneError, ParamSpec, ParamTaker, Result};
 use candle_core::{Device, Tensor};
 use fpt_nn::ops::Mask;
-use fpt_nn::{ops, Ctx, LayerNorm, Linear, Param, Rng};
+use fpt_nn::{ops, BranchMid, Ctx, LayerNorm, Linear, NormAt, Param, ResidualBranch, Rng};
 use fpt_spec::{Role, ShapeOverrides, TrainGroups};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -457,33 +457,71 @@ impl Bert {
         let mut h = drop(ctx, &self.emb_ln.forward(&h)?, c.hidden_dropout_prob)?;
         let (nh, hd) = (c.num_attention_heads, c.hidden_size / c.num_attention_heads);
         let n = self.layers.len();
+        // The residual dropout's (p, seed), drawn where `Ctx::dropout` would draw it (the
+        // same mask).
+        let resid = |ctx: &mut Ctx| {
+            let p = c.hidden_dropout_prob;
+            (self.dropout && ctx.train && p > 0.0).then(|| (p, ctx.rng.next_u64()))
+        };
         for (i, l) in self.layers.iter().enumerate() {
             let dropout = self.dropout.then_some(c.attention_probs_dropout_prob);
             let scale = 1.0 / (hd as f64).sqrt();
-            let (o, residual) = match last.filter(|_| i + 1 == n) {
-                Some(k) => {
-                    // Q, K and V packed for the fused read-out attention.
-                    let qkv = match &l.qkv {
-                        Some(qkv) => qkv.forward(&h)?,
-                        None => Tensor::cat(&[l.query.forward(&h)?, l.key.forward(&h)?, l.value.forward(&h)?], 2)?,
+            let read_out = last.filter(|_| i + 1 == n);
+            let h1 = match (&l.qkv, read_out) {
+                // The attention half as one post-norm branch (fused on the CPU paths with
+                // fpt's product; its layers are frozen, or there would be no packed Q/K/V).
+                (Some(qkv), None) if ctx.attention.is_none() => {
+                    let spec = crate::attention_spec(nh, scale, mask, ctx, dropout);
+                    let branch = ResidualBranch {
+                        norm: &l.attn_ln,
+                        norm_at: NormAt::Output,
+                        input: qkv,
+                        mid: BranchMid::Attention(spec),
+                        output: &l.attn_out,
                     };
-                    let o = crate::attention_packed(&qkv, nh, scale, mask, ctx, dropout, Some(k))?;
-                    (o, h.narrow(1, t - k, k)?)
+                    let r = resid(ctx);
+                    branch.forward(&h, r)?
                 }
-                None if l.qkv.is_some() => {
-                    let qkv = l.qkv.as_ref().expect("matched").forward(&h)?;
-                    (crate::attention_packed(&qkv, nh, scale, mask, ctx, dropout, None)?, h)
-                }
-                None => {
-                    let (q, k, v) = (l.query.forward(&h)?, l.key.forward(&h)?, l.value.forward(&h)?);
-                    (crate::attention(&q, &k, &v, nh, scale, mask, None, ctx, dropout)?, h)
+                _ => {
+                    let (o, residual) = match read_out {
+                        Some(k) => {
+                            // Q, K and V packed for the fused read-out attention.
+                            let qkv = match &l.qkv {
+                                Some(qkv) => qkv.forward(&h)?,
+                                None => {
+                                    Tensor::cat(&[l.query.forward(&h)?, l.key.forward(&h)?, l.value.forward(&h)?], 2)?
+                                }
+                            };
+                            let o = crate::attention_packed(&qkv, nh, scale, mask, ctx, dropout, Some(k))?;
+                            (o, h.narrow(1, t - k, k)?)
+                        }
+                        None if l.qkv.is_some() => {
+                            let qkv = l.qkv.as_ref().expect("matched").forward(&h)?;
+                            (crate::attention_packed(&qkv, nh, scale, mask, ctx, dropout, None)?, h)
+                        }
+                        None => {
+                            let (q, k, v) = (l.query.forward(&h)?, l.key.forward(&h)?, l.value.forward(&h)?);
+                            (crate::attention(&q, &k, &v, nh, scale, mask, None, ctx, dropout)?, h)
+                        }
+                    };
+                    let a = l.attn_out.forward(&o)?;
+                    let sum = match resid(ctx) {
+                        Some((p, seed)) => ops::dropout_add(&residual, &a, p, seed)?,
+                        None => (a + &residual)?,
+                    };
+                    l.attn_ln.forward(&sum)?
                 }
             };
-            let a = drop(ctx, &l.attn_out.forward(&o)?, c.hidden_dropout_prob)?;
-            let h1 = l.attn_ln.forward(&(a + &residual)?)?;
-            let m = ops::gelu_erf(&l.intermediate.forward(&h1)?)?;
-            let m = drop(ctx, &l.output.forward(&m)?, c.hidden_dropout_prob)?;
-            h = l.out_ln.forward(&(m + h1)?)?;
+            // The feed-forward half: fused when its layers are frozen.
+            let branch = ResidualBranch {
+                norm: &l.out_ln,
+                norm_at: NormAt::Output,
+                input: &l.intermediate,
+                mid: BranchMid::GeluErf,
+                output: &l.output,
+            };
+            let r = resid(ctx);
+            h = branch.forward(&h1, r)?;
         }
         Ok(h)
     }

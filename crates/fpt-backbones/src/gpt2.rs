@@ -10,7 +10,7 @@
 
 use crate::{role_by_rules, Arch, Backbone, BackboneError, ParamSpec, ParamTaker, Result};
 use candle_core::{Device, Tensor};
-use fpt_nn::{ops, BranchMid, Ctx, LayerNorm, Linear, Param, PreNormBranch, Rng};
+use fpt_nn::{ops, BranchMid, Ctx, LayerNorm, Linear, NormAt, Param, ResidualBranch, Rng};
 use fpt_spec::{ResidualInit, Role, ShapeOverrides, TrainGroups};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -374,8 +374,9 @@ impl Gpt2 {
         let h = if last.is_none() && ctx.attention.is_none() {
             // The attention half as one branch (fused when its layers are frozen).
             let spec = crate::attention_spec(nh, scale, ops::Mask::Causal, ctx, dropout);
-            let branch = PreNormBranch {
+            let branch = ResidualBranch {
                 norm: &b.ln_1,
+                norm_at: NormAt::Input,
                 input: &b.c_attn,
                 mid: BranchMid::Attention(spec),
                 output: &b.attn_proj,
@@ -397,8 +398,9 @@ impl Gpt2 {
                 None => (h + o)?,
             }
         };
-        let branch = PreNormBranch {
+        let branch = ResidualBranch {
             norm: &b.ln_2,
+            norm_at: NormAt::Input,
             input: &b.c_fc,
             mid: BranchMid::GeluNew,
             output: &b.mlp_proj,

@@ -1,6 +1,6 @@
 //! Layers over [`Param`]s: each picks the op that computes no gradient for what is frozen.
 
-pub use crate::ops::branch::BranchMid;
+pub use crate::ops::branch::{BranchMid, NormAt};
 use crate::{ops, Param};
 
 use crate::ops::sgemm::{MatRef, PackedB};
@@ -15,7 +15,7 @@ type PackCache = Arc<Mutex<Option<(TensorId, Arc<PackedB>)>>>;
 ///
 /// On the AVX2 and AVX-512 kernel paths, a frozen f32 weight is packed for the forward product at the first
 /// forward and kept (one more copy of the weight in memory; clones of the layer share it),
-/// so the steps after the first skip re-packing it. A [`PreNormBranch`] also keeps it packed
+/// so the steps after the first skip re-packing it. A [`ResidualBranch`] also keeps it packed
 /// for the backward product (a second copy).
 #[derive(Debug, Clone)]
 pub struct Linear {
@@ -116,32 +116,38 @@ impl Linear {
     }
 }
 
-/// A pre-LayerNorm residual branch, `x + dropout(output(mid(input(norm(x)))))`: the
-/// attention half or the feed-forward half of a GPT-2 block.
+/// A residual branch over two linear layers with a LayerNorm, either on the branch input
+/// (pre-norm, [`NormAt::Input`]: `x + dropout(output(mid(input(norm(x)))))`, a half of a
+/// GPT-2 block) or on the residual sum (post-norm, [`NormAt::Output`]:
+/// `norm(x + dropout(output(mid(input(x)))))`, a half of a BERT block).
 ///
 /// When both linear layers are frozen (weights and biases) and `x` is f32 on the CPU on the
-/// AVX-512 kernel path, [`PreNormBranch::forward`] runs it as one op ([`PreNormBranch::is_fused`]):
-/// its backward chains the same kernels by hand and returns gradients for `x` and the
-/// norm's parameters only. The composed version hands each intermediate's gradient to
-/// candle's backward, which starts every one from a zero tensor and adds to it (a memset
-/// and a full pass over memory per intermediate, ~7% of a GPT-2 base FPT step); the fused
-/// op keeps the intermediates between its kernels and stores only the first layer's
-/// output for backward. Both linear layers keep their weight packed for the forward and
-/// the backward products. Elsewhere (a trained weight, another dtype or device) it runs
-/// [`PreNormBranch::forward_composed`].
+/// AVX2 or AVX-512 kernel path, [`ResidualBranch::forward`] runs it as one op
+/// ([`ResidualBranch::is_fused`]): its backward chains the same kernels by hand and returns
+/// gradients for `x` and the norm's parameters only. The composed version hands each
+/// intermediate's gradient to candle's backward, which starts every one from a zero tensor
+/// and adds to it (a memset and a full pass over memory per intermediate, ~7% of a GPT-2
+/// base FPT step); the fused op keeps the intermediates between its kernels and stores only
+/// the first layer's output (and, post-norm, the sum the norm reads) for backward. Both
+/// linear layers keep their weight packed for the forward and the backward products.
+/// Elsewhere (a trained weight, another dtype or device) it runs
+/// [`ResidualBranch::forward_composed`].
 #[derive(Debug, Clone, Copy)]
-pub struct PreNormBranch<'a> {
-    /// The norm applied to the branch input.
+pub struct ResidualBranch<'a> {
+    /// The norm: on the branch input or on the residual sum (`norm_at`).
     pub norm: &'a LayerNorm,
-    /// The first linear layer (`c_attn` or `c_fc` in GPT-2).
+    /// Where `norm` sits.
+    pub norm_at: NormAt,
+    /// The first linear layer (`c_attn` or `c_fc` in GPT-2, the packed query/key/value or
+    /// `intermediate.dense` in BERT).
     pub input: &'a Linear,
     /// What runs between the two.
     pub mid: BranchMid,
-    /// The second linear layer (`c_proj`), back to the width of `x`.
+    /// The second linear layer, back to the width of `x`.
     pub output: &'a Linear,
 }
 
-impl PreNormBranch<'_> {
+impl ResidualBranch<'_> {
     /// Whether [`Self::forward`] runs the fused op for `x`.
     pub fn is_fused(&self, x: &Tensor) -> bool {
         let layers = [self.input, self.output];
@@ -149,7 +155,7 @@ impl PreNormBranch<'_> {
             .iter()
             .all(|p| p.tensor().dtype() == DType::F32 && p.tensor().device().is_cpu());
         let rank_ok = match self.mid {
-            BranchMid::GeluNew => x.rank() >= 1,
+            BranchMid::GeluNew | BranchMid::GeluErf => x.rank() >= 1,
             BranchMid::Attention(_) => x.rank() == 3,
         };
         norm_f32
@@ -179,6 +185,7 @@ impl PreNormBranch<'_> {
             layer(self.input)?,
             self.mid,
             layer(self.output)?,
+            self.norm_at,
             self.norm.eps,
             dropout.filter(|&(p, _)| p > 0.0),
         );
@@ -188,15 +195,23 @@ impl PreNormBranch<'_> {
 
     /// The branch composed of the layers' own ops (the reference; every device).
     pub fn forward_composed(&self, x: &Tensor, dropout: Option<(f64, u64)>) -> Result<Tensor> {
-        let u = self.input.forward(&self.norm.forward(x)?)?;
+        let u = match self.norm_at {
+            NormAt::Input => self.input.forward(&self.norm.forward(x)?)?,
+            NormAt::Output => self.input.forward(x)?,
+        };
         let v = match self.mid {
             BranchMid::GeluNew => ops::gelu_new(&u)?,
+            BranchMid::GeluErf => ops::gelu_erf(&u)?,
             BranchMid::Attention(spec) => ops::attention_packed(&u, spec)?,
         };
         let z = self.output.forward(&v)?;
-        match dropout {
-            Some((p, seed)) => ops::dropout_add(x, &z, p, seed),
-            None => x + z,
+        let sum = match dropout {
+            Some((p, seed)) => ops::dropout_add(x, &z, p, seed)?,
+            None => (x + z)?,
+        };
+        match self.norm_at {
+            NormAt::Input => Ok(sum),
+            NormAt::Output => self.norm.forward(&sum),
         }
     }
 }

@@ -24,7 +24,7 @@ mod param;
 mod rng;
 
 pub use kernels::KernelPath;
-pub use layers::{BranchMid, Embedding, LayerNorm, Linear, PreNormBranch};
+pub use layers::{BranchMid, Embedding, LayerNorm, Linear, NormAt, ResidualBranch};
 pub use param::{grad_disabled, no_grad, Param};
 pub use rng::Rng;
 

@@ -555,41 +555,54 @@ fn branch_layers(
     Ok((norm, input, output))
 }
 
-/// The fused pre-norm branch (GELU and packed-attention middles, with and without residual
-/// and attention dropout) against the same branch composed of the separate ops: values and
+/// The fused residual branch, pre-norm (GPT-2: `gelu_new` and causal packed-attention
+/// middles) and post-norm (BERT: exact GELU and unmasked packed attention), with and without
+/// residual and attention dropout, against the same branch composed of the separate ops: values and
 /// the gradients of x and the norm's parameters, on the first call and on a repeated one
 /// (the packed weights reused); its x gradient against finite differences (f32); a trained
 /// weight turns fusion off and gets its gradient.
 #[test]
-fn fused_pre_norm_branch_matches_composed_and_finite_differences() -> Result<()> {
-    every_path(fused_pre_norm_branch_matches_composed_and_finite_differences_on_one_path)
+fn fused_residual_branch_matches_composed_and_finite_differences() -> Result<()> {
+    every_path(fused_residual_branch_matches_composed_and_finite_differences_on_one_path)
 }
 
-fn fused_pre_norm_branch_matches_composed_and_finite_differences_on_one_path() -> Result<()> {
+fn fused_residual_branch_matches_composed_and_finite_differences_on_one_path() -> Result<()> {
+    use fpt_nn::NormAt;
     let (b, t, heads, d) = (2, 5, 2, 8);
     let c = heads * d;
     let own_gemm = KernelPath::active() >= KernelPath::Avx2;
-    for attention in [false, true] {
-        for dropout in [None, Some((0.2, 17u64))] {
-            let (mid, mid_in, mid_out) = if attention {
-                let spec = ops::AttentionSpec {
-                    heads,
-                    scale: 0.35,
-                    mask: ops::Mask::Causal,
-                    dropout: dropout.map(|(p, s)| (p, s + 1)),
-                };
-                (fpt_nn::BranchMid::Attention(spec), 3 * c, c)
-            } else {
-                (fpt_nn::BranchMid::GeluNew, 4 * c, 4 * c)
+    for (norm_at, attention, dropout) in [NormAt::Input, NormAt::Output]
+        .into_iter()
+        .flat_map(|n| [false, true].map(|a| (n, a)))
+        .flat_map(|(n, a)| [None, Some((0.2, 17u64))].map(|d| (n, a, d)))
+    {
+        {
+            let (mid, mid_in, mid_out) = match (attention, norm_at) {
+                (true, _) => {
+                    let spec = ops::AttentionSpec {
+                        heads,
+                        scale: 0.35,
+                        mask: if norm_at == NormAt::Input {
+                            ops::Mask::Causal
+                        } else {
+                            ops::Mask::None
+                        },
+                        dropout: dropout.map(|(p, s)| (p, s + 1)),
+                    };
+                    (fpt_nn::BranchMid::Attention(spec), 3 * c, c)
+                }
+                (false, NormAt::Input) => (fpt_nn::BranchMid::GeluNew, 4 * c, 4 * c),
+                (false, NormAt::Output) => (fpt_nn::BranchMid::GeluErf, 4 * c, 4 * c),
             };
             let (norm, input, output) = branch_layers(c, mid_in, mid_out, 30)?;
-            let branch = fpt_nn::PreNormBranch {
+            let branch = fpt_nn::ResidualBranch {
                 norm: &norm,
+                norm_at,
                 input: &input,
                 mid,
                 output: &output,
             };
-            let what = format!("attention {attention}, dropout {dropout:?}");
+            let what = format!("norm at {norm_at:?}, attention {attention}, dropout {dropout:?}");
             let x = Var::from_tensor(&randn(&[b, t, c], 3, DType::F32)?)?;
             assert_eq!(
                 branch.is_fused(x.as_tensor()),
@@ -634,8 +647,9 @@ fn fused_pre_norm_branch_matches_composed_and_finite_differences_on_one_path() -
     let (norm, input, _) = branch_layers(c, 4 * c, 4 * c, 40)?;
     let w = Var::from_tensor(&randn(&[c, 4 * c], 41, DType::F32)?)?;
     let output = fpt_nn::Linear::new(fpt_nn::Param::Trainable(w.clone()), None);
-    let branch = fpt_nn::PreNormBranch {
+    let branch = fpt_nn::ResidualBranch {
         norm: &norm,
+        norm_at: fpt_nn::NormAt::Input,
         input: &input,
         mid: fpt_nn::BranchMid::GeluNew,
         output: &output,

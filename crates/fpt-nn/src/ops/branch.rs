@@ -1,13 +1,17 @@
-//! The fused pre-LayerNorm residual branch over frozen linear layers (see
-//! [`crate::layers::PreNormBranch`]): `y = x + dropout(W2 mid(W1 LN(x) + b1) + b2)`.
+//! The fused residual branch over frozen linear layers (see
+//! [`crate::layers::ResidualBranch`]), with its LayerNorm at the input (pre-norm, GPT-2):
+//! `y = x + dropout(W2 mid(W1 LN(x) + b1) + b2)`, or at the output (post-norm, BERT):
+//! `y = LN(x + dropout(W2 mid(W1 x + b1) + b2))`.
 //!
 //! Forward runs the kernels of the separate ops (LayerNorm, the packed products, GELU or
-//! packed attention, dropout-add) one after another and keeps `u = W1 LN(x) + b1` for
-//! backward. Backward, for the output gradient `g` and dropout multipliers `m`:
-//! `dz = g * m`; `dv = dz W2`; `du = mid'(u, dv)`; `da = du W1`; LayerNorm's backward of
-//! `da` gives `dx_norm`, `dgamma`, `dbeta`; `dx = g + dx_norm`. The weights are frozen, so
-//! no weight gradient is computed, and the intermediates' gradients never reach candle's
-//! gradient store.
+//! packed attention, dropout-add) one after another and keeps the first layer's output `u`
+//! (and, post-norm, the sum `s` the norm reads) for backward. Backward, for the output
+//! gradient `g` and dropout multipliers `m`, pre-norm: `dz = g * m`; `dv = dz W2`;
+//! `du = mid'(u, dv)`; `da = du W1`; LayerNorm's backward of `da` gives `dx_norm`, `dgamma`,
+//! `dbeta`; `dx = g + dx_norm`. Post-norm: LayerNorm's backward of `g` at `s` gives `ds`,
+//! `dgamma`, `dbeta`; `dz = ds * m`; `dv`, `du` as above; `dx = ds + du W1`. The weights are
+//! frozen, so no weight gradient is computed, and the intermediates' gradients never reach
+//! candle's gradient store.
 
 use super::attention::{packed_backward, packed_forward};
 use super::dropout::DropoutAdd;
@@ -17,13 +21,24 @@ use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 use std::sync::{Arc, Mutex};
 
-/// What runs between the two linear layers of a [`PreNormBranch`](crate::PreNormBranch).
+/// Where a [`ResidualBranch`](crate::ResidualBranch)'s LayerNorm sits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NormAt {
+    /// On the branch input, `x + dropout(output(mid(input(norm(x)))))` (GPT-2, pre-norm).
+    Input,
+    /// On the residual sum, `norm(x + dropout(output(mid(input(x)))))` (BERT, post-norm).
+    Output,
+}
+
+/// What runs between the two linear layers of a [`ResidualBranch`](crate::ResidualBranch).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum BranchMid {
     /// `gelu_new` (GPT-2's feed-forward layer).
     GeluNew,
+    /// The exact (erf) GELU (BERT's feed-forward layer).
+    GeluErf,
     /// Self-attention over Q, K and V packed side by side in the first layer's output
-    /// (GPT-2's `c_attn`), as [`attention_packed`](super::attention_packed) computes it.
+    /// (GPT-2's `c_attn`, BERT's packed query/key/value), as [`attention_packed`](super::attention_packed) computes it.
     Attention(super::AttentionSpec),
 }
 
@@ -88,14 +103,18 @@ fn add_into(a: &mut [f32], b: &[f32]) {
     }
 }
 
+/// What forward keeps for backward: the first layer's output `u`, and post-norm the sum `s`
+/// the norm reads.
+type Saved = (Arc<Vec<f32>>, Option<Arc<Vec<f32>>>);
+
 pub(crate) struct BranchOp {
     input: FrozenLinear,
     mid: BranchMid,
     output: FrozenLinear,
+    norm_at: NormAt,
     eps: f64,
     dropout: Option<(f64, u64)>,
-    /// The first layer's output, kept by forward for backward.
-    saved: Mutex<Option<Arc<Vec<f32>>>>,
+    saved: Mutex<Option<Saved>>,
 }
 
 impl BranchOp {
@@ -103,6 +122,7 @@ impl BranchOp {
         input: FrozenLinear,
         mid: BranchMid,
         output: FrozenLinear,
+        norm_at: NormAt,
         eps: f64,
         dropout: Option<(f64, u64)>,
     ) -> Self {
@@ -110,6 +130,7 @@ impl BranchOp {
             input,
             mid,
             output,
+            norm_at,
             eps,
             dropout,
             saved: Mutex::new(None),
@@ -121,7 +142,7 @@ impl BranchOp {
     fn check(&self, x: &Shape, norm: usize) -> Result<Shape> {
         let c = x.dims().last().copied().unwrap_or(0);
         let mid_out = match self.mid {
-            BranchMid::GeluNew => self.input.n_out,
+            BranchMid::GeluNew | BranchMid::GeluErf => self.input.n_out,
             BranchMid::Attention(_) => self.input.n_out / 3,
         };
         let ok = c == norm
@@ -130,10 +151,10 @@ impl BranchOp {
             && self.output.n_in == mid_out
             && c > 0
             && mid_out > 0
-            && (matches!(self.mid, BranchMid::GeluNew) || (x.rank() == 3 && self.input.n_out.is_multiple_of(3)));
+            && (!matches!(self.mid, BranchMid::Attention(_)) || (x.rank() == 3 && self.input.n_out.is_multiple_of(3)));
         if !ok {
             candle_core::bail!(
-                "pre-norm branch: input {x:?} does not fit norm {norm}, layers {} -> {} and {} -> {} ({:?})",
+                "residual branch: input {x:?} does not fit norm {norm}, layers {} -> {} and {} -> {} ({:?})",
                 self.input.n_in,
                 self.input.n_out,
                 self.output.n_in,
@@ -145,11 +166,38 @@ impl BranchOp {
         *d.last_mut().expect("rank >= 1") = self.input.n_out;
         Ok(Shape::from(d))
     }
+
+    /// `mid(u)`.
+    fn mid_fwd(&self, u: &[f32], u_shape: &Shape) -> Result<Vec<f32>> {
+        Ok(match &self.mid {
+            BranchMid::GeluNew => super::gelu::gelu_new_fwd(u),
+            BranchMid::GeluErf => super::gelu::gelu_erf_fwd(u),
+            BranchMid::Attention(spec) => packed_forward(u, u_shape, spec, None)?,
+        })
+    }
+
+    /// From the gradient `d` of the residual sum's branch term (before dropout) to the
+    /// gradient of the first layer's input: `(mid'(u, (d * m) W2)) W1`.
+    fn branch_bwd(&self, u: &[f32], u_shape: &Shape, d: &[f32]) -> Result<Vec<f32>> {
+        let dz = self.dropout.map(|(p, seed)| DropoutAdd { p, seed }.run(None, d));
+        let dv = self.output.apply_t(dz.as_deref().unwrap_or(d));
+        drop(dz);
+        let du = match &self.mid {
+            BranchMid::GeluNew => super::gelu::gelu_new_bwd(u, &dv),
+            BranchMid::GeluErf => super::gelu::gelu_erf_bwd(u, &dv),
+            BranchMid::Attention(spec) => packed_backward(u, &dv, u_shape, spec, None)?,
+        };
+        drop(dv);
+        Ok(self.input.apply_t(&du))
+    }
 }
 
 impl CustomOp3 for BranchOp {
     fn name(&self) -> &'static str {
-        "fpt-pre-norm-branch"
+        match self.norm_at {
+            NormAt::Input => "fpt-pre-norm-branch",
+            NormAt::Output => "fpt-post-norm-branch",
+        }
     }
 
     fn cpu_fwd(
@@ -161,28 +209,29 @@ impl CustomOp3 for BranchOp {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        super::f32_only(&[s1, s2, s3], "pre-norm branch")?;
-        let x = cpu_slice::<f32>(s1, l1, "pre-norm branch")?;
-        let gamma = cpu_slice::<f32>(s2, l2, "pre-norm branch")?;
-        let beta = cpu_slice::<f32>(s3, l3, "pre-norm branch")?;
+        super::f32_only(&[s1, s2, s3], self.name())?;
+        let x = cpu_slice::<f32>(s1, l1, self.name())?;
+        let gamma = cpu_slice::<f32>(s2, l2, self.name())?;
+        let beta = cpu_slice::<f32>(s3, l3, self.name())?;
         if beta.len() != gamma.len() {
             candle_core::bail!(
-                "pre-norm branch: norm weight {} and bias {} differ",
+                "{}: norm weight {} and bias {} differ",
+                self.name(),
                 gamma.len(),
                 beta.len()
             )
         }
         let u_shape = self.check(l1.shape(), gamma.len())?;
-        let a = super::layer_norm::fwd_kernel(x, gamma, beta, self.eps);
-        let u = self.input.apply(&a);
-        drop(a);
-        let v = match &self.mid {
-            BranchMid::GeluNew => super::gelu::gelu_new_fwd(&u),
-            BranchMid::Attention(spec) => packed_forward(&u, &u_shape, spec, None)?,
+        let u = match self.norm_at {
+            NormAt::Input => self
+                .input
+                .apply(&super::layer_norm::fwd_kernel(x, gamma, beta, self.eps)),
+            NormAt::Output => self.input.apply(x),
         };
+        let v = self.mid_fwd(&u, &u_shape)?;
         let z = self.output.apply(&v);
         drop(v);
-        let y = match self.dropout {
+        let sum = match self.dropout {
             Some((p, seed)) => DropoutAdd { p, seed }.run(Some(x), &z),
             None => {
                 let mut z = z;
@@ -190,7 +239,14 @@ impl CustomOp3 for BranchOp {
                 z
             }
         };
-        *self.saved.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(u));
+        let (y, s) = match self.norm_at {
+            NormAt::Input => (sum, None),
+            NormAt::Output => (
+                super::layer_norm::fwd_kernel(&sum, gamma, beta, self.eps),
+                Some(Arc::new(sum)),
+            ),
+        };
+        *self.saved.lock().unwrap_or_else(|e| e.into_inner()) = Some((Arc::new(u), s));
         Ok((CpuStorage::F32(y), l1.shape().clone()))
     }
 
@@ -206,32 +262,34 @@ impl CustomOp3 for BranchOp {
         if !want.iter().any(|&w| w) {
             return Ok((None, None, None));
         }
-        let u = self
+        let (u, s) = self
             .saved
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
-            .ok_or_else(|| candle_core::Error::Msg("pre-norm branch: backward before forward".into()))?;
+            .ok_or_else(|| candle_core::Error::Msg(format!("{}: backward before forward", self.name())))?;
         let u_shape = self.check(x.shape(), gamma.elem_count())?;
-        let (dx, dg, db) = with_cpu_slice::<f32, _>(dy, "pre-norm branch", |g| {
-            let dz = self.dropout.map(|(p, seed)| DropoutAdd { p, seed }.run(None, g));
-            let dv = self.output.apply_t(dz.as_deref().unwrap_or(g));
-            drop(dz);
-            let du = match &self.mid {
-                BranchMid::GeluNew => super::gelu::gelu_new_bwd(&u, &dv),
-                BranchMid::Attention(spec) => packed_backward(&u, &dv, &u_shape, spec, None)?,
-            };
-            drop(dv);
-            let da = self.input.apply_t(&du);
-            drop(du);
-            let (mut dx, dg, db) = with_cpu_slice::<f32, _>(x, "pre-norm branch", |xs| {
-                with_cpu_slice::<f32, _>(gamma, "pre-norm branch", |gs| {
-                    Ok(super::layer_norm::bwd_kernel(xs, gs, &da, self.eps))
-                })
-            })?;
-            // The residual path: x's gradient is the output's plus the norm's.
-            add_into(&mut dx, g);
-            Ok((dx, dg, db))
+        let what = self.name();
+        let (dx, dg, db) = with_cpu_slice::<f32, _>(dy, what, |g| {
+            with_cpu_slice::<f32, _>(gamma, what, |gs| match (self.norm_at, s.as_deref()) {
+                (NormAt::Input, _) => {
+                    let da = self.branch_bwd(&u, &u_shape, g)?;
+                    let (mut dx, dg, db) = with_cpu_slice::<f32, _>(x, what, |xs| {
+                        Ok(super::layer_norm::bwd_kernel(xs, gs, &da, self.eps))
+                    })?;
+                    // The residual path: x's gradient is the output's plus the norm's.
+                    add_into(&mut dx, g);
+                    Ok((dx, dg, db))
+                }
+                (NormAt::Output, Some(s)) => {
+                    let (ds, dg, db) = super::layer_norm::bwd_kernel(s, gs, g, self.eps);
+                    // x's gradient: the sum's (the residual path) plus the branch's.
+                    let mut dx = self.branch_bwd(&u, &u_shape, &ds)?;
+                    add_into(&mut dx, &ds);
+                    Ok((dx, dg, db))
+                }
+                (NormAt::Output, None) => candle_core::bail!("{what}: forward kept no sum"),
+            })
         })?;
         let wrap = |v: Vec<f32>, like: &Tensor, w: bool| -> Result<Option<Tensor>> {
             Ok(if w {

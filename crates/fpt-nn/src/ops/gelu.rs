@@ -160,6 +160,16 @@ pub(super) fn gelu_new_bwd(x: &[f32], dy: &[f32]) -> Vec<f32> {
     bwd_kernel::<New, f32>(x, dy)
 }
 
+/// The exact (erf) GELU of contiguous f32 values (the fused op's CPU kernel).
+pub(super) fn gelu_erf_fwd(x: &[f32]) -> Vec<f32> {
+    fwd_kernel::<Erf, f32>(x)
+}
+
+/// The gradient of [`gelu_erf_fwd`] at `x` for the output gradient `dy`.
+pub(super) fn gelu_erf_bwd(x: &[f32], dy: &[f32]) -> Vec<f32> {
+    bwd_kernel::<Erf, f32>(x, dy)
+}
+
 struct ActOp<A>(PhantomData<A>);
 
 impl<A: Activation> CustomOp1 for ActOp<A> {
