@@ -232,6 +232,15 @@ fn reproduce(args: &[String]) -> Result<()> {
         bail!("fpt run-table failed");
     }
     stages.push(("runs and reports", t0.elapsed().as_secs_f64()));
+    // The HTML site of everything under `out` (a second or so).
+    let site = Command::new(&bin)
+        .current_dir(root())
+        .args(["report", out.to_str().context("non-UTF-8 --out")?])
+        .output()
+        .context("running fpt report")?;
+    if !site.status.success() {
+        bail!("fpt report failed: {}", String::from_utf8_lossy(&site.stderr).trim());
+    }
     // Print each report's grid, then the time of each run and of each stage.
     let stdout = String::from_utf8_lossy(&output.stdout);
     let (times, reports): (Vec<&str>, Vec<&str>) = stdout.lines().partition(|l| is_time_line(l));
@@ -247,6 +256,7 @@ fn reproduce(args: &[String]) -> Result<()> {
     for line in times {
         println!("{line}");
     }
+    println!("site: {}", out.join("index.html").display());
     println!("{}", stage_line(&stages));
     Ok(())
 }
@@ -677,6 +687,75 @@ fn bench(args: &[String]) -> Result<()> {
     Ok(())
 }
 
+/// `cargo xtask site`: the static HTML site of the results (`fpt report`); with
+/// `--browser`, the test that opens a site in headless Chromium (installed from Debian's
+/// packages when missing and this user may) and writes screenshots to
+/// `target/site-screenshots/`.
+fn site(args: &[String]) -> Result<()> {
+    let mut results = root().join("results");
+    let mut out: Option<PathBuf> = None;
+    let mut browser = false;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--results" => results = PathBuf::from(it.next().context("--results needs a directory")?),
+            "--out" => out = Some(PathBuf::from(it.next().context("--out needs a directory")?)),
+            "--browser" => browser = true,
+            other => bail!("site: unknown argument `{other}` (--results DIR, --out DIR, --browser)"),
+        }
+    }
+    if browser {
+        if !Path::new(&chromium()).exists() {
+            eprintln!(
+                "xtask: no Chromium at {}; installing Debian's `chromium` package",
+                chromium()
+            );
+            let install = || {
+                Command::new("apt-get")
+                    .args(["install", "-y", "--no-install-recommends", "chromium"])
+                    .status()
+                    .is_ok_and(|s| s.success())
+            };
+            // A machine whose package lists are stale or empty needs them read first.
+            let ok = install()
+                || (Command::new("apt-get")
+                    .arg("update")
+                    .status()
+                    .is_ok_and(|s| s.success())
+                    && install());
+            if !ok {
+                bail!("apt-get install chromium failed; install Debian's chromium package (or set FPT_CHROMIUM to a Chromium binary)");
+            }
+        }
+        let status = cargo_command()
+            .current_dir(root())
+            .args(["test", "--release", "-p", "fpt-cli", "--test", "site"])
+            .env("FPT_REQUIRE_CHROMIUM", "1")
+            .status()
+            .context("running cargo test")?;
+        if !status.success() {
+            bail!("the site's browser test failed");
+        }
+        eprintln!(
+            "xtask: screenshots in {}",
+            root().join("target/site-screenshots").display()
+        );
+        return Ok(());
+    }
+    let bin = build_fpt_profile(false, false)?;
+    let mut cmd = vec!["report".to_string(), results.display().to_string()];
+    if let Some(o) = &out {
+        cmd.extend(["--out".to_string(), o.display().to_string()]);
+    }
+    let refs: Vec<&str> = cmd.iter().map(String::as_str).collect();
+    fpt(&bin, &refs)
+}
+
+/// The Chromium binary the browser test uses.
+fn chromium() -> String {
+    std::env::var("FPT_CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into())
+}
+
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
@@ -684,14 +763,15 @@ fn main() -> Result<()> {
         Some("bench") => bench(&args[1..]),
         Some("reproduce") => reproduce(&args[1..]),
         Some("merge") => merge(&args[1..]),
+        Some("site") => site(&args[1..]),
         Some("sanitize") => sanitize::sanitize(&args[1..]),
         Some("fuzz") => fuzz::fuzz(&args[1..]),
         Some("cuda-toolkit") => cuda::toolkit(&args[1..]),
         Some("cuda-build") => cuda::build(&args[1..]).map(|_| ()),
         Some("gpu-check") => cuda::gpu_check(&args[1..]),
-        Some(other) => bail!("unknown task `{other}`; tasks: reproduce, merge, demo, bench, sanitize, fuzz, cuda-toolkit, cuda-build, gpu-check"),
+        Some(other) => bail!("unknown task `{other}`; tasks: reproduce, merge, site, demo, bench, sanitize, fuzz, cuda-toolkit, cuda-build, gpu-check"),
         None => {
-            eprintln!("usage: cargo xtask <task>\n\ntasks:\n  reproduce <table|fig|all>... [--scale smoke|cpu|paper] [--jobs N] [--shard I/N] [--out DIR] [--force] [--list]\n                                 run the paper's tables and report them beside its numbers\n  merge --out DIR SHARD_DIR...   combine shard results and render the reports\n  demo [--out DIR] [--steps N]   pretrained vs random frozen MiniLM on Bit XOR, offline\n  bench step [--backbone B] [--shape NAME]...  time the FPT step beside PyTorch's, per kernel path\n  sanitize [--allow-no-miri]     fpt-nn's tests under AddressSanitizer and Miri\n  fuzz [--seconds N] [TARGET]... fuzz the parsers (idx, jsonl, tsv, spec, config, safetensors)\n  cuda-toolkit [--dir DIR]       the CUDA 13.0 toolkit from PyPI wheels, a libcuda link stub, env.sh\n  cuda-build [--dir DIR]         cargo build --release -p fpt-cli --features cuda with that toolkit\n  gpu-check [--device D] [--out FILE]  build with CUDA and run fpt gpu-check (--device cpu: try it on the CPU)");
+            eprintln!("usage: cargo xtask <task>\n\ntasks:\n  reproduce <table|fig|all>... [--scale smoke|cpu|paper] [--jobs N] [--shard I/N] [--out DIR] [--force] [--list]\n                                 run the paper's tables and report them beside its numbers\n  merge --out DIR SHARD_DIR...   combine shard results and render the reports\n  site [--results DIR] [--out DIR] [--browser]  results/index.html from the reports; --browser: the headless-Chromium test\n  demo [--out DIR] [--steps N]   pretrained vs random frozen MiniLM on Bit XOR, offline\n  bench step [--backbone B] [--shape NAME]...  time the FPT step beside PyTorch's, per kernel path\n  sanitize [--allow-no-miri]     fpt-nn's tests under AddressSanitizer and Miri\n  fuzz [--seconds N] [TARGET]... fuzz the parsers (idx, jsonl, tsv, spec, config, safetensors)\n  cuda-toolkit [--dir DIR]       the CUDA 13.0 toolkit from PyPI wheels, a libcuda link stub, env.sh\n  cuda-build [--dir DIR]         cargo build --release -p fpt-cli --features cuda with that toolkit\n  gpu-check [--device D] [--out FILE]  build with CUDA and run fpt gpu-check (--device cpu: try it on the CPU)");
             Ok(())
         }
     }

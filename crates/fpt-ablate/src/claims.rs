@@ -5,7 +5,7 @@
 use fpt_spec::table::{Claim, ClaimKind, Select, TableSpec};
 
 /// A claim's verdict on one set of numbers.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Verdict {
     /// `holds`, `fails`, `inconclusive` or `not run`.
     pub verdict: String,
@@ -14,7 +14,7 @@ pub struct Verdict {
 }
 
 /// A claim with its verdict on our numbers and on the paper's.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ClaimReport {
     /// The claim.
     pub text: String,

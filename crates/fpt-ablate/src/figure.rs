@@ -12,9 +12,9 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-const COLORS: [&str; 6] = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b"];
+pub(crate) const COLORS: [&str; 6] = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b"];
 
-fn esc(s: &str) -> String {
+pub(crate) fn esc(s: &str) -> String {
     s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
 }
 
@@ -106,7 +106,7 @@ fn lines_svg(title: &str, series: &[(String, Vec<f64>)]) -> String {
 }
 
 /// Lines through `(x, y)` points, one per series, with a legend below.
-fn xy_svg(title: &str, xlabel: &str, series: &[(String, Vec<(f64, f64)>)]) -> String {
+pub(crate) fn xy_svg(title: &str, xlabel: &str, series: &[(String, Vec<(f64, f64)>)]) -> String {
     let rows = series.len().div_ceil(3) as f64;
     let (w, left, bottom, top) = (700.0, 60.0, 56.0 + 14.0 * rows, 40.0);
     let h = 360.0 + bottom;

@@ -19,6 +19,7 @@ pub mod claims;
 pub mod figure;
 pub mod report;
 pub mod reproduce;
+pub mod site;
 pub mod worker;
 
 pub use report::Report;

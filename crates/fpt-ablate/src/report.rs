@@ -8,7 +8,7 @@ use fpt_train::selfcheck::Provenance;
 use std::path::Path;
 
 /// A cell as reported.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct CellReport {
     /// Row label.
     pub row: String,
@@ -59,7 +59,7 @@ pub struct CellReport {
 }
 
 /// A cell's numbers over its seeds.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Seeds {
     /// Runs the cell asks for.
     pub runs: usize,
@@ -156,7 +156,7 @@ pub fn curve_state(dir: &Path, n: usize) -> Option<String> {
 }
 
 /// A rendered table.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Report {
     /// Table id.
     pub id: String,

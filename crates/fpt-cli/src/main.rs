@@ -13,6 +13,7 @@ mod fetch;
 mod gpu_check;
 mod inspect;
 mod pretrain;
+mod site;
 mod table;
 mod train;
 
@@ -44,6 +45,11 @@ enum Command {
     /// Run the paper's tables (data/tables/*.toml) at a scale and report them beside the
     /// paper's numbers (`cargo xtask reproduce` calls this).
     RunTable(table::RunTableArgs),
+    /// Write the results as a static HTML site (`index.html`: every table and figure with
+    /// our numbers beside the paper's, the claims, each run's curves; no network to view).
+    Report(site::ReportArgs),
+    /// Draw learning curves of runs on shared axes (SVG, and PNG beside it).
+    Plot(site::PlotArgs),
     /// Train one run in this process for `run-table --jobs N` (spec on stdin; internal).
     #[command(hide = true)]
     RunCell(table::RunCellArgs),
@@ -105,6 +111,8 @@ fn main() {
         Command::Bench(a) => bench::bench(a),
         Command::RunTable(a) => table::run_table(a),
         Command::RunCell(a) => table::run_cell(a),
+        Command::Report(a) => site::report(a),
+        Command::Plot(a) => site::plot(a),
         Command::Selfcheck(a) => check::selfcheck(a),
         Command::GpuCheck(a) => gpu_check::gpu_check(a),
         Command::Forward(a) => check::forward(*a),

@@ -87,6 +87,11 @@ pub struct CellSettings {
 }
 
 impl Metric {
+    /// Whether the metric is an accuracy in percent (test or train).
+    pub fn is_percent(self) -> bool {
+        matches!(self, Metric::TestAccuracy | Metric::TrainAccuracy)
+    }
+
     /// Whether the metric is read off the backbone's config (nothing trains).
     pub fn is_counted(self) -> bool {
         matches!(
