@@ -468,8 +468,8 @@ impl Bert {
             let scale = 1.0 / (hd as f64).sqrt();
             let read_out = last.filter(|_| i + 1 == n);
             let h1 = match (&l.qkv, read_out) {
-                // The attention half as one post-norm branch (fused on the CPU paths with
-                // fpt's product; its layers are frozen, or there would be no packed Q/K/V).
+                // The attention half as one post-norm branch (fused on the CPU: its layers
+                // are frozen, or there would be no packed Q/K/V).
                 (Some(qkv), None) if ctx.attention.is_none() => {
                     let spec = crate::attention_spec(nh, scale, mask, ctx, dropout);
                     let branch = ResidualBranch {

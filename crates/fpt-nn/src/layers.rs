@@ -56,13 +56,18 @@ impl Linear {
     /// Whether the weight is frozen and `x` and the weight are f32 on the CPU, on the
     /// AVX2 or AVX-512 kernel path: then the weight is kept packed.
     fn packs_for(&self, x: &Tensor) -> bool {
+        self.frozen_f32_cpu(x) && crate::kernels::KernelPath::active().own_gemm()
+    }
+
+    /// Whether the weight is frozen and `x` and the (contiguous) weight are f32 on the CPU.
+    fn frozen_f32_cpu(&self, x: &Tensor) -> bool {
         let w = self.weight.tensor();
         !self.weight.is_trainable()
             && x.dtype() == DType::F32
             && w.dtype() == DType::F32
             && x.device().is_cpu()
             && w.device().is_cpu()
-            && crate::kernels::KernelPath::active().own_gemm()
+            && w.is_contiguous()
     }
 
     /// Whether the bias (if any) is frozen too.
@@ -121,15 +126,16 @@ impl Linear {
 /// GPT-2 block) or on the residual sum (post-norm, [`NormAt::Output`]:
 /// `norm(x + dropout(output(mid(input(x)))))`, a half of a BERT block).
 ///
-/// When both linear layers are frozen (weights and biases) and `x` is f32 on the CPU on the
-/// AVX2 or AVX-512 kernel path, [`ResidualBranch::forward`] runs it as one op
+/// When both linear layers are frozen (weights and biases) and `x` is f32 on the CPU (any
+/// kernel path), [`ResidualBranch::forward`] runs it as one op
 /// ([`ResidualBranch::is_fused`]): its backward chains the same kernels by hand and returns
 /// gradients for `x` and the norm's parameters only. The composed version hands each
 /// intermediate's gradient to candle's backward, which starts every one from a zero tensor
 /// and adds to it (a memset and a full pass over memory per intermediate, ~7% of a GPT-2
 /// base FPT step); the fused op keeps the intermediates between its kernels and stores only
-/// the first layer's output (and, post-norm, the sum the norm reads) for backward. Both
-/// linear layers keep their weight packed for the forward and the backward products.
+/// the first layer's output (and, post-norm, the sum the norm reads) for backward. On the
+/// AVX2 and AVX-512 paths both linear layers keep their weight packed for the forward and
+/// the backward products; on the portable path the products read the weights as they are.
 /// Elsewhere (a trained weight, another dtype or device) it runs
 /// [`ResidualBranch::forward_composed`].
 #[derive(Debug, Clone, Copy)]
@@ -161,7 +167,9 @@ impl ResidualBranch<'_> {
         norm_f32
             && rank_ok
             && layers.iter().all(|l| {
-                l.packs_for(x) && l.bias_frozen() && l.bias.as_ref().is_none_or(|b| b.tensor().dtype() == DType::F32)
+                l.frozen_f32_cpu(x)
+                    && l.bias_frozen()
+                    && l.bias.as_ref().is_none_or(|b| b.tensor().dtype() == DType::F32)
             })
     }
 
@@ -173,9 +181,16 @@ impl ResidualBranch<'_> {
         }
         let layer = |l: &Linear| -> Result<ops::branch::FrozenLinear> {
             let (n_out, n_in) = l.weight.tensor().dims2()?;
+            let weight = if l.packs_for(x) {
+                ops::branch::FrozenWeight::Packed {
+                    forward: l.packed_weight(false)?,
+                    backward: l.packed_weight(true)?,
+                }
+            } else {
+                ops::branch::FrozenWeight::Plain(l.weight.tensor().clone())
+            };
             Ok(ops::branch::FrozenLinear {
-                forward: l.packed_weight(false)?,
-                backward: l.packed_weight(true)?,
+                weight,
                 bias: l.bias_values()?,
                 n_in,
                 n_out,

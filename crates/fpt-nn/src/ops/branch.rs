@@ -15,7 +15,7 @@
 
 use super::attention::{packed_backward, packed_forward};
 use super::dropout::DropoutAdd;
-use super::sgemm::{sgemm_prepacked, MatMut, MatRef, PackedB};
+use super::sgemm::{sgemm, sgemm_prepacked, MatMut, MatRef, PackedB};
 use super::{cpu_slice, tracks, with_cpu_slice};
 use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
@@ -42,12 +42,22 @@ pub enum BranchMid {
     Attention(super::AttentionSpec),
 }
 
+/// A frozen linear layer's weight as the fused branch multiplies by it.
+pub(crate) enum FrozenWeight {
+    /// Packed for fpt's micro-kernel (the AVX2 and AVX-512 paths): `W^T` (`[n_in, n_out]`)
+    /// for the forward product, `W` (`[n_out, n_in]`) for the input gradient's.
+    Packed {
+        forward: Arc<PackedB>,
+        backward: Arc<PackedB>,
+    },
+    /// `W` as it is (`[n_out, n_in]`, a contiguous f32 CPU tensor), multiplied through the
+    /// active path's product (on the portable path, the `gemm` crate).
+    Plain(Tensor),
+}
+
 /// A frozen linear layer as the fused branch uses it.
 pub(crate) struct FrozenLinear {
-    /// `W^T` packed (`[n_in, n_out]`).
-    pub(crate) forward: Arc<PackedB>,
-    /// `W` packed (`[n_out, n_in]`).
-    pub(crate) backward: Arc<PackedB>,
+    pub(crate) weight: FrozenWeight,
     pub(crate) bias: Option<Vec<f32>>,
     pub(crate) n_in: usize,
     pub(crate) n_out: usize,
@@ -55,13 +65,19 @@ pub(crate) struct FrozenLinear {
 
 impl FrozenLinear {
     /// `x W^T + b` for `x` of `m` rows of `n_in`.
-    fn apply(&self, x: &[f32]) -> Vec<f32> {
-        product(x, &self.forward, self.bias.as_deref())
+    fn apply(&self, x: &[f32]) -> Result<Vec<f32>> {
+        match &self.weight {
+            FrozenWeight::Packed { forward, .. } => Ok(product(x, forward, self.bias.as_deref())),
+            FrozenWeight::Plain(w) => plain_product(x, w, false, self.bias.as_deref()),
+        }
     }
 
     /// `dy W` for `dy` of `m` rows of `n_out`.
-    fn apply_t(&self, dy: &[f32]) -> Vec<f32> {
-        product(dy, &self.backward, None)
+    fn apply_t(&self, dy: &[f32]) -> Result<Vec<f32>> {
+        match &self.weight {
+            FrozenWeight::Packed { backward, .. } => Ok(product(dy, backward, None)),
+            FrozenWeight::Plain(w) => plain_product(dy, w, true, None),
+        }
     }
 }
 
@@ -72,8 +88,8 @@ fn product(a: &[f32], b: &PackedB, bias: Option<&[f32]>) -> Vec<f32> {
     let mut y = super::uninit::<f32>(m * n);
     // SAFETY: `a` holds m rows of k (checked by the op's shape checks); y has m * n slots,
     // all written (overwrite mode); sgemm_prepacked checks that the path has fpt's
-    // micro-kernel and k > 0 before touching memory (the branch is fused only on such a
-    // path, and weights have a non-empty input width).
+    // micro-kernel and k > 0 before touching memory (weights are packed only on such a
+    // path, and have a non-empty input width).
     unsafe {
         sgemm_prepacked(
             crate::kernels::KernelPath::active(),
@@ -86,6 +102,46 @@ fn product(a: &[f32], b: &PackedB, bias: Option<&[f32]>) -> Vec<f32> {
         );
         super::assume_init(y)
     }
+}
+
+/// `a W^T (+ bias)` (`transposed: false`; `a` of `n_in` columns) or `a W` (`true`; `a` of
+/// `n_out` columns) for the row-major weight `w: [n_out, n_in]`, through the active kernel
+/// path's product.
+fn plain_product(a: &[f32], w: &Tensor, transposed: bool, bias: Option<&[f32]>) -> Result<Vec<f32>> {
+    let (n_out, n_in) = w.dims2()?;
+    let (k, n) = if transposed { (n_out, n_in) } else { (n_in, n_out) };
+    if k == 0 || !a.len().is_multiple_of(k) {
+        candle_core::bail!("residual branch: {} values are not rows of {k}", a.len())
+    }
+    let m = a.len() / k;
+    with_cpu_slice::<f32, _>(w, "residual branch", |ws| {
+        // W^T: element (p, j) is w[j * n_in + p] (row stride 1, column stride n_in); W:
+        // element (p, j) is w[p * n_in + j].
+        let b = if transposed {
+            MatRef::of(ws, n_in, 1)
+        } else {
+            MatRef::of(ws, 1, n_in)
+        };
+        let mut y = super::uninit::<f32>(m * n);
+        // SAFETY: `a` holds m rows of k (checked above), `ws` the n_out x n_in weight (its
+        // extent is checked by sgemm against the view), y has m * n slots, none shared with
+        // the operands; sgemm in overwrite mode writes every one of them on every path.
+        unsafe {
+            sgemm(
+                crate::kernels::KernelPath::active(),
+                m,
+                n,
+                k,
+                MatRef::of(a, k, 1),
+                b,
+                MatMut::new(y.as_mut_ptr() as *mut f32, n, y.len()),
+                false,
+                bias,
+                crate::num_threads(),
+            );
+            Ok(super::assume_init(y))
+        }
+    })
 }
 
 /// `a + b` elementwise into `a`.
@@ -180,7 +236,7 @@ impl BranchOp {
     /// gradient of the first layer's input: `(mid'(u, (d * m) W2)) W1`.
     fn branch_bwd(&self, u: &[f32], u_shape: &Shape, d: &[f32]) -> Result<Vec<f32>> {
         let dz = self.dropout.map(|(p, seed)| DropoutAdd { p, seed }.run(None, d));
-        let dv = self.output.apply_t(dz.as_deref().unwrap_or(d));
+        let dv = self.output.apply_t(dz.as_deref().unwrap_or(d))?;
         drop(dz);
         let du = match &self.mid {
             BranchMid::GeluNew => super::gelu::gelu_new_bwd(u, &dv),
@@ -188,7 +244,7 @@ impl BranchOp {
             BranchMid::Attention(spec) => packed_backward(u, &dv, u_shape, spec, None)?,
         };
         drop(dv);
-        Ok(self.input.apply_t(&du))
+        self.input.apply_t(&du)
     }
 }
 
@@ -225,11 +281,11 @@ impl CustomOp3 for BranchOp {
         let u = match self.norm_at {
             NormAt::Input => self
                 .input
-                .apply(&super::layer_norm::fwd_kernel(x, gamma, beta, self.eps)),
-            NormAt::Output => self.input.apply(x),
+                .apply(&super::layer_norm::fwd_kernel(x, gamma, beta, self.eps))?,
+            NormAt::Output => self.input.apply(x)?,
         };
         let v = self.mid_fwd(&u, &u_shape)?;
-        let z = self.output.apply(&v);
+        let z = self.output.apply(&v)?;
         drop(v);
         let sum = match self.dropout {
             Some((p, seed)) => DropoutAdd { p, seed }.run(Some(x), &z),
