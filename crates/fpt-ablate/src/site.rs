@@ -602,6 +602,18 @@ fn verdict_span(v: &crate::claims::Verdict) -> String {
     )
 }
 
+/// A claim's table cells: its text, our verdict, what decided it, the paper's verdict.
+fn claim_cells(c: &crate::claims::ClaimReport) -> String {
+    format!(
+        "<td>{}</td><td>{}</td><td class=\"small\">{}</td><td>{} <span class=\"small\">{}</span></td>",
+        esc(&c.text),
+        verdict_span(&c.ours),
+        esc(&c.ours.detail),
+        verdict_span(&c.paper),
+        esc(&c.paper.detail)
+    )
+}
+
 /// Counts of the claims' verdicts on our numbers: (holds, fails, inconclusive, not run).
 fn claim_counts(r: &Report) -> (usize, usize, usize, usize) {
     let n = |v: &str| r.claims.iter().filter(|c| c.ours.verdict == v).count();
@@ -697,7 +709,7 @@ fn index_page(entries: &[Entry], runs: &BTreeMap<String, RunRecord>, missing: &[
         for c in &r.claims {
             let _ = writeln!(
                 b,
-                "<tr data-filter=\"{} {} {}\"><td><a href=\"site/{}-{}.html\">{} ({})</a></td><td>{}</td><td>{}</td><td class=\"small\">{}</td><td>{} <span class=\"small\">{}</span></td></tr>",
+                "<tr data-filter=\"{} {} {}\"><td><a href=\"site/{}-{}.html\">{} ({})</a></td>{}</tr>",
                 attr(&r.id),
                 attr(&r.scale),
                 attr(&c.ours.verdict),
@@ -705,11 +717,7 @@ fn index_page(entries: &[Entry], runs: &BTreeMap<String, RunRecord>, missing: &[
                 attr(&r.scale),
                 esc(&r.id),
                 esc(&r.scale),
-                esc(&c.text),
-                verdict_span(&c.ours),
-                esc(&c.ours.detail),
-                verdict_span(&c.paper),
-                esc(&c.paper.detail)
+                claim_cells(c)
             );
         }
     }
@@ -859,15 +867,7 @@ fn report_page(r: &Report, dir: &Path, results: &Path, runs: &BTreeMap<String, R
     if !r.claims.is_empty() {
         b.push_str("<h2>Claims</h2>\n<table id=\"claims\"><thead><tr><th>claim</th><th>ours</th><th>decided by</th><th>paper</th></tr></thead><tbody>\n");
         for c in &r.claims {
-            let _ = writeln!(
-                b,
-                "<tr><td>{}</td><td>{}</td><td class=\"small\">{}</td><td>{} <span class=\"small\">{}</span></td></tr>",
-                esc(&c.text),
-                verdict_span(&c.ours),
-                esc(&c.ours.detail),
-                verdict_span(&c.paper),
-                esc(&c.paper.detail)
-            );
+            let _ = writeln!(b, "<tr>{}</tr>", claim_cells(c));
         }
         b.push_str("</tbody></table>\n");
     }
