@@ -914,12 +914,23 @@ fn report_page(r: &Report, dir: &Path, results: &Path, runs: &BTreeMap<String, R
         }
         b.push_str("</ul>\n");
     }
+    // The results directory as the user would type it: relative to the working directory
+    // where it lies below it (no machine's absolute path in a committed page), and no
+    // `--out` for the default `results`.
+    let shown = std::env::current_dir()
+        .ok()
+        .and_then(|cwd| results.strip_prefix(cwd).ok().map(Path::to_path_buf))
+        .unwrap_or_else(|| results.to_path_buf());
+    let out = match shown.to_string_lossy().trim_end_matches('/') {
+        "results" => String::new(),
+        other => format!(" --out {other}"),
+    };
     let _ = writeln!(
         b,
-        "<p class=\"small\">Remake this report: <code>fpt run-table {} --scale {} --out {}</code></p>",
+        "<p class=\"small\">Remake this report: <code>fpt run-table {} --scale {}{}</code></p>",
         esc(&r.id),
         esc(&r.scale),
-        esc(&results.display().to_string())
+        esc(&out)
     );
     page(&format!("{} ({})", r.title, r.scale), &b)
 }
