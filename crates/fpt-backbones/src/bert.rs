@@ -13,13 +13,12 @@
 //! LayerNorm}}`, `pooler.dense` (unused), with or without a `bert.` prefix; the old
 //! `LayerNorm.gamma`/`beta` names of `bert-base-uncased` are read as `weight`/`bias`.
 
-use crate::{role_by_rules, Arch, Backbone, BackboneError, ParamSpec, ParamTaker, Result};
+use crate::{role_by_rules, Arch, Backbone, BackboneError, Common, Naming, ParamSpec, ParamTaker, Result};
 use candle_core::{Device, Tensor};
 use fpt_nn::ops::Mask;
 use fpt_nn::{ops, BranchMid, Ctx, LayerNorm, Linear, NormAt, Param, ResidualBranch, Rng};
 use fpt_spec::{Role, ShapeOverrides, TrainGroups};
 use serde::{Deserialize, Serialize};
-use std::collections::HashMap;
 use std::path::Path;
 
 /// Parameter roles by name, first match wins (lower-cased names).
@@ -193,20 +192,14 @@ impl BertConfig {
 
     fn validate(&self) -> std::result::Result<(), String> {
         use fpt_spec::limits::*;
+        let c = self;
+        let (hidden, layers, heads) = (c.hidden_size, c.num_hidden_layers, c.num_attention_heads);
+        crate::check_bert_encoder(hidden, layers, heads, c.intermediate_size, &c.hidden_act)?;
         crate::check_sizes(&[
-            ("hidden_size", self.hidden_size, MAX_HIDDEN),
-            ("num_hidden_layers", self.num_hidden_layers, MAX_LAYERS),
-            ("num_attention_heads", self.num_attention_heads, MAX_HEADS),
-            ("intermediate_size", self.intermediate_size, MAX_FFN),
-            ("max_position_embeddings", self.max_position_embeddings, MAX_POSITIONS),
-            ("vocab_size", self.vocab_size, MAX_VOCAB),
-            ("type_vocab_size", self.type_vocab_size, MAX_VOCAB),
+            ("max_position_embeddings", c.max_position_embeddings, MAX_POSITIONS),
+            ("vocab_size", c.vocab_size, MAX_VOCAB),
+            ("type_vocab_size", c.type_vocab_size, MAX_VOCAB),
         ])?;
-        crate::check_heads(
-            ("hidden_size", self.hidden_size),
-            ("num_attention_heads", self.num_attention_heads),
-        )?;
-        crate::check_gelu(&self.hidden_act)?;
         if let Some(p) = &self.position_embedding_type {
             if p != "absolute" {
                 return Err(format!(
@@ -324,9 +317,7 @@ pub struct Bert {
     token_type: Param,
     emb_ln: LayerNorm,
     layers: Vec<Layer>,
-    dropout: bool,
-    named: Vec<(String, Role, Param)>,
-    origin: String,
+    common: Common,
 }
 
 /// Q, K and V as one frozen linear layer (`[3 * hidden, hidden]`, biases likewise) when all
@@ -348,14 +339,23 @@ fn packed_qkv(q: &Linear, k: &Linear, v: &Linear) -> candle_core::Result<Option<
 
 impl Arch for Bert {
     type Config = BertConfig;
+    const NAMING: Naming = Naming {
+        prefixes: &["bert.", "longformer.", "roberta."],
+        // Old TF-converted checkpoints name LayerNorm parameters gamma and beta.
+        alias: |n| {
+            n.replace("LayerNorm.weight", "LayerNorm.gamma")
+                .replace("LayerNorm.bias", "LayerNorm.beta")
+        },
+        transposed: |_| false,
+        quiet: &["position_ids", "cls.", "lm_head.", "pooler."],
+    };
+    const ROLE_RULES: &'static [(&'static str, Role)] = ROLE_RULES;
 
-    fn assemble(
-        config: &BertConfig,
-        tensors: HashMap<String, Tensor>,
-        groups: &TrainGroups,
-        origin: String,
-    ) -> candle_core::Result<Self> {
-        let mut t = ParamTaker::new(tensors, groups, ROLE_RULES);
+    fn specs(config: &Self::Config) -> Vec<ParamSpec> {
+        config.param_specs()
+    }
+
+    fn assemble(config: &BertConfig, mut t: ParamTaker, origin: String) -> candle_core::Result<Self> {
         let eps = config.layer_norm_eps;
         let positions = t.take("embeddings.position_embeddings.weight".into())?;
         let token_type = t.take("embeddings.token_type_embeddings.weight".into())?;
@@ -384,28 +384,8 @@ impl Arch for Bert {
             token_type,
             emb_ln,
             layers,
-            dropout: true,
-            named: t.named,
-            origin,
+            common: t.finish(origin),
         })
-    }
-
-    /// The checkpoint's tensors under fpt's names, every one checked.
-    fn read(config: &BertConfig, weights: &Path, device: &Device) -> Result<HashMap<String, Tensor>> {
-        // Old TF-converted checkpoints name LayerNorm parameters gamma and beta.
-        let alias = |n: &str| {
-            n.replace("LayerNorm.weight", "LayerNorm.gamma")
-                .replace("LayerNorm.bias", "LayerNorm.beta")
-        };
-        crate::read_checked(
-            weights,
-            &config.param_specs(),
-            &["bert.", "longformer.", "roberta."],
-            &alias,
-            &|_| false,
-            &["position_ids", "cls.", "lm_head.", "pooler."],
-            device,
-        )
     }
 }
 
@@ -419,13 +399,9 @@ impl Bert {
     /// BERT's default random init: weights and embeddings N(0, 0.02), biases 0,
     /// LayerNorm 1/0.
     pub fn random(config: &BertConfig, groups: &TrainGroups, device: &Device, rng: &mut Rng) -> Result<Self> {
-        let tensors = crate::random_tensors(&config.param_specs(), &|_| 0.02, device, rng)?;
         let c = config;
-        let origin = format!(
-            "random init ({} layers x {} wide x {} heads)",
-            c.num_hidden_layers, c.hidden_size, c.num_attention_heads
-        );
-        Ok(Self::assemble(config, tensors, groups, origin)?)
+        let origin = crate::random_origin(c.num_hidden_layers, c.hidden_size, c.num_attention_heads);
+        Self::random_init(config, &|_| 0.02, origin, groups, device, rng)
     }
 
     /// The config this model was built from.
@@ -450,7 +426,13 @@ impl Bert {
             Some(l) => Mask::Band(l.one_sided_window),
             None => Mask::None,
         };
-        let drop = |ctx: &mut Ctx, x: &Tensor, p: f64| if self.dropout { ctx.dropout(x, p) } else { Ok(x.clone()) };
+        let drop = |ctx: &mut Ctx, x: &Tensor, p: f64| {
+            if self.common.dropout {
+                ctx.dropout(x, p)
+            } else {
+                Ok(x.clone())
+            }
+        };
         let pos = self.positions.get().narrow(0, self.position_offset(), t)?;
         let tt = self.token_type.get().narrow(0, 0, 1)?;
         let h = embeds.broadcast_add(&pos)?.broadcast_add(&tt)?;
@@ -461,10 +443,10 @@ impl Bert {
         // same mask).
         let resid = |ctx: &mut Ctx| {
             let p = c.hidden_dropout_prob;
-            (self.dropout && ctx.train && p > 0.0).then(|| (p, ctx.rng.next_u64()))
+            (self.common.dropout && ctx.train && p > 0.0).then(|| (p, ctx.rng.next_u64()))
         };
         for (i, l) in self.layers.iter().enumerate() {
-            let dropout = self.dropout.then_some(c.attention_probs_dropout_prob);
+            let dropout = self.common.dropout.then_some(c.attention_probs_dropout_prob);
             let scale = 1.0 / (hd as f64).sqrt();
             let read_out = last.filter(|_| i + 1 == n);
             let h1 = match (&l.qkv, read_out) {
@@ -535,14 +517,8 @@ impl Backbone for Bert {
             "bert"
         }
     }
-    fn hidden_size(&self) -> usize {
-        self.config.hidden_size
-    }
     fn max_positions(&self) -> usize {
         self.config.max_position_embeddings - self.position_offset()
-    }
-    fn num_layers(&self) -> usize {
-        self.config.num_hidden_layers
     }
     fn is_causal(&self) -> bool {
         false
@@ -565,7 +541,7 @@ impl Backbone for Bert {
         crate::Config::Bert(self.config.clone())
     }
 
-    crate::backbone_common!(layers, num_hidden_layers);
+    crate::backbone_common!(layers, num_hidden_layers, hidden_size);
 }
 
 #[cfg(test)]

@@ -8,12 +8,11 @@
 //! mlp.c_fc, mlp.c_proj}`, `ln_f`), with or without a `transformer.` prefix; their Conv1D
 //! weights are `[in, out]` and are transposed to `[out, in]` on load (and back on save).
 
-use crate::{role_by_rules, Arch, Backbone, BackboneError, ParamSpec, ParamTaker, Result};
+use crate::{role_by_rules, Arch, Backbone, BackboneError, Common, Naming, ParamSpec, ParamTaker, Result};
 use candle_core::{Device, Tensor};
 use fpt_nn::{ops, BranchMid, Ctx, LayerNorm, Linear, NormAt, Param, ResidualBranch, Rng};
 use fpt_spec::{ResidualInit, Role, ShapeOverrides, TrainGroups};
 use serde::{Deserialize, Serialize};
-use std::collections::HashMap;
 use std::path::Path;
 
 /// The reference code's freezing rule for GPT-2 names, first match wins.
@@ -228,22 +227,24 @@ pub struct Gpt2 {
     blocks: Vec<Block>,
     /// `None` after [`Backbone::drop_final_norm`].
     ln_f: Option<LayerNorm>,
-    /// Dropouts on (the reference keeps GPT-2's dropouts on during training).
-    dropout: bool,
-    named: Vec<(String, Role, Param)>,
-    origin: String,
+    common: Common,
 }
 
 impl Arch for Gpt2 {
     type Config = Gpt2Config;
+    const NAMING: Naming = Naming {
+        prefixes: &["transformer."],
+        alias: str::to_string,
+        transposed: is_conv1d_weight,
+        quiet: &[".attn.bias", ".attn.masked_bias", "lm_head."],
+    };
+    const ROLE_RULES: &'static [(&'static str, Role)] = ROLE_RULES;
 
-    fn assemble(
-        config: &Gpt2Config,
-        tensors: HashMap<String, Tensor>,
-        groups: &TrainGroups,
-        origin: String,
-    ) -> candle_core::Result<Self> {
-        let mut t = ParamTaker::new(tensors, groups, ROLE_RULES);
+    fn specs(config: &Self::Config) -> Vec<ParamSpec> {
+        config.param_specs()
+    }
+
+    fn assemble(config: &Gpt2Config, mut t: ParamTaker, origin: String) -> candle_core::Result<Self> {
         let eps = config.layer_norm_epsilon;
         let wpe = t.take("wpe.weight".into())?;
         let mut blocks = Vec::with_capacity(config.n_layer);
@@ -264,23 +265,8 @@ impl Arch for Gpt2 {
             wpe,
             blocks,
             ln_f: Some(ln_f),
-            dropout: true,
-            named: t.named,
-            origin,
+            common: t.finish(origin),
         })
-    }
-
-    /// The checkpoint's tensors under fpt's names, every one checked.
-    fn read(config: &Gpt2Config, weights: &Path, device: &Device) -> Result<HashMap<String, Tensor>> {
-        crate::read_checked(
-            weights,
-            &config.param_specs(),
-            &["transformer."],
-            &|n: &str| n.to_string(),
-            &is_conv1d_weight,
-            &[".attn.bias", ".attn.masked_bias", "lm_head."],
-            device,
-        )
     }
 }
 
@@ -306,7 +292,6 @@ impl Gpt2 {
             ResidualInit::Unscaled => 0.02,
         };
         let std = |n: &str| if n.ends_with("c_proj.weight") { proj_std } else { 0.02 };
-        let tensors = crate::random_tensors(&config.param_specs(), &std, device, rng)?;
         let origin = format!(
             "random init ({} c_proj, {} layers x {} wide x {} heads)",
             match residual {
@@ -317,7 +302,7 @@ impl Gpt2 {
             config.n_embd,
             config.n_head
         );
-        Ok(Self::assemble(config, tensors, groups, origin)?)
+        Self::random_init(config, &std, origin, groups, device, rng)
     }
 
     /// The config this model was built from.
@@ -331,7 +316,7 @@ impl Gpt2 {
         let t = crate::check_embeds(self, embeds)?;
         let pos = self.wpe.get().narrow(0, 0, t)?;
         let mut h = embeds.broadcast_add(&pos)?;
-        if self.dropout {
+        if self.common.dropout {
             h = ctx.dropout(&h, self.config.embd_pdrop)?;
         }
         let n = self.blocks.len();
@@ -359,7 +344,7 @@ impl Gpt2 {
         let (nh, hd) = (c.n_head, width / c.n_head);
         // The residual dropout's (p, seed), drawn where `Ctx::dropout_add` would draw it.
         let resid = |ctx: &mut Ctx| {
-            (self.dropout && ctx.train && c.resid_pdrop > 0.0).then(|| (c.resid_pdrop, ctx.rng.next_u64()))
+            (self.common.dropout && ctx.train && c.resid_pdrop > 0.0).then(|| (c.resid_pdrop, ctx.rng.next_u64()))
         };
         let mut scale = if c.scale_attn_weights {
             1.0 / (hd as f64).sqrt()
@@ -369,7 +354,7 @@ impl Gpt2 {
         if c.scale_attn_by_inverse_layer_idx {
             scale /= (i + 1) as f64;
         }
-        let dropout = self.dropout.then_some(c.attn_pdrop);
+        let dropout = self.common.dropout.then_some(c.attn_pdrop);
 
         let h = if last.is_none() && ctx.attention.is_none() {
             // The attention half as one branch (fused when its layers are frozen).
@@ -414,14 +399,8 @@ impl Backbone for Gpt2 {
     fn architecture(&self) -> &'static str {
         "gpt2"
     }
-    fn hidden_size(&self) -> usize {
-        self.config.n_embd
-    }
     fn max_positions(&self) -> usize {
         self.config.n_positions
-    }
-    fn num_layers(&self) -> usize {
-        self.config.n_layer
     }
     fn is_causal(&self) -> bool {
         true
@@ -443,7 +422,7 @@ impl Backbone for Gpt2 {
 
     fn drop_final_norm(&mut self) -> Result<()> {
         self.ln_f = None;
-        crate::drop_named(&mut self.named, "ln_f.");
+        crate::drop_named(&mut self.common.named, "ln_f.");
         Ok(())
     }
 
@@ -451,5 +430,5 @@ impl Backbone for Gpt2 {
         crate::Config::Gpt2(self.config.clone())
     }
 
-    crate::backbone_common!(blocks, n_layer);
+    crate::backbone_common!(blocks, n_layer, n_embd);
 }

@@ -215,8 +215,24 @@ pub(crate) fn check_heads(width: (&str, usize), heads: (&str, usize)) -> std::re
     }
 }
 
-/// Checks a BERT-family config's `hidden_act` (exact GELU is the one implemented).
-pub(crate) fn check_gelu(act: &str) -> std::result::Result<(), String> {
+/// Checks the encoder fields BERT-family configs (BERT, Longformer, ViT) share:
+/// `hidden_size`, `num_hidden_layers`, `num_attention_heads`, `intermediate_size` and
+/// `hidden_act` (exact GELU is the one implemented).
+pub(crate) fn check_bert_encoder(
+    hidden: usize,
+    layers: usize,
+    heads: usize,
+    ffn: usize,
+    act: &str,
+) -> std::result::Result<(), String> {
+    use fpt_spec::limits::*;
+    check_sizes(&[
+        ("hidden_size", hidden, MAX_HIDDEN),
+        ("num_hidden_layers", layers, MAX_LAYERS),
+        ("num_attention_heads", heads, MAX_HEADS),
+        ("intermediate_size", ffn, MAX_FFN),
+    ])?;
+    check_heads(("hidden_size", hidden), ("num_attention_heads", heads))?;
     if act == "gelu" {
         Ok(())
     } else {
@@ -251,17 +267,30 @@ pub(crate) fn drop_named(named: &mut Vec<(String, Role, Param)>, part: &str) {
 }
 
 /// The `Backbone` methods every architecture implements the same way, for a struct with
-/// `config`, `named`, `dropout` and `origin` fields: `backbone_common!(blocks, depth)` names
-/// the field holding the blocks and the config field holding their count.
+/// `config` field and a `common: Common` one: `backbone_common!(blocks, depth, width)`
+/// names the field holding the blocks and the config fields holding their count and the
+/// hidden width.
 macro_rules! backbone_common {
-    ($blocks:ident, $depth:ident) => {
+    ($blocks:ident, $depth:ident, $width:ident) => {
+        fn hidden_size(&self) -> usize {
+            self.config.$width
+        }
+
+        fn num_layers(&self) -> usize {
+            self.config.$depth
+        }
+
         fn params(&self) -> Vec<(String, Role, &Param)> {
-            self.named.iter().map(|(n, r, p)| (n.clone(), *r, p)).collect()
+            self.common
+                .named
+                .iter()
+                .map(|(n, r, p)| (n.clone(), *r, p))
+                .collect()
         }
 
         fn param_specs(&self) -> Vec<ParamSpec> {
             // The config's tensors, less any the model has dropped (a final norm).
-            let have: std::collections::HashSet<&str> = self.named.iter().map(|(n, _, _)| n.as_str()).collect();
+            let have: std::collections::HashSet<&str> = self.common.named.iter().map(|(n, _, _)| n.as_str()).collect();
             self.config
                 .param_specs()
                 .into_iter()
@@ -270,18 +299,18 @@ macro_rules! backbone_common {
         }
 
         fn set_dropout(&mut self, on: bool) {
-            self.dropout = on;
+            self.common.dropout = on;
         }
 
         fn origin(&self) -> &str {
-            &self.origin
+            &self.common.origin
         }
 
         fn truncate(&mut self, layers: usize) -> Result<()> {
             crate::check_truncate(layers, self.config.$depth)?;
             self.$blocks.truncate(layers);
             self.config.$depth = layers;
-            crate::keep_layers(&mut self.named, layers);
+            crate::keep_layers(&mut self.common.named, layers);
             Ok(())
         }
     };
@@ -636,6 +665,17 @@ pub(crate) fn parse_config<T: serde::de::DeserializeOwned>(
     Ok(cfg)
 }
 
+/// What every backbone carries beside its layers: each parameter with its name and role,
+/// where the weights came from, and whether its dropouts are on.
+pub(crate) struct Common {
+    /// Every parameter, in the order taken, with its name and role.
+    pub named: Vec<(String, Role, Param)>,
+    /// Where the weights came from (a file, a random init).
+    pub origin: String,
+    /// Dropouts on (the reference keeps them on during training).
+    pub dropout: bool,
+}
+
 /// Turns named tensors into [`Param`]s (trainable or frozen by role) and records them.
 pub(crate) struct ParamTaker<'a> {
     tensors: std::collections::HashMap<String, Tensor>,
@@ -671,6 +711,15 @@ impl<'a> ParamTaker<'a> {
         let p = Param::new(t, trains)?;
         self.named.push((name, role, p.clone()));
         Ok(p)
+    }
+
+    /// The parameters taken, as a backbone's [`Common`] part (dropouts on).
+    pub(crate) fn finish(self, origin: String) -> Common {
+        Common {
+            named: self.named,
+            origin,
+            dropout: true,
+        }
     }
 
     /// `{prefix}.weight` and `{prefix}.bias` as a LayerNorm.
@@ -714,22 +763,45 @@ pub(crate) fn random_tensors(
     Ok(out)
 }
 
+/// How an architecture's checkpoints name its tensors, for [`read_checked`].
+pub(crate) struct Naming {
+    /// Prefixes a wrapping model puts before the backbone's names (`transformer.`,
+    /// `bert.`); the first one the file uses is stripped.
+    pub prefixes: &'static [&'static str],
+    /// A second name to try for a tensor (old checkpoints' spellings).
+    pub alias: fn(&str) -> String,
+    /// Whether a tensor is stored `[in, out]` (GPT-2's Conv1D) and is transposed on reading.
+    pub transposed: fn(&str) -> bool,
+    /// Names that may stand in a checkpoint and that fpt never reads (heads, buffers):
+    /// ignored with a debug log; other unknown names get a warning.
+    pub quiet: &'static [&'static str],
+}
+
+impl Naming {
+    /// A checkpoint under fpt's own names, nothing transposed, no alias.
+    pub const PLAIN: Naming = Naming {
+        prefixes: &[],
+        alias: str::to_string,
+        transposed: |_| false,
+        quiet: &[],
+    };
+}
+
 /// Reads the tensors `specs` name from a safetensors file, checking each one's presence
-/// and shape. The file's names may carry one of `prefixes`; `alias` gives a second name to
-/// try (old checkpoints); tensors for which `transposed` holds are stored `[in, out]` and
-/// are transposed. Tensors not `used` are shape-checked when present but not loaded, and
-/// may be absent; a missing used tensor is an error naming it. Names matching `quiet`
-/// (heads, buffers FPT never reads) are ignored with a debug log, other unknown names with
-/// a warning.
+/// and shape, the names read as `naming` says. Tensors not `used` are shape-checked when
+/// present but not loaded, and may be absent; a missing used tensor is an error naming it.
 pub(crate) fn read_checked(
     weights: &Path,
     specs: &[ParamSpec],
-    prefixes: &[&str],
-    alias: &dyn Fn(&str) -> String,
-    transposed: &dyn Fn(&str) -> bool,
-    quiet: &[&str],
+    naming: &Naming,
     device: &Device,
 ) -> Result<std::collections::HashMap<String, Tensor>> {
+    let Naming {
+        prefixes,
+        alias,
+        transposed,
+        quiet,
+    } = naming;
     let st_err = |msg: String| BackboneError::Safetensors {
         path: weights.to_path_buf(),
         msg,
@@ -930,36 +1002,65 @@ pub fn load(spec: &BackboneSpec, groups: &TrainGroups, device: &Device, rng: &mu
     Ok(backbone)
 }
 
-/// What each architecture provides to be built from a checkpoint: its tensors read and
-/// checked under fpt's names, and a model assembled from tensors (pretrained, statistics-
-/// only or random alike).
+/// What each architecture provides to be built from a checkpoint: how its checkpoints name
+/// the tensors, which roles they have, and a model assembled from them (pretrained,
+/// statistics-only or random alike).
 pub(crate) trait Arch: Backbone + Sized + 'static {
     /// The architecture's config.
     type Config;
+    /// How its checkpoints name the tensors.
+    const NAMING: Naming;
+    /// Each tensor's role, by the first rule whose pattern its name contains.
+    const ROLE_RULES: &'static [(&'static str, Role)];
+    /// Every tensor the config implies.
+    fn specs(config: &Self::Config) -> Vec<ParamSpec>;
+    /// The model from the tensors `t` hands out (every name the config implies); `origin`
+    /// says where the weights came from.
+    fn assemble(config: &Self::Config, t: ParamTaker, origin: String) -> candle_core::Result<Self>;
     /// The checkpoint's tensors under fpt's names, every one checked.
     fn read(
         config: &Self::Config,
         weights: &Path,
         device: &Device,
-    ) -> Result<std::collections::HashMap<String, Tensor>>;
-    /// The model from `tensors` (every name the config implies), with the roles `groups`
-    /// trains as `Var`s; `origin` says where the weights came from.
-    fn assemble(
+    ) -> Result<std::collections::HashMap<String, Tensor>> {
+        read_checked(weights, &Self::specs(config), &Self::NAMING, device)
+    }
+    /// The model from `tensors`, with the roles `groups` trains as `Var`s.
+    fn from_tensors(
         config: &Self::Config,
         tensors: std::collections::HashMap<String, Tensor>,
         groups: &TrainGroups,
         origin: String,
-    ) -> candle_core::Result<Self>;
+    ) -> candle_core::Result<Self> {
+        Self::assemble(config, ParamTaker::new(tensors, groups, Self::ROLE_RULES), origin)
+    }
     /// The checkpoint at `weights` as read.
     fn load_checkpoint(config: &Self::Config, weights: &Path, groups: &TrainGroups, device: &Device) -> Result<Self> {
-        let origin = weights.display().to_string();
-        Ok(Self::assemble(
+        let tensors = Self::read(config, weights, device)?;
+        Ok(Self::from_tensors(
             config,
-            Self::read(config, weights, device)?,
+            tensors,
             groups,
-            origin,
+            weights.display().to_string(),
         )?)
     }
+    /// The usual transformer init ([`random_tensors`] with `std`), described by `origin`.
+    fn random_init(
+        config: &Self::Config,
+        std: &dyn Fn(&str) -> f64,
+        origin: String,
+        groups: &TrainGroups,
+        device: &Device,
+        rng: &mut Rng,
+    ) -> Result<Self> {
+        let tensors = random_tensors(&Self::specs(config), std, device, rng)?;
+        Ok(Self::from_tensors(config, tensors, groups, origin)?)
+    }
+}
+
+/// How a randomly initialised transformer's origin reads.
+pub(crate) fn random_origin(layers: usize, wide: usize, heads: usize) -> String {
+    format!("random init ({layers} layers x {wide} wide x {heads} heads)")
 }
 
 /// The checkpoint at `weights`, its tensors passed through `prep`, as a boxed backbone.
@@ -974,7 +1075,7 @@ fn boxed<A: Arch>(
     ) -> Result<std::collections::HashMap<String, Tensor>>,
 ) -> Result<Box<dyn Backbone>> {
     let tensors = prep(A::read(config, weights, device)?)?;
-    Ok(Box::new(A::assemble(config, tensors, groups, origin)?))
+    Ok(Box::new(A::from_tensors(config, tensors, groups, origin)?))
 }
 
 fn build(spec: &BackboneSpec, groups: &TrainGroups, device: &Device, rng: &mut Rng) -> Result<Box<dyn Backbone>> {

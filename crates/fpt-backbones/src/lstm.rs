@@ -30,7 +30,7 @@
 //! recurrent: frozen in the FPT setting, trained with `--train all` or `rec`),
 //! `layers.{i}.{ln_i2h,ln_h2h,ln_cell}.{weight,bias}` (LayerNorm).
 
-use crate::{role_by_rules, Arch, Backbone, BackboneError, ParamSpec, ParamTaker, Result};
+use crate::{role_by_rules, Arch, Backbone, BackboneError, Common, Naming, ParamSpec, ParamTaker, Result};
 use candle_core::{DType, Device, Tensor};
 use fpt_nn::{ops, Ctx, Linear, Param, Rng};
 use fpt_spec::{Role, ShapeOverrides, TrainGroups};
@@ -220,21 +220,19 @@ pub struct Lstm {
     config: LstmConfig,
     wpe: Option<Param>,
     layers: Vec<Layer>,
-    dropout: bool,
-    named: Vec<(String, Role, Param)>,
-    origin: String,
+    common: Common,
 }
 
 impl Arch for Lstm {
     type Config = LstmConfig;
+    const NAMING: Naming = Naming::PLAIN;
+    const ROLE_RULES: &'static [(&'static str, Role)] = ROLE_RULES;
 
-    fn assemble(
-        config: &LstmConfig,
-        tensors: HashMap<String, Tensor>,
-        groups: &TrainGroups,
-        origin: String,
-    ) -> candle_core::Result<Self> {
-        let mut t = ParamTaker::new(tensors, groups, ROLE_RULES);
+    fn specs(config: &Self::Config) -> Vec<ParamSpec> {
+        config.param_specs()
+    }
+
+    fn assemble(config: &LstmConfig, mut t: ParamTaker, origin: String) -> candle_core::Result<Self> {
         let eps = config.layer_norm_eps;
         let wpe = if config.positions {
             Some(t.take("wpe.weight".into())?)
@@ -264,23 +262,8 @@ impl Arch for Lstm {
             config: config.clone(),
             wpe,
             layers,
-            dropout: true,
-            named: t.named,
-            origin,
+            common: t.finish(origin),
         })
-    }
-
-    /// The checkpoint's tensors (fpt's names, `[out, in]` layout), every one checked.
-    fn read(config: &LstmConfig, weights: &std::path::Path, device: &Device) -> Result<HashMap<String, Tensor>> {
-        crate::read_checked(
-            weights,
-            &config.param_specs(),
-            &[],
-            &|n: &str| n.to_string(),
-            &|_: &str| false,
-            &[],
-            device,
-        )
     }
 }
 
@@ -316,7 +299,7 @@ impl Lstm {
             config.ln_init,
             config.initial_state,
         );
-        Ok(Self::assemble(config, tensors, groups, origin)?)
+        Ok(Self::from_tensors(config, tensors, groups, origin)?)
     }
 
     /// Loads a `model.safetensors` written by [`crate::save_pretrained`] (every tensor checked).
@@ -351,7 +334,7 @@ impl Lstm {
         };
         // Each step's dropout multipliers, drawn in step order as `Ctx::dropout` would.
         let p = self.config.dropout;
-        let masks = if self.dropout && ctx.train && p > 0.0 {
+        let masks = if self.common.dropout && ctx.train && p > 0.0 {
             let mut m = Vec::with_capacity(t * b * hsz);
             for _ in 0..t {
                 m.extend(ops::dropout_mask_values(b * hsz, p, ctx.rng.next_u64()));
@@ -388,14 +371,8 @@ impl Backbone for Lstm {
     fn architecture(&self) -> &'static str {
         "lstm"
     }
-    fn hidden_size(&self) -> usize {
-        self.config.hidden_size
-    }
     fn max_positions(&self) -> usize {
         self.config.max_positions
-    }
-    fn num_layers(&self) -> usize {
-        self.config.num_layers
     }
     fn is_causal(&self) -> bool {
         true
@@ -418,5 +395,5 @@ impl Backbone for Lstm {
         crate::Config::Lstm(self.config.clone())
     }
 
-    crate::backbone_common!(layers, num_layers);
+    crate::backbone_common!(layers, num_layers, hidden_size);
 }

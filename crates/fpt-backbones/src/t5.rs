@@ -10,12 +10,11 @@
 //! `encoder.final_layer_norm`, `shared` (unused); a full encoder-decoder checkpoint
 //! (`t5-base`) loads too, its decoder ignored.
 
-use crate::{role_by_rules, Arch, Backbone, BackboneError, ParamSpec, ParamTaker, Result};
+use crate::{role_by_rules, Arch, Backbone, BackboneError, Common, Naming, ParamSpec, ParamTaker, Result};
 use candle_core::{Device, Tensor, D};
 use fpt_nn::{ops, Ctx, Linear, Param, Rng};
 use fpt_spec::{Role, ShapeOverrides, TrainGroups};
 use serde::{Deserialize, Serialize};
-use std::collections::HashMap;
 use std::path::Path;
 
 /// Parameter roles by name, first match wins (lower-cased names).
@@ -236,21 +235,22 @@ pub struct T5Encoder {
     blocks: Vec<Block>,
     /// `None` after [`Backbone::drop_final_norm`].
     final_ln: Option<Param>,
-    dropout: bool,
-    named: Vec<(String, Role, Param)>,
-    origin: String,
+    common: Common,
 }
 
 impl Arch for T5Encoder {
     type Config = T5Config;
+    const NAMING: Naming = Naming {
+        quiet: &["decoder.", "lm_head.", "encoder.embed_tokens."],
+        ..Naming::PLAIN
+    };
+    const ROLE_RULES: &'static [(&'static str, Role)] = ROLE_RULES;
 
-    fn assemble(
-        config: &T5Config,
-        tensors: HashMap<String, Tensor>,
-        groups: &TrainGroups,
-        origin: String,
-    ) -> candle_core::Result<Self> {
-        let mut t = ParamTaker::new(tensors, groups, ROLE_RULES);
+    fn specs(config: &Self::Config) -> Vec<ParamSpec> {
+        config.param_specs()
+    }
+
+    fn assemble(config: &T5Config, mut t: ParamTaker, origin: String) -> candle_core::Result<Self> {
         let no_bias =
             |t: &mut ParamTaker, n: String| -> candle_core::Result<Linear> { Ok(Linear::new(t.take(n)?, None)) };
         let mut blocks = Vec::with_capacity(config.num_layers);
@@ -281,23 +281,8 @@ impl Arch for T5Encoder {
             rel_bias: rel_bias.expect("at least one block"),
             blocks,
             final_ln: Some(final_ln),
-            dropout: true,
-            named: t.named,
-            origin,
+            common: t.finish(origin),
         })
-    }
-
-    /// The checkpoint's tensors under fpt's names, every one checked.
-    fn read(config: &T5Config, weights: &Path, device: &Device) -> Result<HashMap<String, Tensor>> {
-        crate::read_checked(
-            weights,
-            &config.param_specs(),
-            &[],
-            &|n: &str| n.to_string(),
-            &|_| false,
-            &["decoder.", "lm_head.", "encoder.embed_tokens."],
-            device,
-        )
     }
 }
 
@@ -311,13 +296,8 @@ impl T5Encoder {
     /// the bias table, RMS norm weights 1). T5's own init scales each matrix by its fan-in;
     /// the fixed 0.02 keeps random rows comparable with the other backbones.
     pub fn random(config: &T5Config, groups: &TrainGroups, device: &Device, rng: &mut Rng) -> Result<Self> {
-        let tensors = crate::random_tensors(&config.param_specs(), &|_| 0.02, device, rng)?;
-        let c = config;
-        let origin = format!(
-            "random init ({} layers x {} wide x {} heads)",
-            c.num_layers, c.d_model, c.num_heads
-        );
-        Ok(Self::assemble(config, tensors, groups, origin)?)
+        let origin = crate::random_origin(config.num_layers, config.d_model, config.num_heads);
+        Self::random_init(config, &|_| 0.02, origin, groups, device, rng)
     }
 
     /// The `[heads, t, t]` relative-position bias for `t` tokens.
@@ -339,14 +319,8 @@ impl Backbone for T5Encoder {
     fn architecture(&self) -> &'static str {
         "t5"
     }
-    fn hidden_size(&self) -> usize {
-        self.config.d_model
-    }
     fn max_positions(&self) -> usize {
         usize::MAX
-    }
-    fn num_layers(&self) -> usize {
-        self.config.num_layers
     }
     fn is_causal(&self) -> bool {
         false
@@ -359,7 +333,7 @@ impl Backbone for T5Encoder {
             candle_core::bail!("t5: input width {width} does not match d_model {}", c.d_model)
         }
         let drop = |ctx: &mut Ctx, x: &Tensor| {
-            if self.dropout {
+            if self.common.dropout {
                 ctx.dropout(x, c.dropout_rate)
             } else {
                 Ok(x.clone())
@@ -373,7 +347,7 @@ impl Backbone for T5Encoder {
             let x = rms_norm(&h, &blk.ln_attn.get(), eps)?;
             let (q, k, v) = (blk.q.forward(&x)?, blk.k.forward(&x)?, blk.v.forward(&x)?);
             // T5 does not scale scores by 1/sqrt(d_kv).
-            let dropout = self.dropout.then_some(c.dropout_rate);
+            let dropout = self.common.dropout.then_some(c.dropout_rate);
             let o = crate::attention(&q, &k, &v, nh, 1.0, ops::Mask::None, Some(&bias), ctx, dropout)?;
             h = (&h + drop(ctx, &blk.o.forward(&o)?)?)?;
             let x = rms_norm(&h, &blk.ln_ff.get(), eps)?;
@@ -388,7 +362,7 @@ impl Backbone for T5Encoder {
 
     fn drop_final_norm(&mut self) -> Result<()> {
         self.final_ln = None;
-        crate::drop_named(&mut self.named, "final_layer_norm.");
+        crate::drop_named(&mut self.common.named, "final_layer_norm.");
         Ok(())
     }
 
@@ -396,5 +370,5 @@ impl Backbone for T5Encoder {
         crate::Config::T5(self.config.clone())
     }
 
-    crate::backbone_common!(blocks, num_layers);
+    crate::backbone_common!(blocks, num_layers, d_model);
 }

@@ -17,7 +17,7 @@
 //! the names above, the fused `qkv` split into query, key and value (timm's LayerNorm eps
 //! is 1e-6).
 
-use crate::{role_by_rules, Arch, Backbone, BackboneError, ParamSpec, ParamTaker, Result};
+use crate::{role_by_rules, Arch, Backbone, BackboneError, Common, Naming, ParamSpec, ParamTaker, Result};
 use candle_core::{DType, Device, Tensor};
 use fpt_nn::{ops, Ctx, LayerNorm, Linear, Param, Rng};
 use fpt_spec::{Role, ShapeOverrides, TrainGroups};
@@ -175,19 +175,13 @@ impl VitConfig {
 
     fn validate(&self) -> std::result::Result<(), String> {
         use fpt_spec::limits::*;
+        let c = self;
+        let (hidden, layers, heads) = (c.hidden_size, c.num_hidden_layers, c.num_attention_heads);
+        crate::check_bert_encoder(hidden, layers, heads, c.intermediate_size, &c.hidden_act)?;
         crate::check_sizes(&[
-            ("hidden_size", self.hidden_size, MAX_HIDDEN),
-            ("num_hidden_layers", self.num_hidden_layers, MAX_LAYERS),
-            ("num_attention_heads", self.num_attention_heads, MAX_HEADS),
-            ("intermediate_size", self.intermediate_size, MAX_FFN),
-            ("image_size", self.image_size, MAX_POSITIONS),
-            ("num_channels", self.num_channels, MAX_INPUT_WIDTH),
+            ("image_size", c.image_size, MAX_POSITIONS),
+            ("num_channels", c.num_channels, MAX_INPUT_WIDTH),
         ])?;
-        crate::check_heads(
-            ("hidden_size", self.hidden_size),
-            ("num_attention_heads", self.num_attention_heads),
-        )?;
-        crate::check_gelu(&self.hidden_act)?;
         if self.patch_size == 0 || !self.image_size.is_multiple_of(self.patch_size) {
             return Err(format!(
                 "image_size {} is not a multiple of patch_size {}",
@@ -293,21 +287,23 @@ pub struct Vit {
     layers: Vec<Layer>,
     /// `None` after [`Backbone::drop_final_norm`].
     ln: Option<LayerNorm>,
-    dropout: bool,
-    named: Vec<(String, Role, Param)>,
-    origin: String,
+    common: Common,
 }
 
 impl Arch for Vit {
     type Config = VitConfig;
+    const NAMING: Naming = Naming {
+        prefixes: &["vit."],
+        quiet: &["classifier.", "pooler."],
+        ..Naming::PLAIN
+    };
+    const ROLE_RULES: &'static [(&'static str, Role)] = ROLE_RULES;
 
-    fn assemble(
-        config: &VitConfig,
-        tensors: HashMap<String, Tensor>,
-        groups: &TrainGroups,
-        origin: String,
-    ) -> candle_core::Result<Self> {
-        let mut t = ParamTaker::new(tensors, groups, ROLE_RULES);
+    fn specs(config: &Self::Config) -> Vec<ParamSpec> {
+        config.param_specs()
+    }
+
+    fn assemble(config: &VitConfig, mut t: ParamTaker, origin: String) -> candle_core::Result<Self> {
         let eps = config.layer_norm_eps;
         let positions = t.take("fpt.position_embeddings.weight".into())?;
         let qkv = |t: &mut ParamTaker, prefix: String| -> candle_core::Result<Linear> {
@@ -337,9 +333,7 @@ impl Arch for Vit {
             positions,
             layers,
             ln: Some(ln),
-            dropout: true,
-            named: t.named,
-            origin,
+            common: t.finish(origin),
         })
     }
 
@@ -354,15 +348,7 @@ impl Arch for Vit {
         let mut tensors = if config.timm {
             Self::read_timm(config, weights, device)?
         } else {
-            crate::read_checked(
-                weights,
-                &specs,
-                &["vit."],
-                &|n: &str| n.to_string(),
-                &|_| false,
-                &["classifier.", "pooler."],
-                device,
-            )?
+            crate::read_checked(weights, &specs, &Self::NAMING, device)?
         };
         tensors.insert(
             "fpt.position_embeddings.weight".into(),
@@ -407,16 +393,11 @@ impl Vit {
                 specs.push(spec(format!("{b}{n}"), shape));
             }
         }
-        let quiet = ["cls_token", "pos_embed", "patch_embed.", "head.", "fc_norm."];
-        let mut t = crate::read_checked(
-            weights,
-            &specs,
-            &[],
-            &|n: &str| n.to_string(),
-            &|_| false,
-            &quiet,
-            device,
-        )?;
+        let timm = Naming {
+            quiet: &["cls_token", "pos_embed", "patch_embed.", "head.", "fc_norm."],
+            ..Naming::PLAIN
+        };
+        let mut t = crate::read_checked(weights, &specs, &timm, device)?;
         let mut out = HashMap::new();
         let mut take = |from: String, to: String| {
             let x = t.remove(&from).expect("checked above");
@@ -458,17 +439,12 @@ impl Vit {
 
     /// Random init: weights N(0, 0.02), biases 0, LayerNorm 1/0, fpt's positions 0.
     pub fn random(config: &VitConfig, groups: &TrainGroups, device: &Device, rng: &mut Rng) -> Result<Self> {
-        let mut tensors = crate::random_tensors(&config.param_specs(), &|_| 0.02, device, rng)?;
-        tensors.insert(
-            "fpt.position_embeddings.weight".into(),
-            Tensor::zeros((FPT_POSITIONS, config.hidden_size), DType::F32, device)?,
-        );
+        // fpt's position table starts at 0 (drawn with std 0: the generator advances as for
+        // any other tensor).
+        let std = |n: &str| if n.starts_with("fpt.") { 0.0 } else { 0.02 };
         let c = config;
-        let origin = format!(
-            "random init ({} layers x {} wide x {} heads)",
-            c.num_hidden_layers, c.hidden_size, c.num_attention_heads
-        );
-        Ok(Self::assemble(config, tensors, groups, origin)?)
+        let origin = crate::random_origin(c.num_hidden_layers, c.hidden_size, c.num_attention_heads);
+        Self::random_init(config, &std, origin, groups, device, rng)
     }
 }
 
@@ -476,14 +452,8 @@ impl Backbone for Vit {
     fn architecture(&self) -> &'static str {
         "vit"
     }
-    fn hidden_size(&self) -> usize {
-        self.config.hidden_size
-    }
     fn max_positions(&self) -> usize {
         FPT_POSITIONS
-    }
-    fn num_layers(&self) -> usize {
-        self.config.num_hidden_layers
     }
     fn is_causal(&self) -> bool {
         false
@@ -492,7 +462,13 @@ impl Backbone for Vit {
     fn forward(&self, embeds: &Tensor, ctx: &mut Ctx) -> candle_core::Result<Tensor> {
         let c = &self.config;
         let t = crate::check_embeds(self, embeds)?;
-        let drop = |ctx: &mut Ctx, x: &Tensor, p: f64| if self.dropout { ctx.dropout(x, p) } else { Ok(x.clone()) };
+        let drop = |ctx: &mut Ctx, x: &Tensor, p: f64| {
+            if self.common.dropout {
+                ctx.dropout(x, p)
+            } else {
+                Ok(x.clone())
+            }
+        };
         let mut h = drop(
             ctx,
             &embeds.broadcast_add(&self.positions.get().narrow(0, 0, t)?)?,
@@ -502,7 +478,7 @@ impl Backbone for Vit {
         for l in &self.layers {
             let x = l.ln_before.forward(&h)?;
             let (q, k, v) = (l.query.forward(&x)?, l.key.forward(&x)?, l.value.forward(&x)?);
-            let dropout = self.dropout.then_some(c.attention_probs_dropout_prob);
+            let dropout = self.common.dropout.then_some(c.attention_probs_dropout_prob);
             let o = crate::attention(
                 &q,
                 &k,
@@ -527,7 +503,7 @@ impl Backbone for Vit {
 
     fn drop_final_norm(&mut self) -> Result<()> {
         self.ln = None;
-        crate::drop_named(&mut self.named, "layernorm.");
+        crate::drop_named(&mut self.common.named, "layernorm.");
         Ok(())
     }
 
@@ -535,5 +511,5 @@ impl Backbone for Vit {
         crate::Config::Vit(self.config.clone())
     }
 
-    crate::backbone_common!(layers, num_hidden_layers);
+    crate::backbone_common!(layers, num_hidden_layers, hidden_size);
 }

@@ -205,7 +205,7 @@ impl ResidualBranch<'_> {
             dropout.filter(|&(p, _)| p > 0.0),
         );
         x.contiguous()?
-            .apply_op3(&self.norm.weight.get(), &self.norm.bias.get(), op)
+            .apply_op3(&self.norm.weight.get(), &self.norm.bias.get(), ops::Three(op))
     }
 
     /// The branch composed of the layers' own ops (the reference; every device).

@@ -87,43 +87,24 @@ impl FromStr for ResidualInit {
     }
 }
 
-/// Shape overrides for a randomly initialised backbone, so that small models train on a CPU.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-pub struct ShapeOverrides {
-    /// Number of transformer blocks.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub layers: Option<usize>,
-    /// Hidden (model) width.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub hidden: Option<usize>,
-    /// Attention heads.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub heads: Option<usize>,
-    /// Maximum positions (size of the learned position table).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub positions: Option<usize>,
-    /// Token vocabulary (GPT-2's `wte` rows; `fpt pretrain` sets it to the corpus's).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub vocab: Option<usize>,
-    /// LSTM only: residual connections around each layer (paper Table 5).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub lstm_residual: Option<bool>,
-    /// LSTM only: a learned, zero-initialised position table added to the inputs (Table 5).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub lstm_positions: Option<bool>,
-}
-
-impl ShapeOverrides {
-    /// Whether any override is set.
-    pub fn any(&self) -> bool {
-        self.layers.is_some()
-            || self.hidden.is_some()
-            || self.heads.is_some()
-            || self.positions.is_some()
-            || self.vocab.is_some()
-            || self.lstm_residual.is_some()
-            || self.lstm_positions.is_some()
+optional_settings! {
+    /// Shape overrides for a randomly initialised backbone, so that small models train on a CPU.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+    pub struct ShapeOverrides {
+        /// Number of transformer blocks.
+        layers: usize,
+        /// Hidden (model) width.
+        hidden: usize,
+        /// Attention heads.
+        heads: usize,
+        /// Maximum positions (size of the learned position table).
+        positions: usize,
+        /// Token vocabulary (GPT-2's `wte` rows; `fpt pretrain` sets it to the corpus's).
+        vocab: usize,
+        /// LSTM only: residual connections around each layer (paper Table 5).
+        lstm_residual: bool,
+        /// LSTM only: a learned, zero-initialised position table added to the inputs (Table 5).
+        lstm_positions: bool,
     }
 }
 

@@ -12,6 +12,43 @@
 //! [`LrSchedule`]), `error` ([`SpecError`]); [`table`] for the paper's tables as data,
 //! [`files`] for hashing and atomic writes, [`limits`] for size limits on inputs.
 
+/// Declares a settings struct whose every field is optional (`Option<T>`): read with `None`
+/// for an absent key and unknown keys refused, written without the unset ones; with
+/// `merged` (one's set fields over another's) and `any` (whether any field is set), so a
+/// new field cannot be left out of either.
+macro_rules! optional_settings {
+    (
+        $(#[$meta:meta])*
+        pub struct $name:ident {
+            $($(#[doc = $doc:literal])* $field:ident: $ty:ty,)*
+        }
+    ) => {
+        $(#[$meta])*
+        #[serde(deny_unknown_fields)]
+        pub struct $name {
+            $(
+                $(#[doc = $doc])*
+                #[serde(default, skip_serializing_if = "Option::is_none")]
+                pub $field: Option<$ty>,
+            )*
+        }
+
+        impl $name {
+            /// `self` with every field `over` sets replaced.
+            pub fn merged(&self, over: &Self) -> Self {
+                Self {
+                    $($field: over.$field.clone().or_else(|| self.$field.clone()),)*
+                }
+            }
+
+            /// Whether any field is set.
+            pub fn any(&self) -> bool {
+                false $(|| self.$field.is_some())*
+            }
+        }
+    };
+}
+
 pub mod files;
 pub mod limits;
 pub mod table;

@@ -38,52 +38,40 @@ pub enum Metric {
     PaperOnly,
 }
 
-/// The settings of a cell; unset fields inherit (table defaults, row, column).
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CellSettings {
-    /// Task name as on the command line.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub task: Option<String>,
-    /// Backbone as named in the paper (`gpt2`, `gpt2-medium`, `gpt2-large`,
-    /// `bert-base-uncased`, `t5-base`, `allenai/longformer-base-4096`, `vit`); scales may
-    /// substitute it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub backbone: Option<String>,
-    /// `pretrained`, `random`, `stats-only` or `bit-pretrained`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub init: Option<String>,
-    /// Trained groups (`--train` syntax).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub train: Option<String>,
-    /// Depth cut: the first N blocks.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub depth: Option<usize>,
-    /// `transformer` (default), `lstm`, `output-only` (cached features), or `literature`
-    /// (a number the paper cites from other work).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub model: Option<String>,
-    /// LSTM layers.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub lstm_layers: Option<usize>,
-    /// LSTM with residual connections.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub lstm_residual: Option<bool>,
-    /// LSTM with learned positional embeddings.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub lstm_positions: Option<bool>,
-    /// Train the last attention layer too (Table 14).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_attention: Option<bool>,
-    /// What the cell reports.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub metric: Option<Metric>,
-    /// Learning rate (paper: 1e-3; homology 1e-4; LSTMs 3e-4).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub lr: Option<f64>,
-    /// For counted cells: the input layer's width the paper counted with (Table 8: 16).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub input_width: Option<usize>,
+optional_settings! {
+    /// The settings of a cell; unset fields inherit (table defaults, row, column).
+    #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+    pub struct CellSettings {
+        /// Task name as on the command line.
+        task: String,
+        /// Backbone as named in the paper (`gpt2`, `gpt2-medium`, `gpt2-large`,
+        /// `bert-base-uncased`, `t5-base`, `allenai/longformer-base-4096`, `vit`); scales may
+        /// substitute it.
+        backbone: String,
+        /// `pretrained`, `random`, `stats-only` or `bit-pretrained`.
+        init: String,
+        /// Trained groups (`--train` syntax).
+        train: String,
+        /// Depth cut: the first N blocks.
+        depth: usize,
+        /// `transformer` (default), `lstm`, `output-only` (cached features), or `literature`
+        /// (a number the paper cites from other work).
+        model: String,
+        /// LSTM layers.
+        lstm_layers: usize,
+        /// LSTM with residual connections.
+        lstm_residual: bool,
+        /// LSTM with learned positional embeddings.
+        lstm_positions: bool,
+        /// Train the last attention layer too (Table 14).
+        last_attention: bool,
+        /// What the cell reports.
+        metric: Metric,
+        /// Learning rate (paper: 1e-3; homology 1e-4; LSTMs 3e-4).
+        lr: f64,
+        /// For counted cells: the input layer's width the paper counted with (Table 8: 16).
+        input_width: usize,
+    }
 }
 
 impl Metric {
@@ -102,30 +90,6 @@ impl Metric {
                 | Metric::ConfigLayers
                 | Metric::ConfigHidden
                 | Metric::ConfigHeads
-        )
-    }
-}
-
-impl CellSettings {
-    /// `self` with every field `over` sets replaced.
-    pub fn merged(&self, over: &CellSettings) -> CellSettings {
-        macro_rules! pick {
-            ($($f:ident),*) => { CellSettings { $($f: over.$f.clone().or_else(|| self.$f.clone())),* } };
-        }
-        pick!(
-            task,
-            backbone,
-            init,
-            train,
-            depth,
-            model,
-            lstm_layers,
-            lstm_residual,
-            lstm_positions,
-            last_attention,
-            metric,
-            lr,
-            input_width
         )
     }
 }

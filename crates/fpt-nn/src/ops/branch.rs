@@ -16,8 +16,8 @@
 use super::attention::{packed_backward, packed_forward};
 use super::dropout::DropoutAdd;
 use super::sgemm::{sgemm, sgemm_prepacked, MatMut, MatRef, PackedB};
-use super::{cpu_slice, tracks, with_cpu_slice};
-use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor};
+use super::{cpu_slice, grad_like, tracks, with_cpu_slice};
+use candle_core::{CpuStorage, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 use std::sync::{Arc, Mutex};
 
@@ -248,7 +248,7 @@ impl BranchOp {
     }
 }
 
-impl CustomOp3 for BranchOp {
+impl super::ThreeOperands for BranchOp {
     fn name(&self) -> &'static str {
         match self.norm_at {
             NormAt::Input => "fpt-pre-norm-branch",
@@ -256,15 +256,7 @@ impl CustomOp3 for BranchOp {
         }
     }
 
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-        s3: &CpuStorage,
-        l3: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
+    fn forward_cpu(&self, [(s1, l1), (s2, l2), (s3, l3)]: [(&CpuStorage, &Layout); 3]) -> Result<(CpuStorage, Shape)> {
         super::f32_only(&[s1, s2, s3], self.name())?;
         let x = cpu_slice::<f32>(s1, l1, self.name())?;
         let gamma = cpu_slice::<f32>(s2, l2, self.name())?;
@@ -306,18 +298,8 @@ impl CustomOp3 for BranchOp {
         Ok((CpuStorage::F32(y), l1.shape().clone()))
     }
 
-    fn bwd(
-        &self,
-        x: &Tensor,
-        gamma: &Tensor,
-        beta: &Tensor,
-        _res: &Tensor,
-        dy: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+    fn gradients(&self, [x, gamma, beta]: [&Tensor; 3], _res: &Tensor, dy: &Tensor) -> Result<[Option<Tensor>; 3]> {
         let want = [tracks(x), tracks(gamma), tracks(beta)];
-        if !want.iter().any(|&w| w) {
-            return Ok((None, None, None));
-        }
         let (u, s) = self
             .saved
             .lock()
@@ -347,17 +329,10 @@ impl CustomOp3 for BranchOp {
                 (NormAt::Output, None) => candle_core::bail!("{what}: forward kept no sum"),
             })
         })?;
-        let wrap = |v: Vec<f32>, like: &Tensor, w: bool| -> Result<Option<Tensor>> {
-            Ok(if w {
-                Some(Tensor::from_vec(v, like.shape(), like.device())?)
-            } else {
-                None
-            })
-        };
-        Ok((
-            wrap(dx, x, want[0])?,
-            wrap(dg, gamma, want[1])?,
-            wrap(db, beta, want[2])?,
-        ))
+        Ok([
+            grad_like(dx, x, want[0])?,
+            grad_like(dg, gamma, want[1])?,
+            grad_like(db, beta, want[2])?,
+        ])
     }
 }

@@ -6,7 +6,7 @@
 
 use super::{assume_init, cpu_slice, rows_per_task, tracks, uninit, unsupported, use_par, with_cpu_slice, Float};
 use candle_core::backend::BackendStorage as _;
-use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor, D};
+use candle_core::{CpuStorage, DType, Layout, Result, Shape, Tensor, D};
 use rayon::prelude::*;
 use std::mem::MaybeUninit;
 
@@ -94,20 +94,12 @@ pub(super) fn bwd_kernel<T: Float>(x: &[T], g: &[T], dy: &[T], eps: f64) -> (Vec
     (dx, dg, db)
 }
 
-impl CustomOp3 for LayerNormOp {
+impl super::ThreeOperands for LayerNormOp {
     fn name(&self) -> &'static str {
         "fpt-layer-norm"
     }
 
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-        s3: &CpuStorage,
-        l3: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
+    fn forward_cpu(&self, [(s1, l1), (s2, l2), (s3, l3)]: [(&CpuStorage, &Layout); 3]) -> Result<(CpuStorage, Shape)> {
         fn run<T: Float>(op: &LayerNormOp, s: [(&CpuStorage, &Layout); 3]) -> Result<CpuStorage> {
             let x = cpu_slice::<T>(s[0].0, s[0].1, "layer_norm")?;
             let g = cpu_slice::<T>(s[1].0, s[1].1, "layer_norm")?;
@@ -123,14 +115,7 @@ impl CustomOp3 for LayerNormOp {
         Ok((out, l1.shape().clone()))
     }
 
-    fn bwd(
-        &self,
-        x: &Tensor,
-        g: &Tensor,
-        b: &Tensor,
-        _res: &Tensor,
-        dy: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+    fn gradients(&self, [x, g, b]: [&Tensor; 3], _res: &Tensor, dy: &Tensor) -> Result<[Option<Tensor>; 3]> {
         fn run<T: Float>(op: &LayerNormOp, x: &Tensor, g: &Tensor, dy: &Tensor) -> Result<(Vec<T>, Vec<T>, Vec<T>)> {
             with_cpu_slice::<T, _>(x, "layer_norm", |xs| {
                 with_cpu_slice::<T, _>(g, "layer_norm", |gs| {
@@ -158,11 +143,11 @@ impl CustomOp3 for LayerNormOp {
             }
             dt => return Err(unsupported("layer_norm", dt)),
         };
-        Ok((
+        Ok([
             tracks(x).then_some(dx),
             tracks(g).then_some(dg),
             tracks(b).then_some(db),
-        ))
+        ])
     }
 }
 
@@ -173,7 +158,11 @@ pub fn layer_norm(x: &Tensor, gamma: &Tensor, beta: &Tensor, eps: f64) -> Result
         return layer_norm_composed(x, gamma, beta, eps);
     }
     let x = x.contiguous()?;
-    x.apply_op3(&gamma.contiguous()?, &beta.contiguous()?, LayerNormOp { eps })
+    x.apply_op3(
+        &gamma.contiguous()?,
+        &beta.contiguous()?,
+        super::Three(LayerNormOp { eps }),
+    )
 }
 
 /// LayerNorm composed of stock candle ops (correct gradients on every device; slower).

@@ -12,7 +12,7 @@
 use super::{cpu_slice, tracks, unsupported, with_cpu_slice};
 use crate::kernels::KernelPath;
 use candle_core::backend::BackendStorage;
-use candle_core::{CpuStorage, CudaStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor, WithDType};
+use candle_core::{CpuStorage, CudaStorage, CustomOp2, DType, Layout, Result, Shape, Tensor, WithDType};
 
 struct LinearOp {
     /// Leading dims of x, i.e. of y without its last dim.
@@ -388,41 +388,22 @@ impl CustomOp2 for LinearOp {
     }
 }
 
-impl CustomOp3 for LinearOp {
+impl super::ThreeOperands for LinearOp {
     fn name(&self) -> &'static str {
         "fpt-linear-bias"
     }
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-        s3: &CpuStorage,
-        l3: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
+    fn forward_cpu(&self, [(s1, l1), (s2, l2), (s3, l3)]: [(&CpuStorage, &Layout); 3]) -> Result<(CpuStorage, Shape)> {
         self.cpu(s1, l1, s2, l2, Some((s3, l3)))
     }
-    fn cuda_fwd(
+    fn forward_cuda(
         &self,
-        s1: &CudaStorage,
-        l1: &Layout,
-        s2: &CudaStorage,
-        l2: &Layout,
-        s3: &CudaStorage,
-        l3: &Layout,
+        [(s1, l1), (s2, l2), (s3, l3)]: [(&CudaStorage, &Layout); 3],
     ) -> Result<(CudaStorage, Shape)> {
         self.generic(s1, l1, s2, l2, Some((s3, l3)))
     }
-    fn bwd(
-        &self,
-        x: &Tensor,
-        w: &Tensor,
-        b: &Tensor,
-        _res: &Tensor,
-        dy: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        self.grads(x, w, Some(b), dy)
+    fn gradients(&self, [x, w, b]: [&Tensor; 3], _res: &Tensor, dy: &Tensor) -> Result<[Option<Tensor>; 3]> {
+        let (dx, dw, db) = self.grads(x, w, Some(b), dy)?;
+        Ok([dx, dw, db])
     }
 }
 
@@ -446,7 +427,7 @@ pub(crate) fn linear_prepacked(
     let lead = x.dims()[..x.rank().saturating_sub(1)].to_vec();
     let op = LinearOp { lead, packed };
     match b {
-        Some(b) => x.apply_op3(&w, &b.contiguous()?, op),
+        Some(b) => x.apply_op3(&w, &b.contiguous()?, super::Three(op)),
         None => x.apply_op2(&w, op),
     }
 }

@@ -24,9 +24,9 @@
 use super::fastmath::{exp_f32, tanh_f32};
 use super::linear::product_threads as threads_for;
 use super::sgemm::{has_micro_kernel, sgemm, sgemm_prepacked, MatMut, MatRef, PackedB};
-use super::{cpu_slice, tracks, with_cpu_slice};
+use super::{cpu_slice, grad_like, tracks, with_cpu_slice};
 use crate::kernels::KernelPath;
-use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor, D};
+use candle_core::{CpuStorage, DType, Layout, Result, Shape, Tensor, D};
 use std::sync::Mutex;
 
 /// The cell's parameters other than `W_hh`: `b_hh` and the two LayerNorms.
@@ -98,7 +98,7 @@ pub fn ln_lstm(
         eps: p.eps as f32,
         saved: Mutex::new(None),
     };
-    xi.contiguous()?.apply_op3(&wb, &ln, op)
+    xi.contiguous()?.apply_op3(&wb, &ln, super::Three(op))
 }
 
 /// The reference LayerNorm in candle ops: `(x - mean) / sqrt(var_unbiased + eps) * w + b`.
@@ -434,20 +434,12 @@ impl LnLstmOp {
     }
 }
 
-impl CustomOp3 for LnLstmOp {
+impl super::ThreeOperands for LnLstmOp {
     fn name(&self) -> &'static str {
         "fpt-ln-lstm"
     }
 
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-        s3: &CpuStorage,
-        l3: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
+    fn forward_cpu(&self, [(s1, l1), (s2, l2), (s3, l3)]: [(&CpuStorage, &Layout); 3]) -> Result<(CpuStorage, Shape)> {
         super::f32_only(&[s1, s2, s3], "layer-norm LSTM")?;
         let (b, t, h) = self.dims(l1)?;
         let xi = cpu_slice::<f32>(s1, l1, "layer-norm LSTM")?;
@@ -466,18 +458,8 @@ impl CustomOp3 for LnLstmOp {
         Ok((CpuStorage::F32(y), Shape::from((b, t, h))))
     }
 
-    fn bwd(
-        &self,
-        xi: &Tensor,
-        wb: &Tensor,
-        ln: &Tensor,
-        _res: &Tensor,
-        dy: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+    fn gradients(&self, [xi, wb, ln]: [&Tensor; 3], _res: &Tensor, dy: &Tensor) -> Result<[Option<Tensor>; 3]> {
         let want = [tracks(xi), tracks(wb), tracks(ln)];
-        if !want.iter().any(|&x| x) {
-            return Ok((None, None, None));
-        }
         let (b, t, g4) = xi.dims3()?;
         let guard = self.saved.lock().unwrap_or_else(|e| e.into_inner());
         let sv = guard
@@ -490,20 +472,10 @@ impl CustomOp3 for LnLstmOp {
                 })
             })
         })?;
-        let wrap = |v: Vec<f32>, like: &Tensor, keep: bool| -> Result<Option<Tensor>> {
-            Ok(if keep {
-                Some(Tensor::from_vec(v, like.shape(), like.device())?)
-            } else {
-                None
-            })
+        let dw = match dw {
+            Some(v) => grad_like(v, wb, true)?,
+            None => None,
         };
-        Ok((
-            wrap(dxi, xi, want[0])?,
-            match dw {
-                Some(v) => wrap(v, wb, true)?,
-                None => None,
-            },
-            wrap(dln, ln, want[2])?,
-        ))
+        Ok([grad_like(dxi, xi, want[0])?, dw, grad_like(dln, ln, want[2])?])
     }
 }

@@ -32,7 +32,9 @@ pub use loss::{correct, cross_entropy, cross_entropy_composed};
 pub use lstm::{ln_lstm, ln_lstm_composed, LnLstmParams};
 pub use softmax::{masked_softmax, masked_softmax_composed, Mask};
 
-use candle_core::{CpuStorage, DType, Error, Layout, Result, Storage, Tensor, WithDType};
+use candle_core::{
+    CpuStorage, CudaStorage, CustomOp3, DType, Error, Layout, Result, Shape, Storage, Tensor, WithDType,
+};
 
 /// `n` uninitialised slots for a kernel output: cheaper than `vec![0; n]`, whose zero-fill
 /// is a sequential pass over memory before the (parallel) kernel writes it again.
@@ -100,11 +102,85 @@ pub(crate) fn with_cpu_slice<T: WithDType, R>(
     }
 }
 
+/// A custom op of three tensors, its operands as arrays; [`Three`] makes it candle's
+/// `CustomOp3`. The one home of candle's six-argument forward signatures and tuple backward.
+pub(crate) trait ThreeOperands: Send + Sync + 'static {
+    /// The op's name in candle's errors.
+    fn name(&self) -> &'static str;
+    /// The forward pass on CPU storage: the result and its shape.
+    fn forward_cpu(&self, args: [(&CpuStorage, &Layout); 3]) -> Result<(CpuStorage, Shape)>;
+    /// The forward pass on CUDA storage; without one, candle's error naming the op.
+    fn forward_cuda(&self, args: [(&CudaStorage, &Layout); 3]) -> Result<(CudaStorage, Shape)> {
+        let _ = args;
+        Err(Error::Cuda(
+            format!("no cuda implementation for {}", self.name()).into(),
+        ))
+    }
+    /// The operands' gradients from the output's `dy` (`res` is the output), `None` for an
+    /// operand that does not take part in backprop; called when at least one does.
+    fn gradients(&self, args: [&Tensor; 3], res: &Tensor, dy: &Tensor) -> Result<[Option<Tensor>; 3]>;
+}
+
+/// candle's `CustomOp3` of a [`ThreeOperands`] op: `a.apply_op3(b, c, Three(op))`.
+pub(crate) struct Three<T>(pub T);
+
+impl<T: ThreeOperands> CustomOp3 for Three<T> {
+    fn name(&self) -> &'static str {
+        self.0.name()
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        self.0.forward_cpu([(s1, l1), (s2, l2), (s3, l3)])
+    }
+
+    fn cuda_fwd(
+        &self,
+        s1: &CudaStorage,
+        l1: &Layout,
+        s2: &CudaStorage,
+        l2: &Layout,
+        s3: &CudaStorage,
+        l3: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        self.0.forward_cuda([(s1, l1), (s2, l2), (s3, l3)])
+    }
+
+    fn bwd(
+        &self,
+        a: &Tensor,
+        b: &Tensor,
+        c: &Tensor,
+        res: &Tensor,
+        dy: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        if ![a, b, c].iter().any(|t| tracks(t)) {
+            return Ok((None, None, None));
+        }
+        let [ga, gb, gc] = self.0.gradients([a, b, c], res, dy)?;
+        Ok((ga, gb, gc))
+    }
+}
+
 /// Whether `t` takes part in backprop (a `Var` or computed from one). Custom-op backward
 /// passes return `None` for arguments that do not, so no gradient of a frozen tensor is
 /// ever computed or stored.
 pub(crate) fn tracks(t: &Tensor) -> bool {
     t.track_op()
+}
+
+/// A gradient computed as `v`, shaped like the operand `like`, where `keep` (the operand
+/// takes part in backprop); `None` otherwise.
+pub(crate) fn grad_like<T: WithDType>(v: Vec<T>, like: &Tensor, keep: bool) -> Result<Option<Tensor>> {
+    keep.then(|| Tensor::from_vec(v, like.shape(), like.device()))
+        .transpose()
 }
 
 /// `Ok` when every storage holds f32 (what the f32-only fused kernels take), else the

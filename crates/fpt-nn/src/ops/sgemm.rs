@@ -217,7 +217,54 @@ impl PackedB {
 
 /// The micro-kernel of a path: `C[..mr, ..nr] (+)= A_sliver^T B_sliver (+ bias)` over `kc`
 /// for packed `MR`-row and `NR`-column slivers.
-type MicroKernel = unsafe fn(usize, *const f32, *const f32, *mut f32, usize, usize, usize, bool, *const f32);
+type MicroKernel = unsafe fn(Tile);
+
+/// One micro-kernel call: the tile of C at `c` (rows `ldc` apart) of which rows `..mr` and
+/// columns `..nr` are written (added to when `acc`), from the packed slivers `pa` and `pb`
+/// over depth `kc`, plus `bias` (null, or `nr` values) when not null.
+#[derive(Clone, Copy)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+struct Tile {
+    kc: usize,
+    pa: *const f32,
+    pb: *const f32,
+    c: *mut f32,
+    ldc: usize,
+    mr: usize,
+    nr: usize,
+    acc: bool,
+    bias: *const f32,
+}
+
+impl Tile {
+    /// The part of the tile from row `i0` and column `j0` on, at most `mr x nr`: its slivers
+    /// offset into the packed ones (rows `MR`, columns `NR` apart per depth step), its bias
+    /// values from column `j0`.
+    ///
+    /// # Safety
+    /// `i0 < self.mr` and `j0 < self.nr`, so every pointer stays inside what `self`'s
+    /// contract makes valid.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn sub(self, i0: usize, j0: usize, mr: usize, nr: usize) -> Tile {
+        // SAFETY: the offsets stay inside the slivers, the tile and the bias (see above).
+        unsafe {
+            Tile {
+                pa: self.pa.add(i0),
+                pb: self.pb.add(j0),
+                c: self.c.add(i0 * self.ldc + j0),
+                mr: (self.mr - i0).min(mr),
+                nr: (self.nr - j0).min(nr),
+                bias: if self.bias.is_null() {
+                    self.bias
+                } else {
+                    self.bias.add(j0)
+                },
+                ..self
+            }
+        }
+    }
+}
 
 /// fpt's micro-kernel for `path` when the path has one and the CPU runs it (AVX-512F, or
 /// AVX2 + FMA); `None` on the portable path (the `gemm` crate's product runs).
@@ -665,17 +712,17 @@ unsafe fn rows(
                 // SAFETY: the tile (ic + i0.., jc + j0..) of mr x nr lies inside c; the CPU
                 // runs the kernel's instructions (checked by the caller).
                 unsafe {
-                    kern(
+                    kern(Tile {
                         kc,
-                        at.as_ptr(),
-                        bs.as_ptr(),
-                        c.0.add((ic + i0) * ldc + jc + j0),
+                        pa: at.as_ptr(),
+                        pb: bs.as_ptr(),
+                        c: c.0.add((ic + i0) * ldc + jc + j0),
                         ldc,
                         mr,
                         nr,
                         acc,
-                        if bias.0.is_null() { bias.0 } else { bias.0.add(jc + j0) },
-                    )
+                        bias: if bias.0.is_null() { bias.0 } else { bias.0.add(jc + j0) },
+                    })
                 };
             }
         }
@@ -690,21 +737,11 @@ unsafe fn rows(
 /// when `acc`); `bias` is null or holds `nr` values.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn kernel(
-    kc: usize,
-    pa: *const f32,
-    pb: *const f32,
-    c: *mut f32,
-    ldc: usize,
-    mr: usize,
-    nr: usize,
-    acc: bool,
-    bias: *const f32,
-) {
+unsafe fn kernel(t: Tile) {
     use std::arch::x86_64::*;
+    let (kc, c, ldc, mr, nr, acc, bias) = (t.kc, t.c, t.ldc, t.mr, t.nr, t.acc, t.bias);
     let mut r = [[_mm512_setzero_ps(); 2]; MR];
-    let (mut pa, mut pb) = (pa, pb);
+    let (mut pa, mut pb) = (t.pa, t.pb);
     /// One depth step of the tile.
     ///
     /// # Safety
@@ -809,42 +846,18 @@ unsafe fn kernel(
 /// when `acc`); `bias` is null or holds `nr` values.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn kernel_avx2(
-    kc: usize,
-    pa: *const f32,
-    pb: *const f32,
-    c: *mut f32,
-    ldc: usize,
-    mr: usize,
-    nr: usize,
-    acc: bool,
-    bias: *const f32,
-) {
+unsafe fn kernel_avx2(t: Tile) {
     for i0 in [0, AVX2_MR] {
-        if i0 >= mr {
+        if i0 >= t.mr {
             break;
         }
         for j0 in [0, AVX2_NR] {
-            if j0 >= nr {
+            if j0 >= t.nr {
                 break;
             }
-            // SAFETY: the sub-tile's rows i0.. and columns j0.. lie in the tile (i0 < mr,
-            // j0 < nr), its slivers' parts inside the packed slivers, its bias values
-            // inside bias's nr; AVX2 + FMA per the caller.
-            unsafe {
-                sub_tile_avx2(
-                    kc,
-                    pa.add(i0),
-                    pb.add(j0),
-                    c.add(i0 * ldc + j0),
-                    ldc,
-                    (mr - i0).min(AVX2_MR),
-                    (nr - j0).min(AVX2_NR),
-                    acc,
-                    if bias.is_null() { bias } else { bias.add(j0) },
-                )
-            };
+            // SAFETY: i0 < mr and j0 < nr, so the sub-tile lies in the tile (see
+            // `Tile::sub`); AVX2 + FMA per the caller.
+            unsafe { sub_tile_avx2(t.sub(i0, j0, AVX2_MR, AVX2_NR)) };
         }
     }
 }
@@ -863,22 +876,12 @@ const AVX2_NR: usize = 16;
 /// every depth `p < kc` (the packed slivers are zero-padded to whole tiles).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)]
 #[inline]
-unsafe fn sub_tile_avx2(
-    kc: usize,
-    pa: *const f32,
-    pb: *const f32,
-    c: *mut f32,
-    ldc: usize,
-    mr: usize,
-    nr: usize,
-    acc: bool,
-    bias: *const f32,
-) {
+unsafe fn sub_tile_avx2(t: Tile) {
     use std::arch::x86_64::*;
+    let (kc, c, ldc, mr, nr, acc, bias) = (t.kc, t.c, t.ldc, t.mr, t.nr, t.acc, t.bias);
     let mut r = [[_mm256_setzero_ps(); 2]; AVX2_MR];
-    let (mut a, mut b) = (pa, pb);
+    let (mut a, mut b) = (t.pa, t.pb);
     for _ in 0..kc {
         // SAFETY: depth step inside the packed slivers (see the function's contract).
         unsafe {
