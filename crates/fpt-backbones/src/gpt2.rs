@@ -207,7 +207,7 @@ impl Gpt2Config {
 }
 
 /// Whether a checkpoint tensor is a Conv1D weight stored `[in, out]`.
-pub(crate) fn is_conv1d_weight(name: &str) -> bool {
+fn is_conv1d_weight(name: &str) -> bool {
     name.ends_with(".weight") && (name.contains(".c_attn.") || name.contains(".c_proj.") || name.contains(".c_fc."))
 }
 

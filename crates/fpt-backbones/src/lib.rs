@@ -266,7 +266,7 @@ pub(crate) fn drop_named(named: &mut Vec<(String, Role, Param)>, part: &str) {
     named.retain(|(n, _, _)| !n.contains(part));
 }
 
-/// The `Backbone` methods every architecture implements the same way, for a struct with
+/// The `Backbone` methods every architecture implements the same way, for a struct with a
 /// `config` field and a `common: Common` one: `backbone_common!(blocks, depth, width)`
 /// names the field holding the blocks and the config fields holding their count and the
 /// hidden width.
@@ -1141,11 +1141,12 @@ pub fn save_pretrained(
     rng: &mut Rng,
 ) -> Result<()> {
     let config = backbone.config();
-    let (model_type, arch, transposed): (&str, &str, fn(&str) -> bool) = match &config {
-        Config::Gpt2(_) => ("gpt2", "GPT2Model", gpt2::is_conv1d_weight),
-        Config::Bert(c) if c.longformer.is_none() => ("bert", "BertModel", |_| false),
-        Config::T5(_) => ("t5", "T5EncoderModel", |_| false),
-        Config::Lstm(_) => ("fpt-lstm", "FptLstm", |_| false),
+    // Tensors are stored as the architecture's checkpoints store them (`Arch::NAMING`).
+    let (model_type, arch, naming) = match &config {
+        Config::Gpt2(_) => ("gpt2", "GPT2Model", gpt2::Gpt2::NAMING),
+        Config::Bert(c) if c.longformer.is_none() => ("bert", "BertModel", bert::Bert::NAMING),
+        Config::T5(_) => ("t5", "T5EncoderModel", t5::T5Encoder::NAMING),
+        Config::Lstm(_) => ("fpt-lstm", "FptLstm", lstm::Lstm::NAMING),
         other => {
             return Err(BackboneError::Unsupported(format!(
                 "saving a {} backbone is not supported (gpt2, bert, t5 and lstm are)",
@@ -1180,7 +1181,7 @@ pub fn save_pretrained(
                 found: t.dims().to_vec(),
             });
         }
-        let t = if transposed(&spec.name) {
+        let t = if (naming.transposed)(&spec.name) {
             t.t()?.contiguous()?
         } else {
             t

@@ -221,7 +221,7 @@ type MicroKernel = unsafe fn(Tile);
 
 /// One micro-kernel call: the tile of C at `c` (rows `ldc` apart) of which rows `..mr` and
 /// columns `..nr` are written (added to when `acc`), from the packed slivers `pa` and `pb`
-/// over depth `kc`, plus `bias` (null, or `nr` values) when not null.
+/// over depth `kc`, plus `bias` unless it is null (then it holds `nr` values).
 #[derive(Clone, Copy)]
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 struct Tile {
