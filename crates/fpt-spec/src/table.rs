@@ -286,79 +286,41 @@ pub struct Substitute {
     pub note: String,
 }
 
-/// Per-task overrides at a scale.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TaskOverrides {
-    /// Optimizer steps.
-    #[serde(default)]
-    pub steps: Option<usize>,
-    /// Batch size.
-    #[serde(default)]
-    pub batch_size: Option<usize>,
-    /// Micro-batch size.
-    #[serde(default)]
-    pub micro_batch_size: Option<usize>,
-    /// Evaluate every N steps.
-    #[serde(default)]
-    pub eval_every: Option<usize>,
-    /// Held-out examples (0 = all).
-    #[serde(default)]
-    pub eval_examples: Option<usize>,
-    /// Training examples (sample).
-    #[serde(default)]
-    pub train_examples: Option<usize>,
-    /// Bits per string (bit tasks).
-    #[serde(default)]
-    pub n_bits: Option<usize>,
-    /// Bits per token (bit tasks).
-    #[serde(default)]
-    pub patch: Option<usize>,
-    /// Maximum sequence length.
-    #[serde(default)]
-    pub max_len: Option<usize>,
-    /// Learning rate.
-    #[serde(default)]
-    pub lr: Option<f64>,
-    /// Epochs of output-only training on cached features (Table 10).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cached_epochs: Option<usize>,
-    /// Training examples whose features output-only training caches (datasets; `None`:
-    /// `train_examples`, else the whole split).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cached_examples: Option<usize>,
-    /// Accuracy on the training split (`never`, `final`, `every`); cells that report
-    /// training accuracy always measure it. `None`: `final`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub train_eval: Option<crate::TrainEval>,
-    /// Runs per cell, each with its own seed (the cell's seed, then the next ones): the
-    /// cell reports their mean and spread, and claims use it. `None`: one.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub seeds: Option<usize>,
-}
-
-impl TaskOverrides {
-    /// `self` with every field `over` sets replaced.
-    pub fn merged(&self, over: &TaskOverrides) -> TaskOverrides {
-        macro_rules! pick {
-            ($($f:ident),*) => { TaskOverrides { $($f: over.$f.or(self.$f)),* } };
-        }
-        pick!(
-            steps,
-            batch_size,
-            micro_batch_size,
-            eval_every,
-            eval_examples,
-            train_examples,
-            n_bits,
-            patch,
-            max_len,
-            lr,
-            cached_epochs,
-            cached_examples,
-            train_eval,
-            seeds
-        )
+optional_settings! {
+    /// Per-task overrides at a scale.
+    #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+    pub struct TaskOverrides {
+        /// Optimizer steps.
+        steps: usize,
+        /// Batch size.
+        batch_size: usize,
+        /// Micro-batch size.
+        micro_batch_size: usize,
+        /// Evaluate every N steps.
+        eval_every: usize,
+        /// Held-out examples (0 = all).
+        eval_examples: usize,
+        /// Training examples (sample).
+        train_examples: usize,
+        /// Bits per string (bit tasks).
+        n_bits: usize,
+        /// Bits per token (bit tasks).
+        patch: usize,
+        /// Maximum sequence length.
+        max_len: usize,
+        /// Learning rate.
+        lr: f64,
+        /// Epochs of output-only training on cached features (Table 10).
+        cached_epochs: usize,
+        /// Training examples whose features output-only training caches (datasets; `None`:
+        /// `train_examples`, else the whole split).
+        cached_examples: usize,
+        /// Accuracy on the training split (`never`, `final`, `every`); cells that report
+        /// training accuracy always measure it. `None`: `final`.
+        train_eval: crate::TrainEval,
+        /// Runs per cell, each with its own seed (the cell's seed, then the next ones): the
+        /// cell reports their mean and spread, and claims use it. `None`: one.
+        seeds: usize,
     }
 }
 
