@@ -18,7 +18,7 @@ const LN2_LO: f32 = -2.121_944_4e-4;
 #[inline(always)]
 pub(crate) fn exp_f32(x: f32) -> f32 {
     let x = x.clamp(-87.3, 88.7);
-    let n = (x * LOG2E + 0.5).floor();
+    let n = floor_small(x * LOG2E + 0.5);
     let r = x - n * LN2_HI - n * LN2_LO;
     let mut p = 1.987_569_1e-4f32;
     p = p * r + 1.398_2e-3;
@@ -27,7 +27,33 @@ pub(crate) fn exp_f32(x: f32) -> f32 {
     p = p * r + 1.666_666_5e-1;
     p = p * r + 0.5;
     let y = p * r * r + r + 1.0;
-    y * f32::from_bits(((n as i32 + 127) << 23) as u32)
+    y * pow2_int(n)
+}
+
+/// 1.5 * 2^23: adding and subtracting it rounds an f32 of magnitude below 2^22 to an
+/// integer, and the sum's low mantissa bits then hold that integer.
+const ROUND: f32 = 12_582_912.0;
+
+/// `t.floor()` for |t| < 2^22 without a call or a conversion: `f32::floor` is a `floorf`
+/// call on CPUs without SSE4.1's `roundps` (the baseline x86-64 target the portable path is
+/// compiled for) and `as i32` a scalar saturating conversion, either of which keeps the
+/// loops around it scalar.
+#[inline(always)]
+fn floor_small(t: f32) -> f32 {
+    let r = (t + ROUND) - ROUND;
+    if r > t {
+        r - 1.0
+    } else {
+        r
+    }
+}
+
+/// `2^n` for an integral `n` in [-126, 127] (the exponent bits; 128 gives +inf), with
+/// integer adds and a shift only.
+#[inline(always)]
+fn pow2_int(n: f32) -> f32 {
+    let i = (n + ROUND).to_bits().wrapping_sub(ROUND.to_bits());
+    f32::from_bits(i.wrapping_add(127) << 23)
 }
 
 /// tanh(u) = 1 - 2 / (e^(2u) + 1), vectorizable; exact +-1 in the limits.
@@ -120,9 +146,31 @@ pub(crate) fn softmax_in_place(path: KernelPath, row: &mut [f32], scale: f32) {
         #[cfg(target_arch = "x86_64")]
         return unsafe { softmax_avx2(row, scale) };
     }
-    let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v * scale));
-    let mut sum = 0f32;
-    for v in row.iter_mut() {
+    softmax_lanes(row, scale)
+}
+
+/// [`softmax_in_place`]'s plain-Rust body: maxima and sums kept in [`LANES`] partial lanes
+/// (a sequential `f32` reduction cannot be vectorized, an array of partial ones can), so
+/// the compiler vectorizes it for whatever SIMD the portable target has (SSE2, NEON).
+fn softmax_lanes(row: &mut [f32], scale: f32) {
+    let split = row.len() / LANES * LANES;
+    let mut mx = [f32::NEG_INFINITY; LANES];
+    for c in row[..split].chunks_exact(LANES) {
+        for j in 0..LANES {
+            mx[j] = mx[j].max(c[j] * scale);
+        }
+    }
+    let max = row[split..].iter().fold(mx.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)), |m, &v| m.max(v * scale));
+    let mut sums = [0f32; LANES];
+    for c in row[..split].chunks_exact_mut(LANES) {
+        for j in 0..LANES {
+            let e = exp_f32(c[j] * scale - max);
+            c[j] = e;
+            sums[j] += e;
+        }
+    }
+    let mut sum: f32 = sums.iter().sum();
+    for v in &mut row[split..] {
         let e = exp_f32(*v * scale - max);
         *v = e;
         sum += e;
@@ -132,6 +180,9 @@ pub(crate) fn softmax_in_place(path: KernelPath, row: &mut [f32], scale: f32) {
         *v *= inv;
     }
 }
+
+/// Partial lanes of the portable reductions (two SSE / NEON registers).
+const LANES: usize = 8;
 
 /// [`softmax_in_place`]'s AVX2 body.
 ///
@@ -415,8 +466,10 @@ mod tests {
         assert!(exp_f32(-1e4) < 1e-37);
         for path in KernelPath::available() {
             // Softmax (vector body and tail) against the plain formula.
-            for n in [1usize, 7, 8, 29] {
-                let xs: Vec<f32> = (0..n).map(|i| (i as f32 * 0.7).sin() * 4.0).collect();
+            for n in [1usize, 7, 8, 16, 29, 515] {
+                // Mostly smooth values, and every 5th far below the maximum (weight 0).
+                let xs: Vec<f32> =
+                    (0..n).map(|i| if i % 5 == 3 { -1e4 } else { (i as f32 * 0.7).sin() * 4.0 }).collect();
                 let mut got = xs.clone();
                 softmax_in_place(path, &mut got, 0.9);
                 let m = xs.iter().fold(f64::NEG_INFINITY, |a, &v| a.max(v as f64 * 0.9));
@@ -464,6 +517,23 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// The call-free floor and power of two used by `exp_f32` are exact: integers, halves
+    /// and values either side of them, over the whole range `exp_f32` feeds them.
+    #[test]
+    fn floor_and_pow2_are_exact() {
+        let mut t = -130.0f32;
+        while t <= 130.0 {
+            for v in [t, t + 0.5, t.next_up(), t.next_down(), (t + 0.5).next_down()] {
+                assert_eq!(floor_small(v), v.floor(), "floor({v})");
+            }
+            t += 0.25;
+        }
+        for n in -126..=127 {
+            assert_eq!(pow2_int(n as f32), 2f32.powi(n), "2^{n}");
+        }
+        assert_eq!(pow2_int(128.0), f32::INFINITY);
     }
 
     /// The f32 erf GELU (8 lanes and scalar) against the f64 formula with libm's erf, and
