@@ -450,7 +450,7 @@ impl Trainer {
                 out.push(t.clone());
             }
         }
-        self.adam.restore(loaded.state.adam_t, m, v);
+        self.adam.restore(loaded.state.adam_t, m, v)?;
         self.data_rng = loaded.state.data_rng.clone();
         self.ctx.rng = loaded.state.dropout_rng.clone();
         if let Some(c) = loaded.state.data_cursor {

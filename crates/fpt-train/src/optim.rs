@@ -2,6 +2,7 @@
 //! gradient-norm clipping as `torch.nn.utils.clip_grad_norm_`.
 
 use candle_core::{Result, Tensor, Var};
+use fpt_nn::ops::{adam_update, AdamCoefs};
 
 /// Adam (Kingma & Ba), PyTorch's update: bias-corrected first and second moments,
 /// `p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)`.
@@ -38,30 +39,34 @@ impl Adam {
         })
     }
 
-    /// One update with `grads[i]` for `vars[i]`.
+    /// One update with `grads[i]` for `vars[i]` (in place on CPU f32 tensors, see
+    /// [`fpt_nn::ops::adam_update`]: the moments [`Adam::moments`] returned before are
+    /// then updated too).
     pub fn step(&mut self, grads: &[Tensor]) -> Result<()> {
         self.t += 1;
         let bc1 = 1.0 - self.beta1.powi(self.t as i32);
         let bc2 = 1.0 - self.beta2.powi(self.t as i32);
-        let step_size = self.lr / bc1;
+        let coefs = AdamCoefs {
+            beta1: self.beta1,
+            beta2: self.beta2,
+            step_size: self.lr / bc1,
+            inv_sqrt_bc2: 1.0 / bc2.sqrt(),
+            eps: self.eps,
+        };
         for (i, var) in self.vars.iter().enumerate() {
-            let g = &grads[i];
-            let m = ((&self.m[i] * self.beta1)? + (g * (1.0 - self.beta1))?)?;
-            let v = ((&self.v[i] * self.beta2)? + (g.sqr()? * (1.0 - self.beta2))?)?;
-            let denom = ((v.sqrt()? / bc2.sqrt())? + self.eps)?;
-            let update = (m.div(&denom)? * step_size)?;
-            var.set(&var.as_tensor().sub(&update)?)?;
-            self.m[i] = m;
-            self.v[i] = v;
+            adam_update(var, &mut self.m[i], &mut self.v[i], &grads[i], &coefs)?;
         }
         Ok(())
     }
 
     /// Replaces the step counter and moments (from a checkpoint), in `vars` order.
-    pub fn restore(&mut self, t: usize, m: Vec<Tensor>, v: Vec<Tensor>) {
+    /// The moments are copied: later steps update them in place, and must not write
+    /// into tensors the caller still holds.
+    pub fn restore(&mut self, t: usize, m: Vec<Tensor>, v: Vec<Tensor>) -> Result<()> {
         self.t = t;
-        self.m = m;
-        self.v = v;
+        self.m = m.iter().map(Tensor::copy).collect::<Result<_>>()?;
+        self.v = v.iter().map(Tensor::copy).collect::<Result<_>>()?;
+        Ok(())
     }
 
     /// The first and second moments, in `vars` order.

@@ -160,7 +160,11 @@ fn softmax_lanes(row: &mut [f32], scale: f32) {
             mx[j] = mx[j].max(c[j] * scale);
         }
     }
-    let max = row[split..].iter().fold(mx.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)), |m, &v| m.max(v * scale));
+    let max = row[split..]
+        .iter()
+        .fold(mx.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)), |m, &v| {
+            m.max(v * scale)
+        });
     let mut sums = [0f32; LANES];
     for c in row[..split].chunks_exact_mut(LANES) {
         for j in 0..LANES {
@@ -468,8 +472,9 @@ mod tests {
             // Softmax (vector body and tail) against the plain formula.
             for n in [1usize, 7, 8, 16, 29, 515] {
                 // Mostly smooth values, and every 5th far below the maximum (weight 0).
-                let xs: Vec<f32> =
-                    (0..n).map(|i| if i % 5 == 3 { -1e4 } else { (i as f32 * 0.7).sin() * 4.0 }).collect();
+                let xs: Vec<f32> = (0..n)
+                    .map(|i| if i % 5 == 3 { -1e4 } else { (i as f32 * 0.7).sin() * 4.0 })
+                    .collect();
                 let mut got = xs.clone();
                 softmax_in_place(path, &mut got, 0.9);
                 let m = xs.iter().fold(f64::NEG_INFINITY, |a, &v| a.max(v as f64 * 0.9));

@@ -7,6 +7,7 @@
 //! matmul, its backward computes only the gradients of
 //! arguments that take part in backprop, so a frozen weight never gets one.
 
+mod adam;
 mod attention;
 pub(crate) mod branch;
 mod dropout;
@@ -19,6 +20,7 @@ mod lstm;
 pub(crate) mod sgemm;
 mod softmax;
 
+pub use adam::{adam_update, adam_update_composed, AdamCoefs};
 pub use attention::{
     attention, attention_composed, attention_packed, attention_packed_last, attention_probs,
     dropout_mask as attention_dropout_mask, AttentionSpec,
