@@ -196,6 +196,7 @@ impl ResidualBranch<'_> {
                 n_out,
             })
         };
+        let (gamma, beta) = (self.norm.weight.get(), self.norm.bias.get());
         let op = ops::branch::BranchOp::new(
             layer(self.input)?,
             self.mid,
@@ -203,9 +204,9 @@ impl ResidualBranch<'_> {
             self.norm_at,
             self.norm.eps,
             dropout.filter(|&(p, _)| p > 0.0),
+            [x, &gamma, &beta].iter().any(|t| t.track_op()),
         );
-        x.contiguous()?
-            .apply_op3(&self.norm.weight.get(), &self.norm.bias.get(), ops::Three(op))
+        x.contiguous()?.apply_op3(&gamma, &beta, ops::Three(op))
     }
 
     /// The branch composed of the layers' own ops (the reference; every device).

@@ -159,9 +159,16 @@ fn add_into(a: &mut [f32], b: &[f32]) {
     }
 }
 
-/// What forward keeps for backward: the first layer's output `u`, and post-norm the sum `s`
-/// the norm reads.
-type Saved = (Arc<Vec<f32>>, Option<Arc<Vec<f32>>>);
+/// What forward keeps for backward of the middle: attention's input `u` (the first layer's
+/// output; attention recomputes its probabilities from it), or a GELU's derivative at `u`
+/// (computed with the value in one pass; backward is then one product by it).
+enum SavedMid {
+    Input(Vec<f32>),
+    GeluDerivative(Vec<f32>),
+}
+
+/// What forward keeps for backward: the middle's, and post-norm the sum `s` the norm reads.
+type Saved = (Arc<SavedMid>, Option<Arc<Vec<f32>>>);
 
 pub(crate) struct BranchOp {
     input: FrozenLinear,
@@ -170,6 +177,9 @@ pub(crate) struct BranchOp {
     norm_at: NormAt,
     eps: f64,
     dropout: Option<(f64, u64)>,
+    /// Whether backward may run (an operand takes part in backprop): otherwise forward
+    /// keeps nothing and computes no derivative.
+    backward: bool,
     saved: Mutex<Option<Saved>>,
 }
 
@@ -181,6 +191,7 @@ impl BranchOp {
         norm_at: NormAt,
         eps: f64,
         dropout: Option<(f64, u64)>,
+        backward: bool,
     ) -> Self {
         Self {
             input,
@@ -189,6 +200,7 @@ impl BranchOp {
             norm_at,
             eps,
             dropout,
+            backward,
             saved: Mutex::new(None),
         }
     }
@@ -223,25 +235,42 @@ impl BranchOp {
         Ok(Shape::from(d))
     }
 
-    /// `mid(u)`.
-    fn mid_fwd(&self, u: &[f32], u_shape: &Shape) -> Result<Vec<f32>> {
-        Ok(match &self.mid {
-            BranchMid::GeluNew => super::gelu::gelu_new_fwd(u),
-            BranchMid::GeluErf => super::gelu::gelu_erf_fwd(u),
-            BranchMid::Attention(spec) => packed_forward(u, u_shape, spec, None)?,
+    /// `mid(u)`, and what backward needs of the middle when it may run.
+    fn mid_fwd(&self, u: Vec<f32>, u_shape: &Shape) -> Result<(Vec<f32>, Option<SavedMid>)> {
+        use super::fastmath::{GeluErf, GeluNew};
+        use super::gelu::fwd_and_grad;
+        Ok(match (&self.mid, self.backward) {
+            (BranchMid::GeluNew, false) => (super::gelu::gelu_new_fwd(&u), None),
+            (BranchMid::GeluErf, false) => (super::gelu::gelu_erf_fwd(&u), None),
+            (BranchMid::GeluNew, true) => {
+                let (v, d) = fwd_and_grad::<GeluNew>(&u);
+                (v, Some(SavedMid::GeluDerivative(d)))
+            }
+            (BranchMid::GeluErf, true) => {
+                let (v, d) = fwd_and_grad::<GeluErf>(&u);
+                (v, Some(SavedMid::GeluDerivative(d)))
+            }
+            (BranchMid::Attention(spec), backward) => {
+                let v = packed_forward(&u, u_shape, spec, None)?;
+                (v, backward.then_some(SavedMid::Input(u)))
+            }
         })
     }
 
     /// From the gradient `d` of the residual sum's branch term (before dropout) to the
     /// gradient of the first layer's input: `(mid'(u, (d * m) W2)) W1`.
-    fn branch_bwd(&self, u: &[f32], u_shape: &Shape, d: &[f32]) -> Result<Vec<f32>> {
+    fn branch_bwd(&self, saved: &SavedMid, u_shape: &Shape, d: &[f32]) -> Result<Vec<f32>> {
         let dz = self.dropout.map(|(p, seed)| DropoutAdd { p, seed }.run(None, d));
         let dv = self.output.apply_t(dz.as_deref().unwrap_or(d))?;
         drop(dz);
-        let du = match &self.mid {
-            BranchMid::GeluNew => super::gelu::gelu_new_bwd(u, &dv),
-            BranchMid::GeluErf => super::gelu::gelu_erf_bwd(u, &dv),
-            BranchMid::Attention(spec) => packed_backward(u, &dv, u_shape, spec, None)?,
+        let du = match (&self.mid, saved) {
+            (BranchMid::GeluNew | BranchMid::GeluErf, SavedMid::GeluDerivative(g)) => super::gelu::times(&dv, g),
+            (BranchMid::Attention(spec), SavedMid::Input(u)) => packed_backward(u, &dv, u_shape, spec, None)?,
+            _ => candle_core::bail!(
+                "{}: forward kept the wrong values for {:?}",
+                super::ThreeOperands::name(self),
+                self.mid
+            ),
         };
         drop(dv);
         self.input.apply_t(&du)
@@ -276,7 +305,7 @@ impl super::ThreeOperands for BranchOp {
                 .apply(&super::layer_norm::fwd_kernel(x, gamma, beta, self.eps))?,
             NormAt::Output => self.input.apply(x)?,
         };
-        let v = self.mid_fwd(&u, &u_shape)?;
+        let (v, saved_mid) = self.mid_fwd(u, &u_shape)?;
         let z = self.output.apply(&v)?;
         drop(v);
         let sum = match self.dropout {
@@ -291,10 +320,10 @@ impl super::ThreeOperands for BranchOp {
             NormAt::Input => (sum, None),
             NormAt::Output => (
                 super::layer_norm::fwd_kernel(&sum, gamma, beta, self.eps),
-                Some(Arc::new(sum)),
+                self.backward.then(|| Arc::new(sum)),
             ),
         };
-        *self.saved.lock().unwrap_or_else(|e| e.into_inner()) = Some((Arc::new(u), s));
+        *self.saved.lock().unwrap_or_else(|e| e.into_inner()) = saved_mid.map(|m| (Arc::new(m), s));
         Ok((CpuStorage::F32(y), l1.shape().clone()))
     }
 
@@ -305,7 +334,12 @@ impl super::ThreeOperands for BranchOp {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
-            .ok_or_else(|| candle_core::Error::Msg(format!("{}: backward before forward", self.name())))?;
+            .ok_or_else(|| {
+                candle_core::Error::Msg(format!(
+                    "{}: backward before forward, or of a forward that no operand's gradient asked for",
+                    self.name()
+                ))
+            })?;
         let u_shape = self.check(x.shape(), gamma.elem_count())?;
         let what = self.name();
         let (dx, dg, db) = with_cpu_slice::<f32, _>(dy, what, |g| {

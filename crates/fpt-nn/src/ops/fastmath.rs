@@ -416,6 +416,53 @@ unsafe fn gelu_bwd_avx2<G: Gelu>(dx: &mut [MaybeUninit<f32>], x: &[f32], dy: &[f
     }
 }
 
+/// [`gelu_fwd_and_grad`]'s AVX2 body: every slot of `y` and `d` (up to `x`'s length) is
+/// written.
+///
+/// # Safety
+/// The CPU must have AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn gelu_fwd_and_grad_avx2<G: Gelu>(y: &mut [MaybeUninit<f32>], d: &mut [MaybeUninit<f32>], x: &[f32]) {
+    use std::arch::x86_64::*;
+    let n8 = x.len().min(y.len()).min(d.len()) / 8 * 8;
+    let (yp, dp) = (y.as_mut_ptr() as *mut f32, d.as_mut_ptr() as *mut f32);
+    for i in (0..n8).step_by(8) {
+        // SAFETY: i + 8 <= len of the three slices (raw stores into the output slots); the
+        // CPU has AVX2 and FMA (this function's contract).
+        unsafe {
+            let (v, g) = G::lanes8(_mm256_loadu_ps(x.as_ptr().add(i)));
+            _mm256_storeu_ps(yp.add(i), v);
+            _mm256_storeu_ps(dp.add(i), g);
+        }
+    }
+    for i in n8..x.len() {
+        let (v, g) = G::scalar(x[i]);
+        y[i].write(v);
+        d[i].write(g);
+    }
+}
+
+/// `y = gelu(x)` and `d = gelu'(x)` over slices in one pass (the values [`gelu_fwd`] and
+/// [`gelu_bwd`] compute, bit for bit): AVX2 + FMA on those paths.
+pub(crate) fn gelu_fwd_and_grad<G: Gelu>(
+    path: KernelPath,
+    y: &mut [MaybeUninit<f32>],
+    d: &mut [MaybeUninit<f32>],
+    x: &[f32],
+) {
+    if use_avx2(path) {
+        // SAFETY: `use_avx2` checked that the CPU has AVX2 and FMA.
+        #[cfg(target_arch = "x86_64")]
+        return unsafe { gelu_fwd_and_grad_avx2::<G>(y, d, x) };
+    }
+    for ((o, g), &v) in y.iter_mut().zip(d.iter_mut()).zip(x) {
+        let (a, b) = G::scalar(v);
+        o.write(a);
+        g.write(b);
+    }
+}
+
 /// `y = gelu(x)` over slices: AVX2 + FMA on those paths.
 pub(crate) fn gelu_fwd<G: Gelu>(path: KernelPath, y: &mut [MaybeUninit<f32>], x: &[f32]) {
     if use_avx2(path) {

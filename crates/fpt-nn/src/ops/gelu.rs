@@ -6,6 +6,7 @@
 //! - `gelu_erf` (BERT's exact GELU): y = 0.5 x (1 + erf(x / sqrt 2));
 //!   dy/dx = 0.5 (1 + erf(x / sqrt 2)) + x exp(-x^2 / 2) / sqrt(2 pi).
 
+use super::fastmath::{gelu_fwd_and_grad, Gelu};
 use super::{assume_init, cpu_slice, uninit, unsupported, use_par, with_cpu_slice, Float};
 use crate::kernels::KernelPath;
 use candle_core::backend::BackendStorage as _;
@@ -155,19 +156,57 @@ pub(super) fn gelu_new_fwd(x: &[f32]) -> Vec<f32> {
     fwd_kernel::<New, f32>(x)
 }
 
-/// The gradient of [`gelu_new_fwd`] at `x` for the output gradient `dy`.
-pub(super) fn gelu_new_bwd(x: &[f32], dy: &[f32]) -> Vec<f32> {
-    bwd_kernel::<New, f32>(x, dy)
-}
-
 /// The exact (erf) GELU of contiguous f32 values (the fused op's CPU kernel).
 pub(super) fn gelu_erf_fwd(x: &[f32]) -> Vec<f32> {
     fwd_kernel::<Erf, f32>(x)
 }
 
-/// The gradient of [`gelu_erf_fwd`] at `x` for the output gradient `dy`.
-pub(super) fn gelu_erf_bwd(x: &[f32], dy: &[f32]) -> Vec<f32> {
-    bwd_kernel::<Erf, f32>(x, dy)
+/// `(gelu(x), gelu'(x))` of contiguous f32 values in one pass (GELU `G`): what the fused
+/// branch keeps for backward is the derivative, so backward is one product by it, with the
+/// bits [`bwd_kernel`] would give.
+pub(super) fn fwd_and_grad<G: Gelu>(x: &[f32]) -> (Vec<f32>, Vec<f32>) {
+    let path = KernelPath::active();
+    let (mut y, mut d) = (uninit::<f32>(x.len()), uninit::<f32>(x.len()));
+    type Item<'a> = ((&'a mut [MaybeUninit<f32>], &'a mut [MaybeUninit<f32>]), &'a [f32]);
+    let body = |((yc, dc), xc): Item| gelu_fwd_and_grad::<G>(path, yc, dc, xc);
+    if use_par(x.len()) {
+        y.par_chunks_mut(CHUNK)
+            .zip(d.par_chunks_mut(CHUNK))
+            .zip(x.par_chunks(CHUNK))
+            .for_each(body);
+    } else {
+        y.chunks_mut(CHUNK)
+            .zip(d.chunks_mut(CHUNK))
+            .zip(x.chunks(CHUNK))
+            .for_each(body);
+    }
+    // SAFETY: the chunks cover y and d, and each call writes all of its slots of both.
+    unsafe { (assume_init(y), assume_init(d)) }
+}
+
+/// `a * b` elementwise (equal lengths): the backward of a GELU whose derivative was kept.
+pub(super) fn times(a: &[f32], b: &[f32]) -> Vec<f32> {
+    let mut out = uninit::<f32>(a.len());
+    type Item<'a> = ((&'a mut [MaybeUninit<f32>], &'a [f32]), &'a [f32]);
+    let body = |((oc, ac), bc): Item| {
+        for ((o, &x), &y) in oc.iter_mut().zip(ac).zip(bc) {
+            o.write(x * y);
+        }
+    };
+    if use_par(a.len()) {
+        out.par_chunks_mut(CHUNK)
+            .zip(a.par_chunks(CHUNK))
+            .zip(b.par_chunks(CHUNK))
+            .for_each(body);
+    } else {
+        out.chunks_mut(CHUNK)
+            .zip(a.chunks(CHUNK))
+            .zip(b.chunks(CHUNK))
+            .for_each(body);
+    }
+    // SAFETY: the chunks cover `out` (a and b have its length) and each writes all of its
+    // slots.
+    unsafe { assume_init(out) }
 }
 
 struct ActOp<A>(PhantomData<A>);
@@ -227,4 +266,53 @@ pub fn gelu_erf(x: &Tensor) -> Result<Tensor> {
 pub fn gelu_erf_composed(x: &Tensor) -> Result<Tensor> {
     let e = x.affine(INV_SQRT2, 0.0)?.erf()?;
     x.affine(0.5, 0.0)? * (e + 1.0)?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::{with_path, KernelPath};
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|x| x.to_bits()).collect()
+    }
+
+    /// The one-pass value and derivative the fused branch keeps give the bits of the
+    /// separate forward and backward kernels, on every kernel path, below and above the
+    /// parallel threshold (chunk edges and the 8-lane tails included).
+    #[test]
+    fn value_and_kept_derivative_equal_the_separate_kernels() {
+        let sizes = if cfg!(miri) { vec![37] } else { vec![37, 3 * CHUNK + 13] };
+        for path in KernelPath::available() {
+            with_path(path, || {
+                for &n in &sizes {
+                    let x: Vec<f32> = (0..n).map(|i| ((i * 7919) % 2001) as f32 * 0.01 - 10.0).collect();
+                    let dy: Vec<f32> = (0..n).map(|i| ((i * 31) % 97) as f32 * 0.02 - 1.0).collect();
+                    let (y, d) = fwd_and_grad::<super::super::fastmath::GeluNew>(&x);
+                    assert_eq!(
+                        bits(&y),
+                        bits(&fwd_kernel::<New, f32>(&x)),
+                        "{path} gelu_new value, n {n}"
+                    );
+                    assert_eq!(
+                        bits(&times(&dy, &d)),
+                        bits(&bwd_kernel::<New, f32>(&x, &dy)),
+                        "{path} gelu_new grad, n {n}"
+                    );
+                    let (y, d) = fwd_and_grad::<super::super::fastmath::GeluErf>(&x);
+                    assert_eq!(
+                        bits(&y),
+                        bits(&fwd_kernel::<Erf, f32>(&x)),
+                        "{path} gelu_erf value, n {n}"
+                    );
+                    assert_eq!(
+                        bits(&times(&dy, &d)),
+                        bits(&bwd_kernel::<Erf, f32>(&x, &dy)),
+                        "{path} gelu_erf grad, n {n}"
+                    );
+                }
+            })
+            .expect("an available path runs here");
+        }
+    }
 }
