@@ -1081,6 +1081,16 @@ fn boxed<A: Arch>(
 fn build(spec: &BackboneSpec, groups: &TrainGroups, device: &Device, rng: &mut Rng) -> Result<Box<dyn Backbone>> {
     let config = match Config::builtin(&spec.source) {
         Some(c) if spec.init == Init::Random => c,
+        // No checkpoint of the built-in LSTM exists anywhere: say so instead of asking the
+        // Hub for a model called `lstm`.
+        Some(Config::Lstm(_)) if spec.init.needs_weights() && !Path::new(&spec.source).is_dir() => {
+            return Err(BackboneError::Unsupported(format!(
+                "the built-in `{}` baseline has no pretrained weights (init `{}` asked for them): \
+                 train it from a random init (`--init random`), or pass a directory written by \
+                 `fpt pretrain`",
+                spec.source, spec.init
+            )))
+        }
         _ => {
             let files = hub::resolve(&spec.source, spec.init.needs_weights())?;
             let config = Config::from_file(&files.config)?;

@@ -292,6 +292,32 @@ fn the_builtin_lstm_is_the_papers_standard_one_and_refuses_heads() {
     assert_eq!(specs.iter().map(|s| s.numel()).sum::<usize>(), 3 * per_layer);
 }
 
+/// The built-in LSTM with an init that needs a checkpoint is refused with an error that
+/// says there is none and how to train it, not a failed Hub lookup of a model `lstm`.
+#[test]
+fn the_builtin_lstm_with_pretrained_init_says_it_has_no_weights() {
+    for init in [fpt_spec::Init::Pretrained, fpt_spec::Init::StatsOnly] {
+        let spec = fpt_spec::BackboneSpec {
+            init,
+            shape: fpt_spec::ShapeOverrides {
+                layers: Some(1),
+                hidden: Some(8),
+                ..Default::default()
+            },
+            ..fpt_spec::BackboneSpec::new("lstm", fpt_spec::Init::Random)
+        };
+        let e = match fpt_backbones::load(&spec, &TrainGroups::fpt(), &Device::Cpu, &mut Rng::new(0)) {
+            Ok(_) => panic!("{init}: loaded weights that do not exist"),
+            Err(e) => e.to_string(),
+        };
+        assert!(
+            e.contains("no pretrained weights") && e.contains("--init random"),
+            "{init}: {e}"
+        );
+        assert!(!e.contains("Hugging Face"), "{init}: {e}");
+    }
+}
+
 #[test]
 fn gradients_reach_the_trained_groups_only() {
     fpt_nn::kernels::on_every_path(|_| gradients_reach_the_trained_groups_only_on_one_path());

@@ -308,9 +308,14 @@ impl LnLstmOp {
                 sv.rrstd[k] = ref_ln_row(&r[row * g4..(row + 1) * g4], rhat, self.eps);
                 let x = &xi[(row * t + s) * g4..(row * t + s + 1) * g4];
                 let gates = &mut sv.gates[k * g4..(k + 1) * g4];
-                for j in 0..g4 {
-                    let pre = x[j] + rhat[j] * lnh_w[j] + lnh_b[j];
-                    gates[j] = if j < 3 * h { sigmoid(pre) } else { tanh_f32(pre) };
+                // Input, forget and output gates, then the cell candidate: two loops without
+                // a branch, which the compiler vectorizes.
+                let pre = |j: usize| x[j] + rhat[j] * lnh_w[j] + lnh_b[j];
+                for (j, g) in gates[..3 * h].iter_mut().enumerate() {
+                    *g = sigmoid(pre(j));
+                }
+                for (j, g) in gates[3 * h..].iter_mut().enumerate() {
+                    *g = tanh_f32(pre(3 * h + j));
                 }
                 let c = &mut ccur[row * h..(row + 1) * h];
                 for j in 0..h {
