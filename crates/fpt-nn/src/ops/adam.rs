@@ -71,6 +71,8 @@ pub fn adam_update(p: &Var, m: &mut Tensor, v: &mut Tensor, g: &Tensor, c: &Adam
     }
     let cpu_f32 = |t: &Tensor| t.dtype() == DType::F32 && t.device().is_cpu();
     if owns_storage(p.as_tensor()) && owns_storage(m) && owns_storage(v) && cpu_f32(g) {
+        // A strided gradient (a view) is read through a contiguous copy.
+        let g = &g.contiguous()?;
         let f = F32Coefs::from(c);
         m.inplace_op2(
             g,
@@ -328,6 +330,15 @@ mod tests {
             (p_now[0] - 0.9).abs() < 1e-6 && (p_now[1] - 2.1).abs() < 1e-6 && p_now[2] == 3.0,
             "{p_now:?}"
         );
+        // A strided gradient (every other value of a buffer) is read like a contiguous one.
+        let (mut m2, mut v2) = (p.zeros_like()?, p.zeros_like()?);
+        let strided = Tensor::new(&[[1f32, 9.0], [-1.0, 9.0], [0.0, 9.0]], &dev)?
+            .narrow(1, 0, 1)?
+            .squeeze(1)?;
+        let p2 = Var::from_tensor(&Tensor::new(&[1f32, 2.0, 3.0], &dev)?)?;
+        assert!(!strided.is_contiguous());
+        adam_update(&p2, &mut m2, &mut v2, &strided, &c)?;
+        assert_eq!(p2.as_tensor().to_vec1::<f32>()?, p_now, "strided gradient");
         let err = adam_update(&p, &mut m, &mut v, &Tensor::new(&[1f32, 2.0], &dev)?, &c).unwrap_err();
         assert!(err.to_string().contains("gradient has shape"), "{err}");
         Ok(())
