@@ -1,11 +1,11 @@
-//! One Adam update of a parameter, its moments and its gradient: in place in one pass on
-//! CPU f32 tensors, composed of candle ops elsewhere.
+//! One Adam update of a parameter, its moments and its gradient: in place on CPU f32
+//! tensors, composed of candle ops elsewhere.
 //!
 //! The composed update (every device) allocates a tensor per step of the formula, about ten
-//! passes over the parameter's memory; fully fine-tuning MiniLM that is ten passes over
-//! 22.7M values per step. The in-place kernel reads and writes each value once and rounds
-//! exactly as the composed ops do (the same f32 operations in the same order), so both give
-//! the same bits.
+//! passes over the parameter's memory, each into a fresh allocation. The in-place kernel
+//! makes three passes (`m`, `v`, then the parameter), allocates nothing, and rounds exactly
+//! as the composed ops do (the same f32 operations in the same order), so both give the same
+//! bits.
 
 use super::use_par;
 use candle_core::{CpuStorage, DType, Layout, Result, Storage, Tensor, Var};
