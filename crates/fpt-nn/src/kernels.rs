@@ -181,14 +181,25 @@ pub fn with_path<R>(path: KernelPath, f: impl FnOnce() -> R) -> Result<R, Kernel
             cpu: cpu_model(),
         });
     }
+    Ok(with_override(Some(path), f))
+}
+
+/// The path [`with_path`] set on this thread, if any.
+pub(crate) fn overridden() -> Option<KernelPath> {
+    OVERRIDE.with(|o| o.get())
+}
+
+/// Runs `f` with this thread's override set to `path` (one [`overridden`] read on another
+/// thread, so already checked by [`with_path`]), restoring the previous one after.
+pub(crate) fn with_override<R>(path: Option<KernelPath>, f: impl FnOnce() -> R) -> R {
     struct Restore(Option<KernelPath>);
     impl Drop for Restore {
         fn drop(&mut self) {
             OVERRIDE.with(|o| o.set(self.0));
         }
     }
-    let _restore = Restore(OVERRIDE.with(|o| o.replace(Some(path))));
-    Ok(f())
+    let _restore = Restore(OVERRIDE.with(|o| o.replace(path)));
+    f()
 }
 
 /// Runs `f` on every path in [`KernelPath::available`], each under [`with_path`], and

@@ -12,13 +12,20 @@ thread_local! {
 /// is computed, instead of living until the output is dropped. For evaluation; a backward
 /// pass of a result computed inside finds no gradient. Applies to this thread.
 pub fn no_grad<R>(f: impl FnOnce() -> R) -> R {
+    with_grad_disabled(true, f)
+}
+
+/// Runs `f` with this thread's [`no_grad`] flag set to `disabled` (either way), restoring
+/// it after: how [`crate::on_pool`] hands the caller's flag to a worker thread, which may
+/// be inside another caller's `no_grad` when it picks the job up.
+pub(crate) fn with_grad_disabled<R>(disabled: bool, f: impl FnOnce() -> R) -> R {
     struct Restore(bool);
     impl Drop for Restore {
         fn drop(&mut self) {
             NO_GRAD.with(|g| g.set(self.0));
         }
     }
-    let _restore = Restore(NO_GRAD.with(|g| g.replace(true)));
+    let _restore = Restore(NO_GRAD.with(|g| g.replace(disabled)));
     f()
 }
 

@@ -242,7 +242,7 @@ pub fn evaluate(model: &Fpt, task: &dyn Task, split: Split, batch_size: usize, d
     let mut ctx = Ctx::eval();
     fpt_nn::no_grad(|| {
         evaluate_with(task, split, batch_size, device, &mut |inputs| {
-            Ok(model.forward(inputs, &mut ctx)?)
+            Ok(fpt_nn::on_pool(|| model.forward(inputs, &mut ctx))?)
         })
     })
 }
@@ -474,8 +474,12 @@ impl Trainer {
 
     /// One optimizer step: gradients averaged over `batch_size / micro_batch_size`
     /// micro-batches, clipped, then Adam at the scheduled rate. A non-finite loss or
-    /// gradient skips the update.
+    /// gradient skips the update. Runs on a worker of rayon's pool ([`fpt_nn::on_pool`]).
     pub fn step(&mut self) -> Result<StepOutcome> {
+        fpt_nn::on_pool(|| self.step_here())
+    }
+
+    fn step_here(&mut self) -> Result<StepOutcome> {
         let t = &self.spec.train;
         let accum = t.batch_size / t.micro_batch_size;
         let clip = t.clip_norm;
