@@ -94,8 +94,18 @@ fn layer_norm_matches_reference_and_finite_differences() -> Result<()> {
 }
 
 fn layer_norm_matches_reference_and_finite_differences_on_one_path() -> Result<()> {
+    // Rows of whole 8-lane chunks, with a tail, shorter than one chunk, and enough rows to
+    // be split across threads (the reductions keep 8 partial sums and add the tail last).
+    for d in [16, 21, 5] {
+        check(
+            &[&[3, 5, d], &[d], &[d]],
+            |t| ops::layer_norm(&t[0], &t[1], &t[2], 1e-5),
+            |t| ops::layer_norm_composed(&t[0], &t[1], &t[2], 1e-5),
+            1e-5,
+        )?;
+    }
     check(
-        &[&[3, 5, 16], &[16], &[16]],
+        &[&[48, 700], &[700], &[700]],
         |t| ops::layer_norm(&t[0], &t[1], &t[2], 1e-5),
         |t| ops::layer_norm_composed(&t[0], &t[1], &t[2], 1e-5),
         1e-5,

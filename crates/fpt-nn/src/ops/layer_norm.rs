@@ -10,6 +10,46 @@ use candle_core::{CpuStorage, DType, Layout, Result, Shape, Tensor, D};
 use rayon::prelude::*;
 use std::mem::MaybeUninit;
 
+/// Partial sums a row's reductions keep: a sequential floating-point sum cannot be
+/// vectorized (its order is part of its result), eight independent ones can.
+const LANES: usize = 8;
+
+/// `sum(f(v))` over `xs`, in [`LANES`] partial sums added pairwise at the end, the tail last.
+#[inline(always)]
+fn lane_sum<T: Float>(xs: &[T], f: impl Fn(T) -> T) -> T {
+    let mut acc = [T::zero(); LANES];
+    let mut chunks = xs.chunks_exact(LANES);
+    for c in &mut chunks {
+        for j in 0..LANES {
+            acc[j] += f(c[j]);
+        }
+    }
+    let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for &v in chunks.remainder() {
+        s += f(v);
+    }
+    s
+}
+
+/// `sum(a[i] * b[i])`, summed as [`lane_sum`] does.
+#[inline(always)]
+fn lane_dot<T: Float>(a: &[T], b: &[T]) -> T {
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    let mut acc = [T::zero(); LANES];
+    let split = n / LANES * LANES;
+    for (ca, cb) in a[..split].chunks_exact(LANES).zip(b[..split].chunks_exact(LANES)) {
+        for j in 0..LANES {
+            acc[j] += ca[j] * cb[j];
+        }
+    }
+    let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for i in split..n {
+        s += a[i] * b[i];
+    }
+    s
+}
+
 struct LayerNormOp {
     eps: f64,
 }
@@ -22,8 +62,8 @@ pub(super) fn fwd_kernel<T: Float>(x: &[T], g: &[T], b: &[T], eps: f64) -> Vec<T
     let chunk = d * rows_per_task(d);
     let body = |(yc, xc): (&mut [MaybeUninit<T>], &[T])| {
         for (yr, xr) in yc.chunks_mut(d).zip(xc.chunks(d)) {
-            let mean = xr.iter().copied().sum::<T>() * inv_d;
-            let var = xr.iter().map(|&v| (v - mean) * (v - mean)).sum::<T>() * inv_d;
+            let mean = lane_sum(xr, |v| v) * inv_d;
+            let var = lane_sum(xr, |v| (v - mean) * (v - mean)) * inv_d;
             let rstd = T::one() / (var + eps).sqrt();
             for i in 0..d {
                 yr[i].write((xr[i] - mean) * rstd * g[i] + b[i]);
@@ -50,24 +90,21 @@ pub(super) fn bwd_kernel<T: Float>(x: &[T], g: &[T], dy: &[T], eps: f64) -> (Vec
         let mut dg = vec![T::zero(); d];
         let mut db = vec![T::zero(); d];
         let mut xhat = vec![T::zero(); d];
+        let mut gs = vec![T::zero(); d];
         for ((dxr, xr), dyr) in dxc.chunks_mut(d).zip(xc.chunks(d)).zip(dyc.chunks(d)) {
-            let mean = xr.iter().copied().sum::<T>() * inv_d;
-            let var = xr.iter().map(|&v| (v - mean) * (v - mean)).sum::<T>() * inv_d;
+            let mean = lane_sum(xr, |v| v) * inv_d;
+            let var = lane_sum(xr, |v| (v - mean) * (v - mean)) * inv_d;
             let rstd = T::one() / (var + eps).sqrt();
-            let mut mg = T::zero();
-            let mut mgx = T::zero();
             for i in 0..d {
                 xhat[i] = (xr[i] - mean) * rstd;
-                let gi = dyr[i] * g[i];
-                mg += gi;
-                mgx += gi * xhat[i];
+                gs[i] = dyr[i] * g[i];
                 dg[i] += dyr[i] * xhat[i];
                 db[i] += dyr[i];
             }
-            mg *= inv_d;
-            mgx *= inv_d;
+            let mg = lane_sum(&gs, |v| v) * inv_d;
+            let mgx = lane_dot(&gs, &xhat) * inv_d;
             for i in 0..d {
-                dxr[i] = rstd * (dyr[i] * g[i] - mg - xhat[i] * mgx);
+                dxr[i] = rstd * (gs[i] - mg - xhat[i] * mgx);
             }
         }
         (dg, db)
