@@ -90,9 +90,9 @@ pub fn quiet_candle_pool() {
 /// cross-thread wake-ups per kernel, and a step of a small model runs hundreds of kernels.
 /// Called from a pool worker, a split is a `join`: the caller starts on its half at once
 /// and the other worker steals the rest. Measured (2-core AMD EPYC, AVX-512 path, `fpt
-/// bench --backbone lstm --shape bitxor --steps 60`, 3 alternating rounds): the layer-norm
-/// LSTM's Bit XOR step took 37-43 ms on a worker against 47-51 ms from the main thread,
-/// with a narrower spread. `fpt_train::Trainer` runs each step and evaluation through it.
+/// bench --backbone lstm --shape bitxor --steps 40`, 3 alternating rounds): the layer-norm
+/// LSTM's Bit XOR step took 38.1 / 44.3 / 38.1 ms on a worker against 43.3 / 47.9 / 49.3 ms
+/// from the main thread. `fpt_train::Trainer` runs each step and evaluation through it.
 ///
 /// What this thread set for itself goes along: [`no_grad`] and [`kernels::with_path`] hold
 /// inside `f` as they do here.
