@@ -515,6 +515,7 @@ fn pack_b(dst: &mut [f32], b: MatRef, pc: usize, kc: usize, jc: usize, nc: usize
 }
 
 /// Packs `a(ic..ic+mc, pc..pc+kc)` into `MR`-row slivers, `kc x MR` each, zero-padded.
+#[cfg(target_arch = "x86_64")]
 fn pack_a(dst: &mut Vec<f32>, a: MatRef, ic: usize, mc: usize, pc: usize, kc: usize) {
     let slivers = mc.div_ceil(MR);
     let len = slivers * kc * MR;
@@ -527,7 +528,14 @@ fn pack_a(dst: &mut Vec<f32>, a: MatRef, ic: usize, mc: usize, pc: usize, kc: us
         if h < MR {
             out.fill(0.0);
         }
-        if a.cs == 1 {
+        if a.cs == 1 && h == MR && kc >= 8 {
+            // Row-major A, a full sliver: 8 x 8 and 4 x 8 blocks transposed in registers
+            // (the callers run on the AVX2 and AVX-512 paths only).
+            // SAFETY: rows i0..i0 + MR and columns pc..pc + kc lie inside a (checked by
+            // the callers against a's length); `out` holds kc * MR floats; the CPU has
+            // AVX (every path that runs the blocked product has AVX2).
+            unsafe { pack_sliver_avx(out, a.ptr.wrapping_offset(i0 as isize * a.rs + pc as isize), a.rs, kc) };
+        } else if a.cs == 1 {
             // Row-major A: the sliver's rows side by side, each depth's MR values written
             // together.
             let base = a.ptr.wrapping_offset(i0 as isize * a.rs + pc as isize);
@@ -544,6 +552,73 @@ fn pack_a(dst: &mut Vec<f32>, a: MatRef, ic: usize, mc: usize, pc: usize, kc: us
                     out[p * MR + i] = unsafe { a.at(i0 + i, pc + p) };
                 }
             }
+        }
+    }
+}
+
+/// One full `MR`-row sliver of row-major A (rows `rs` apart from `base`, `kc` deep) into
+/// `out` as `kc` groups of `MR` values: columns 0..8 of each depth from an 8 x 8 transpose of
+/// rows 0..8, columns 8..12 from a 4 x 8 transpose of rows 8..12, 8 depths at a time; the
+/// last `kc % 8` depths one value at a time. The same values as the scalar loop in
+/// [`pack_a`], moved, not computed.
+///
+/// # Safety
+/// The CPU has AVX; `base + i * rs + p` is readable for `i < MR`, `p < kc`; `out` holds at
+/// least `kc * MR` floats.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+unsafe fn pack_sliver_avx(out: &mut [f32], base: *const f32, rs: isize, kc: usize) {
+    use std::arch::x86_64::*;
+    debug_assert!(MR == 12 && out.len() >= kc * MR);
+    let o = out.as_mut_ptr();
+    let full = kc / 8 * 8;
+    for p0 in (0..full).step_by(8) {
+        // SAFETY: p0 + 8 <= kc, so each 8-float load stays in its row's kc columns, and
+        // each store (8 floats at (p0 + q) * MR, 4 at (p0 + q) * MR + 8) stays inside
+        // out's kc * MR floats (this function's contract).
+        unsafe {
+            let row = |i: isize| _mm256_loadu_ps(base.offset(i * rs + p0 as isize));
+            let (r0, r1, r2, r3) = (row(0), row(1), row(2), row(3));
+            let (r4, r5, r6, r7) = (row(4), row(5), row(6), row(7));
+            let (t0, t1) = (_mm256_unpacklo_ps(r0, r1), _mm256_unpackhi_ps(r0, r1));
+            let (t2, t3) = (_mm256_unpacklo_ps(r2, r3), _mm256_unpackhi_ps(r2, r3));
+            let (t4, t5) = (_mm256_unpacklo_ps(r4, r5), _mm256_unpackhi_ps(r4, r5));
+            let (t6, t7) = (_mm256_unpacklo_ps(r6, r7), _mm256_unpackhi_ps(r6, r7));
+            // Per 128-bit half, rows 0..4 (u0..u3) and 4..8 (u4..u7) of depths q and q + 4.
+            let u0 = _mm256_shuffle_ps::<0x44>(t0, t2);
+            let u1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
+            let u2 = _mm256_shuffle_ps::<0x44>(t1, t3);
+            let u3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
+            let u4 = _mm256_shuffle_ps::<0x44>(t4, t6);
+            let u5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
+            let u6 = _mm256_shuffle_ps::<0x44>(t5, t7);
+            let u7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
+            let d = |q: usize| o.add((p0 + q) * MR);
+            _mm256_storeu_ps(d(0), _mm256_permute2f128_ps::<0x20>(u0, u4));
+            _mm256_storeu_ps(d(1), _mm256_permute2f128_ps::<0x20>(u1, u5));
+            _mm256_storeu_ps(d(2), _mm256_permute2f128_ps::<0x20>(u2, u6));
+            _mm256_storeu_ps(d(3), _mm256_permute2f128_ps::<0x20>(u3, u7));
+            _mm256_storeu_ps(d(4), _mm256_permute2f128_ps::<0x31>(u0, u4));
+            _mm256_storeu_ps(d(5), _mm256_permute2f128_ps::<0x31>(u1, u5));
+            _mm256_storeu_ps(d(6), _mm256_permute2f128_ps::<0x31>(u2, u6));
+            _mm256_storeu_ps(d(7), _mm256_permute2f128_ps::<0x31>(u3, u7));
+            let (s0, s1, s2, s3) = (row(8), row(9), row(10), row(11));
+            let (t0, t1) = (_mm256_unpacklo_ps(s0, s1), _mm256_unpackhi_ps(s0, s1));
+            let (t2, t3) = (_mm256_unpacklo_ps(s2, s3), _mm256_unpackhi_ps(s2, s3));
+            let v0 = _mm256_shuffle_ps::<0x44>(t0, t2);
+            let v1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
+            let v2 = _mm256_shuffle_ps::<0x44>(t1, t3);
+            let v3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
+            for (q, v) in [v0, v1, v2, v3].into_iter().enumerate() {
+                _mm_storeu_ps(d(q).add(8), _mm256_castps256_ps128(v));
+                _mm_storeu_ps(d(q + 4).add(8), _mm256_extractf128_ps::<1>(v));
+            }
+        }
+    }
+    for p in full..kc {
+        for i in 0..MR {
+            // SAFETY: p < kc and i < MR (this function's contract).
+            unsafe { *o.add(p * MR + i) = *base.offset(i as isize * rs + p as isize) };
         }
     }
 }
