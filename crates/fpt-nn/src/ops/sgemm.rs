@@ -578,38 +578,16 @@ unsafe fn pack_sliver_avx(out: &mut [f32], base: *const f32, rs: isize, kc: usiz
         // out's kc * MR floats (this function's contract).
         unsafe {
             let row = |i: isize| _mm256_loadu_ps(base.offset(i * rs + p0 as isize));
-            let (r0, r1, r2, r3) = (row(0), row(1), row(2), row(3));
-            let (r4, r5, r6, r7) = (row(4), row(5), row(6), row(7));
-            let (t0, t1) = (_mm256_unpacklo_ps(r0, r1), _mm256_unpackhi_ps(r0, r1));
-            let (t2, t3) = (_mm256_unpacklo_ps(r2, r3), _mm256_unpackhi_ps(r2, r3));
-            let (t4, t5) = (_mm256_unpacklo_ps(r4, r5), _mm256_unpackhi_ps(r4, r5));
-            let (t6, t7) = (_mm256_unpacklo_ps(r6, r7), _mm256_unpackhi_ps(r6, r7));
-            // Per 128-bit half, rows 0..4 (u0..u3) and 4..8 (u4..u7) of depths q and q + 4.
-            let u0 = _mm256_shuffle_ps::<0x44>(t0, t2);
-            let u1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
-            let u2 = _mm256_shuffle_ps::<0x44>(t1, t3);
-            let u3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
-            let u4 = _mm256_shuffle_ps::<0x44>(t4, t6);
-            let u5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
-            let u6 = _mm256_shuffle_ps::<0x44>(t5, t7);
-            let u7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
+            // Rows 0..4 (u) and 4..8 (w): per 128-bit half, depths q and q + 4.
+            let u = quad(row(0), row(1), row(2), row(3));
+            let w = quad(row(4), row(5), row(6), row(7));
             let d = |q: usize| o.add((p0 + q) * MR);
-            _mm256_storeu_ps(d(0), _mm256_permute2f128_ps::<0x20>(u0, u4));
-            _mm256_storeu_ps(d(1), _mm256_permute2f128_ps::<0x20>(u1, u5));
-            _mm256_storeu_ps(d(2), _mm256_permute2f128_ps::<0x20>(u2, u6));
-            _mm256_storeu_ps(d(3), _mm256_permute2f128_ps::<0x20>(u3, u7));
-            _mm256_storeu_ps(d(4), _mm256_permute2f128_ps::<0x31>(u0, u4));
-            _mm256_storeu_ps(d(5), _mm256_permute2f128_ps::<0x31>(u1, u5));
-            _mm256_storeu_ps(d(6), _mm256_permute2f128_ps::<0x31>(u2, u6));
-            _mm256_storeu_ps(d(7), _mm256_permute2f128_ps::<0x31>(u3, u7));
-            let (s0, s1, s2, s3) = (row(8), row(9), row(10), row(11));
-            let (t0, t1) = (_mm256_unpacklo_ps(s0, s1), _mm256_unpackhi_ps(s0, s1));
-            let (t2, t3) = (_mm256_unpacklo_ps(s2, s3), _mm256_unpackhi_ps(s2, s3));
-            let v0 = _mm256_shuffle_ps::<0x44>(t0, t2);
-            let v1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
-            let v2 = _mm256_shuffle_ps::<0x44>(t1, t3);
-            let v3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
-            for (q, v) in [v0, v1, v2, v3].into_iter().enumerate() {
+            for q in 0..4 {
+                _mm256_storeu_ps(d(q), _mm256_permute2f128_ps::<0x20>(u[q], w[q]));
+                _mm256_storeu_ps(d(q + 4), _mm256_permute2f128_ps::<0x31>(u[q], w[q]));
+            }
+            // Rows 8..12: a 4-float half per depth.
+            for (q, v) in quad(row(8), row(9), row(10), row(11)).into_iter().enumerate() {
                 _mm_storeu_ps(d(q).add(8), _mm256_castps256_ps128(v));
                 _mm_storeu_ps(d(q + 4).add(8), _mm256_extractf128_ps::<1>(v));
             }
@@ -621,6 +599,31 @@ unsafe fn pack_sliver_avx(out: &mut [f32], base: *const f32, rs: isize, kc: usiz
             unsafe { *o.add(p * MR + i) = *base.offset(i as isize * rs + p as isize) };
         }
     }
+}
+
+/// Four rows of 8 floats, transposed within each 128-bit half: element `i` of result `q`'s
+/// low half is row `i`'s value `q`, of its high half row `i`'s value `q + 4`.
+///
+/// # Safety
+/// The CPU has AVX.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+#[inline]
+unsafe fn quad(
+    r0: std::arch::x86_64::__m256,
+    r1: std::arch::x86_64::__m256,
+    r2: std::arch::x86_64::__m256,
+    r3: std::arch::x86_64::__m256,
+) -> [std::arch::x86_64::__m256; 4] {
+    use std::arch::x86_64::*;
+    let (t0, t1) = (_mm256_unpacklo_ps(r0, r1), _mm256_unpackhi_ps(r0, r1));
+    let (t2, t3) = (_mm256_unpacklo_ps(r2, r3), _mm256_unpackhi_ps(r2, r3));
+    [
+        _mm256_shuffle_ps::<0x44>(t0, t2),
+        _mm256_shuffle_ps::<0xEE>(t0, t2),
+        _mm256_shuffle_ps::<0x44>(t1, t3),
+        _mm256_shuffle_ps::<0xEE>(t1, t3),
+    ]
 }
 
 /// The blocked product on the AVX-512 and AVX2 paths: B packed panel by panel (or read
