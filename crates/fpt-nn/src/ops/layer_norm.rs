@@ -14,6 +14,12 @@ use std::mem::MaybeUninit;
 /// vectorized (its order is part of its result), eight independent ones can.
 const LANES: usize = 8;
 
+/// The 8 partial sums added pairwise: `((0 + 4) + (1 + 5)) + ((2 + 6) + (3 + 7))`.
+#[inline(always)]
+fn combine<T: Float>(acc: [T; LANES]) -> T {
+    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]))
+}
+
 /// `sum(f(v))` over `xs`, in [`LANES`] partial sums added pairwise at the end, the tail last.
 #[inline(always)]
 fn lane_sum<T: Float>(xs: &[T], f: impl Fn(T) -> T) -> T {
@@ -24,7 +30,7 @@ fn lane_sum<T: Float>(xs: &[T], f: impl Fn(T) -> T) -> T {
             acc[j] += f(c[j]);
         }
     }
-    let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    let mut s = combine(acc);
     for &v in chunks.remainder() {
         s += f(v);
     }
@@ -43,7 +49,7 @@ fn lane_dot<T: Float>(a: &[T], b: &[T]) -> T {
             acc[j] += ca[j] * cb[j];
         }
     }
-    let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    let mut s = combine(acc);
     for i in split..n {
         s += a[i] * b[i];
     }

@@ -618,6 +618,8 @@ unsafe fn quad(
     use std::arch::x86_64::*;
     let (t0, t1) = (_mm256_unpacklo_ps(r0, r1), _mm256_unpackhi_ps(r0, r1));
     let (t2, t3) = (_mm256_unpacklo_ps(r2, r3), _mm256_unpackhi_ps(r2, r3));
+    // Per half: 0x44 takes elements 0, 1 of each operand, 0xEE elements 2, 3 (the callers'
+    // `permute2f128` 0x20 then joins two results' low halves, 0x31 their high halves).
     [
         _mm256_shuffle_ps::<0x44>(t0, t2),
         _mm256_shuffle_ps::<0xEE>(t0, t2),
