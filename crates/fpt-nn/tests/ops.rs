@@ -752,3 +752,62 @@ fn fused_ln_lstm_matches_the_composed_recurrence_on_one_path() -> Result<()> {
     assert!(e.contains("W_hh"), "{e}");
     Ok(())
 }
+
+#[test]
+fn fused_ln_lstm_through_a_long_sequence_zeroes_only_what_is_below_2_pow_minus_100() -> Result<()> {
+    every_path(fused_ln_lstm_through_a_long_sequence_on_one_path)
+}
+
+/// The gradient read out at the last of many steps shrinks on its way back through time and
+/// passes below 2^-100 (and through the subnormal range) before it reaches the first steps.
+/// The fused backward sets what it hands on below 2^-100 to zero (so that no instruction
+/// meets a subnormal: on Intel CPUs each one costs a microcode assist), the composed
+/// recurrence keeps IEEE arithmetic: their gradients agree to far below f32's rounding of the
+/// large ones, and the fused one holds no magnitude in (0, 2^-100).
+fn fused_ln_lstm_through_a_long_sequence_on_one_path() -> Result<()> {
+    let (b, t, h) = (2, 400, 8);
+    let tiny = 0.5f64.powi(100);
+    let (h0, c0) = (randn(&[b, h], 5, DType::F32)?, randn(&[b, h], 6, DType::F32)?);
+    let shapes: [&[usize]; 7] = [&[b, t, 4 * h], &[4 * h, h], &[4 * h], &[4 * h], &[4 * h], &[h], &[h]];
+    let tensors: Vec<Tensor> = shapes
+        .iter()
+        .enumerate()
+        .map(|(i, s)| randn(s, 50 + i as u64, DType::F32))
+        .collect::<Result<_>>()?;
+    let xi = Var::from_tensor(&tensors[0])?;
+    let p = ops::LnLstmParams {
+        b_hh: &tensors[2],
+        ln_h2h: (&tensors[3], &tensors[4]),
+        ln_cell: (&tensors[5], &tensors[6]),
+        eps: 1e-6,
+    };
+    let last = |y: Tensor| loss(&y.narrow(1, t - 1, 1)?, 7);
+    let gf = last(ops::ln_lstm(xi.as_tensor(), &tensors[1], &p, &h0, &c0, None)?)?.backward()?;
+    let gc = last(ops::ln_lstm_composed(xi.as_tensor(), &tensors[1], &p, &h0, &c0, None)?)?.backward()?;
+    let values = |g: &GradStore| -> Result<Vec<f64>> {
+        g.get(&xi)
+            .expect("xi gets a gradient")
+            .to_dtype(DType::F64)?
+            .flatten_all()?
+            .to_vec1::<f64>()
+    };
+    let (f, c) = (values(&gf)?, values(&gc)?);
+    let in_tiny = |v: &[f64]| v.iter().filter(|x| **x != 0.0 && x.abs() < tiny).count();
+    assert!(
+        in_tiny(&c) > 0,
+        "the composed gradient has no value in (0, 2^-100): the sequence is too short to test the flush"
+    );
+    assert_eq!(in_tiny(&f), 0, "the fused gradient holds values in (0, 2^-100)");
+    let scale = c.iter().fold(0f64, |m, x| m.max(x.abs()));
+    let diff = f.iter().zip(&c).fold(0f64, |m, (a, b)| m.max((a - b).abs()));
+    assert!(diff < 1e-5 * scale, "gradients differ by {diff} (largest {scale})");
+    // The last steps, where the gradient is large, see the same values.
+    let tail = 4 * h * 8;
+    let row_end = |v: &[f64], r: usize| v[(r + 1) * t * 4 * h - tail..(r + 1) * t * 4 * h].to_vec();
+    for r in 0..b {
+        let (a, z) = (row_end(&f, r), row_end(&c, r));
+        let d = a.iter().zip(&z).fold(0f64, |m, (x, y)| m.max((x - y).abs()));
+        assert!(d < 1e-5 * scale, "row {r}: the last steps' gradients differ by {d}");
+    }
+    Ok(())
+}
