@@ -545,6 +545,17 @@ fn pack_a(dst: &mut Vec<f32>, a: MatRef, ic: usize, mc: usize, pc: usize, kc: us
                     *v = unsafe { *base.offset(i as isize * a.rs + p as isize) };
                 }
             }
+        } else if a.rs == 1 {
+            // Column-major A (a transposed operand: attention's backward multiplies by P^T
+            // and dS^T): each depth's `h` values lie side by side, one copy per depth
+            // instead of `h` strided loads and stores with a bounds check each.
+            let base = a.ptr.wrapping_offset(i0 as isize + pc as isize * a.cs);
+            for (p, o) in out.chunks_exact_mut(MR).enumerate().take(kc) {
+                // SAFETY: (i0..i0 + h, pc + p) lies inside a (checked by the callers
+                // against a's length), and with rs == 1 those h values are adjacent.
+                let src = unsafe { std::slice::from_raw_parts(base.offset(p as isize * a.cs), h) };
+                o[..h].copy_from_slice(src);
+            }
         } else {
             for p in 0..kc {
                 for i in 0..h {
@@ -1133,6 +1144,59 @@ mod tests {
                             for &threads in threads {
                                 check(path, dims, a_t, b_t, accumulate, with_bias, threads);
                             }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// A inside a wider buffer, as attention's views are: column-major with columns further
+    /// apart than its rows (`rs == 1`, `cs > m`: the packing's copy per depth), and with no
+    /// unit stride at all (every other value of a row-major or column-major buffer: the
+    /// packing's value-at-a-time loop). Against the f64 product, on every path, full and
+    /// edge slivers, one and two threads.
+    #[test]
+    fn a_views_with_wide_or_no_unit_strides_match_the_naive_product() {
+        let dims: &[(usize, usize, usize)] = if cfg!(miri) {
+            &[(13, 5, 7)]
+        } else {
+            &[(13, 33, 257), (100, 17, 300), (24, 40, 800)]
+        };
+        for path in KernelPath::available() {
+            for &(m, n, k) in dims {
+                // (row stride, column stride, buffer length) of A.
+                let layouts = [(1, m + 5, (m + 5) * k), (2 * k, 2, 2 * m * k), (2, 2 * m, 2 * m * k)];
+                for (ars, acs, len) in layouts {
+                    let mut rng = crate::Rng::new((m * 7 + ars * 3 + acs) as u64);
+                    let a: Vec<f32> = (0..len).map(|_| rng.uniform_f32() - 0.5).collect();
+                    let b: Vec<f32> = (0..k * n).map(|_| rng.uniform_f32() - 0.5).collect();
+                    let want = naive(m, n, k, &a, ars, acs, &b, n, 1);
+                    for threads in [1, 2] {
+                        let mut c = vec![f32::NAN; m * n];
+                        // SAFETY: A's view stays inside `a` (largest offset (m-1) ars + (k-1)
+                        // acs < len), B and C cover their vectors.
+                        unsafe {
+                            sgemm(
+                                path,
+                                m,
+                                n,
+                                k,
+                                MatRef::of(&a, ars, acs),
+                                MatRef::of(&b, n, 1),
+                                MatMut::new(c.as_mut_ptr(), n, c.len()),
+                                false,
+                                None,
+                                threads,
+                            )
+                        };
+                        for (idx, (&got, &w)) in c.iter().zip(&want).enumerate() {
+                            assert!(
+                                (got as f64 - w).abs() <= 1e-4 * (k as f64).sqrt() * (1.0 + w.abs()),
+                                "{path}: {m}x{n}x{k} A strides ({ars}, {acs}) t={threads}: ({}, {}) {got} vs {w}",
+                                idx / n,
+                                idx % n
+                            );
                         }
                     }
                 }
