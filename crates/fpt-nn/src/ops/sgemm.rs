@@ -473,6 +473,19 @@ unsafe fn fallback(
     }
 }
 
+/// Whether the CPU has AVX (the packing's register transposes; checked at run time, since
+/// B is also packed for callers that do not run a micro-kernel of their own).
+fn avx() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 /// Packs `b(pc..pc+kc, jc..jc+nc)` into `NR`-column slivers, `kc x NR` each, zero-padded.
 fn pack_b(dst: &mut [f32], b: MatRef, pc: usize, kc: usize, jc: usize, nc: usize, threads: usize) {
     let slivers = nc.div_ceil(NR);
@@ -488,6 +501,16 @@ fn pack_b(dst: &mut [f32], b: MatRef, pc: usize, kc: usize, jc: usize, nc: usize
                 row[..w].copy_from_slice(src);
                 row[w..].fill(0.0);
             }
+        } else if b.rs == 1 && w == NR && kc >= 8 && avx() {
+            // Column-major B (a weight W as W^T, attention's K^T), a full sliver: 8 x 8
+            // blocks transposed in registers.
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: columns j0..j0 + NR and depths pc..pc + kc lie inside b (checked by
+            // the callers against b's length); `out` holds kc * NR floats; the CPU has AVX
+            // (`avx()`).
+            unsafe {
+                pack_b_sliver_avx(out, b.ptr.wrapping_offset(j0 as isize * b.cs + pc as isize), b.cs, kc)
+            };
         } else {
             if w < NR {
                 out.fill(0.0);
@@ -569,9 +592,9 @@ fn pack_a(dst: &mut Vec<f32>, a: MatRef, ic: usize, mc: usize, pc: usize, kc: us
 
 /// One full `MR`-row sliver of row-major A (rows `rs` apart from `base`, `kc` deep) into
 /// `out` as `kc` groups of `MR` values: columns 0..8 of each depth from an 8 x 8 transpose of
-/// rows 0..8, columns 8..12 from a 4 x 8 transpose of rows 8..12, 8 depths at a time; the
-/// last `kc % 8` depths one value at a time. The same values as the scalar loop in
-/// [`pack_a`], moved, not computed.
+/// rows 0..8 ([`transpose8`]), columns 8..12 from a 4 x 8 transpose of rows 8..12, 8 depths
+/// at a time; the last `kc % 8` depths one value at a time. The same values as the scalar
+/// loop in [`pack_a`], moved, not computed.
 ///
 /// # Safety
 /// The CPU has AVX; `base + i * rs + p` is readable for `i < MR`, `p < kc`; `out` holds at
@@ -588,19 +611,13 @@ unsafe fn pack_sliver_avx(out: &mut [f32], base: *const f32, rs: isize, kc: usiz
         // each store (8 floats at (p0 + q) * MR, 4 at (p0 + q) * MR + 8) stays inside
         // out's kc * MR floats (this function's contract).
         unsafe {
-            let row = |i: isize| _mm256_loadu_ps(base.offset(i * rs + p0 as isize));
-            // Rows 0..4 (u) and 4..8 (w): per 128-bit half, depths q and q + 4.
-            let u = quad(row(0), row(1), row(2), row(3));
-            let w = quad(row(4), row(5), row(6), row(7));
-            let d = |q: usize| o.add((p0 + q) * MR);
-            for q in 0..4 {
-                _mm256_storeu_ps(d(q), _mm256_permute2f128_ps::<0x20>(u[q], w[q]));
-                _mm256_storeu_ps(d(q + 4), _mm256_permute2f128_ps::<0x31>(u[q], w[q]));
-            }
+            transpose8(o, MR, 0, base, rs, p0);
             // Rows 8..12: a 4-float half per depth.
+            let row = |i: isize| _mm256_loadu_ps(base.offset(i * rs + p0 as isize));
+            let d = |q: usize| o.add((p0 + q) * MR + 8);
             for (q, v) in quad(row(8), row(9), row(10), row(11)).into_iter().enumerate() {
-                _mm_storeu_ps(d(q).add(8), _mm256_castps256_ps128(v));
-                _mm_storeu_ps(d(q + 4).add(8), _mm256_extractf128_ps::<1>(v));
+                _mm_storeu_ps(d(q), _mm256_castps256_ps128(v));
+                _mm_storeu_ps(d(q + 4), _mm256_extractf128_ps::<1>(v));
             }
         }
     }
@@ -608,6 +625,60 @@ unsafe fn pack_sliver_avx(out: &mut [f32], base: *const f32, rs: isize, kc: usiz
         for i in 0..MR {
             // SAFETY: p < kc and i < MR (this function's contract).
             unsafe { *o.add(p * MR + i) = *base.offset(i as isize * rs + p as isize) };
+        }
+    }
+}
+
+/// One full `NR`-column sliver of column-major B (columns `cs` apart from `base`, each `kc`
+/// deep and contiguous) into `out` as `kc` groups of `NR` values: four 8 x 8 transposes
+/// ([`transpose8`]) per 8 depths, the last `kc % 8` depths one value at a time. The same
+/// values as the scalar loop in [`pack_b`], moved, not computed.
+///
+/// # Safety
+/// The CPU has AVX; `base + j * cs + p` is readable for `j < NR`, `p < kc`; `out` holds at
+/// least `kc * NR` floats.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+unsafe fn pack_b_sliver_avx(out: &mut [f32], base: *const f32, cs: isize, kc: usize) {
+    debug_assert!(NR.is_multiple_of(8) && out.len() >= kc * NR);
+    let o = out.as_mut_ptr();
+    let full = kc / 8 * 8;
+    for p0 in (0..full).step_by(8) {
+        for g in (0..NR).step_by(8) {
+            // SAFETY: columns g..g + 8 < NR and depths p0..p0 + 8 <= kc are readable, and
+            // the stores at (p0 + q) * NR + g.. (8 floats) stay inside out's kc * NR floats
+            // (this function's contract).
+            unsafe { transpose8(o, NR, g, base.offset(g as isize * cs), cs, p0) };
+        }
+    }
+    for p in full..kc {
+        for j in 0..NR {
+            // SAFETY: p < kc and j < NR (this function's contract).
+            unsafe { *o.add(p * NR + j) = *base.offset(j as isize * cs + p as isize) };
+        }
+    }
+}
+
+/// An 8 x 8 transpose: `o[(p0 + q) * ld + col + i] = base[i * rs + p0 + q]` for `i, q < 8`.
+///
+/// # Safety
+/// The CPU has AVX; `base + i * rs + p0 + q` is readable and `o + (p0 + q) * ld + col + i`
+/// writable for `i, q < 8`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+#[inline]
+unsafe fn transpose8(o: *mut f32, ld: usize, col: usize, base: *const f32, rs: isize, p0: usize) {
+    use std::arch::x86_64::*;
+    // SAFETY: the reads and writes are the ones this function's contract allows.
+    unsafe {
+        let row = |i: isize| _mm256_loadu_ps(base.offset(i * rs + p0 as isize));
+        // Rows 0..4 (u) and 4..8 (w): per 128-bit half, depths q and q + 4.
+        let u = quad(row(0), row(1), row(2), row(3));
+        let w = quad(row(4), row(5), row(6), row(7));
+        let d = |q: usize| o.add((p0 + q) * ld + col);
+        for q in 0..4 {
+            _mm256_storeu_ps(d(q), _mm256_permute2f128_ps::<0x20>(u[q], w[q]));
+            _mm256_storeu_ps(d(q + 4), _mm256_permute2f128_ps::<0x31>(u[q], w[q]));
         }
     }
 }
