@@ -122,7 +122,15 @@ fn train_writes_result_and_metrics() {
     assert_eq!(r["task"], "bit-memory");
     assert_eq!(r["init"], "random");
     assert_eq!(r["steps"], 20);
-    assert_eq!(r["baseline_accuracy"], 0.75);
+    // Bit Memory's copy baseline, exact on the 32 evaluated strings (75% in expectation).
+    assert_eq!(r["baseline"]["kind"], "copy-visible-bits");
+    let base = r["baseline_accuracy"].as_f64().unwrap();
+    assert!((base - 0.75).abs() < 0.05, "{base}");
+    assert_eq!(r["baseline"]["accuracy"].as_f64().unwrap(), base);
+    let outcomes: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("outcomes.json")).unwrap()).unwrap();
+    assert_eq!(outcomes["correct"].as_array().unwrap().len(), 32);
+    assert_eq!(outcomes["labels_per_example"], 20);
     let acc = r["test_accuracy"].as_f64().unwrap();
     assert!((0.0..=1.0).contains(&acc));
     let metrics = std::fs::read_to_string(dir.path().join("metrics.jsonl")).unwrap();
@@ -991,4 +999,88 @@ fn cli_defaults_are_the_library_constructors() {
         ..RunSpec::new(saved.task.clone(), backbone)
     };
     assert_eq!(saved, expected);
+}
+
+/// `count` JSONL records of 4 time steps x 2 features, the first 80% `train`, the rest
+/// `test`; the label is `label(features, u)` with `u` a uniform number drawn apart from them.
+fn custom_records(count: usize, label: impl Fn(&[f64], f64) -> u32) -> String {
+    // A fixed linear congruential stream: the same file on every machine.
+    let mut state = 12345u64;
+    let mut next = move || {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (state >> 11) as f64 / (1u64 << 53) as f64
+    };
+    let mut lines = String::new();
+    for i in 0..count {
+        let f: Vec<f64> = (0..8).map(|_| next() * 2.0 - 1.0).collect();
+        let u = next();
+        let steps: Vec<String> = f.chunks(2).map(|c| format!("[{}, {}]", c[0], c[1])).collect();
+        let split = if i < count * 4 / 5 { "train" } else { "test" };
+        lines.push_str(&format!(
+            "{{\"features\": [{}], \"label\": {}, \"split\": \"{split}\"}}\n",
+            steps.join(", "),
+            label(&f, u)
+        ));
+    }
+    lines
+}
+
+fn train_custom(file: &std::path::Path, out: &std::path::Path) -> serde_json::Value {
+    let task = format!("custom:{}", file.display());
+    let o = fpt(&[
+        "train",
+        "--task",
+        &task,
+        "--backbone",
+        "gpt2",
+        "--init",
+        "random",
+        "--layers",
+        "1",
+        "--hidden",
+        "32",
+        "--heads",
+        "2",
+        "--steps",
+        "150",
+        "--batch-size",
+        "16",
+        "--eval-every",
+        "50",
+        "-q",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    serde_json::from_str(&std::fs::read_to_string(out.join("result.json")).unwrap()).unwrap()
+}
+
+/// Random labels (80/20) cannot be learned: the run is marked at its baseline (the majority
+/// class) in result.json. The same model on labels its inputs decide leaves it.
+#[test]
+fn random_labels_are_at_baseline_and_learnable_ones_are_not() {
+    let d = tempfile::tempdir().unwrap();
+    let random = d.path().join("random.jsonl");
+    std::fs::write(&random, custom_records(500, |_, u| u32::from(u >= 0.8))).unwrap();
+    let r = train_custom(&random, &d.path().join("random"));
+    let b = &r["baseline"];
+    assert_eq!(b["kind"], "majority-class", "{r}");
+    assert_eq!(b["left"], false, "random labels left their baseline: {b}");
+    assert!(!b["reasons"].as_array().unwrap().is_empty());
+    let share = b["accuracy"].as_f64().unwrap();
+    assert!((0.7..0.9).contains(&share), "{share}");
+
+    // The label is the sign of the last time step's first feature (the token read out).
+    let learnable = d.path().join("learnable.jsonl");
+    std::fs::write(&learnable, custom_records(500, |f, _| u32::from(f[6] > 0.0))).unwrap();
+    let r = train_custom(&learnable, &d.path().join("learnable"));
+    let b = &r["baseline"];
+    assert_eq!(b["left"], true, "a learnable task stayed at its baseline: {r}");
+    assert!(b["reasons"].as_array().unwrap().is_empty());
+    assert!(
+        r["test_accuracy"].as_f64().unwrap() > b["accuracy"].as_f64().unwrap() + 0.2,
+        "{r}"
+    );
 }

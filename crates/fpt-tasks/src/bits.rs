@@ -223,8 +223,8 @@ impl Task for BitMemory {
     fn eval_batch(&self, split: Split, start: usize, n: usize, device: &Device) -> Result<Batch> {
         self.eval.batch(split, start, n, &self.dims(), device)
     }
-    fn baseline(&self) -> Option<(f64, &'static str)> {
-        Some((0.75, "copy the visible bits, guess the masked ones"))
+    fn baseline(&self, split: Split) -> Result<crate::Baseline> {
+        crate::baseline::copy_visible_bits(self, split, self.n)
     }
 }
 

@@ -6,6 +6,7 @@
 //! sequence classification, one per bit for the bit tasks (whose loss is a 2-way
 //! cross-entropy per bit, paper §2.1 and the reference code's `loss_fn`).
 
+pub mod baseline;
 pub mod bits;
 pub mod custom;
 pub mod data;
@@ -22,6 +23,7 @@ use fpt_nn::Rng;
 use fpt_spec::{TaskName, TaskSpec};
 use std::path::{Path, PathBuf};
 
+pub use baseline::{Baseline, BaselineKind};
 pub use bits::{BitMemory, BitXor};
 pub use data::{Cursor, Dataset, DatasetTask, Encoding, Examples};
 
@@ -192,10 +194,10 @@ pub trait Task: Send {
     fn eval_len(&self, split: Split) -> usize;
     /// Examples `start..start + n` (clamped to the split) of an evaluation split.
     fn eval_batch(&self, split: Split, start: usize, n: usize, device: &Device) -> Result<Batch>;
-    /// A trivial baseline's accuracy and its description, where one is known (Bit Memory:
-    /// copying the visible bits and guessing the masked ones gives 75%).
-    fn baseline(&self) -> Option<(f64, &'static str)> {
-        None
+    /// The trivial baseline on an evaluation split ([`baseline`]): by default the split's
+    /// majority class; Bit Memory copies the visible bits.
+    fn baseline(&self, split: Split) -> Result<Baseline> {
+        baseline::majority_of(self, split)
     }
     /// Where the training order stands, for tasks that walk a stored dataset (checkpoints
     /// save it so that a resumed run sees the same batches). `None` for generated tasks.

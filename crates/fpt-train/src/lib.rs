@@ -7,7 +7,9 @@
 //! - `spec.json`: the effective run spec;
 //! - `metrics.jsonl`: one JSON object per evaluation ([`EvalRecord`]);
 //! - `checkpoints/`: trainable tensors, optimizer state and loop state ([`checkpoint`]);
-//! - `result.json`: the final numbers ([`RunResult`]).
+//! - `outcomes.json`: the final evaluation's per-example outcomes ([`outcomes::Outcomes`]);
+//! - `result.json`: the final numbers ([`RunResult`]), with whether the run left its task's
+//!   trivial baseline ([`outcomes::BaselineCheck`]).
 //!
 //! Every random number comes from streams forked off one seed (init, data, dropout,
 //! evaluation sets), and a checkpoint saves the streams' states, so on CPU the same spec
@@ -36,6 +38,7 @@ pub mod checkpoint;
 pub mod linear;
 pub mod memory;
 pub mod optim;
+pub mod outcomes;
 pub mod parity;
 pub mod pretrain;
 pub mod reservoir;
@@ -182,8 +185,12 @@ pub struct RunResult {
     pub diverged_reason: Option<String>,
     /// True when early stopping ended the run before `steps`.
     pub stopped_early: bool,
-    /// A trivial baseline's accuracy for this task, where one is known.
+    /// The trivial baseline's accuracy on the evaluated examples (see `baseline`).
     pub baseline_accuracy: Option<f64>,
+    /// The task's trivial baseline and whether this run left it (absent in results written
+    /// before fpt judged runs, and where the final evaluation's outcomes were not at hand).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub baseline: Option<outcomes::BaselineCheck>,
     /// Output-only training on cached features: its timings and the speedup per epoch
     /// over FPT training (paper Table 10).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -256,7 +263,19 @@ pub fn evaluate_with(
     device: &Device,
     forward: &mut dyn FnMut(&fpt_tasks::Inputs) -> Result<Tensor>,
 ) -> Result<(f64, f64)> {
-    let (mut loss_sum, mut correct, mut labels) = (0f64, 0usize, 0usize);
+    Ok(tally_with(task, split, batch_size, device, forward)?.loss_and_accuracy())
+}
+
+/// [`evaluate_with`], keeping the per-example outcomes ([`outcomes::Tally`]).
+pub fn tally_with(
+    task: &dyn Task,
+    split: Split,
+    batch_size: usize,
+    device: &Device,
+    forward: &mut dyn FnMut(&fpt_tasks::Inputs) -> Result<Tensor>,
+) -> Result<outcomes::Tally> {
+    let mut tally = outcomes::Tally::default();
+    let per_example = task.dims().labels_per_example;
     let n = task.eval_len(split);
     let mut start = 0;
     while start < n {
@@ -264,18 +283,14 @@ pub fn evaluate_with(
         let bsz = batch.inputs.batch_size();
         let logits = forward(&batch.inputs)?;
         let classes = logits.dim(candle_core::D::Minus1)?;
-        let logits = logits.reshape(((), classes))?;
-        let targets = batch.labels.flatten_all()?;
-        let count = targets.elem_count();
-        loss_sum += ops::cross_entropy(&logits, &targets)?
-            .to_dtype(DType::F64)?
-            .to_scalar::<f64>()?
-            * count as f64;
-        correct += ops::correct(&logits, &targets)?;
-        labels += count;
+        tally.add(
+            &logits.reshape(((), classes))?,
+            &batch.labels.flatten_all()?,
+            per_example,
+        )?;
         start += bsz.max(1);
     }
-    Ok((loss_sum / labels.max(1) as f64, correct as f64 / labels.max(1) as f64))
+    Ok(tally)
 }
 
 /// Names a device for reports.
@@ -535,13 +550,22 @@ impl Trainer {
 
     /// Loss and accuracy on a whole evaluation split.
     pub fn evaluate(&self, split: Split) -> Result<(f64, f64)> {
-        evaluate(
-            &self.model,
-            self.task.as_ref(),
-            split,
-            self.eval_batch_size(),
-            &self.device,
-        )
+        Ok(self.tally(split)?.loss_and_accuracy())
+    }
+
+    /// The per-example outcomes of an evaluation of a whole split.
+    pub fn tally(&self, split: Split) -> Result<outcomes::Tally> {
+        let mut ctx = Ctx::eval();
+        let model = &self.model;
+        fpt_nn::no_grad(|| {
+            tally_with(
+                self.task.as_ref(),
+                split,
+                self.eval_batch_size(),
+                &self.device,
+                &mut |inputs| Ok(fpt_nn::on_pool(|| model.forward(inputs, &mut ctx))?),
+            )
+        })
     }
 }
 
@@ -628,9 +652,10 @@ fn evaluate_now(
     with_train: bool,
     started: &Instant,
     metrics: &Path,
-) -> Result<EvalRecord> {
+) -> Result<(EvalRecord, outcomes::Tally)> {
     let _e = tracing::info_span!("eval", step = tr.steps_done()).entered();
-    let (test_loss, test_accuracy) = tr.evaluate(Split::Test)?;
+    let tally = tr.tally(Split::Test)?;
+    let (test_loss, test_accuracy) = tally.loss_and_accuracy();
     let train_accuracy = if with_train {
         Some(tr.evaluate(Split::Train)?.1)
     } else {
@@ -656,7 +681,7 @@ fn evaluate_now(
     run.window_loss = 0.0;
     run.window_steps = 0;
     run.evals.push(rec.clone());
-    Ok(rec)
+    Ok((rec, tally))
 }
 
 fn run_loop(
@@ -685,6 +710,8 @@ fn run_loop(
     // The trained tensors at the best evaluation so far (this segment of the run): what a
     // diverged run keeps.
     let mut best_params: Option<Vec<Tensor>> = None;
+    // The latest evaluation's per-example outcomes, with its step.
+    let mut last_tally: Option<(usize, outcomes::Tally)> = None;
     while tr.steps_done() < t.steps {
         let out = tr.step()?;
         let why = if !out.finite {
@@ -722,7 +749,8 @@ fn run_loop(
         if step.is_multiple_of(t.eval_every) || step == t.steps {
             let before = run.best().map(|b| b.test_accuracy);
             let with_train = every_train || (step == t.steps && t.train_eval == TrainEval::Final);
-            let rec = evaluate_now(&tr, &mut run, with_train, &started, &metrics)?;
+            let (rec, tally) = evaluate_now(&tr, &mut run, with_train, &started, &metrics)?;
+            last_tally = Some((rec.step, tally));
             on_event(&Event::Eval(&rec));
             if before.is_none_or(|b| rec.test_accuracy > b) {
                 best_params = Some(
@@ -773,7 +801,8 @@ fn run_loop(
             run.metrics_lines -= 1;
             metrics_truncate(&metrics, run.metrics_lines)?;
         }
-        let rec = evaluate_now(&tr, &mut run, with_train, &started, &metrics)?;
+        let (rec, tally) = evaluate_now(&tr, &mut run, with_train, &started, &metrics)?;
+        last_tally = Some((rec.step, tally));
         on_event(&Event::Eval(&rec));
         rec
     } else if diverged.is_some() {
@@ -781,6 +810,27 @@ fn run_loop(
     } else {
         run.evals.last().cloned().expect("an evaluation exists")
     };
+    // The outcomes of the evaluation the result reports: this segment's, or (a run resumed
+    // after its last evaluation, a diverged run put back to its best tensors) a fresh one of
+    // the same tensors; none for a diverged run whose best tensors are not at hand.
+    let tally = match last_tally {
+        Some((step, tally)) if step == last.step && diverged.is_none() => Some(tally),
+        _ if diverged.is_none() || best_params.is_some() => Some(tr.tally(Split::Test)?),
+        _ => None,
+    };
+    let baseline = match tally {
+        Some(tally) => {
+            let base = tr.task().baseline(Split::Test)?;
+            let out = outcomes::Outcomes::new(last.step, tr.task().dims().labels_per_example, &tally, &base);
+            outcomes::write(out_dir, &out)?;
+            let losses: Vec<f64> = run.evals.iter().map(|e| e.train_loss).collect();
+            Some(outcomes::judge(&base, &out, &losses))
+        }
+        None => None,
+    };
+    if let Some(b) = baseline.as_ref().filter(|b| !b.left) {
+        tracing::warn!("the run is at its task's trivial baseline: {}", b.reasons.join("; "));
+    }
     let mut snapshot = run.clone();
     snapshot.elapsed_s += started.elapsed().as_secs_f64();
     let best = run.best().cloned().expect("an evaluation exists");
@@ -809,7 +859,8 @@ fn run_loop(
         diverged_at_step: diverged.as_ref().map(|d| d.0),
         diverged_reason: diverged.as_ref().map(|d| d.1.clone()),
         stopped_early,
-        baseline_accuracy: tr.task().baseline().map(|b| b.0),
+        baseline_accuracy: baseline.as_ref().map(|b| b.accuracy),
+        baseline,
         cached: None,
         provenance: Some(selfcheck::provenance()),
     };

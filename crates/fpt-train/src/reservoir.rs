@@ -69,27 +69,21 @@ fn cache(
     ))
 }
 
-/// Mean loss and accuracy of the head on cached features.
-fn score(model: &fpt_model::Fpt, feats: &Tensor, labels: &Tensor, chunk: usize) -> Result<(f64, f64)> {
+/// The head's per-example outcomes on cached features.
+fn score(model: &fpt_model::Fpt, feats: &Tensor, labels: &Tensor, chunk: usize) -> Result<crate::outcomes::Tally> {
     let n = feats.dim(0)?;
-    let (mut loss, mut correct, mut count) = (0f64, 0usize, 0usize);
+    let mut tally = crate::outcomes::Tally::default();
     let mut at = 0;
     while at < n {
         let k = chunk.min(n - at);
         let logits = model.head(&feats.narrow(0, at, k)?)?;
         let classes = logits.dim(2)?;
-        let flat = logits.reshape(((), classes))?;
-        let y = labels.narrow(0, at, k)?.flatten_all()?;
-        let m = y.dim(0)?;
-        loss += ops::cross_entropy(&flat, &y)?
-            .to_dtype(DType::F64)?
-            .to_scalar::<f64>()?
-            * m as f64;
-        correct += ops::correct(&flat, &y)?;
-        count += m;
+        let y = labels.narrow(0, at, k)?;
+        let per_example = y.dim(1)?;
+        tally.add(&logits.reshape(((), classes))?, &y.flatten_all()?, per_example)?;
         at += k;
     }
-    Ok((loss / count.max(1) as f64, correct as f64 / count.max(1) as f64))
+    Ok(tally)
 }
 
 /// Seconds of one FPT step of the same shape: median of 3 after a warm-up.
@@ -187,7 +181,8 @@ pub(crate) fn run(
             });
         }
         epoch_times.push(e_start.elapsed().as_secs_f64());
-        let (test_loss, test_accuracy) = score(&tr.model, &test_f, &test_y, chunk)?;
+        let tally = score(&tr.model, &test_f, &test_y, chunk)?;
+        let (test_loss, test_accuracy) = tally.loss_and_accuracy();
         let rec = EvalRecord {
             step,
             train_loss: loss_sum / batches.max(1) as f64,
@@ -200,10 +195,10 @@ pub(crate) fn run(
         };
         metrics_append(&metrics, &rec)?;
         on_event(&Event::Eval(&rec));
-        last = Some(rec);
+        last = Some((rec, tally));
     }
-    let last = last.expect("at least one epoch");
-    let (_, train_accuracy) = score(&tr.model, &train_f, &train_y, chunk)?;
+    let (last, last_tally) = last.expect("at least one epoch");
+    let (_, train_accuracy) = score(&tr.model, &train_f, &train_y, chunk)?.loss_and_accuracy();
     let wall_seconds = started.elapsed().as_secs_f64();
     let mut after_first: Vec<f64> = epoch_times.iter().skip(1).copied().collect();
     if after_first.is_empty() {
@@ -223,6 +218,11 @@ pub(crate) fn run(
         .max_by(|a, b| a.test_accuracy.total_cmp(&b.test_accuracy))
         .cloned()
         .unwrap_or_else(|| last.clone());
+    let base = tr.task.baseline(Split::Test)?;
+    let out = crate::outcomes::Outcomes::new(last.step, tr.task.dims().labels_per_example, &last_tally, &base);
+    crate::outcomes::write(out_dir, &out)?;
+    let losses: Vec<f64> = evals.iter().map(|e| e.train_loss).collect();
+    let baseline = crate::outcomes::judge(&base, &out, &losses);
     let result = RunResult {
         task: spec.task.name.to_string(),
         backbone: spec.backbone.source.clone(),
@@ -248,7 +248,8 @@ pub(crate) fn run(
         diverged_at_step: None,
         diverged_reason: None,
         stopped_early: false,
-        baseline_accuracy: tr.task.baseline().map(|b| b.0),
+        baseline_accuracy: Some(baseline.accuracy),
+        baseline: Some(baseline),
         cached: Some(CachedStats {
             train_examples: n,
             epochs,
