@@ -1,15 +1,33 @@
-//! The paper's claims as checks over a table's cells (`[[claims]]` in a table's TOML):
-//! each gets a verdict, `holds`, `fails`, `inconclusive` (the difference is within the
-//! evaluation's sampling noise) or `not run`, with the numbers that decide it.
+//! The paper's claims as checks over a table's cells (`[[claims]]` in a table's TOML).
+//!
+//! Each claim gets a verdict on our numbers and on the paper's:
+//! - `holds` / `fails`: the 95% interval of the comparison lies wholly on one side of what
+//!   the claim needs;
+//! - `inconclusive`: the interval straddles it (more examples, evaluations or seeds would
+//!   be needed);
+//! - `undecided`: every pair of cells with numbers has a cell at its task's trivial
+//!   baseline (a run that learned nothing is no evidence either way), unless the claim is
+//!   itself about failure (`about_failure`);
+//! - `not run`: no pair of cells has numbers.
+//!
+//! A pair with a cell at baseline is left out of the comparison and named. Every verdict
+//! names the pairs it used, its estimate and its interval: a paired, stratified bootstrap
+//! over the held-out examples and seeds of the runs ([`crate::bootstrap`]) where every cell
+//! recorded its per-example outcomes, else a normal interval from each cell's standard
+//! error (the binomial error of its evaluation; the standard error of the seeds' mean where
+//! it ran several), in both cases with the task's measured seed spread where a pair ran one
+//! seed each.
 
+use crate::bootstrap::{self, Pair};
 use fpt_spec::table::{Claim, ClaimKind, Select, TableSpec};
+use fpt_train::outcomes::Outcomes;
 
 /// A claim's verdict on one set of numbers.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Verdict {
-    /// `holds`, `fails`, `inconclusive` or `not run`.
+    /// `holds`, `fails`, `inconclusive`, `undecided` or `not run`.
     pub verdict: String,
-    /// The numbers that decide it.
+    /// The numbers that decide it: estimate, interval, the pairs used and those left out.
     pub detail: String,
 }
 
@@ -22,6 +40,31 @@ pub struct ClaimReport {
     pub ours: Verdict,
     /// On the paper's numbers (where the table prints them).
     pub paper: Verdict,
+}
+
+/// One cell's numbers as a claim sees them.
+#[derive(Debug, Clone, Default)]
+pub struct CellValue<'a> {
+    /// The cell's number (points of accuracy, steps, ...).
+    pub value: f64,
+    /// Its standard error (0 where none is known, e.g. the paper's numbers).
+    pub se: f64,
+    /// Why the cell is at its task's trivial baseline (`None`: it left it, or has none).
+    pub at_baseline: Option<String>,
+    /// The per-example outcomes of each of its runs (seed order); empty where not recorded.
+    pub runs: &'a [Outcomes],
+    /// The task's measured seed spread at the scale (points; 0 when unknown).
+    pub seed_sd: f64,
+}
+
+impl CellValue<'_> {
+    /// A number with no uncertainty and no baseline (the paper's).
+    pub fn exact(value: f64) -> CellValue<'static> {
+        CellValue {
+            value,
+            ..CellValue::default()
+        }
+    }
 }
 
 /// The cells `sel` picks, as (row, col) in row-major order.
@@ -44,7 +87,7 @@ pub fn validate(table: &TableSpec, claim: &Claim) -> Result<(), String> {
         return Err(format!("claim `{}`: `a` selects no cell", claim.text));
     }
     let others: Vec<&Select> = match claim.kind {
-        ClaimKind::Greater => vec![claim
+        ClaimKind::Greater | ClaimKind::Comparable => vec![claim
             .b
             .as_ref()
             .ok_or_else(|| format!("claim `{}`: needs `b`", claim.text))?],
@@ -53,6 +96,12 @@ pub fn validate(table: &TableSpec, claim: &Claim) -> Result<(), String> {
         }
         ClaimKind::Best => claim.among.iter().collect(),
     };
+    if claim.kind == ClaimKind::Comparable && claim.within.is_none_or(|w| !(w > 0.0)) {
+        return Err(format!(
+            "claim `{}`: `comparable` needs `within`, a positive margin",
+            claim.text
+        ));
+    }
     for o in others {
         let m = select(table, o).len();
         if m != n {
@@ -65,104 +114,193 @@ pub fn validate(table: &TableSpec, claim: &Claim) -> Result<(), String> {
     Ok(())
 }
 
-/// One comparison: `a` vs `b`, paired, by more than `by`. `value` gives a cell's number and
-/// its standard error (0 where none is known).
-fn compare(
-    table: &TableSpec,
-    a: &Select,
-    b: &Select,
-    by: f64,
-    value: &dyn Fn(usize, usize) -> Option<(f64, f64)>,
-) -> (Option<&'static str>, String) {
-    let (sa, sb) = (select(table, a), select(table, b));
-    let mut diffs = Vec::new();
-    let mut var = 0.0;
-    for (&(ra, ca), &(rb, cb)) in sa.iter().zip(&sb) {
-        if let (Some((x, ex)), Some((y, ey))) = (value(ra, ca), value(rb, cb)) {
-            diffs.push(x - y);
-            var += ex * ex + ey * ey;
-        }
-    }
-    let name = |s: &Select| match (&s.row, &s.col) {
+fn name(s: &Select) -> String {
+    match (&s.row, &s.col) {
         (Some(r), Some(c)) => format!("{r} / {c}"),
         (Some(r), None) => r.clone(),
         (None, Some(c)) => c.clone(),
         (None, None) => "all".into(),
-    };
-    if diffs.is_empty() {
-        return (
-            None,
-            format!("{} vs {}: no pair of cells with numbers", name(a), name(b)),
-        );
     }
-    let k = diffs.len() as f64;
-    let mean = diffs.iter().sum::<f64>() / k;
-    let noise = 2.0 * var.sqrt() / k;
-    let verdict = if mean - by > noise {
-        "holds"
-    } else if mean - by < -noise {
-        "fails"
+}
+
+/// How a pair of cells is named: the part in which the two selections agree.
+fn pair_name(table: &TableSpec, (ra, ca): (usize, usize), (rb, cb): (usize, usize)) -> String {
+    let row = |r: usize| table.rows[r].label.as_str();
+    let col = |c: usize| table.cols[c].label.as_str();
+    if ca == cb {
+        col(ca).to_string()
+    } else if ra == rb {
+        row(ra).to_string()
     } else {
-        "inconclusive"
-    };
-    let spread = if diffs.len() > 1 {
-        let (lo, hi) = diffs
+        format!("{} / {} vs {} / {}", row(ra), col(ca), row(rb), col(cb))
+    }
+}
+
+/// What one comparison decided, and how.
+struct Comparison {
+    verdict: Option<&'static str>,
+    detail: String,
+}
+
+/// `a` against `b`, paired, as `claim` asks.
+fn compare<'v>(
+    table: &TableSpec,
+    claim: &Claim,
+    a: &Select,
+    b: &Select,
+    value: &dyn Fn(usize, usize) -> Option<CellValue<'v>>,
+) -> Comparison {
+    let (sa, sb) = (select(table, a), select(table, b));
+    let head = format!("{} - {}", name(a), name(b));
+    let mut kept: Vec<(String, CellValue, CellValue)> = Vec::new();
+    let mut excluded = Vec::new();
+    for (&pa, &pb) in sa.iter().zip(&sb) {
+        let (Some(x), Some(y)) = (value(pa.0, pa.1), value(pb.0, pb.1)) else {
+            continue;
+        };
+        let at: Vec<String> = [(pa, &x), (pb, &y)]
             .iter()
-            .fold((f64::MAX, f64::MIN), |(l, h), &d| (l.min(d), h.max(d)));
-        format!(", per pair {lo:+.1} to {hi:+.1}")
+            .filter(|(_, v)| v.at_baseline.is_some())
+            .map(|((r, c), _)| format!("{} / {}", table.rows[*r].label, table.cols[*c].label))
+            .collect();
+        if !at.is_empty() && !claim.about_failure {
+            excluded.extend(at);
+            continue;
+        }
+        kept.push((pair_name(table, pa, pb), x, y));
+    }
+    let left_out = if excluded.is_empty() {
+        String::new()
+    } else {
+        excluded.dedup();
+        format!("; left out, at their trivial baseline: {}", excluded.join(", "))
+    };
+    let with_numbers = kept.len() + excluded.len();
+    if with_numbers == 0 {
+        return Comparison {
+            verdict: None,
+            detail: format!("{head}: no pair of cells with numbers"),
+        };
+    }
+    if kept.is_empty() {
+        return Comparison {
+            verdict: Some("undecided"),
+            detail: format!("{head}: no pair of cells both off their trivial baseline{left_out}"),
+        };
+    }
+    let k = kept.len() as f64;
+    let resampled = kept.iter().all(|(_, x, y)| !x.runs.is_empty() && !y.runs.is_empty());
+    let (mean, (lo, hi), how) = if resampled {
+        let pairs: Vec<Pair> = kept
+            .iter()
+            .map(|(_, x, y)| Pair {
+                a: x.runs,
+                b: y.runs,
+                seed_sd: x.seed_sd.max(y.seed_sd),
+            })
+            .collect();
+        let (m, i) = bootstrap::mean_difference(&pairs);
+        (m, i, "paired bootstrap over examples and seeds")
+    } else {
+        let mean = kept.iter().map(|(_, x, y)| x.value - y.value).sum::<f64>() / k;
+        let var: f64 = kept
+            .iter()
+            .map(|(_, x, y)| {
+                let seeds = x.runs.len().min(y.runs.len());
+                let spread = if seeds <= 1 {
+                    2.0 * x.seed_sd.max(y.seed_sd).powi(2)
+                } else {
+                    0.0
+                };
+                x.se * x.se + y.se * y.se + spread
+            })
+            .sum();
+        let half = 1.96 * var.sqrt() / k;
+        let how = if half > 0.0 {
+            "normal interval from each cell's standard error"
+        } else {
+            "no uncertainty known"
+        };
+        (mean, (mean - half, mean + half), how)
+    };
+    let (verdict, need) = match claim.kind {
+        ClaimKind::Comparable => {
+            let w = claim.within.unwrap_or(0.0);
+            let v = if lo >= -w && hi <= w {
+                "holds"
+            } else if lo > w || hi < -w {
+                "fails"
+            } else {
+                "inconclusive"
+            };
+            (v, format!("needed within +-{w}"))
+        }
+        ClaimKind::Greater | ClaimKind::Best => {
+            let v = if lo > claim.by {
+                "holds"
+            } else if hi < claim.by {
+                "fails"
+            } else {
+                "inconclusive"
+            };
+            (v, format!("needed > {}", claim.by))
+        }
+    };
+    let spread = if kept.len() > 1 {
+        let d: Vec<f64> = kept.iter().map(|(_, x, y)| x.value - y.value).collect();
+        let (l, h) = d.iter().fold((f64::MAX, f64::MIN), |(l, h), &v| (l.min(v), h.max(v)));
+        format!(", per pair {l:+.1} to {h:+.1}")
     } else {
         String::new()
     };
-    (
-        Some(verdict),
-        format!(
-            "{} - {}: {mean:+.1} (mean over {} of {} pairs{spread}; needed > {by}{})",
-            name(a),
-            name(b),
-            diffs.len(),
+    let names: Vec<&str> = kept.iter().map(|(n, _, _)| n.as_str()).collect();
+    Comparison {
+        verdict: Some(verdict),
+        detail: format!(
+            "{head}: {mean:+.1}, 95% interval {lo:+.1} to {hi:+.1} ({how}; mean over {} of {} pairs: {}{spread}; {need}){left_out}",
+            kept.len(),
             sa.len(),
-            if noise > 0.0 {
-                format!(", noise +-{noise:.1}")
-            } else {
-                String::new()
-            }
+            names.join(", ")
         ),
-    )
+    }
 }
 
-/// The verdict of `claim` on the numbers `value` gives.
-pub fn check(table: &TableSpec, claim: &Claim, value: &dyn Fn(usize, usize) -> Option<(f64, f64)>) -> Verdict {
+/// The verdict of `claim` on the numbers `value` gives per (row, column).
+pub fn check<'v>(table: &TableSpec, claim: &Claim, value: &dyn Fn(usize, usize) -> Option<CellValue<'v>>) -> Verdict {
     let others: Vec<Select> = match claim.kind {
-        ClaimKind::Greater => claim.b.iter().cloned().collect(),
+        ClaimKind::Greater | ClaimKind::Comparable => claim.b.iter().cloned().collect(),
         ClaimKind::Best => claim.among.clone(),
     };
-    let results: Vec<(Option<&str>, String)> = others
+    let results: Vec<Comparison> = others
         .iter()
-        .map(|o| compare(table, &claim.a, o, claim.by, value))
+        .map(|o| compare(table, claim, &claim.a, o, value))
         .collect();
-    let verdict = if results.iter().any(|(v, _)| v.is_none()) {
+    let any = |v: &str| results.iter().any(|r| r.verdict == Some(v));
+    let verdict = if results.iter().any(|r| r.verdict.is_none()) {
         "not run"
-    } else if results.iter().any(|(v, _)| *v == Some("fails")) {
+    } else if any("fails") {
         "fails"
-    } else if results.iter().all(|(v, _)| *v == Some("holds")) {
+    } else if any("undecided") {
+        "undecided"
+    } else if results.iter().all(|r| r.verdict == Some("holds")) {
         "holds"
     } else {
         "inconclusive"
     };
     Verdict {
         verdict: verdict.to_string(),
-        detail: results.into_iter().map(|(_, d)| d).collect::<Vec<_>>().join("; "),
+        detail: results.into_iter().map(|r| r.detail).collect::<Vec<_>>().join("; "),
     }
 }
 
-/// Every claim of `table` on the paper's own numbers (no noise).
+/// Every claim of `table` on the paper's own numbers (no noise, no baselines).
 pub fn on_paper(table: &TableSpec) -> Vec<(String, Verdict)> {
     table
         .claims
         .iter()
         .map(|c| {
             let v = check(table, c, &|r, col| {
-                crate::report::parse_paper(&table.paper[r][col]).map(|x| (x, 0.0))
+                crate::report::parse_paper(&table.paper[r][col]).map(CellValue::exact)
             });
             (c.text.clone(), v)
         })

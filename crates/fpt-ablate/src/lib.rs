@@ -15,8 +15,10 @@
 //! report.write(out).unwrap();
 //! ```
 
+pub mod bootstrap;
 pub mod claims;
 pub mod figure;
+pub mod record;
 pub mod report;
 pub mod reproduce;
 pub mod site;
@@ -233,6 +235,8 @@ pub struct Cell {
     /// Further runs of the same plan with the next seeds (`seeds` at the scale): the cell
     /// reports the mean over its run and these, with their spread. Each as (key, spec).
     pub replicas: Vec<(String, Box<RunSpec>)>,
+    /// The task's measured accuracy spread across seeds at the scale (points), where known.
+    pub seed_sd: Option<f64>,
 }
 
 /// The runs that repeat `plan` with the `seeds - 1` seeds after its own.
@@ -374,6 +378,7 @@ fn expand_with(
             notes,
             differs,
             replicas: Vec::new(),
+            seed_sd: None,
         });
         return Ok(cells);
     }
@@ -394,6 +399,7 @@ fn expand_with(
             let seeds = seeds_for(&s, &sc);
             let differs = paper_differences(&s, metric, &plan, paper_sc.as_ref(), seeds);
             let replicas = replicas_of(&plan, seeds);
+            let seed_sd = s.task.as_deref().and_then(|t| sc.seed_spread.get(t)).map(|x| x.sd);
             if !replicas.is_empty() {
                 notes.push(format!(
                     "{} seeds per cell: the mean and spread over them (the paper prints one number per cell)",
@@ -410,6 +416,7 @@ fn expand_with(
                 notes,
                 differs,
                 replicas,
+                seed_sd,
             });
         }
     }

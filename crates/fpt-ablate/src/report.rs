@@ -2,8 +2,10 @@
 //! substituted, and why a cell did not run; as `report.md`, `report.json` and `report.csv`
 //! under `<out>/<table>/<scale>/`.
 
+use crate::record::RunRecord;
 use crate::{command_for, io, run_dir, AblateError, Cell, Plan, Result};
 use fpt_spec::table::{Metric, TableSpec};
+use fpt_spec::RunSpec;
 use fpt_train::selfcheck::Provenance;
 use std::path::Path;
 
@@ -56,6 +58,85 @@ pub struct CellReport {
     /// Where the cell runs several seeds: each seed's number, and `ours` is their mean.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub seeds: Option<Seeds>,
+    /// The task's trivial baseline on the evaluated examples (percent; the mean over the
+    /// cell's runs), where known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub baseline: Option<f64>,
+    /// What the trivial baseline is (`majority class 3 (17.5% of the evaluated labels)`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub baseline_kind: Option<String>,
+    /// Why the cell is at its task's trivial baseline (its runs learned nothing measurable);
+    /// absent when it left it or its baseline is not known. No claim rests on such a cell.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at_baseline: Option<String>,
+    /// The task's measured accuracy spread across seeds at the scale (points), where known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed_sd: Option<f64>,
+    /// The per-example outcomes of the cell's runs, seed order (all of them, or none where a
+    /// run did not record them): what the claims resample. Not written to `report.json`.
+    #[serde(skip)]
+    pub outcomes: Vec<fpt_train::outcomes::Outcomes>,
+}
+
+/// Where a report reads its runs from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sources {
+    /// Run directories only (`runs/<key>`): a report of what was trained here.
+    RunDirs,
+    /// Run directories, else the records kept beside the reports (`records/<key>.json`):
+    /// re-rendering committed reports where the run directories are not kept.
+    RunDirsOrRecords,
+}
+
+/// The finished run `key` under `out`, from where `sources` allows.
+fn load_run(out: &Path, key: &str, sources: Sources) -> Option<RunRecord> {
+    let rec = match sources {
+        Sources::RunDirs => {
+            let dir = run_dir(out, key);
+            dir.join("spec.json")
+                .is_file()
+                .then(|| RunRecord::from_dir(&dir).ok())
+                .flatten()
+        }
+        Sources::RunDirsOrRecords => RunRecord::load(out, key).ok().flatten(),
+    };
+    rec.filter(|r| r.result.is_some())
+}
+
+/// Trivial baselines of the tasks a report's runs evaluated, built once per task and seed.
+#[derive(Default)]
+struct Baselines(std::collections::HashMap<String, Option<fpt_tasks::Baseline>>);
+
+impl Baselines {
+    /// Whether the run `rec` of `spec` left its baseline: as its result says, or (results
+    /// written before fpt judged runs) judged now from its accuracy, with the task rebuilt
+    /// to find its baseline; `None` where the task's data is not here.
+    fn check(&mut self, rec: &RunRecord, spec: &RunSpec) -> Option<fpt_train::outcomes::BaselineCheck> {
+        let res = rec.result.as_ref()?;
+        if let Some(b) = &res.baseline {
+            return Some(b.clone());
+        }
+        let key = format!(
+            "{}#{}",
+            serde_json::to_string(&spec.task).unwrap_or_default(),
+            spec.train.seed
+        );
+        let base = self
+            .0
+            .entry(key)
+            .or_insert_with(|| {
+                let task = fpt_tasks::build(&spec.task, &fpt_train::root_rng(spec)).ok()?;
+                task.baseline(fpt_tasks::Split::Test).ok()
+            })
+            .as_ref()?;
+        let losses: Vec<f64> = rec.evals.iter().map(|e| e.train_loss).collect();
+        Some(fpt_train::outcomes::judge_summary(
+            base,
+            res.test_accuracy,
+            res.eval_examples,
+            &losses,
+        ))
+    }
 }
 
 /// A cell's numbers over its seeds.
@@ -114,24 +195,10 @@ fn metric_of(res: &fpt_train::RunResult, metric: Metric) -> Option<f64> {
     }
 }
 
-/// The finished result of the run `key` under `out`, if it has one that passed its
-/// self-check.
-fn finished(out: &Path, key: &str) -> Option<fpt_train::RunResult> {
-    std::fs::read_to_string(run_dir(out, key).join("result.json"))
-        .ok()
-        .and_then(|t| serde_json::from_str::<fpt_train::RunResult>(&t).ok())
-        .filter(|r| r.provenance.as_ref().is_none_or(|p| p.selfcheck.passed))
-}
-
-/// How the last two evaluations of a run in `dir` compare, measured against the binomial
-/// standard error of an accuracy over `n` examples.
-pub fn curve_state(dir: &Path, n: usize) -> Option<String> {
-    let text = std::fs::read_to_string(dir.join("metrics.jsonl")).ok()?;
-    let evals: Vec<fpt_train::EvalRecord> = text
-        .lines()
-        .filter_map(|l| serde_json::from_str::<fpt_train::EvalRecord>(l).ok())
-        .collect();
-    let [.., a, b] = evals.as_slice() else {
+/// How the last two evaluations of a run compare, measured against the binomial standard
+/// error of an accuracy over `n` examples.
+pub fn curve_state(evals: &[fpt_train::EvalRecord], n: usize) -> Option<String> {
+    let [.., a, b] = evals else {
         return None;
     };
     let (p, q) = (a.test_accuracy, b.test_accuracy);
@@ -304,6 +371,12 @@ fn count(plan: &Plan, metric: Metric) -> std::result::Result<(f64, Option<String
 impl Report {
     /// Collects the results of `cells` (from `out/runs/`) for `table` at `scale`.
     pub fn new(table: &TableSpec, scale: &str, cells: &[Cell], out: &Path) -> Report {
+        Self::from_runs(table, scale, cells, out, Sources::RunDirs)
+    }
+
+    /// [`Report::new`], reading each run from where `sources` allows.
+    pub fn from_runs(table: &TableSpec, scale: &str, cells: &[Cell], out: &Path, sources: Sources) -> Report {
+        let mut baselines = Baselines::default();
         let mut reports = Vec::new();
         let mut origins: std::collections::BTreeMap<String, usize> = std::collections::BTreeMap::new();
         for c in cells {
@@ -328,6 +401,11 @@ impl Report {
                 eval_examples: None,
                 eval_every: None,
                 seeds: None,
+                baseline: None,
+                baseline_kind: None,
+                at_baseline: None,
+                seed_sd: None,
+                outcomes: Vec::new(),
             };
             match &c.plan {
                 Plan::PaperOnly(why) => {
@@ -359,15 +437,19 @@ impl Report {
                     r.run = Some(format!("runs/{key}"));
                     r.steps = Some(spec.train.steps);
                     r.eval_every = Some(spec.train.eval_every);
-                    let res = std::fs::read_to_string(dir.join("result.json"))
-                        .ok()
-                        .and_then(|t| serde_json::from_str::<fpt_train::RunResult>(&t).ok());
-                    match res {
-                        Some(res) if res.provenance.as_ref().is_some_and(|p| !p.selfcheck.passed) => {
+                    r.seed_sd = c.seed_sd;
+                    match load_run(out, key, sources) {
+                        Some(rec)
+                            if rec
+                                .result
+                                .as_ref()
+                                .and_then(|r| r.provenance.as_ref())
+                                .is_some_and(|p| !p.selfcheck.passed) =>
+                        {
                             r.status = "invalid".into();
                             r.why = Some(format!(
                                 "its run recorded a failed self-check ({}); rerun it with a build that passes (`--force`)",
-                                run_origin(&res)
+                                run_origin(rec.result.as_ref().expect("loaded runs have a result"))
                             ));
                         }
                         None => {
@@ -378,8 +460,9 @@ impl Report {
                                 "not run yet (or run by another shard)".into()
                             });
                         }
-                        Some(res) => {
-                            *origins.entry(run_origin(&res)).or_insert(0) += 1;
+                        Some(rec) => {
+                            let res = rec.result.as_ref().expect("loaded runs have a result");
+                            *origins.entry(run_origin(res)).or_insert(0) += 1;
                             r.status = "ran".into();
                             r.seconds = Some(res.wall_seconds);
                             if res.diverged {
@@ -390,24 +473,55 @@ impl Report {
                                     res.best_step
                                 ));
                             }
-                            r.curve = curve_state(&dir, res.eval_examples);
+                            r.curve = curve_state(&rec.evals, res.eval_examples);
                             r.eval_examples = Some(res.eval_examples);
-                            r.ours = metric_of(&res, c.metric);
+                            r.ours = metric_of(res, c.metric);
                             if c.metric == Metric::StepsToConvergence && r.ours.is_none() {
                                 r.why = Some(format!("did not converge in {} steps", res.steps));
                             }
-                            if !c.replicas.is_empty() {
-                                let mut values: Vec<f64> = r.ours.into_iter().collect();
-                                for (k, _) in &c.replicas {
-                                    if let Some(res) = finished(out, k) {
-                                        *origins.entry(run_origin(&res)).or_insert(0) += 1;
-                                        values.extend(metric_of(&res, c.metric));
-                                    }
+                            // Every run of the cell: its own, then the other seeds'.
+                            let mut runs = vec![(rec.clone(), (**spec).clone())];
+                            for (k, sp) in &c.replicas {
+                                if let Some(other) = load_run(out, k, sources).filter(|o| {
+                                    o.result
+                                        .as_ref()
+                                        .and_then(|r| r.provenance.as_ref())
+                                        .is_none_or(|p| p.selfcheck.passed)
+                                }) {
+                                    *origins
+                                        .entry(run_origin(other.result.as_ref().expect("loaded runs have a result")))
+                                        .or_insert(0) += 1;
+                                    runs.push((other, (**sp).clone()));
                                 }
+                            }
+                            if !c.replicas.is_empty() {
+                                let values = runs
+                                    .iter()
+                                    .filter_map(|(o, _)| metric_of(o.result.as_ref()?, c.metric))
+                                    .collect();
                                 let others = c.replicas.iter().map(|(k, _)| format!("runs/{k}")).collect();
                                 let seeds = Seeds::new(c.replicas.len() + 1, values, others);
                                 r.ours = seeds.mean();
                                 r.seeds = Some(seeds);
+                            }
+                            let checks: Vec<_> = runs.iter().filter_map(|(o, sp)| baselines.check(o, sp)).collect();
+                            if !checks.is_empty() {
+                                r.baseline =
+                                    Some(100.0 * checks.iter().map(|b| b.accuracy).sum::<f64>() / checks.len() as f64);
+                                r.baseline_kind = Some(checks[0].describe.clone());
+                                let at: Vec<_> = checks.iter().filter(|b| !b.left).collect();
+                                // A cell of several seeds is at baseline when at least half of them are.
+                                if !at.is_empty() && 2 * at.len() >= checks.len() {
+                                    let why = at[0].reasons.join("; ");
+                                    r.at_baseline = Some(if checks.len() > 1 {
+                                        format!("{} of {} seeds at baseline; the first: {why}", at.len(), checks.len())
+                                    } else {
+                                        why
+                                    });
+                                }
+                            }
+                            if runs.iter().all(|(o, _)| o.outcomes.is_some()) {
+                                r.outcomes = runs.into_iter().filter_map(|(o, _)| o.outcomes).collect();
                             }
                         }
                     }
@@ -428,13 +542,16 @@ impl Report {
                 let ours = crate::claims::check(table, claim, &|r, c| {
                     let cell = &reports[r * ncols + c];
                     let v = cell.ours?;
-                    let se = match (cell.metric, cell.eval_examples) {
-                        (Metric::TestAccuracy | Metric::TrainAccuracy, Some(n)) if n > 0 => {
-                            let p = (v / 100.0).clamp(0.0, 1.0);
+                    let accuracy = matches!(cell.metric, Metric::TestAccuracy | Metric::TrainAccuracy);
+                    let se = match (accuracy, cell.metric, cell.eval_examples) {
+                        (true, _, Some(n)) if n > 0 => {
+                            // The binomial error, with one success and one failure added so
+                            // that a cell at 0% or 100% is not taken as exact.
+                            let p = ((v / 100.0) * n as f64 + 1.0) / (n as f64 + 2.0);
                             100.0 * (p * (1.0 - p) / n as f64).sqrt()
                         }
                         // A convergence step is known to the evaluation interval.
-                        (Metric::StepsToConvergence, _) => cell.eval_every.map_or(0.0, |e| e as f64 / 2.0),
+                        (_, Metric::StepsToConvergence, _) => cell.eval_every.map_or(0.0, |e| e as f64 / 2.0),
                         _ => 0.0,
                     };
                     // Over several seeds: the standard error of their mean, from the larger
@@ -444,13 +561,24 @@ impl Report {
                         Some(s) if s.values.len() > 1 => s.sd.max(se) / (s.values.len() as f64).sqrt(),
                         _ => se,
                     };
-                    Some((v, se))
+                    Some(crate::claims::CellValue {
+                        value: v,
+                        se,
+                        at_baseline: cell.at_baseline.clone(),
+                        // Per-example outcomes are of the test split: they resample test accuracies.
+                        runs: if cell.metric == Metric::TestAccuracy {
+                            &cell.outcomes
+                        } else {
+                            &[]
+                        },
+                        seed_sd: if accuracy { cell.seed_sd.unwrap_or(0.0) } else { 0.0 },
+                    })
                 });
                 // Where ours ran on some pairs only, the paper's verdict on the same cells too.
                 let paper = if ours.verdict != "not run" {
                     let same = crate::claims::check(table, claim, &|r, c| {
                         reports[r * ncols + c].ours?;
-                        parse_paper(&table.paper[r][c]).map(|x| (x, 0.0))
+                        parse_paper(&table.paper[r][c]).map(crate::claims::CellValue::exact)
                     });
                     if same.detail == paper.detail {
                         paper
@@ -513,7 +641,8 @@ impl Report {
         };
         let dagger = if c.diverged.is_some() { " [†]" } else { "" };
         let spread = c.seeds.as_ref().map_or(String::new(), |s| format!(" [{}]", s.label()));
-        format!("{ours}{spread}{dagger} ({})", c.paper_text)
+        let base = if c.at_baseline.is_some() { " [at baseline]" } else { "" };
+        format!("{ours}{spread}{dagger}{base} ({})", c.paper_text)
     }
 
     /// The report as Markdown.
@@ -537,7 +666,18 @@ impl Report {
                 if *n == 1 { "" } else { "s" }
             ));
         }
-        s.push_str("\nEach cell: **ours** (paper). `n/a`: cannot run here (see below); `·`: the paper's number only; `-`: not run in the paper; `pending`: not run yet; `n/c`: did not converge; `invalid`: its run failed its self-check; `[†]`: training diverged, the number is the best before divergence.\n\n");
+        s.push_str("\nEach cell: **ours** (paper). `n/a`: cannot run here (see below); `·`: the paper's number only; `-`: not run in the paper; `pending`: not run yet; `n/c`: did not converge; `invalid`: its run failed its self-check; `[†]`: training diverged, the number is the best before divergence; `[at baseline]`: its runs did not leave the task's trivial baseline (chance, the majority class of the evaluated split, Bit Memory's copy of the visible bits: see the cell's row below), so it is no evidence that the model learned, and no claim rests on it.\n\n");
+        let ran = self.cells.iter().filter(|c| c.status == "ran").count();
+        let at = self.cells.iter().filter(|c| c.at_baseline.is_some()).count();
+        if ran > 0 {
+            s.push_str(&format!(
+                "Of the {ran} cells with runs, {} left their task's trivial baseline and {at} did not.\n\n",
+                self.cells
+                    .iter()
+                    .filter(|c| c.status == "ran" && c.baseline.is_some() && c.at_baseline.is_none())
+                    .count()
+            ));
+        }
         s.push_str(&format!(
             "| | {} |\n|---|{}\n",
             self.cols.join(" | "),
@@ -551,7 +691,7 @@ impl Report {
             s.push_str(&format!("| {row} | {} |\n", cells.join(" | ")));
         }
         if !self.claims.is_empty() {
-            s.push_str("\n## The paper's claims\n\nVerdict on our numbers (one seed per cell unless the cell says `n seeds`, then their mean; `inconclusive`: the difference is within its noise, two standard errors of the evaluation's sampling for accuracies (of the seeds' mean, from the larger of their spread and the sampling, where a cell ran several) and the evaluation interval for steps to convergence, so more examples, evaluations or seeds would be needed), and on the paper's.\n\n| claim | ours | decided by | paper |\n|---|---|---|---|\n");
+            s.push_str("\n## The paper's claims\n\nVerdict on our numbers, and on the paper's. `holds` / `fails`: the 95% interval of the comparison lies wholly on one side of what the claim needs; `inconclusive`: it straddles it (more examples, evaluations or seeds would be needed); `undecided`: every pair of cells has a cell at its trivial baseline; `not run`: no pair has numbers. A pair with a cell at its baseline is left out and named. The interval is a paired bootstrap over the held-out examples and seeds where every run kept its per-example outcomes (else a normal interval from each cell's binomial error, or its seeds' spread), widened by the task's measured seed spread where a pair ran one seed each.\n\n| claim | ours | decided by | paper |\n|---|---|---|---|\n");
             for c in &self.claims {
                 s.push_str(&format!(
                     "| {} | **{}** | {} | {} ({}) |\n",
@@ -589,13 +729,14 @@ impl Report {
                 s.push_str(&format!("- {d}\n"));
             }
         }
-        s.push_str("\n## Cells\n\n| row | column | ours | paper | ours - paper | status | steps | seconds | why / run | differs from the paper (besides the above) |\n|---|---|---|---|---|---|---|---|---|---|\n");
+        s.push_str("\n## Cells\n\n| row | column | ours | baseline | paper | ours - paper | status | steps | seconds | why / run | differs from the paper (besides the above) |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
         for c in &self.cells {
             s.push_str(&format!(
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
                 c.row,
                 c.col,
                 c.ours.map(|v| Self::fmt(v, c.metric)).unwrap_or_else(|| "-".into()),
+                c.baseline.map(|b| format!("{b:.1}%")).unwrap_or_else(|| "-".into()),
                 c.paper_text,
                 c.diff
                     .map(|d| match c.metric {
@@ -603,11 +744,16 @@ impl Report {
                         m => format!("{}{}", if d < 0.0 { "-" } else { "+" }, Self::fmt(d.abs(), m)),
                     })
                     .unwrap_or_else(|| "-".into()),
-                c.status,
+                if c.at_baseline.is_some() {
+                    "ran, at baseline"
+                } else {
+                    c.status.as_str()
+                },
                 c.steps.map(|v| v.to_string()).unwrap_or_else(|| "-".into()),
                 c.seconds.map(|v| format!("{v:.0}")).unwrap_or_else(|| "-".into()),
                 [
                     c.why.clone(),
+                    c.at_baseline.as_ref().map(|b| format!("at baseline: {b}")),
                     c.diverged.clone(),
                     c.curve.clone().map(|k| format!("curve {k}")),
                     c.run.clone(),
@@ -659,12 +805,12 @@ impl Report {
     pub fn csv(&self) -> String {
         let q = |s: &str| format!("\"{}\"", s.replace('"', "\"\""));
         let mut s =
-            "row,column,metric,ours,paper,paper_text,diff,status,why,notes,run,seconds,diverged,curve,differs,seeds\n"
+            "row,column,metric,ours,paper,paper_text,diff,status,why,notes,run,seconds,diverged,curve,differs,seeds,baseline,at_baseline\n"
                 .to_string();
         let num = |v: Option<f64>| v.map(|v| format!("{v}")).unwrap_or_default();
         for c in &self.cells {
             s.push_str(&format!(
-                "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
+                "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
                 q(&c.row),
                 q(&c.col),
                 serde_json::to_value(c.metric)
@@ -688,7 +834,9 @@ impl Report {
                     .iter()
                     .map(|v| format!("{v}"))
                     .collect::<Vec<_>>()
-                    .join("; ")))
+                    .join("; "))),
+                num(c.baseline),
+                q(c.at_baseline.as_deref().unwrap_or(""))
             ));
         }
         s

@@ -218,7 +218,13 @@ pub fn reproduce(req: &Request, on: &mut (dyn FnMut(Progress) + Send)) -> Result
             line: &format!("at scale {} ({} cells)", req.scale, cells.len()),
         });
         let trained = run(&cells, &req.out, &req.opts, &mut |line| on(Progress::Line { id, line }))?;
-        let dir = Report::new(&table, &req.scale, &cells, &req.out).write(&req.out)?;
+        // Rendering only: runs whose directories are not here are read from their records.
+        let sources = if req.opts.report_only {
+            crate::report::Sources::RunDirsOrRecords
+        } else {
+            crate::report::Sources::RunDirs
+        };
+        let dir = Report::from_runs(&table, &req.scale, &cells, &req.out, sources).write(&req.out)?;
         done.push(Done::Table {
             id: id.clone(),
             dir,

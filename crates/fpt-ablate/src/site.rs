@@ -17,117 +17,12 @@
 //! never mistakes a record for a finished run.
 
 use crate::figure::{esc, xy_svg, COLORS};
+use crate::record::{parse_json, read, record_path, RunRecord};
 use crate::{io, AblateError, Report, Result};
-use fpt_train::{EvalRecord, RunResult};
+use fpt_train::EvalRecord;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-
-/// One run as the site shows it: its spec (as written), result and evaluations.
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
-pub struct RunRecord {
-    /// The run's key (its directory's name).
-    pub key: String,
-    /// `spec.json` as written.
-    pub spec: serde_json::Value,
-    /// `result.json`, when the run finished.
-    pub result: Option<RunResult>,
-    /// `metrics.jsonl`, one record per evaluation.
-    pub evals: Vec<EvalRecord>,
-}
-
-impl RunRecord {
-    /// Reads a run directory (`spec.json`, and `result.json` and `metrics.jsonl` where
-    /// present); a file that is there but does not parse is an error naming it.
-    pub fn from_dir(dir: &Path) -> Result<RunRecord> {
-        let key = dir
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_else(|| dir.display().to_string());
-        let spec_path = dir.join("spec.json");
-        let spec = parse_json(&spec_path, &read(&spec_path)?)?;
-        let result_path = dir.join("result.json");
-        let result = match read_optional(&result_path)? {
-            Some(text) => Some(parse_json(&result_path, &text)?),
-            None => None,
-        };
-        let metrics_path = dir.join("metrics.jsonl");
-        let mut evals = Vec::new();
-        for (i, line) in read_optional(&metrics_path)?.unwrap_or_default().lines().enumerate() {
-            if line.trim().is_empty() {
-                continue;
-            }
-            evals.push(serde_json::from_str(line).map_err(|e| AblateError::Spec {
-                path: metrics_path.clone(),
-                msg: format!("line {}: not an evaluation record: {e}", i + 1),
-            })?);
-        }
-        Ok(RunRecord {
-            key,
-            spec,
-            result,
-            evals,
-        })
-    }
-
-    /// The run `key` under the results directory `results`: its run directory when
-    /// present, else its record (`records/<key>.json`); `None` when neither exists.
-    pub fn load(results: &Path, key: &str) -> Result<Option<RunRecord>> {
-        let dir = crate::run_dir(results, key);
-        if dir.join("spec.json").is_file() {
-            return RunRecord::from_dir(&dir).map(Some);
-        }
-        let path = record_path(results, key);
-        match read_optional(&path)? {
-            Some(text) => parse_json(&path, &text).map(Some),
-            None => Ok(None),
-        }
-    }
-
-    /// A short label: task, backbone, init and train groups.
-    pub fn label(&self) -> String {
-        match &self.result {
-            Some(r) => format!(
-                "{} / {} / {} / {}",
-                r.task,
-                short_backbone(&r.backbone),
-                r.init,
-                r.train_groups
-            ),
-            None => self.key.clone(),
-        }
-    }
-}
-
-fn short_backbone(b: &str) -> &str {
-    b.rsplit('/').next().unwrap_or(b)
-}
-
-fn record_path(results: &Path, key: &str) -> PathBuf {
-    results.join("records").join(format!("{key}.json"))
-}
-
-fn read(path: &Path) -> Result<String> {
-    std::fs::read_to_string(path).map_err(io(path))
-}
-
-fn read_optional(path: &Path) -> Result<Option<String>> {
-    match std::fs::read_to_string(path) {
-        Ok(t) => Ok(Some(t)),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(source) => Err(AblateError::Io {
-            path: path.to_path_buf(),
-            source,
-        }),
-    }
-}
-
-fn parse_json<T: serde::de::DeserializeOwned>(path: &Path, text: &str) -> Result<T> {
-    serde_json::from_str(text).map_err(|e| AblateError::Spec {
-        path: path.to_path_buf(),
-        msg: format!("does not parse: {e}"),
-    })
-}
 
 /// What [`site`] wrote.
 #[derive(Debug, Clone)]
@@ -538,7 +433,7 @@ h1{font-size:1.6em}h2{font-size:1.25em;margin-top:1.6em}table{border-collapse:co
 th,td{border:1px solid #ccc;padding:.25em .5em;vertical-align:top}th{background:#f3f3f3;text-align:left}\
 td.num{text-align:right;font-variant-numeric:tabular-nums}.small{font-size:.85em;color:#555}\
 .ok{background:#d9f2d9}.near{background:#fff3c4}.far{background:#f9d0d0}.none{background:#f3f3f3;color:#777}\
-.holds{color:#17702a;font-weight:600}.fails{color:#b00020;font-weight:600}.inconclusive{color:#8a6d00;font-weight:600}.not-run{color:#777}\
+.holds{color:#17702a;font-weight:600}.fails{color:#b00020;font-weight:600}.inconclusive{color:#8a6d00;font-weight:600}.undecided{color:#5a4a8a;font-weight:600}.at-baseline{color:#b00020}.not-run{color:#777}\
 .paper{color:#555}details{margin:.2em 0}summary{cursor:pointer}pre{background:#f6f6f6;padding:.6em;overflow:auto;font-size:.85em}\
 nav a{margin-right:1em}.legend span{padding:0 .5em;margin-right:.5em}input#filter{padding:.3em;width:20em}\
 svg.spark{vertical-align:middle}.hidden{display:none}";
@@ -614,14 +509,16 @@ fn claim_cells(c: &crate::claims::ClaimReport) -> String {
     )
 }
 
-/// Counts of the claims' verdicts on our numbers: (holds, fails, inconclusive, not run).
-fn claim_counts(r: &Report) -> (usize, usize, usize, usize) {
+/// Counts of the claims' verdicts on our numbers: (holds, fails, inconclusive, undecided,
+/// not run).
+fn claim_counts(r: &Report) -> (usize, usize, usize, usize, usize) {
     let n = |v: &str| r.claims.iter().filter(|c| c.ours.verdict == v).count();
     (
         n("holds"),
         n("fails"),
         n("inconclusive"),
-        r.claims.len() - n("holds") - n("fails") - n("inconclusive"),
+        n("undecided"),
+        r.claims.len() - n("holds") - n("fails") - n("inconclusive") - n("undecided"),
     )
 }
 
@@ -661,11 +558,11 @@ fn index_page(entries: &[Entry], runs: &BTreeMap<String, RunRecord>, missing: &[
         );
     }
     b.push_str("<p><label>Filter: <input id=\"filter\" type=\"search\" placeholder=\"table, title, scale, verdict\"></label></p>\n");
-    b.push_str("<table id=\"reports\"><thead><tr><th>report</th><th>scale</th><th>title</th><th>cells with our number</th><th>claims: <span class=\"holds\">holds</span> / <span class=\"fails\">fails</span> / <span class=\"inconclusive\">inconclusive</span> / not run</th><th>self-check</th><th>build</th><th>runs from</th></tr></thead><tbody>\n");
+    b.push_str("<table id=\"reports\"><thead><tr><th>report</th><th>scale</th><th>title</th><th>cells with our number</th><th>claims: <span class=\"holds\">holds</span> / <span class=\"fails\">fails</span> / <span class=\"inconclusive\">inconclusive</span> / <span class=\"undecided\">undecided</span> / not run</th><th>self-check</th><th>build</th><th>runs from</th></tr></thead><tbody>\n");
     for e in entries {
         let (cells, claims, check, build, from) = match e {
             Entry::Table { report: r, .. } => {
-                let (h, f, i, n) = claim_counts(r);
+                let (h, f, i, u, n) = claim_counts(r);
                 let ran = r.cells.iter().filter(|c| c.ours.is_some()).count();
                 let p = &r.provenance;
                 let check = if p.selfcheck.passed {
@@ -676,7 +573,7 @@ fn index_page(entries: &[Entry], runs: &BTreeMap<String, RunRecord>, missing: &[
                 let from: Vec<String> = r.runs_from.iter().map(|(w, n)| format!("{} ({n})", esc(w))).collect();
                 (
                     format!("{ran} of {}", r.cells.len()),
-                    format!("<span class=\"holds\">{h}</span> / <span class=\"fails\">{f}</span> / <span class=\"inconclusive\">{i}</span> / {n}"),
+                    format!("<span class=\"holds\">{h}</span> / <span class=\"fails\">{f}</span> / <span class=\"inconclusive\">{i}</span> / <span class=\"undecided\">{u}</span> / {n}"),
                     check.to_string(),
                     format!("<code>{}</code> ({}, {})", esc(&p.commit), esc(&p.kernel_path), esc(&p.cpu)),
                     from.join("<br>"),
@@ -824,11 +721,14 @@ fn report_page(r: &Report, dir: &Path, results: &Path, runs: &BTreeMap<String, R
                 b.push_str("<td class=\"none\"></td>");
                 continue;
             };
-            let spread = c
+            let mut spread = c
                 .seeds
                 .as_ref()
                 .map(|s| format!(" <span class=\"small\">[{}]</span>", esc(&s.label())))
                 .unwrap_or_default();
+            if c.at_baseline.is_some() {
+                spread.push_str(" <span class=\"small at-baseline\">[at baseline]</span>");
+            }
             let spark = cell_run(c)
                 .and_then(|k| runs.get(&k))
                 .map(|rec| format!("<br><a href=\"{}\">{}</a>", run_page(&rec.key), sparkline(&rec.evals)))
@@ -885,6 +785,9 @@ fn report_page(r: &Report, dir: &Path, results: &Path, runs: &BTreeMap<String, R
         }
         if let Some(d) = &c.diverged {
             notes.insert(0, format!("<li><b>diverged</b>: {}</li>", esc(d)));
+        }
+        if let Some(b) = &c.at_baseline {
+            notes.insert(0, format!("<li><b>at baseline</b>: {}</li>", esc(b)));
         }
         let run = cell_run(c)
             .map(|k| match runs.contains_key(&k) {

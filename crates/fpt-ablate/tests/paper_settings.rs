@@ -235,26 +235,66 @@ fn every_claim_holds_on_the_papers_numbers() {
 }
 
 /// A claim decides on the numbers it is given: holds, fails, inconclusive within the
-/// sampling noise, or not run.
+/// sampling noise, undecided where every pair has a cell at its trivial baseline, or not run.
 #[test]
 fn claim_verdicts_follow_the_numbers_and_their_noise() {
+    use fpt_ablate::claims::CellValue;
     let tables = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/tables");
     let t = load_table(&tables, "table2").unwrap();
     let claim = &t.claims[0]; // FPT vs Random, mean over the tasks
     let row = |r: usize| t.rows[r].label.as_str();
-    let v = |fpt: f64, random: f64, se: f64| {
+    let cell = |value: f64, se: f64, at: bool| CellValue {
+        value,
+        se,
+        at_baseline: at.then(|| "accuracy within the uncertainty of the baseline".to_string()),
+        ..CellValue::default()
+    };
+    // Random's cells in the columns `at` are at their baseline.
+    let v = |fpt: f64, random: f64, se: f64, at: &[usize], claim: &fpt_spec::table::Claim| {
         fpt_ablate::claims::check(&t, claim, &|r, c| match (row(r), c) {
-            ("FPT", 0..=3) => Some((fpt, se)),
-            ("Random", 0..=3) => Some((random, se)),
+            ("FPT", 0..=3) => Some(cell(fpt, se, false)),
+            ("Random", 0..=3) => Some(cell(random, se, at.contains(&c))),
             _ => None,
         })
     };
-    assert_eq!(v(80.0, 50.0, 1.0).verdict, "holds");
-    assert_eq!(v(50.0, 80.0, 1.0).verdict, "fails");
-    // 4 pairs, each difference with sd sqrt(2) x 3: the mean's 2-sigma band is +-4.2.
-    let close = v(52.0, 50.0, 3.0);
+    assert_eq!(v(80.0, 50.0, 1.0, &[], claim).verdict, "holds");
+    assert_eq!(v(50.0, 80.0, 1.0, &[], claim).verdict, "fails");
+    // 4 pairs, each difference with sd sqrt(2) x 3: the mean's 95% half-width is 4.2.
+    let close = v(52.0, 50.0, 3.0, &[], claim);
     assert_eq!(close.verdict, "inconclusive", "{}", close.detail);
     assert!(close.detail.contains("over 4 of 7 pairs"), "{}", close.detail);
+    assert!(close.detail.contains("95% interval -2.2 to +6.2"), "{}", close.detail);
+    // Pairs with a cell at its baseline are left out and named; with none left, undecided.
+    let some = v(80.0, 50.0, 1.0, &[0, 1], claim);
+    assert_eq!(some.verdict, "holds", "{}", some.detail);
+    assert!(
+        some.detail.contains("over 2 of 7 pairs: ListOps, MNIST"),
+        "{}",
+        some.detail
+    );
+    assert!(
+        some.detail
+            .contains("left out, at their trivial baseline: Random / Bit Memory, Random / XOR"),
+        "{}",
+        some.detail
+    );
+    let all = v(80.0, 50.0, 1.0, &[0, 1, 2, 3], claim);
+    assert_eq!(all.verdict, "undecided", "{}", all.detail);
+    // A claim about failure keeps them.
+    let failure = fpt_spec::table::Claim {
+        about_failure: true,
+        ..claim.clone()
+    };
+    assert_eq!(v(80.0, 50.0, 1.0, &[0, 1, 2, 3], &failure).verdict, "holds");
+    // `comparable`: within the margin either way, by the interval.
+    let comparable = fpt_spec::table::Claim {
+        kind: fpt_spec::table::ClaimKind::Comparable,
+        within: Some(5.0),
+        ..claim.clone()
+    };
+    assert_eq!(v(80.0, 79.0, 0.5, &[], &comparable).verdict, "holds");
+    assert_eq!(v(80.0, 60.0, 0.5, &[], &comparable).verdict, "fails");
+    assert_eq!(v(80.0, 76.0, 3.0, &[], &comparable).verdict, "inconclusive");
     let none = fpt_ablate::claims::check(&t, claim, &|_, _| None);
     assert_eq!(none.verdict, "not run");
 }

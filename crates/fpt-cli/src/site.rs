@@ -3,7 +3,8 @@
 
 use anyhow::{bail, Result};
 use clap::Args;
-use fpt_ablate::site::{self, PlotMetric, RunRecord};
+use fpt_ablate::record::RunRecord;
+use fpt_ablate::site::{self, PlotMetric};
 use std::path::{Path, PathBuf};
 
 #[derive(Args)]

@@ -247,6 +247,9 @@ pub enum ClaimKind {
     Greater,
     /// `a` exceeds every selection in `among` (paired the same way).
     Best,
+    /// `a` and `b` differ by at most `within` points either way, on the mean of paired
+    /// differences ("comparable", "close").
+    Comparable,
 }
 
 /// A claim of the paper, checked over a table's cells: `a` and `b` (or each of `among`)
@@ -271,6 +274,13 @@ pub struct Claim {
     /// The margin, in the cells' unit (points of accuracy, steps).
     #[serde(default)]
     pub by: f64,
+    /// `comparable`: the largest difference either way, in the cells' unit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub within: Option<f64>,
+    /// The claim is about a failure (e.g. "+ Attention can diverge"): cells at their
+    /// trivial baseline are evidence for it, not left out.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub about_failure: bool,
 }
 
 /// A backbone standing in for another at a scale.
@@ -349,6 +359,20 @@ pub struct ScaleSettings {
     /// a task name, `init:<init>` or `model:<model>`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub differs: BTreeMap<String, Vec<String>>,
+    /// The spread of a task's accuracy across seeds at this scale, as measured (keys: task
+    /// names): a single-seed comparison within it is inconclusive.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub seed_spread: BTreeMap<String, SeedSpread>,
+}
+
+/// A task's accuracy spread across seeds at a scale, as measured.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SeedSpread {
+    /// Standard deviation across seeds, in points of accuracy.
+    pub sd: f64,
+    /// Where it was measured (report, cells, seeds).
+    pub source: String,
 }
 
 impl ScaleSettings {
@@ -374,6 +398,11 @@ impl ScaleSettings {
             differs: {
                 let mut d = self.differs.clone();
                 d.extend(over.differs.clone());
+                d
+            },
+            seed_spread: {
+                let mut d = self.seed_spread.clone();
+                d.extend(over.seed_spread.clone());
                 d
             },
         }

@@ -120,8 +120,8 @@ pub struct BaselineCheck {
     pub margin: f64,
     /// The 95% interval of `margin` (paired over examples).
     pub margin_interval: (f64, f64),
-    /// Share of all predictions that went to the most-predicted class.
-    pub top_prediction_share: f64,
+    /// Share of all predictions that went to the most-predicted class (`None`: not recorded).
+    pub top_prediction_share: Option<f64>,
     /// The lowest training loss over the evaluation intervals (`None` if none was finite).
     pub lowest_train_loss: Option<f64>,
     /// True when the run left its baseline (none of the reasons holds).
@@ -149,33 +149,75 @@ pub fn mean_interval(d: &[f64]) -> (f64, (f64, f64)) {
 /// The share of predictions above which a run counts as collapsed onto one class.
 pub const COLLAPSE_SHARE: f64 = 0.95;
 
-/// Judges a run's final evaluation `out` against the baseline `base` on the same split;
-/// `train_losses` are its training losses per evaluation interval.
-pub fn judge(base: &Baseline, out: &Outcomes, train_losses: &[f64]) -> BaselineCheck {
-    let scores = out.scores();
-    let diffs: Vec<f64> = scores.iter().zip(&base.scores).map(|(s, b)| s - b).collect();
-    let (margin, interval) = mean_interval(&diffs);
-    let total: u64 = out.predicted.iter().sum();
-    let top = out.predicted.iter().copied().max().unwrap_or(0);
-    let top_share = top as f64 / total.max(1) as f64;
+/// The reason a run is at baseline by its accuracy, if it is: the interval of its margin
+/// over the baseline does not exclude 0 from above.
+fn accuracy_reason(base: &Baseline, margin: f64, (lo, hi): (f64, f64), examples: usize, how: &str) -> Option<String> {
+    (lo <= 0.0).then(|| {
+        format!(
+            "accuracy {:.1}% is within the uncertainty of the baseline's {:.1}% ({}; difference {:+.1} points, 95% interval {:+.1} to {:+.1} over {examples} examples{how})",
+            100.0 * (base.accuracy + margin),
+            100.0 * base.accuracy,
+            base.describe(),
+            100.0 * margin,
+            100.0 * lo,
+            100.0 * hi,
+        )
+    })
+}
+
+/// The lowest finite training loss, and the reason a run is at baseline by it, if it is.
+fn loss_reason(base: &Baseline, train_losses: &[f64]) -> (Option<f64>, Option<String>) {
     let lowest = train_losses
         .iter()
         .copied()
         .filter(|l| l.is_finite())
         .fold(None, |m: Option<f64>, l| Some(m.map_or(l, |m| m.min(l))));
-    let mut reasons = Vec::new();
-    if interval.0 <= 0.0 {
-        reasons.push(format!(
-            "accuracy {:.1}% is within the uncertainty of the baseline's {:.1}% ({}; difference {:+.1} points, 95% interval {:+.1} to {:+.1} over {} examples)",
-            100.0 * (base.accuracy + margin),
-            100.0 * base.accuracy,
-            base.describe(),
-            100.0 * margin,
-            100.0 * interval.0,
-            100.0 * interval.1,
-            diffs.len()
-        ));
+    let why = match lowest {
+        Some(l) if l < base.loss => None,
+        Some(l) => Some(format!(
+            "training loss never below the trivial predictor's {:.4} (lowest {l:.4})",
+            base.loss
+        )),
+        None => Some("no finite training loss".into()),
+    };
+    (lowest, why)
+}
+
+fn check_of(
+    base: &Baseline,
+    margin: f64,
+    interval: (f64, f64),
+    top_prediction_share: Option<f64>,
+    lowest_train_loss: Option<f64>,
+    reasons: Vec<String>,
+) -> BaselineCheck {
+    BaselineCheck {
+        kind: base.kind,
+        describe: base.describe(),
+        accuracy: base.accuracy,
+        loss: base.loss,
+        margin,
+        margin_interval: interval,
+        top_prediction_share,
+        lowest_train_loss,
+        left: reasons.is_empty(),
+        reasons,
+        classes_only_in_eval: base.classes_only_in_eval.clone(),
     }
+}
+
+/// Judges a run's final evaluation `out` against the baseline `base` on the same split;
+/// `train_losses` are its training losses per evaluation interval.
+pub fn judge(base: &Baseline, out: &Outcomes, train_losses: &[f64]) -> BaselineCheck {
+    let diffs: Vec<f64> = out.scores().iter().zip(&base.scores).map(|(s, b)| s - b).collect();
+    let (margin, interval) = mean_interval(&diffs);
+    let total: u64 = out.predicted.iter().sum();
+    let top = out.predicted.iter().copied().max().unwrap_or(0);
+    let top_share = top as f64 / total.max(1) as f64;
+    let (lowest, loss_why) = loss_reason(base, train_losses);
+    let mut reasons: Vec<String> = accuracy_reason(base, margin, interval, diffs.len(), "")
+        .into_iter()
+        .collect();
     if top_share >= COLLAPSE_SHARE && base.majority_share < 0.9 {
         let class = out.predicted.iter().position(|&c| c == top).unwrap_or(0);
         reasons.push(format!(
@@ -184,27 +226,27 @@ pub fn judge(base: &Baseline, out: &Outcomes, train_losses: &[f64]) -> BaselineC
             100.0 * base.majority_share
         ));
     }
-    match lowest {
-        Some(l) if l < base.loss => {}
-        Some(l) => reasons.push(format!(
-            "training loss never below the trivial predictor's {:.4} (lowest {l:.4})",
-            base.loss
-        )),
-        None => reasons.push("no finite training loss".into()),
-    }
-    BaselineCheck {
-        kind: base.kind,
-        describe: base.describe(),
-        accuracy: base.accuracy,
-        loss: base.loss,
-        margin,
-        margin_interval: interval,
-        top_prediction_share: top_share,
-        lowest_train_loss: lowest,
-        left: reasons.is_empty(),
-        reasons,
-        classes_only_in_eval: base.classes_only_in_eval.clone(),
-    }
+    reasons.extend(loss_why);
+    check_of(base, margin, interval, Some(top_share), lowest, reasons)
+}
+
+/// Judges a run from its accuracy alone, for results written before fpt kept per-example
+/// outcomes: the interval of the difference is the widest the two accuracies allow (each
+/// example's score as spread as a coin with that mean, the two perfectly anti-correlated),
+/// so a run is called off its baseline only when even that interval excludes it.
+/// Collapsed predictions cannot be seen and are not assessed.
+pub fn judge_summary(base: &Baseline, accuracy: f64, examples: usize, train_losses: &[f64]) -> BaselineCheck {
+    let sd = |p: f64| (p.clamp(0.0, 1.0) * (1.0 - p.clamp(0.0, 1.0))).sqrt();
+    let margin = accuracy - base.accuracy;
+    let half = 1.96 * (sd(accuracy) + sd(base.accuracy)) / (examples.max(1) as f64).sqrt();
+    let interval = (margin - half, margin + half);
+    let how = ", from the accuracies alone: the run's per-example outcomes were not recorded";
+    let (lowest, loss_why) = loss_reason(base, train_losses);
+    let mut reasons: Vec<String> = accuracy_reason(base, margin, interval, examples, how)
+        .into_iter()
+        .collect();
+    reasons.extend(loss_why);
+    check_of(base, margin, interval, None, lowest, reasons)
 }
 
 /// Writes `outcomes.json` into a run directory.

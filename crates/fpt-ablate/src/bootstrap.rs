@@ -1,0 +1,179 @@
+//! The uncertainty of a claim's comparison, in the manner of rliable (Agarwal et al. 2021,
+//! *Deep RL at the Edge of the Statistical Precipice*): a stratified bootstrap, each pair
+//! of cells a stratum, the statistic the mean over pairs of the paired difference.
+//!
+//! One replicate: for every pair, its seeds are drawn with replacement (the cells' runs
+//! pair by seed: seed `i` of both was evaluated on the same examples when their
+//! fingerprints agree), then each drawn seed's held-out examples are drawn with
+//! replacement, the same indices for both cells, and the difference of their mean
+//! per-example scores is taken. A pair with one seed per cell cannot show the seed-to-seed
+//! spread; where that spread was measured for the task at the scale
+//! (`data/tables/seed-spread.toml`), a normal draw of it (the difference of two seeds:
+//! `sqrt(2)` times the spread) is added to the replicate, so that a single-seed difference
+//! within the seed spread stays inconclusive.
+
+use fpt_nn::Rng;
+use fpt_train::outcomes::Outcomes;
+
+/// Replicates per interval.
+pub const REPLICATES: usize = 2000;
+
+/// One pair of cells: each cell's runs (one per seed, seed order) and the task's measured
+/// seed spread (points; 0 when unknown).
+#[derive(Debug, Clone, Copy)]
+pub struct Pair<'a> {
+    /// The cell that should be ahead.
+    pub a: &'a [Outcomes],
+    /// The cell it is compared with.
+    pub b: &'a [Outcomes],
+    /// The task's seed spread (standard deviation across seeds, in points).
+    pub seed_sd: f64,
+}
+
+fn mean_score(o: &Outcomes, idx: &[usize]) -> f64 {
+    let l = o.labels_per_example.max(1) as f64;
+    idx.iter().map(|&i| o.correct[i] as f64).sum::<f64>() / (l * idx.len().max(1) as f64)
+}
+
+fn draw(rng: &mut Rng, n: usize) -> Vec<usize> {
+    (0..n).map(|_| rng.below(n as u64) as usize).collect()
+}
+
+/// One replicate of a pair's difference, in points.
+fn replicate(p: &Pair, rng: &mut Rng) -> f64 {
+    let seeds = p.a.len().min(p.b.len());
+    let mut sum = 0.0;
+    for _ in 0..seeds {
+        let s = rng.below(seeds as u64) as usize;
+        let (a, b) = (&p.a[s], &p.b[s]);
+        let paired = a.fingerprint == b.fingerprint && a.correct.len() == b.correct.len();
+        let ia = draw(rng, a.correct.len());
+        let ib = if paired { ia.clone() } else { draw(rng, b.correct.len()) };
+        sum += mean_score(a, &ia) - mean_score(b, &ib);
+    }
+    let mut d = 100.0 * sum / seeds.max(1) as f64;
+    if seeds == 1 && p.seed_sd > 0.0 {
+        d += rng.normal() * p.seed_sd * std::f64::consts::SQRT_2;
+    }
+    d
+}
+
+/// The point estimate (mean over pairs of the paired difference, in points) and the 95%
+/// percentile interval of its bootstrap distribution. Deterministic: the replicates draw
+/// from a fixed seed.
+pub fn mean_difference(pairs: &[Pair]) -> (f64, (f64, f64)) {
+    let k = pairs.len().max(1) as f64;
+    let all = |o: &Outcomes| mean_score(o, &(0..o.correct.len()).collect::<Vec<_>>());
+    let point = pairs
+        .iter()
+        .map(|p| {
+            let seeds = p.a.len().min(p.b.len());
+            let sum: f64 = (0..seeds).map(|s| all(&p.a[s]) - all(&p.b[s])).sum();
+            100.0 * sum / seeds.max(1) as f64
+        })
+        .sum::<f64>()
+        / k;
+    let mut rng = Rng::new(0).fork("claims-bootstrap");
+    let mut reps: Vec<f64> = (0..REPLICATES)
+        .map(|_| pairs.iter().map(|p| replicate(p, &mut rng)).sum::<f64>() / k)
+        .collect();
+    reps.sort_by(f64::total_cmp);
+    let at = |q: f64| reps[((q * (REPLICATES - 1) as f64).round() as usize).min(REPLICATES - 1)];
+    (point, (at(0.025), at(0.975)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(correct: Vec<u32>, fingerprint: &str) -> Outcomes {
+        Outcomes {
+            step: 1,
+            labels_per_example: 1,
+            correct,
+            baseline: vec![],
+            predicted: vec![],
+            fingerprint: fingerprint.into(),
+        }
+    }
+
+    #[test]
+    fn a_clear_difference_has_an_interval_that_excludes_zero() {
+        let a = [run((0..400).map(|i| u32::from(i % 10 != 0)).collect(), "x")];
+        let b = [run((0..400).map(|i| u32::from(i % 2 == 0)).collect(), "x")];
+        let (d, (lo, hi)) = mean_difference(&[Pair {
+            a: &a,
+            b: &b,
+            seed_sd: 0.0,
+        }]);
+        assert!((d - 40.0).abs() < 1e-9);
+        assert!(lo > 30.0 && hi < 50.0 && lo < d && d < hi, "{lo} {hi}");
+    }
+
+    #[test]
+    fn pairing_narrows_the_interval_of_correlated_runs() {
+        // b is a with 8 of 400 examples flipped to wrong: a 2-point difference that pairing
+        // resolves and independent resampling would not.
+        let ca: Vec<u32> = (0..400).map(|i| u32::from(i % 3 != 0)).collect();
+        let mut cb = ca.clone();
+        let mut flipped = 0;
+        for c in cb.iter_mut() {
+            if *c == 1 && flipped < 8 {
+                *c = 0;
+                flipped += 1;
+            }
+        }
+        let (a, b) = ([run(ca.clone(), "x")], [run(cb.clone(), "x")]);
+        let (_, (lo, _)) = mean_difference(&[Pair {
+            a: &a,
+            b: &b,
+            seed_sd: 0.0,
+        }]);
+        assert!(lo > 0.0, "paired: {lo}");
+        let (a, b) = ([run(ca, "x")], [run(cb, "y")]);
+        let (_, (lo, _)) = mean_difference(&[Pair {
+            a: &a,
+            b: &b,
+            seed_sd: 0.0,
+        }]);
+        assert!(lo < 0.0, "unpaired: {lo}");
+    }
+
+    #[test]
+    fn a_single_seed_difference_within_the_seed_spread_is_not_resolved() {
+        let a = [run((0..2000).map(|i| u32::from(i % 10 < 8)).collect(), "x")];
+        let b = [run((0..2000).map(|i| u32::from(i % 10 < 7)).collect(), "x")];
+        let pair = |sd| Pair {
+            a: &a,
+            b: &b,
+            seed_sd: sd,
+        };
+        let (_, (lo, _)) = mean_difference(&[pair(0.0)]);
+        assert!(lo > 0.0, "{lo}");
+        // Ten points of difference against a seed spread of 6 points.
+        let (_, (lo, _)) = mean_difference(&[pair(6.0)]);
+        assert!(lo < 0.0, "{lo}");
+    }
+
+    #[test]
+    fn several_seeds_are_resampled() {
+        // Seeds disagree wildly: the interval is wide though each seed has many examples.
+        let a = [
+            run(vec![1; 1000], "s0"),
+            run(vec![0; 1000], "s1"),
+            run(vec![1; 1000], "s2"),
+        ];
+        let b = [
+            run(vec![0; 1000], "s0"),
+            run(vec![1; 1000], "s1"),
+            run(vec![0; 1000], "s2"),
+        ];
+        let (d, (lo, hi)) = mean_difference(&[Pair {
+            a: &a,
+            b: &b,
+            seed_sd: 0.0,
+        }]);
+        assert!((d - 100.0 / 3.0).abs() < 1e-9);
+        assert!(lo < 0.0 && hi > 60.0, "{lo} {hi}");
+    }
+}
