@@ -86,11 +86,18 @@ pub fn validate(table: &TableSpec, claim: &Claim) -> Result<(), String> {
     if n == 0 {
         return Err(format!("claim `{}`: `a` selects no cell", claim.text));
     }
+    if claim.b.is_some() && claim.than.is_some() {
+        return Err(format!(
+            "claim `{}`: `b` and `than` both given: one or the other",
+            claim.text
+        ));
+    }
     let others: Vec<&Select> = match claim.kind {
+        ClaimKind::Greater if claim.than.is_some() => vec![],
         ClaimKind::Greater | ClaimKind::Comparable => vec![claim
             .b
             .as_ref()
-            .ok_or_else(|| format!("claim `{}`: needs `b`", claim.text))?],
+            .ok_or_else(|| format!("claim `{}`: needs `b` (or, for `greater`, `than`)", claim.text))?],
         ClaimKind::Best if claim.among.is_empty() => {
             return Err(format!("claim `{}`: `best` needs `among`", claim.text))
         }
@@ -143,31 +150,55 @@ struct Comparison {
 }
 
 /// `a` against `b`, paired, as `claim` asks.
+/// What `a` is compared with: other cells, or a fixed number (`than`).
+enum Other<'s> {
+    Cells(&'s Select),
+    Number(f64),
+}
+
 fn compare<'v>(
     table: &TableSpec,
     claim: &Claim,
     a: &Select,
-    b: &Select,
+    b: Other,
     value: &dyn Fn(usize, usize) -> Option<CellValue<'v>>,
 ) -> Comparison {
-    let (sa, sb) = (select(table, a), select(table, b));
-    let head = format!("{} - {}", name(a), name(b));
+    let sa = select(table, a);
+    let (sb, head): (Vec<Option<(usize, usize)>>, String) = match b {
+        Other::Cells(b) => (
+            select(table, b).into_iter().map(Some).collect(),
+            format!("{} - {}", name(a), name(b)),
+        ),
+        Other::Number(x) => (vec![None; sa.len()], format!("{} - {x}", name(a))),
+    };
+    let label = |(r, c): (usize, usize)| format!("{} / {}", table.rows[r].label, table.cols[c].label);
     let mut kept: Vec<(String, CellValue, CellValue)> = Vec::new();
     let mut excluded = Vec::new();
-    for (&pa, &pb) in sa.iter().zip(&sb) {
-        let (Some(x), Some(y)) = (value(pa.0, pa.1), value(pb.0, pb.1)) else {
+    for (&pa, pb) in sa.iter().zip(&sb) {
+        let y = match (pb, &b) {
+            (Some(pb), _) => value(pb.0, pb.1),
+            (None, Other::Number(x)) => Some(CellValue::exact(*x)),
+            (None, Other::Cells(_)) => None,
+        };
+        let (Some(x), Some(y)) = (value(pa.0, pa.1), y) else {
             continue;
         };
-        let at: Vec<String> = [(pa, &x), (pb, &y)]
-            .iter()
-            .filter(|(_, v)| v.at_baseline.is_some())
-            .map(|((r, c), _)| format!("{} / {}", table.rows[*r].label, table.cols[*c].label))
-            .collect();
+        let mut at = Vec::new();
+        if x.at_baseline.is_some() {
+            at.push(label(pa));
+        }
+        if let (Some(pb), Some(_)) = (pb, &y.at_baseline) {
+            at.push(label(*pb));
+        }
         if !at.is_empty() && !claim.about_failure {
             excluded.extend(at);
             continue;
         }
-        kept.push((pair_name(table, pa, pb), x, y));
+        let pair = match pb {
+            Some(pb) => pair_name(table, pa, *pb),
+            None => label(pa),
+        };
+        kept.push((pair, x, y));
     }
     let left_out = if excluded.is_empty() {
         String::new()
@@ -267,12 +298,13 @@ fn compare<'v>(
 
 /// The verdict of `claim` on the numbers `value` gives per (row, column).
 pub fn check<'v>(table: &TableSpec, claim: &Claim, value: &dyn Fn(usize, usize) -> Option<CellValue<'v>>) -> Verdict {
-    let others: Vec<Select> = match claim.kind {
-        ClaimKind::Greater | ClaimKind::Comparable => claim.b.iter().cloned().collect(),
-        ClaimKind::Best => claim.among.clone(),
+    let others: Vec<Other> = match (claim.kind, claim.than) {
+        (ClaimKind::Greater, Some(x)) => vec![Other::Number(x)],
+        (ClaimKind::Greater | ClaimKind::Comparable, _) => claim.b.iter().map(Other::Cells).collect(),
+        (ClaimKind::Best, _) => claim.among.iter().map(Other::Cells).collect(),
     };
     let results: Vec<Comparison> = others
-        .iter()
+        .into_iter()
         .map(|o| compare(table, claim, &claim.a, o, value))
         .collect();
     let any = |v: &str| results.iter().any(|r| r.verdict == Some(v));

@@ -253,10 +253,13 @@ pub struct Report {
 }
 
 /// Parses a number as the paper prints it: `38.4%`, `38%`, `1×10^4`, `117M`, `106K`,
-/// `89.0% [†]`; `None` for `-` or text.
+/// `89.0% [†]`, `500 – 2000×` (a range: its lower end); `None` for `-` or text.
 pub fn parse_paper(s: &str) -> Option<f64> {
     let s = s.replace("[†]", "");
     let s = s.trim();
+    if let Some((lo, _)) = s.strip_suffix('×').and_then(|r| r.split_once('–')) {
+        return lo.trim().parse().ok();
+    }
     if let Some(p) = s.strip_suffix('%') {
         return p.trim().parse().ok();
     }

@@ -259,7 +259,7 @@ fn paper_numbers_parse_as_printed() {
     assert_eq!(parse_paper("106K"), Some(106_000.0));
     assert_eq!(parse_paper("117M"), Some(117_000_000.0));
     assert_eq!(parse_paper("-"), None);
-    assert_eq!(parse_paper("500 – 2000×"), None);
+    assert_eq!(parse_paper("500 – 2000×"), Some(500.0));
 }
 
 #[test]

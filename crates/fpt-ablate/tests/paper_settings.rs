@@ -231,7 +231,15 @@ fn every_claim_holds_on_the_papers_numbers() {
             assert_eq!(v.verdict, "holds", "{id}: `{text}`: {}", v.detail);
         }
     }
-    assert!(with_claims >= 15, "{with_claims} tables carry claims");
+    assert!(with_claims >= 18, "{with_claims} tables carry claims");
+    // The paper's headline comes first in Table 1's report: FPT comparable to full training.
+    let t1 = load_table(&tables, "table1").unwrap();
+    let head = &t1.claims[0];
+    assert_eq!(head.kind, fpt_spec::table::ClaimKind::Comparable);
+    assert_eq!(
+        (head.a.row.as_deref(), head.b.as_ref().and_then(|b| b.row.as_deref())),
+        (Some("FPT"), Some("Full"))
+    );
 }
 
 /// A claim decides on the numbers it is given: holds, fails, inconclusive within the

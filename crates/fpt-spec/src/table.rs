@@ -274,6 +274,10 @@ pub struct Claim {
     /// The margin, in the cells' unit (points of accuracy, steps).
     #[serde(default)]
     pub by: f64,
+    /// `greater` without `b`: the number every cell of `a` is compared with (e.g. a speedup
+    /// of 100x).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub than: Option<f64>,
     /// `comparable`: the largest difference either way, in the cells' unit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub within: Option<f64>,
