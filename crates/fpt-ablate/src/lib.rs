@@ -396,6 +396,9 @@ fn expand_with(
             } else {
                 plan_at(&s, metric, &sc, &mut notes, check)
             };
+            if let Plan::Run { spec, .. } = &plan {
+                notes.extend(data_origin(&spec.task));
+            }
             let seeds = seeds_for(&s, &sc);
             let differs = paper_differences(&s, metric, &plan, paper_sc.as_ref(), seeds);
             let replicas = replicas_of(&plan, seeds);
@@ -584,6 +587,25 @@ fn plan_at(s: &CellSettings, metric: Metric, sc: &ScaleSettings, notes: &mut Vec
     }
 }
 
+/// A note where a cell's dataset is not the published one: data fpt generated here (ListOps
+/// by LRA's procedure when LRA's released files cannot be had).
+fn data_origin(task: &TaskSpec) -> Option<String> {
+    if task.name.is_generated() || task.name == fpt_spec::TaskName::Custom {
+        return None;
+    }
+    let dir = task
+        .path
+        .clone()
+        .unwrap_or_else(|| fpt_tasks::paths::data_dir(task.name));
+    let source = fpt_tasks::fetch::source_of(&dir)?;
+    source.starts_with("generated").then(|| {
+        format!(
+            "{} data regenerated on this machine ({source}), not the published files: the same procedure, other examples",
+            task.name
+        )
+    })
+}
+
 /// What in `here` (a cell's plan at some scale) differs from the same cell at the `paper`
 /// scale, field by field, plus the paper scale's own recorded differences from the paper.
 fn paper_differences(
@@ -601,9 +623,16 @@ fn paper_differences(
     };
     let mut out = Vec::new();
     if let Plan::Run { spec: p, .. } = plan_at(s, metric, psc, &mut Vec::new(), false) {
+        // `paper:` only for what the paper states (its backbone, App. C's learning rates);
+        // the rest is fpt's own choice at the paper scale and is labelled as such.
         let mut d = |what: &str, ours: String, paper: String| {
             if ours != paper {
-                out.push(format!("{what} {ours} (paper: {paper})"));
+                let whose = if matches!(what, "backbone" | "lr") {
+                    "paper"
+                } else {
+                    "fpt's paper scale"
+                };
+                out.push(format!("{what} {ours} ({whose}: {paper})"));
             }
         };
         // The shape from the config (shape overrides applied) where it can be read here.

@@ -186,6 +186,7 @@ pub fn dry_run(table: &TableSpec, scales: &BTreeMap<String, ScaleSettings>, scal
             table.cols[c.col].label,
             describe(&c.plan)
         ));
+        lines.extend(c.notes.iter().map(|n| format!("    note: {n}")));
         lines.extend(c.differs.iter().map(|d| format!("    differs from the paper: {d}")));
     }
     Ok(lines)

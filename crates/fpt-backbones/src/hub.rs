@@ -70,8 +70,9 @@ fn check_dir(dir: &Path, want_weights: bool) -> Result<ModelFiles> {
     Ok(ModelFiles { config, weights })
 }
 
-/// Names fpt maps to the Hub source that loads: `(name, source, why)`. `vit` is the paper's
-/// ViT-B/16 (ImageNet-21k, Hugging Face port); Longformer's main revision on the Hub holds
+/// Names fpt maps to the Hub source that loads: `(name, source, why)`. `vit` is ViT-B/16
+/// pretrained on ImageNet-21k (the paper's timm checkpoint was also fine-tuned on
+/// ImageNet-1k: another checkpoint); Longformer's main revision on the Hub holds
 /// only `pytorch_model.bin` (fpt never unpickles), its safetensors conversion lives at
 /// `refs/pr/7`.
 pub const ALIASES: &[(&str, &str, &str)] = &[
@@ -83,7 +84,7 @@ pub const ALIASES: &[(&str, &str, &str)] = &[
     (
         "vit",
         "google/vit-base-patch16-224-in21k",
-        "the paper's ViT-B/16 pretrained on ImageNet-21k (Hugging Face port of timm's vit_base_patch16_224)",
+        "ViT-B/16 pretrained on ImageNet-21k only; the paper's timm vit_base_patch16_224 was pretrained on ImageNet-21k and then fine-tuned on ImageNet-1k, another checkpoint",
     ),
     (
         "longformer",

@@ -303,6 +303,13 @@ fn install(dir: &Path, files: &[(String, Vec<u8>)], source: &str) -> Result<()> 
     })
 }
 
+/// Where the dataset in `dir` came from, as its [`MANIFEST`] records it (`None` without one).
+pub fn source_of(dir: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(dir.join(MANIFEST)).ok()?;
+    let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+    v["source"].as_str().map(String::from)
+}
+
 /// Re-checks a fetched dataset directory against the sha256 its [`MANIFEST`] recorded when
 /// it was fetched (a directory without a manifest, e.g. `--data-dir` data, passes): a file
 /// that changed since (a bit flip, an edit) is an error naming it, before anything is read.
