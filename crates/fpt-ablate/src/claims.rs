@@ -247,13 +247,13 @@ fn compare<'v>(
             })
             .sum();
         let half = 1.96 * var.sqrt() / k;
-        let how = if half > 0.0 {
-            "normal interval from each cell's standard error"
-        } else {
-            "no uncertainty known"
-        };
-        (mean, (mean - half, mean + half), how)
+        (
+            mean,
+            (mean - half, mean + half),
+            "normal interval from each cell's standard error",
+        )
     };
+    let exact = !resampled && lo == hi;
     let (verdict, need) = match claim.kind {
         ClaimKind::Comparable => {
             let w = claim.within.unwrap_or(0.0);
@@ -285,10 +285,15 @@ fn compare<'v>(
         String::new()
     };
     let names: Vec<&str> = kept.iter().map(|(n, _, _)| n.as_str()).collect();
+    let interval = match exact {
+        true => String::new(),
+        false => format!(", 95% interval {lo:+.1} to {hi:+.1} ({how}"),
+    };
     Comparison {
         verdict: Some(verdict),
         detail: format!(
-            "{head}: {mean:+.1}, 95% interval {lo:+.1} to {hi:+.1} ({how}; mean over {} of {} pairs: {}{spread}; {need}){left_out}",
+            "{head}: {mean:+.1}{interval}{}mean over {} of {} pairs: {}{spread}; {need}){left_out}",
+            if exact { " (" } else { "; " },
             kept.len(),
             sa.len(),
             names.join(", ")

@@ -570,6 +570,8 @@ fn plan_at(s: &CellSettings, metric: Metric, sc: &ScaleSettings, notes: &mut Vec
             _ => o.train_eval.unwrap_or(fpt_spec::TrainEval::Final),
         },
         eval_every: o.eval_every.unwrap_or(steps.div_ceil(4)).max(1),
+        early_stop_patience: o.early_stop_patience,
+        early_stop_within_noise: o.early_stop_within_noise.unwrap_or(false),
         ..TrainSpec::default()
     };
     let spec = RunSpec {

@@ -507,7 +507,16 @@ impl Report {
                                 r.ours = seeds.mean();
                                 r.seeds = Some(seeds);
                             }
-                            let checks: Vec<_> = runs.iter().filter_map(|(o, sp)| baselines.check(o, sp)).collect();
+                            // Whether the runs learned: for the numbers that measure learning
+                            // (a speedup or a count is measured whatever the model learned).
+                            let learning = matches!(
+                                c.metric,
+                                Metric::TestAccuracy | Metric::TrainAccuracy | Metric::StepsToConvergence
+                            );
+                            let checks: Vec<_> = match learning {
+                                true => runs.iter().filter_map(|(o, sp)| baselines.check(o, sp)).collect(),
+                                false => Vec::new(),
+                            };
                             if !checks.is_empty() {
                                 r.baseline =
                                     Some(100.0 * checks.iter().map(|b| b.accuracy).sum::<f64>() / checks.len() as f64);

@@ -79,6 +79,10 @@ pub(crate) struct TrainArgs {
     /// Stop after N evaluations without improvement.
     #[arg(long)]
     pub(crate) early_stop_patience: Option<usize>,
+    /// With --early-stop-patience: an improvement must exceed the evaluation's own noise, and
+    /// a run still at its task's trivial baseline is never stopped early.
+    #[arg(long)]
+    pub(crate) early_stop_within_noise: bool,
     /// Output-only training on cached features (paper Table 10): compute the frozen model's
     /// read-out features once, then train the output layer on them for N epochs; reports
     /// the per-epoch speedup over FPT training. Needs `--train out`.
@@ -201,7 +205,8 @@ pub(crate) fn spec_from_args(a: &TrainArgs, given: &dyn Fn(&str) -> bool, base: 
         checkpoint_every,
         convergence_tolerance,
         cached_epochs,
-        early_stop_patience
+        early_stop_patience,
+        early_stop_within_noise
     );
     if set("input_dropout") {
         s.input_dropout = a.input_dropout;

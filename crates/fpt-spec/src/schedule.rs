@@ -156,6 +156,13 @@ pub struct TrainSpec {
     /// by more than `convergence_tolerance`; `None` = never stop early.
     #[serde(default)]
     pub early_stop_patience: Option<usize>,
+    /// With `early_stop_patience`: an evaluation improves on the best only by more than its
+    /// own noise (1.96 x sqrt(2) standard errors of its accuracy over the held-out
+    /// examples, at least `convergence_tolerance`), and a run still at its task's trivial
+    /// baseline is never stopped early (a plateau before learning is not convergence).
+    /// Not written to spec.json when off, so existing run hashes stand.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub early_stop_within_noise: bool,
     /// Output-only training on cached features (paper Table 10, reservoir computing): the
     /// frozen model's read-out features are computed once for the training set, then the
     /// output layer is trained on them for this many epochs (`steps` is then ignored).
@@ -188,6 +195,7 @@ impl Default for TrainSpec {
             checkpoint_every: None,
             convergence_tolerance: 0.01,
             early_stop_patience: None,
+            early_stop_within_noise: false,
             cached_epochs: None,
             divergence_factor: DEFAULT_DIVERGENCE_FACTOR,
         }

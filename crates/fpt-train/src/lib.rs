@@ -712,6 +712,8 @@ fn run_loop(
     let mut best_params: Option<Vec<Tensor>> = None;
     // The latest evaluation's per-example outcomes, with its step.
     let mut last_tally: Option<(usize, outcomes::Tally)> = None;
+    // The task's trivial baseline, for stopping within noise (built at the first evaluation).
+    let mut stop_baseline: Option<fpt_tasks::Baseline> = None;
     while tr.steps_done() < t.steps {
         let out = tr.step()?;
         let why = if !out.finite {
@@ -761,8 +763,25 @@ fn run_loop(
                         .collect::<candle_core::Result<_>>()?,
                 );
             }
+            let (tolerance, at_baseline) = if t.early_stop_within_noise && t.early_stop_patience.is_some() {
+                let tally = &last_tally.as_ref().expect("just evaluated").1;
+                let base = match &stop_baseline {
+                    Some(b) => b,
+                    None => stop_baseline.insert(tr.task().baseline(Split::Test)?),
+                };
+                let out = outcomes::Outcomes::new(rec.step, tr.task().dims().labels_per_example, tally, base);
+                let losses: Vec<f64> = run.evals.iter().map(|e| e.train_loss).collect();
+                let noise = 1.96 * std::f64::consts::SQRT_2 * outcomes::standard_error(&out.scores());
+                (
+                    t.convergence_tolerance.max(noise),
+                    !outcomes::judge(base, &out, &losses).left,
+                )
+            } else {
+                (t.convergence_tolerance, false)
+            };
             match before {
-                Some(b) if rec.test_accuracy <= b + t.convergence_tolerance => run.stale_evals += 1,
+                _ if at_baseline => run.stale_evals = 0,
+                Some(b) if rec.test_accuracy <= b + tolerance => run.stale_evals += 1,
                 _ => run.stale_evals = 0,
             }
             if t.early_stop_patience.is_some_and(|p| run.stale_evals >= p) && step < t.steps {

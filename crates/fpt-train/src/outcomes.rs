@@ -133,8 +133,8 @@ pub struct BaselineCheck {
     pub classes_only_in_eval: Vec<u32>,
 }
 
-/// Mean and 95% normal interval of `d`'s mean.
-pub fn mean_interval(d: &[f64]) -> (f64, (f64, f64)) {
+/// The standard error of the mean of `d`.
+pub fn standard_error(d: &[f64]) -> f64 {
     let n = d.len().max(1) as f64;
     let mean = d.iter().sum::<f64>() / n;
     let var = if d.len() > 1 {
@@ -142,7 +142,13 @@ pub fn mean_interval(d: &[f64]) -> (f64, (f64, f64)) {
     } else {
         0.0
     };
-    let half = 1.96 * (var / n).sqrt();
+    (var / n).sqrt()
+}
+
+/// Mean and 95% normal interval of `d`'s mean.
+pub fn mean_interval(d: &[f64]) -> (f64, (f64, f64)) {
+    let mean = d.iter().sum::<f64>() / d.len().max(1) as f64;
+    let half = 1.96 * standard_error(d);
     (mean, (mean - half, mean + half))
 }
 
