@@ -326,7 +326,19 @@ pub fn describe(plan: &Plan) -> String {
             }
             let t = &spec.train;
             parts.push(format!("train {}", spec.train_groups));
-            parts.push(format!("{} steps x batch {}", t.steps, t.batch_size));
+            parts.push(match t.early_stop_patience {
+                Some(p) => format!(
+                    "at most {} steps x batch {}, stopping after {p} evaluations without improvement{}",
+                    t.steps,
+                    t.batch_size,
+                    if t.early_stop_within_noise {
+                        " beyond their noise (never while at its trivial baseline)"
+                    } else {
+                        ""
+                    }
+                ),
+                None => format!("{} steps x batch {}", t.steps, t.batch_size),
+            });
             parts.push(format!("lr {:e}", t.lr));
             if let Some(e) = t.cached_epochs {
                 parts.push(format!("{e} epochs on cached features"));

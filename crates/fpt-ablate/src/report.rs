@@ -468,6 +468,8 @@ impl Report {
                             *origins.entry(run_origin(res)).or_insert(0) += 1;
                             r.status = "ran".into();
                             r.seconds = Some(res.wall_seconds);
+                            // The steps it trained (fewer than the spec's where it stopped early).
+                            r.steps = Some(res.steps);
                             if res.diverged {
                                 r.diverged = Some(format!(
                                     "diverged at step {} ({}); the number is the best evaluation before it, at step {}",

@@ -330,3 +330,36 @@ fn every_cell_says_how_many_seeds_it_ran() {
         }
     }
 }
+
+/// The cpu scale's seed spreads are what Table 9's committed report measured: per task, the
+/// largest spread over three seeds among its cells that left their trivial baseline.
+#[test]
+fn the_cpu_seed_spreads_are_table9s_measurements() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let tables = root.join("data/tables");
+    let spreads = &load_scales(&tables).unwrap()["cpu"].seed_spread;
+    assert!(!spreads.is_empty());
+    let t = load_table(&tables, "table9").unwrap();
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(root.join("results/table9/cpu/report.json")).unwrap()).unwrap();
+    for (task, spread) in spreads {
+        let cols: Vec<&str> = t
+            .cols
+            .iter()
+            .filter(|c| c.set.task.as_deref() == Some(task.as_str()))
+            .map(|c| c.label.as_str())
+            .collect();
+        let measured = report["cells"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|c| cols.contains(&c["col"].as_str().unwrap()) && c["at_baseline"].is_null())
+            .filter_map(|c| c["seeds"]["sd"].as_f64())
+            .fold(0.0, f64::max);
+        assert!(
+            (measured - spread.sd).abs() < 0.01,
+            "{task}: {measured} measured, {} in scales.toml",
+            spread.sd
+        );
+    }
+}

@@ -9,10 +9,14 @@
 //!   the masked ones guessed, which scores `visible + masked / 2` of each string's bits
 //!   (75% in expectation).
 //!
-//! Each comes with its loss per label in nats: the best constant predictor's (the entropy
-//! of the training labels' class frequencies: no constant prediction does better on the
-//! training data), or the copy predictor's (ln 2 per masked bit). A class that occurs in
-//! the evaluated split but never in training can never be learned; it is listed.
+//! Each comes with the loss per label in nats of the best constant predictor (the entropy of
+//! the training labels' class frequencies: no constant prediction does better on the
+//! training data; ln 2 for the bit tasks). A training loss that never goes below it means
+//! the run learned nothing about its inputs. (Bit Memory's copy predictor would reach
+//! ln 2 per masked bit, but a model trained with dropout on its inputs cannot be that sure
+//! of the visible ones, so its accuracy, not its loss, is held against the copy.) A class
+//! that occurs in the evaluated split but never in training can never be learned; it is
+//! listed.
 
 use crate::{Inputs, Result, Split, Task};
 use candle_core::Device;
@@ -165,10 +169,10 @@ pub fn majority_of<T: Task + ?Sized>(task: &T, split: Split) -> Result<Baseline>
 
 /// Bit Memory's copy baseline on `split`: per string, the visible query bits (non-zero
 /// inputs among the last `n_bits` values of each example) are right and half the masked
-/// ones are; its loss is ln 2 per masked bit.
+/// ones are; its loss is the constant predictor's.
 pub fn copy_visible_bits<T: Task + ?Sized>(task: &T, split: Split, n_bits: usize) -> Result<Baseline> {
     let mut base = majority_of(task, split)?;
-    let (mut scores, mut right, mut masked_total, mut bits) = (Vec::new(), 0.0, 0usize, 0usize);
+    let (mut scores, mut right, mut bits) = (Vec::new(), 0.0, 0usize);
     let n = task.eval_len(split);
     while scores.len() < n {
         let b = task.eval_batch(split, scores.len(), 64, &Device::Cpu)?;
@@ -184,14 +188,12 @@ pub fn copy_visible_bits<T: Task + ?Sized>(task: &T, split: Split, n_bits: usize
             let masked = query.iter().filter(|v| **v == 0.0).count();
             let score = (n_bits - masked) as f64 + 0.5 * masked as f64;
             right += score;
-            masked_total += masked;
             bits += n_bits;
             scores.push(score / n_bits as f64);
         }
     }
     base.kind = BaselineKind::CopyVisibleBits;
     base.accuracy = right / bits.max(1) as f64;
-    base.loss = masked_total as f64 * std::f64::consts::LN_2 / bits.max(1) as f64;
     base.scores = scores;
     Ok(base)
 }
@@ -236,6 +238,7 @@ mod tests {
         let mean = b.scores.iter().sum::<f64>() / 40.0;
         assert!((mean - b.accuracy).abs() < 1e-12);
         assert!((b.accuracy - 0.75).abs() < 0.03, "{}", b.accuracy);
-        assert!((b.loss - (1.0 - b.accuracy) * 2.0 * std::f64::consts::LN_2).abs() < 1e-9);
+        // The constant predictor's loss: the bits are balanced, so close to ln 2.
+        assert!((b.loss - std::f64::consts::LN_2).abs() < 0.01, "{}", b.loss);
     }
 }
