@@ -444,13 +444,15 @@ pub fn param_std(backbone: &BackboneSpec) -> std::result::Result<Vec<(String, Ve
 }
 
 /// Renders figure `fig` at `scale` into `out/<id>/<scale>/` (`figure.svg`, `report.md`,
-/// `report.json`); returns the directory.
+/// `report.json`), reading the runs of a table it draws from where `sources` allows;
+/// returns the directory.
 pub fn render(
     fig: &TableSpec,
     tables: &Path,
     scales: &BTreeMap<String, ScaleSettings>,
     scale: &str,
     out: &Path,
+    sources: crate::report::Sources,
 ) -> Result<PathBuf> {
     let dir = out.join(&fig.id).join(scale);
     let mut md = format!("# {}: {} (scale `{scale}`)\n\n> {}\n\n", fig.id, fig.title, fig.caption);
@@ -459,7 +461,7 @@ pub fn render(
             let from = fig.from_table.clone().unwrap_or_default();
             let t = crate::load_table(tables, &from)?;
             let cells = expand(&t, scales, scale)?;
-            let r = Report::new(&t, scale, &cells, out);
+            let r = Report::from_runs(&t, scale, &cells, out, sources);
             let nc = r.cols.len();
             let ours: Vec<Vec<Option<f64>>> = (0..r.rows.len())
                 .map(|i| r.cells[i * nc..(i + 1) * nc].iter().map(|c| c.ours).collect())
@@ -551,6 +553,12 @@ pub fn render(
             match &cell.plan {
                 crate::Plan::Run { spec, key } => {
                     let run = crate::run_dir(out, key);
+                    let written = dir.join("report.md");
+                    if sources == crate::report::Sources::RunDirsOrRecords && !run.is_dir() && written.is_file() {
+                        // Rendering only, and the run (its checkpoint) is not here: the figure
+                        // drawn when it was keeps.
+                        return Ok(dir);
+                    }
                     md.push_str(&format!(
                         "Run: `{}` ({}).\n\n",
                         run.display(),

@@ -198,6 +198,12 @@ pub fn dry_run(table: &TableSpec, scales: &BTreeMap<String, ScaleSettings>, scal
 pub fn reproduce(req: &Request, on: &mut (dyn FnMut(Progress) + Send)) -> Result<Vec<Done>> {
     let ids = table_ids(&req.tables, &req.ids)?;
     let scales = scales_with(&req.tables, &req.scale)?;
+    // Rendering only: runs whose directories are not here are read from their records.
+    let sources = if req.opts.report_only {
+        crate::report::Sources::RunDirsOrRecords
+    } else {
+        crate::report::Sources::RunDirs
+    };
     let mut done = Vec::new();
     for id in &ids {
         let table = load_table(&req.tables, id)?;
@@ -208,7 +214,7 @@ pub fn reproduce(req: &Request, on: &mut (dyn FnMut(Progress) + Send)) -> Result
                 let cells = expand(&table, &scales, &req.scale)?;
                 run(&cells, &req.out, &req.opts, &mut |line| on(Progress::Line { id, line }))?;
             }
-            let dir = figure::render(&table, &req.tables, &scales, &req.scale, &req.out)?;
+            let dir = figure::render(&table, &req.tables, &scales, &req.scale, &req.out, sources)?;
             done.push(Done::Figure { id: id.clone(), dir });
             on(Progress::Done(done.last().expect("just pushed")));
             continue;
@@ -219,12 +225,6 @@ pub fn reproduce(req: &Request, on: &mut (dyn FnMut(Progress) + Send)) -> Result
             line: &format!("at scale {} ({} cells)", req.scale, cells.len()),
         });
         let trained = run(&cells, &req.out, &req.opts, &mut |line| on(Progress::Line { id, line }))?;
-        // Rendering only: runs whose directories are not here are read from their records.
-        let sources = if req.opts.report_only {
-            crate::report::Sources::RunDirsOrRecords
-        } else {
-            crate::report::Sources::RunDirs
-        };
         let dir = Report::from_runs(&table, &req.scale, &cells, &req.out, sources).write(&req.out)?;
         done.push(Done::Table {
             id: id.clone(),

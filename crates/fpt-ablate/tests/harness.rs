@@ -383,13 +383,29 @@ train = "fpt"
     let scales = load_scales(&tables).unwrap();
     let out = d.path().join("results");
     // Before its run exists the figure says what is missing.
-    let dir = fpt_ablate::figure::render(&fig, &tables, &scales, "mini", &out).unwrap();
+    let dir = fpt_ablate::figure::render(
+        &fig,
+        &tables,
+        &scales,
+        "mini",
+        &out,
+        fpt_ablate::report::Sources::RunDirs,
+    )
+    .unwrap();
     let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
     assert!(md.contains("Not drawn") && md.contains("no checkpoint"), "{md}");
     let cells = expand(&fig, &scales, "mini").unwrap();
     assert_eq!(cells.len(), 1);
     assert_eq!(run(&cells, &out, &RunOptions::default(), &mut |_| {}).unwrap().count, 1);
-    let dir = fpt_ablate::figure::render(&fig, &tables, &scales, "mini", &out).unwrap();
+    let dir = fpt_ablate::figure::render(
+        &fig,
+        &tables,
+        &scales,
+        "mini",
+        &out,
+        fpt_ablate::report::Sources::RunDirs,
+    )
+    .unwrap();
     let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
     assert!(
         md.contains("| read-out position |") && md.contains("figure.svg"),
