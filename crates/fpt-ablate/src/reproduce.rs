@@ -238,14 +238,18 @@ pub fn reproduce(req: &Request, on: &mut (dyn FnMut(Progress) + Send)) -> Result
 
 /// Every claim of the tables `ids` at `scale`, with its verdicts, read from their written
 /// reports (`<out>/<id>/<scale>/report.json`, the same data `report.md` shows), as one
-/// Markdown table; a table that carries claims but has no report at the scale gets a row
-/// saying so. Tables without claims are left out.
+/// Markdown table, after a line that counts the cells with runs that left their task's
+/// trivial baseline and the claims by verdict; a table that carries claims but has no
+/// report at the scale gets a row saying so. Tables without claims are left out of the
+/// table (their cells are counted).
 pub fn claims_summary(tables: &Path, ids: &[String], scale: &str, out: &Path) -> Result<String> {
-    let mut s = format!("| table | claim | ours (`{scale}` scale) | decided by | paper |\n|---|---|---|---|---|\n");
+    let mut rows = String::new();
     let cell = |t: &str| t.replace('|', "\\|");
+    let (mut ran, mut left, mut reports) = (0usize, 0usize, 0usize);
+    let mut verdicts: BTreeMap<String, usize> = BTreeMap::new();
     for id in table_ids(tables, ids)? {
         let table = load_table(tables, &id)?;
-        if table.claims.is_empty() {
+        if table.kind != Kind::Table {
             continue;
         }
         let path = out.join(&id).join(scale).join("report.json");
@@ -257,11 +261,23 @@ pub fn claims_summary(tables: &Path, ids: &[String], scale: &str, out: &Path) ->
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
             Err(source) => return Err(AblateError::Io { path, source }),
         };
-        let claims = report.as_ref().and_then(|r| r["claims"].as_array().cloned());
-        match claims {
+        if let Some(r) = &report {
+            reports += 1;
+            for c in r["cells"].as_array().into_iter().flatten() {
+                if c["status"] == "ran" && !c["baseline"].is_null() {
+                    ran += 1;
+                    left += usize::from(c["at_baseline"].is_null());
+                }
+            }
+        }
+        if table.claims.is_empty() {
+            continue;
+        }
+        match report.as_ref().and_then(|r| r["claims"].as_array().cloned()) {
             None => {
                 for c in &table.claims {
-                    s.push_str(&format!(
+                    *verdicts.entry("without a report".into()).or_insert(0) += 1;
+                    rows.push_str(&format!(
                         "| {id} | {} | no report at this scale | `fpt run-table {id} --scale {scale}` | |\n",
                         cell(&c.text)
                     ));
@@ -270,7 +286,8 @@ pub fn claims_summary(tables: &Path, ids: &[String], scale: &str, out: &Path) ->
             Some(claims) => {
                 for c in claims {
                     let v = |who: &str, what: &str| c[who][what].as_str().unwrap_or("").to_string();
-                    s.push_str(&format!(
+                    *verdicts.entry(v("ours", "verdict")).or_insert(0) += 1;
+                    rows.push_str(&format!(
                         "| {id} | {} | **{}** | {} | {} |\n",
                         cell(c["text"].as_str().unwrap_or("")),
                         v("ours", "verdict"),
@@ -281,5 +298,12 @@ pub fn claims_summary(tables: &Path, ids: &[String], scale: &str, out: &Path) ->
             }
         }
     }
-    Ok(s)
+    let total: usize = verdicts.values().sum();
+    let decided = verdicts.get("holds").unwrap_or(&0) + verdicts.get("fails").unwrap_or(&0);
+    let by: Vec<String> = verdicts.iter().map(|(v, n)| format!("{n} {v}")).collect();
+    Ok(format!(
+        "{reports} reports at the `{scale}` scale: of the {ran} cells with runs whose baseline is known, {left} left their task's trivial baseline and {} did not; of {total} claims, {decided} decided ({}).\n\n| table | claim | ours (`{scale}` scale) | decided by | paper |\n|---|---|---|---|---|\n{rows}",
+        ran - left,
+        by.join(", ")
+    ))
 }

@@ -363,3 +363,34 @@ fn the_cpu_seed_spreads_are_table9s_measurements() {
         );
     }
 }
+
+/// The README's claims summary is what `fpt run-table all --scale cpu --claims` prints from
+/// the committed reports (`FPT_BLESS=1` rewrites it).
+#[test]
+fn the_readme_claims_summary_is_the_reports() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let want = fpt_ablate::reproduce::claims_summary(
+        &root.join("data/tables"),
+        &["all".to_string()],
+        "cpu",
+        &root.join("results"),
+    )
+    .unwrap();
+    let readme_path = root.join("README.md");
+    let readme = std::fs::read_to_string(&readme_path).unwrap();
+    let (begin, end) = (
+        "<!-- fpt run-table all --scale cpu --claims: begin -->\n",
+        "<!-- fpt run-table all --scale cpu --claims: end -->",
+    );
+    let i = readme.find(begin).expect("README has the claims block") + begin.len();
+    let j = readme.find(end).expect("README has the claims block's end");
+    if std::env::var_os("FPT_BLESS").is_some() {
+        let text = format!("{}{want}{}", &readme[..i], &readme[j..]);
+        std::fs::write(&readme_path, text).unwrap();
+        return;
+    }
+    assert!(
+        readme[i..j] == want,
+        "README.md's claims block differs from the committed reports; rewrite it with FPT_BLESS=1 cargo test -p fpt-ablate --test paper_settings"
+    );
+}
