@@ -564,6 +564,32 @@ pub fn render(
                         run.display(),
                         crate::command_for(out, key)
                     ));
+                    // Whether the run learned: a pattern in a model that learned nothing
+                    // is no evidence for the caption.
+                    let learned = std::fs::read_to_string(run.join("result.json"))
+                        .ok()
+                        .and_then(|t| serde_json::from_str::<fpt_train::RunResult>(&t).ok())
+                        .map(|r| (r.test_accuracy, r.baseline));
+                    match learned {
+                        Some((acc, Some(b))) if b.left => md.push_str(&format!(
+                            "The run left its task's trivial baseline: test accuracy {:.1}% against {} ({:+.1} points, 95% interval {:+.1} to {:+.1}).\n\n",
+                            100.0 * acc,
+                            b.describe,
+                            100.0 * b.margin,
+                            100.0 * b.margin_interval.0,
+                            100.0 * b.margin_interval.1
+                        )),
+                        Some((acc, Some(b))) => md.push_str(&format!(
+                            "**The run did not leave its task's trivial baseline** (test accuracy {:.1}%: {}), so its attention is no evidence for or against the caption.\n\n",
+                            100.0 * acc,
+                            b.reasons.join("; ")
+                        )),
+                        Some((acc, None)) => md.push_str(&format!(
+                            "The run's test accuracy is {:.1}% (whether it left its trivial baseline was not recorded).\n\n",
+                            100.0 * acc
+                        )),
+                        None => {}
+                    }
                     match first_layer_attention(spec, &run) {
                         Ok(heads) => attention_report(fig, spec, &heads, &dir, md)?,
                         Err(e) => {
@@ -634,7 +660,18 @@ fn attention_report(
             ));
             rows.push(serde_json::json!({ "query": q, "mean": mean[q][j] + mean[q][q], "best_head": best, "uniform": uniform }));
         }
+        let masses: Vec<f64> = rows.iter().filter_map(|r| r["best_head"].as_f64()).collect();
+        let uniforms: Vec<f64> = rows.iter().filter_map(|r| r["uniform"].as_f64()).collect();
+        let (m, u) = (
+            masses.iter().sum::<f64>() / masses.len().max(1) as f64,
+            uniforms.iter().sum::<f64>() / uniforms.len().max(1) as f64,
+        );
+        md.push_str(&format!(
+            "\nMeasured: over the read-out tokens, the best head puts {m:.3} of its attention on the two bits the token XORs, {:.1}x a uniform spread ({u:.3}); the caption's pattern counts as seen when that is at least 2x.\n",
+            m / u.max(1e-9)
+        ));
         summary["xor_mass"] = rows.into();
+        summary["best_head_mass_over_uniform"] = (m / u.max(1e-9)).into();
         md.push('\n');
     }
     let svg = heatmap_svg(

@@ -394,3 +394,25 @@ fn the_readme_claims_summary_is_the_reports() {
         "README.md's claims block differs from the committed reports; rewrite it with FPT_BLESS=1 cargo test -p fpt-ablate --test paper_settings"
     );
 }
+
+/// Figures 3 and 5 at the cpu scale draw the runs of Table 2's FPT and Random cells on Bit
+/// XOR (their settings mirror that table's), so the attention shown is of the runs reported.
+#[test]
+fn figures_3_and_5_draw_table2s_bit_xor_runs() {
+    let tables = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/tables");
+    let scales = load_scales(&tables).unwrap();
+    let key = |id: &str, row: Option<&str>| {
+        let t = load_table(&tables, id).unwrap();
+        let cells = expand_unchecked(&t, &scales, "cpu").unwrap();
+        let c = cells
+            .iter()
+            .find(|c| row.is_none_or(|r| t.rows[c.row].label == r && t.cols[c.col].label == "XOR"))
+            .unwrap();
+        match &c.plan {
+            Plan::Run { key, .. } => key.clone(),
+            p => panic!("{id}: {p:?}"),
+        }
+    };
+    assert_eq!(key("fig3", None), key("table2", Some("FPT")));
+    assert_eq!(key("fig5", None), key("table2", Some("Random")));
+}
