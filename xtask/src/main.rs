@@ -29,10 +29,13 @@
 //!   tsv, spec, config, safetensors), N seconds each (default 600).
 //! - `cuda-toolkit`, `cuda-build`, `gpu-check`: the CUDA path without a system toolkit (see
 //!   `cuda.rs`).
+//! - `slurm-script`, `slurm-check`: a sharded sweep's sbatch scripts, and their proof under a
+//!   real one-node Slurm on this machine (see `slurm.rs`).
 
 mod cuda;
 mod fuzz;
 mod sanitize;
+mod slurm;
 
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
@@ -44,6 +47,20 @@ fn root() -> PathBuf {
         .expect("xtask sits in the workspace")
         .to_path_buf()
 }
+
+/// What `reproduce` fetches before a sweep (the rest is tried and reported).
+const ASSETS: &[&str] = &["minilm", "mnist", "fashion-mnist", "listops", "cifar10", "homology"];
+
+/// The Hub models the `paper` scale fetches besides [`ASSETS`].
+const PAPER_MODELS: &[&str] = &[
+    "gpt2",
+    "gpt2-medium",
+    "gpt2-large",
+    "bert-base-uncased",
+    "t5-base",
+    "allenai/longformer-base-4096",
+    "google/vit-base-patch16-224-in21k",
+];
 
 fn cargo() -> String {
     std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())
@@ -175,7 +192,7 @@ fn reproduce(args: &[String]) -> Result<()> {
     let fetch_list: &[&str] = if pass.iter().any(|p| p == "--report-only") {
         &[]
     } else {
-        &["minilm", "mnist", "fashion-mnist", "listops", "cifar10", "homology"]
+        ASSETS
     };
     for asset in fetch_list.iter().copied() {
         let ok = Command::new(&bin)
@@ -189,15 +206,7 @@ fn reproduce(args: &[String]) -> Result<()> {
         }
     }
     if scale == "paper" && !fetch_list.is_empty() {
-        for model in [
-            "gpt2",
-            "gpt2-medium",
-            "gpt2-large",
-            "bert-base-uncased",
-            "t5-base",
-            "allenai/longformer-base-4096",
-            "google/vit-base-patch16-224-in21k",
-        ] {
+        for model in PAPER_MODELS.iter().copied() {
             if !Command::new(&bin)
                 .args(["fetch", model])
                 .status()
@@ -293,10 +302,20 @@ fn merge(args: &[String]) -> Result<()> {
         }
     }
     let out = out.context("usage: cargo xtask merge --out DIR [--scale S] SHARD_DIR...")?;
+    gather_runs(&from, &out)?;
+    let mut args: Vec<String> = vec!["all".into(), "--scale".into(), scale, "--out".into()];
+    args.push(out.to_str().context("non-UTF-8 --out")?.into());
+    args.push("--report-only".into());
+    reproduce(&args)
+}
+
+/// Copies every finished run of the result directories `from` into `out/runs` (a run
+/// already there is kept); returns how many it copied.
+fn gather_runs(from: &[PathBuf], out: &Path) -> Result<usize> {
     let runs = out.join("runs");
     std::fs::create_dir_all(&runs).with_context(|| format!("creating {}", runs.display()))?;
     let mut copied = 0;
-    for d in &from {
+    for d in from {
         let src = d.join("runs");
         for e in std::fs::read_dir(&src).with_context(|| format!("reading {}", src.display()))? {
             let e = e?;
@@ -312,10 +331,7 @@ fn merge(args: &[String]) -> Result<()> {
         }
     }
     eprintln!("xtask: merged {copied} runs into {}", runs.display());
-    let mut args: Vec<String> = vec!["all".into(), "--scale".into(), scale, "--out".into()];
-    args.push(out.to_str().context("non-UTF-8 --out")?.into());
-    args.push("--report-only".into());
-    reproduce(&args)
+    Ok(copied)
 }
 
 /// `fpt selfcheck` with the binary about to produce numbers: refuses to go on when it fails.
@@ -779,9 +795,11 @@ fn main() -> Result<()> {
         Some("cuda-toolkit") => cuda::toolkit(&args[1..]),
         Some("cuda-build") => cuda::build(&args[1..]).map(|_| ()),
         Some("gpu-check") => cuda::gpu_check(&args[1..]),
-        Some(other) => bail!("unknown task `{other}`; tasks: reproduce, merge, site, demo, bench, sanitize, fuzz, cuda-toolkit, cuda-build, gpu-check"),
+        Some("slurm-check") => slurm::check(&args[1..]),
+        Some("slurm-script") => slurm::script(&args[1..]),
+        Some(other) => bail!("unknown task `{other}`; tasks: reproduce, merge, site, demo, bench, sanitize, fuzz, cuda-toolkit, cuda-build, gpu-check, slurm-check, slurm-script"),
         None => {
-            eprintln!("usage: cargo xtask <task>\n\ntasks:\n  reproduce <table|fig|all>... [--scale smoke|cpu|paper] [--jobs N] [--shard I/N] [--out DIR] [--force] [--list]\n                                 run the paper's tables and report them beside its numbers\n  merge --out DIR SHARD_DIR...   combine shard results and render the reports\n  site [--results DIR] [--out DIR] [--browser]  results/index.html from the reports; --browser: the headless-Chromium test\n  demo [--out DIR] [--steps N]   pretrained vs random frozen MiniLM on Bit XOR, offline\n  bench step [--backbone B] [--shape NAME]...  time the FPT step beside PyTorch's, per kernel path\n  sanitize [--allow-no-miri]     fpt-nn's tests under AddressSanitizer and Miri\n  fuzz [--seconds N] [TARGET]... fuzz the parsers (idx, jsonl, tsv, spec, config, safetensors)\n  cuda-toolkit [--dir DIR]       the CUDA 13.0 toolkit from PyPI wheels, a libcuda link stub, env.sh\n  cuda-build [--dir DIR]         cargo build --release -p fpt-cli --features cuda with that toolkit\n  gpu-check [--device D] [--out FILE]  build with CUDA and run fpt gpu-check (--device cpu: try it on the CPU)");
+            eprintln!("usage: cargo xtask <task>\n\ntasks:\n  reproduce <table|fig|all>... [--scale smoke|cpu|paper] [--jobs N] [--shard I/N] [--out DIR] [--force] [--list]\n                                 run the paper's tables and report them beside its numbers\n  merge --out DIR SHARD_DIR...   combine shard results and render the reports\n  site [--results DIR] [--out DIR] [--browser]  results/index.html from the reports; --browser: the headless-Chromium test\n  demo [--out DIR] [--steps N]   pretrained vs random frozen MiniLM on Bit XOR, offline\n  bench step [--backbone B] [--shape NAME]...  time the FPT step beside PyTorch's, per kernel path\n  sanitize [--allow-no-miri]     fpt-nn's tests under AddressSanitizer and Miri\n  fuzz [--seconds N] [TARGET]... fuzz the parsers (idx, jsonl, tsv, spec, config, safetensors)\n  cuda-toolkit [--dir DIR]       the CUDA 13.0 toolkit from PyPI wheels, a libcuda link stub, env.sh\n  cuda-build [--dir DIR]         cargo build --release -p fpt-cli --features cuda with that toolkit\n  gpu-check [--device D] [--out FILE]  build with CUDA and run fpt gpu-check (--device cpu: try it on the CPU)\n  slurm-check [--shards N] [--keep]  a sharded sweep under a real one-node Slurm here, against an unsharded one (root)\n  slurm-script [--scale S] [--shards N] [--gpus-per-task N] [--time H] [--partition P] [IDS]  sbatch scripts of a sweep");
             Ok(())
         }
     }

@@ -583,6 +583,7 @@ fn plan_at(s: &CellSettings, metric: Metric, sc: &ScaleSettings, notes: &mut Vec
         },
         eval_every: o.eval_every.unwrap_or(steps.div_ceil(4)).max(1),
         early_stop_patience: o.early_stop_patience,
+        checkpoint_every: o.checkpoint_every,
         early_stop_within_noise: o.early_stop_within_noise.unwrap_or(false),
         ..TrainSpec::default()
     };

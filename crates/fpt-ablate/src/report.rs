@@ -195,15 +195,24 @@ fn metric_of(res: &fpt_train::RunResult, metric: Metric) -> Option<f64> {
     }
 }
 
-/// How the last two evaluations of a run compare, measured against the binomial standard
-/// error of an accuracy over `n` examples.
-pub fn curve_state(evals: &[fpt_train::EvalRecord], n: usize) -> Option<String> {
+/// How the last two evaluations of a run compare, measured against the standard error of
+/// an accuracy: from the final evaluation's per-example outcomes where the run kept them
+/// (a bit task's string counts as one example of many bits), else the binomial error over
+/// `n` examples.
+pub fn curve_state(
+    evals: &[fpt_train::EvalRecord],
+    n: usize,
+    outcomes: Option<&fpt_train::outcomes::Outcomes>,
+) -> Option<String> {
     let [.., a, b] = evals else {
         return None;
     };
     let (p, q) = (a.test_accuracy, b.test_accuracy);
     let m = 0.5 * (p + q);
-    let se = (m * (1.0 - m) / n.max(1) as f64).sqrt();
+    let se = match outcomes {
+        Some(o) => fpt_train::outcomes::standard_error(&o.scores()),
+        None => (m * (1.0 - m) / n.max(1) as f64).sqrt(),
+    };
     let noise = 2.0 * std::f64::consts::SQRT_2 * se;
     let state = if (q - p).abs() <= noise {
         "flat"
@@ -478,7 +487,7 @@ impl Report {
                                     res.best_step
                                 ));
                             }
-                            r.curve = curve_state(&rec.evals, res.eval_examples);
+                            r.curve = curve_state(&rec.evals, res.eval_examples, rec.outcomes.as_ref());
                             r.eval_examples = Some(res.eval_examples);
                             r.ours = metric_of(res, c.metric);
                             if c.metric == Metric::StepsToConvergence && r.ours.is_none() {
@@ -523,6 +532,12 @@ impl Report {
                                 r.baseline =
                                     Some(100.0 * checks.iter().map(|b| b.accuracy).sum::<f64>() / checks.len() as f64);
                                 r.baseline_kind = Some(checks[0].describe.clone());
+                                let unseen = &checks[0].classes_only_in_eval;
+                                if !unseen.is_empty() {
+                                    r.notes.push(format!(
+                                        "classes {unseen:?} occur in the evaluated split but never in training: they cannot be learned, and count against the accuracy"
+                                    ));
+                                }
                                 let at: Vec<_> = checks.iter().filter(|b| !b.left).collect();
                                 // A cell of several seeds is at baseline when at least half of them are.
                                 if !at.is_empty() && 2 * at.len() >= checks.len() {

@@ -335,6 +335,9 @@ optional_settings! {
         /// Runs per cell, each with its own seed (the cell's seed, then the next ones): the
         /// cell reports their mean and spread, and claims use it. `None`: one.
         seeds: usize,
+        /// Write a checkpoint every this many steps (a run interrupted later resumes from it;
+        /// one is always written at the end).
+        checkpoint_every: usize,
         /// Stop after this many evaluations without improvement (`steps` is then a cap).
         early_stop_patience: usize,
         /// Improvement counted only beyond the evaluation's noise, and never stopping a run

@@ -850,6 +850,12 @@ fn run_loop(
     if let Some(b) = baseline.as_ref().filter(|b| !b.left) {
         tracing::warn!("the run is at its task's trivial baseline: {}", b.reasons.join("; "));
     }
+    if let Some(b) = baseline.as_ref().filter(|b| !b.classes_only_in_eval.is_empty()) {
+        tracing::warn!(
+            "classes {:?} occur in the evaluated split but never in training: they cannot be learned, and count against the accuracy",
+            b.classes_only_in_eval
+        );
+    }
     let mut snapshot = run.clone();
     snapshot.elapsed_s += started.elapsed().as_secs_f64();
     let best = run.best().cloned().expect("an evaluation exists");
