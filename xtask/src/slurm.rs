@@ -460,7 +460,8 @@ pub fn check(args: &[String]) -> Result<()> {
     }
     stages.push(("install", t.elapsed().as_secs_f64()));
     let t = Instant::now();
-    let bin = crate::build_fpt_profile(false, false)?;
+    // The default features, as `cargo test --release` builds them: CI builds nothing again.
+    let bin = crate::build_fpt_profile(false, true)?;
     stages.push(("build", t.elapsed().as_secs_f64()));
     let work = root().join("target/slurm-check");
     if work.exists() {
@@ -555,6 +556,27 @@ pub fn check(args: &[String]) -> Result<()> {
     }
     run(cluster.cmd("scancel").arg(&victim))?;
     let before = finished(&runs);
+    // The runs it was in the middle of, and whether each had a checkpoint to resume from
+    // (the smoke scale's 3-step runs write none before their end: they start again).
+    let interrupted: Vec<String> = std::fs::read_dir(&runs)
+        .map(|d| {
+            d.flatten()
+                .filter(|e| !e.path().join("result.json").is_file())
+                .map(|e| {
+                    let ck = e.path().join("checkpoints/LATEST").is_file();
+                    format!(
+                        "{} ({})",
+                        e.file_name().to_string_lossy(),
+                        if ck {
+                            "resumes from its checkpoint"
+                        } else {
+                            "no checkpoint yet: starts again"
+                        }
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
     let states = cluster.wait(&array, limit)?;
     eprintln!(
         "xtask: slurm-check: cancelled {victim} after {before} finished runs of its shard (states: {})",
@@ -600,7 +622,11 @@ pub fn check(args: &[String]) -> Result<()> {
         scale,
     )?;
     same_cells(&single, &work.join("cancelled/merged"), &ids, scale)?;
-    eprintln!("xtask: slurm-check: shard 1 cancelled with {before} runs finished, resubmitted, {after} finished: every cell identical to the unsharded run");
+    eprintln!(
+        "xtask: slurm-check: shard 1 cancelled with {before} runs finished and {} in progress ({}), resubmitted, {after} finished: every cell identical to the unsharded run",
+        interrupted.len(),
+        interrupted.join(", ")
+    );
     stages.push(("merge and compare", t.elapsed().as_secs_f64()));
 
     let t = Instant::now();
