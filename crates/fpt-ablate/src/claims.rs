@@ -103,7 +103,7 @@ pub fn validate(table: &TableSpec, claim: &Claim) -> Result<(), String> {
         }
         ClaimKind::Best => claim.among.iter().collect(),
     };
-    if claim.kind == ClaimKind::Comparable && claim.within.is_none_or(|w| !(w > 0.0)) {
+    if claim.kind == ClaimKind::Comparable && !claim.within.is_some_and(|w| w > 0.0) {
         return Err(format!(
             "claim `{}`: `comparable` needs `within`, a positive margin",
             claim.text
