@@ -201,7 +201,7 @@ pub fn script(args: &[String]) -> Result<()> {
         sweep.ids.push("all".into());
     }
     if sweep.gpus > 0 {
-        eprintln!("xtask: the scripts run a CUDA build of fpt: build it first on a GPU node (FPT_CUDA=1 cargo xtask cuda-build, see the README's GPU section)");
+        eprintln!("xtask: the scripts run a CUDA build of fpt: build it first on a GPU node (FPT_CUDA=1 cargo xtask cuda-build, see docs/backbones.md, section GPU)");
     }
     let cmds = sweep.write(&dir)?;
     println!("# Scripts in {}; submit from a login node:", dir.display());

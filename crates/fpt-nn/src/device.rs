@@ -23,7 +23,7 @@ pub fn parse(name: &str) -> Result<Device> {
             };
             if !cfg!(feature = "cuda") {
                 return Err(candle_core::Error::Msg(format!(
-                    "device `{name}`: this build has no CUDA support (build with `--features cuda`, see the README's GPU section)"
+                    "device `{name}`: this build has no CUDA support (build with `--features cuda`, see docs/backbones.md, section GPU)"
                 )));
             }
             Device::new_cuda(ordinal)

@@ -72,9 +72,8 @@ pub const CANDLE_SPIN_ENV: &str = "CANDLE_BARRIER_POOL_SPIN_LIMIT";
 /// candle 0.11 splits element-wise ops over 64k elements across a pool of its own whose
 /// idle workers spin 25,000 rounds before parking. The next op is usually a matrix product
 /// on the rayon threads, and on a 2-core machine the spinning worker takes one of their two
-/// cores. Measured here (2-core AMD EPYC, AVX2 path, `fpt bench`): the MiniLM Bit XOR step
-/// took 155-208 ms instead of 207-342 ms, the GPT-2 c10 step 3.50-3.56 s instead of
-/// 3.84-3.89 s. A value the user set is kept. Call once at start-up, before any thread is
+/// cores (the measured effect is in `bench/README.md`). A value the user set is kept. Call
+/// once at start-up, before any thread is
 /// spawned (it sets an environment variable; the `fpt` binary does).
 pub fn quiet_candle_pool() {
     if std::env::var_os(CANDLE_SPIN_ENV).is_none() {

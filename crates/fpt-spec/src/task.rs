@@ -148,7 +148,7 @@ impl FromStr for ImageSize {
 }
 
 /// Dataset switches. Every default is the reference code's behaviour (the one that produced
-/// the paper's numbers); the README lists each switch.
+/// the paper's numbers); docs/usage.md lists each switch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct DataOptions {

@@ -223,7 +223,7 @@ pub fn read(path: &Path) -> Result<BTreeMap<String, Dataset>> {
                 task: "custom".into(),
                 dir: path.to_path_buf(),
                 what: "no train.jsonl / test.jsonl".into(),
-                hint: "see `fpt_tasks::custom` (README: Your own data) for the format".into(),
+                hint: "see `fpt_tasks::custom` (docs/usage.md: Your own data) for the format".into(),
             });
         }
     } else if path.is_file() {

@@ -276,12 +276,11 @@ const TINY: f32 = f32::from_bits((127 - 100) << 23); // 2^-100: biased exponent 
 /// shrink geometrically and pass through the subnormal range (below 2^-126) for many steps
 /// on their way to zero. On Intel CPUs every vector instruction with a subnormal operand or
 /// result takes a microcode assist of a hundred cycles or more (most AMD cores handle them
-/// in hardware): measured on a 2-core Intel Xeon (Sapphire Rapids), the `cpu` scale's LSTM
-/// ListOps FPT step took 1269 ms as IEEE arithmetic has it, 252 ms with the CPU's
-/// flush-to-zero and denormals-are-zero modes set for the process (which Rust declares
-/// undefined behaviour, so fpt does not), 593 ms when only subnormals were flushed here
-/// (products and sums of the small normal values that are left still land in the subnormal
-/// range) and 225 ms with this threshold. 2^-100 leaves 26 binades below it, so a value
+/// in hardware; the measurements on an Intel Xeon are in `bench/README.md`). The CPU's
+/// flush-to-zero and denormals-are-zero modes would do it for the process, but Rust declares
+/// them undefined behaviour; flushing only subnormals is not enough (products and sums of
+/// the small normal values that are left still land in the subnormal range), hence a
+/// threshold. 2^-100 leaves 26 binades below it, so a value
 /// handed on times a weight or gate derivative above 2^-26 stays normal. What is zeroed is
 /// at least 2^-100 below everything f32 can add it to at 1, far below the rounding of any
 /// sum it joins: `dr` (the per-step product's operand), `dh` (its result), the carried
