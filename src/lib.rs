@@ -4,12 +4,19 @@
 //! This facade re-exports the workspace's library crates, so depending on `fpt` alone is
 //! enough; each crate can also be used on its own:
 //!
-//! - [`spec`]: the serde types that describe a run ([`spec::RunSpec`]).
+//! - [`spec`]: the serde types that describe a run ([`spec::RunSpec`]) and the paper's tables.
 //! - [`nn`]: candle ops with exact backward passes for training next to frozen weights.
-//! - [`backbones`]: GPT-2 from Hugging Face checkpoints (or random init), input embeddings in.
+//! - [`backbones`]: GPT-2, BERT (and MiniLM), T5's encoder, ViT, Longformer and the
+//!   layer-norm LSTM baselines, from Hugging Face checkpoints (or random, statistics-only or
+//!   Bit-pretrained init), input embeddings in.
 //! - [`model`]: the FPT wrapper (input layer, frozen backbone, output layer, parameter roles).
-//! - [`tasks`]: task datasets (bit XOR, bit memory).
-//! - [`train`]: the training loop and its run directory.
+//! - [`tasks`]: task datasets: Bit Memory, Bit XOR, ListOps, MNIST, Fashion-MNIST, CIFAR-10,
+//!   CIFAR-10 LRA, remote homology, your own JSONL data, and text corpora for pretraining;
+//!   each with its trivial baseline.
+//! - [`train`]: the training loop, its run directory, per-example outcomes and the judgement
+//!   against the trivial baseline, Bit pretraining, output-only training.
+//! - [`ablate`]: the paper's tables and figures as data, run at a scale and reported beside
+//!   the paper's numbers, with the paper's claims checked.
 //!
 //! ```no_run
 //! use fpt::spec::{BackboneSpec, Init, RunSpec, ShapeOverrides, TaskName, TaskSpec, TrainSpec};

@@ -48,20 +48,6 @@ fn root() -> PathBuf {
         .to_path_buf()
 }
 
-/// What `reproduce` fetches before a sweep (the rest is tried and reported).
-const ASSETS: &[&str] = &["minilm", "mnist", "fashion-mnist", "listops", "cifar10", "homology"];
-
-/// The Hub models the `paper` scale fetches besides [`ASSETS`].
-const PAPER_MODELS: &[&str] = &[
-    "gpt2",
-    "gpt2-medium",
-    "gpt2-large",
-    "bert-base-uncased",
-    "t5-base",
-    "allenai/longformer-base-4096",
-    "google/vit-base-patch16-224-in21k",
-];
-
 fn cargo() -> String {
     std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())
 }
@@ -186,15 +172,29 @@ fn reproduce(args: &[String]) -> Result<()> {
         let refs: Vec<&str> = base.iter().map(String::as_str).collect();
         return fpt(&bin, &refs);
     }
-    // Assets: everything the offline scales use; the rest is tried and reported.
+    // Assets: what the tables' cells read (fpt-ablate says which, whether here or not); each
+    // is fetched or reported, and the cells that need a missing one report it.
     let t0 = std::time::Instant::now();
     let mut missing = Vec::new();
-    let fetch_list: &[&str] = if pass.iter().any(|p| p == "--report-only") {
-        &[]
+    let assets = if pass.iter().any(|p| p == "--report-only") {
+        Vec::new()
     } else {
-        ASSETS
+        let mut args = base.clone();
+        args.push("--assets".into());
+        let out = Command::new(&bin)
+            .current_dir(root())
+            .args(&args)
+            .output()
+            .context("asking fpt which assets the tables need")?;
+        if !out.status.success() {
+            bail!(
+                "fpt run-table --assets failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        String::from_utf8_lossy(&out.stdout).lines().map(String::from).collect()
     };
-    for asset in fetch_list.iter().copied() {
+    for asset in &assets {
         let ok = Command::new(&bin)
             .current_dir(root())
             .args(["fetch", asset])
@@ -202,19 +202,7 @@ fn reproduce(args: &[String]) -> Result<()> {
             .map(|s| s.success())
             .unwrap_or(false);
         if !ok {
-            missing.push(asset);
-        }
-    }
-    if scale == "paper" && !fetch_list.is_empty() {
-        for model in PAPER_MODELS.iter().copied() {
-            if !Command::new(&bin)
-                .args(["fetch", model])
-                .status()
-                .map(|s| s.success())
-                .unwrap_or(false)
-            {
-                missing.push(model);
-            }
+            missing.push(asset.as_str());
         }
     }
     if !missing.is_empty() {

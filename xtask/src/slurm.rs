@@ -81,16 +81,12 @@ impl Sweep {
         // On a GPU sweep the self-check runs on a GPU too.
         let mut s = self.header("fpt-prepare", "prepare-%j.log", 1, self.gpus.min(1));
         s.push_str("# Fetch what the tables use (an asset that cannot be had is reported by the shards'\n# cells as unavailable), then check this build against the committed references.\n");
-        let models = if self.scale == "paper" {
-            crate::PAPER_MODELS
-        } else {
-            &[]
-        };
-        for asset in crate::ASSETS.iter().chain(models) {
-            s.push_str(&format!(
-                "{bin} fetch {asset} || echo \"fpt-prepare: could not fetch {asset}\"\n"
-            ));
-        }
+        s.push_str(&format!(
+            "for asset in $({bin} run-table {} --scale {} --tables {} --assets); do\n    {bin} fetch \"$asset\" || echo \"fpt-prepare: could not fetch $asset\"\ndone\n",
+            self.ids.join(" "),
+            self.scale,
+            root().join("data/tables").display()
+        ));
         s.push_str(&format!("{bin} selfcheck{}\n", self.device()));
         s
     }

@@ -337,7 +337,7 @@ pub fn on_paper(table: &TableSpec) -> Vec<(String, Verdict)> {
         .iter()
         .map(|c| {
             let v = check(table, c, &|r, col| {
-                crate::report::parse_paper(&table.paper[r][col]).map(CellValue::exact)
+                crate::paper::parse_paper(&table.paper[r][col]).map(CellValue::exact)
             });
             (c.text.clone(), v)
         })

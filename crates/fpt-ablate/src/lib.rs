@@ -16,8 +16,10 @@
 //! ```
 
 pub mod bootstrap;
+pub mod chart;
 pub mod claims;
 pub mod figure;
+pub mod paper;
 pub mod record;
 pub mod report;
 pub mod reproduce;
@@ -713,6 +715,36 @@ fn paper_differences(
         }
     }
     out
+}
+
+/// What `fpt fetch` would have to bring for `cells` to run (whether it is here or not): the
+/// datasets their runs read and the pretrained models they load, as `fpt fetch` names them
+/// (`minilm` for all-MiniLM-L6-v2), sorted. Cells expanded with [`expand_unchecked`] name
+/// what is missing here too.
+pub fn assets(cells: &[Cell]) -> Vec<String> {
+    let mut out = std::collections::BTreeSet::new();
+    for c in cells {
+        let Plan::Run { spec, .. } = &c.plan else { continue };
+        let t = spec.task.name;
+        if !t.is_generated() && !matches!(t, fpt_spec::TaskName::Custom | fpt_spec::TaskName::Text) {
+            out.insert(match t {
+                fpt_spec::TaskName::Cifar10Lra => "cifar10".to_string(),
+                t => t.to_string(),
+            });
+        }
+        // Weights, or (a random or Bit init) a config fpt does not have built in; a local
+        // directory is the user's, not fetched.
+        let b = &spec.backbone;
+        let needs = b.init.needs_weights() || fpt_backbones::Config::builtin(&b.source).is_none();
+        if needs && !Path::new(&b.source).is_dir() {
+            out.insert(if b.source == fpt_backbones::hub::MINILM_ID {
+                "minilm".to_string()
+            } else {
+                b.source.clone()
+            });
+        }
+    }
+    out.into_iter().collect()
 }
 
 /// Why a cell cannot run on this machine (its data, weights or depth), if it cannot.

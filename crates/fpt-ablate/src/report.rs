@@ -261,27 +261,7 @@ pub struct Report {
     pub claims: Vec<crate::claims::ClaimReport>,
 }
 
-/// Parses a number as the paper prints it: `38.4%`, `38%`, `1×10^4`, `117M`, `106K`,
-/// `89.0% [†]`, `500 – 2000×` (a range: its lower end); `None` for `-` or text.
-pub fn parse_paper(s: &str) -> Option<f64> {
-    let s = s.replace("[†]", "");
-    let s = s.trim();
-    if let Some((lo, _)) = s.strip_suffix('×').and_then(|r| r.split_once('–')) {
-        return lo.trim().parse().ok();
-    }
-    if let Some(p) = s.strip_suffix('%') {
-        return p.trim().parse().ok();
-    }
-    if let Some((m, e)) = s.split_once("×10^") {
-        return Some(m.trim().parse::<f64>().ok()? * 10f64.powi(e.trim().parse().ok()?));
-    }
-    for (suf, mul) in [("M", 1e6), ("K", 1e3)] {
-        if let Some(p) = s.strip_suffix(suf) {
-            return p.trim().parse::<f64>().ok().map(|v| v * mul);
-        }
-    }
-    s.parse().ok()
-}
+pub use crate::paper::parse_paper;
 
 fn machine() -> String {
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
@@ -885,7 +865,7 @@ impl Report {
         std::fs::create_dir_all(&dir).map_err(io(&dir))?;
         let json = serde_json::to_string_pretty(self).expect("report serialises");
         let mut md = self.markdown(out);
-        let curves = crate::figure::learning_curves(self, out);
+        let curves = learning_curves(self, out);
         if curves.is_some() {
             md.push_str("\n## Learning curves\n\n![learning curves](curves.svg)\n");
         }
@@ -893,7 +873,35 @@ impl Report {
         if let Some(svg) = curves {
             files.push(("curves.svg", svg));
         }
-        crate::figure::write_all(&dir, &files)?;
+        crate::chart::write_all(&dir, &files)?;
         Ok(dir)
     }
+}
+
+/// The learning curves (held-out accuracy by step) of a table's finished runs (under the
+/// results directory `out`), one line per cell that ran, as SVG; `None` when no cell has a
+/// `metrics.jsonl`.
+fn learning_curves(report: &Report, out: &Path) -> Option<String> {
+    let mut series = Vec::new();
+    for c in &report.cells {
+        let Some(run) = &c.run else { continue };
+        let Ok(text) = std::fs::read_to_string(out.join(run).join("metrics.jsonl")) else {
+            continue;
+        };
+        let pts: Vec<(f64, f64)> = text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<fpt_train::EvalRecord>(l).ok())
+            .map(|r| (r.step as f64, 100.0 * r.test_accuracy))
+            .collect();
+        if !pts.is_empty() {
+            series.push((format!("{} / {}", c.row, c.col), pts));
+        }
+    }
+    (!series.is_empty()).then(|| {
+        crate::chart::xy_svg(
+            &format!("{}: held-out accuracy (%) by step, scale {}", report.id, report.scale),
+            "step",
+            &series,
+        )
+    })
 }

@@ -16,7 +16,7 @@
 //! the reports: a fresh clone's site still has every curve, and `cargo xtask reproduce`
 //! never mistakes a record for a finished run.
 
-use crate::figure::{esc, xy_svg, COLORS};
+use crate::chart::{esc, xy_svg, COLORS};
 use crate::record::{parse_json, read, record_path, RunRecord};
 use crate::{io, AblateError, Report, Result};
 use fpt_train::EvalRecord;

@@ -416,3 +416,29 @@ fn figures_3_and_5_draw_table2s_bit_xor_runs() {
     assert_eq!(key("fig3", None), key("table2", Some("FPT")));
     assert_eq!(key("fig5", None), key("table2", Some("Random")));
 }
+
+/// What the main job fetches: what Table 2's cells read at the cpu scale, nothing else
+/// (no Fashion-MNIST), whether it is on this machine or not.
+#[test]
+fn table2_needs_exactly_its_cells_assets() {
+    let tables = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/tables");
+    let scales = load_scales(&tables).unwrap();
+    let t = load_table(&tables, "table2").unwrap();
+    let assets = fpt_ablate::assets(&expand_unchecked(&t, &scales, "cpu").unwrap());
+    assert_eq!(
+        assets,
+        [
+            "cifar10",
+            "google/vit-base-patch16-224-in21k",
+            "homology",
+            "listops",
+            "minilm",
+            "mnist"
+        ]
+    );
+    let paper = fpt_ablate::assets(&expand_unchecked(&t, &scales, "paper").unwrap());
+    assert!(
+        paper.contains(&"gpt2".to_string()) && !paper.contains(&"minilm".to_string()),
+        "{paper:?}"
+    );
+}

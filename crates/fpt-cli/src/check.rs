@@ -5,7 +5,7 @@
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use fpt_nn::KernelPath;
-use fpt_train::selfcheck::{self, Status};
+use fpt_train::selfcheck;
 use std::path::PathBuf;
 
 #[derive(Args)]
@@ -45,11 +45,7 @@ pub fn selfcheck(a: SelfcheckArgs) -> Result<()> {
                 fpt_nn::kernels::cpu_model()
             );
             for c in &r.checks {
-                let status = match c.status {
-                    Status::Pass => "pass",
-                    Status::Fail => "FAIL",
-                    Status::Skipped => "skipped",
-                };
+                let status = c.status.label();
                 let diff = c.max_diff.map_or("-".into(), |d| format!("{d:.1e}"));
                 println!("  {:<18} {:<8} max diff {:<8} {}", c.name, status, diff, c.detail);
             }

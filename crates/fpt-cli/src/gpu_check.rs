@@ -60,9 +60,9 @@ pub fn gpu_check(a: GpuCheckArgs) -> Result<()> {
     let sc = fpt_train::selfcheck::run(&device);
     for c in &sc.checks {
         eprintln!(
-            "  {:<18} {:?} max diff {} {}",
+            "  {:<18} {:<8} max diff {} {}",
             c.name,
-            c.status,
+            c.status.label(),
             c.max_diff.map_or("-".into(), |d| format!("{d:.1e}")),
             c.detail
         );
@@ -85,8 +85,9 @@ pub fn gpu_check(a: GpuCheckArgs) -> Result<()> {
         let r = fpt_train::train(&spec, &out, &dev, &mut |_| {})?;
         let secs = start.elapsed().as_secs_f64();
         eprintln!(
-            "  {name:<6} test accuracy {:.4}, final train loss {:?}, {secs:.1} s",
-            r.test_accuracy, r.final_train_loss
+            "  {name:<6} test accuracy {:.4}, final train loss {}, {secs:.1} s",
+            r.test_accuracy,
+            r.final_train_loss.map_or("not finite".into(), |l| format!("{l:.4}"))
         );
         finals.push((r.test_accuracy, r.final_train_loss));
         runs.insert(

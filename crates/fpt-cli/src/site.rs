@@ -86,7 +86,7 @@ pub fn plot(a: PlotArgs) -> Result<()> {
     let svg = site::plot(&refs, metric);
     fpt_spec::files::write_atomic(&a.out, svg.as_bytes())?;
     println!("wrote {}", a.out.display());
-    match fpt_ablate::figure::png(&svg) {
+    match fpt_ablate::chart::png(&svg) {
         Ok(png) => {
             let p = a.out.with_extension("png");
             fpt_spec::files::write_atomic(&p, &png)?;

@@ -44,6 +44,10 @@ pub struct RunTableArgs {
     /// reports, as one Markdown table; train nothing.
     #[arg(long)]
     claims: bool,
+    /// Print what `fpt fetch` would bring for the tables at the scale (datasets and models,
+    /// one per line, whether here or not); train nothing.
+    #[arg(long)]
+    assets: bool,
     /// Device: `cpu`, or `cuda` / `cuda:N` when built with `--features cuda`.
     #[arg(long, default_value = "cpu")]
     device: String,
@@ -69,6 +73,19 @@ pub fn run_table(a: RunTableArgs) -> Result<()> {
     let scales = reproduce::scales_with(&a.tables, &a.scale)?;
     if a.claims {
         print!("{}", reproduce::claims_summary(&a.tables, &ids, &a.scale, &a.out)?);
+        return Ok(());
+    }
+    if a.assets {
+        let mut all = std::collections::BTreeSet::new();
+        for id in &ids {
+            let table = fpt_ablate::load_table(&a.tables, id)?;
+            all.extend(fpt_ablate::assets(&fpt_ablate::expand_unchecked(
+                &table, &scales, &a.scale,
+            )?));
+        }
+        for asset in all {
+            println!("{asset}");
+        }
         return Ok(());
     }
     if a.list || a.dry_run {

@@ -119,6 +119,17 @@ pub enum Status {
     Skipped,
 }
 
+impl Status {
+    /// As the CLI prints it: `pass`, `FAIL`, `skipped`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Status::Pass => "pass",
+            Status::Fail => "FAIL",
+            Status::Skipped => "skipped",
+        }
+    }
+}
+
 /// One check of the self-check.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Check {
