@@ -365,7 +365,18 @@ pub(crate) fn train(a: TrainArgs, m: &clap::ArgMatches) -> Result<()> {
         None => {
             let spec = spec_from_args(&a, &given, None)?;
             let out = a.out.clone().context("--out is required")?;
-            (fpt_train::train(&spec, &out, &device, &mut on_event)?, out)
+            // The library says the directory is used; the CLI says which command continues it.
+            let r = fpt_train::train(&spec, &out, &device, &mut on_event).map_err(|e| match &e {
+                fpt_train::TrainError::RunDir { path, msg } if msg.starts_with("already holds a run") => {
+                    anyhow::anyhow!(
+                        "{}: already holds a run; continue it with `fpt train --resume {}`, or choose a new --out",
+                        path.display(),
+                        path.display()
+                    )
+                }
+                _ => e.into(),
+            })?;
+            (r, out)
         }
     };
     if let Some(b) = &progress.bar {

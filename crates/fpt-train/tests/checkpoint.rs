@@ -120,7 +120,7 @@ fn a_used_run_directory_is_not_overwritten() {
     let e = train(&spec, a.path(), &Device::Cpu, &mut |_| {})
         .unwrap_err()
         .to_string();
-    assert!(e.contains("already holds a run") && e.contains("--resume"), "{e}");
+    assert!(e.contains("already holds a run") && e.contains("resume"), "{e}");
 }
 
 fn checkpointed(steps_before_stop: usize) -> (tempfile::TempDir, RunSpec) {
@@ -395,6 +395,56 @@ fn a_dataset_run_resumes_at_the_same_example_of_the_same_epoch() {
     // 10 steps x 8 examples = 80 = 6 epochs of 13 + 2.
     assert_eq!(state["data_cursor"], serde_json::json!({"epoch": 6, "position": 2}));
     let resumed = resume(b.path(), None, &Device::Cpu, &mut |_| {}).unwrap();
+    assert_eq!(no_time(&resumed), no_time(&unbroken));
+    assert_eq!(metrics_no_time(b.path()), metrics_no_time(a.path()));
+}
+
+/// A task defined outside fpt (here a wrapper around Bit Memory) trains through
+/// `train_task` into the same run directory, and `resume_task` continues it to the numbers of
+/// an unbroken run.
+#[test]
+fn a_users_task_gets_checkpoints_and_resume() {
+    use fpt_tasks::{Batch, Split, Task, TaskDims};
+    struct Mine(fpt_tasks::BitMemory);
+    impl Task for Mine {
+        fn name(&self) -> TaskName {
+            TaskName::Custom
+        }
+        fn dims(&self) -> TaskDims {
+            self.0.dims()
+        }
+        fn train_batch(&mut self, n: usize, rng: &mut fpt_nn::Rng, device: &Device) -> fpt_tasks::Result<Batch> {
+            self.0.train_batch(n, rng, device)
+        }
+        fn eval_len(&self, split: Split) -> usize {
+            self.0.eval_len(split)
+        }
+        fn eval_batch(&self, split: Split, start: usize, n: usize, device: &Device) -> fpt_tasks::Result<Batch> {
+            self.0.eval_batch(split, start, n, device)
+        }
+    }
+    let mut spec = tiny(45);
+    spec.task = TaskSpec {
+        path: Some("a wrapper around Bit Memory, in this test".into()),
+        ..TaskSpec::new(TaskName::Custom)
+    };
+    let mine = || {
+        Box::new(Mine(
+            fpt_tasks::BitMemory::new(20, 5, 5, 64, &fpt_nn::Rng::new(7)).unwrap(),
+        ))
+    };
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let unbroken = fpt_train::train_task(&spec, mine(), a.path(), &Device::Cpu, &mut |_| {}).unwrap();
+    assert!(a.path().join("outcomes.json").is_file() && unbroken.baseline.is_some());
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        fpt_train::train_task(&spec, mine(), b.path(), &Device::Cpu, &mut |e| {
+            if let Event::Step { step: 27, .. } = e {
+                panic!("interrupted");
+            }
+        })
+    }));
+    assert!(r.is_err() && !b.path().join("result.json").exists());
+    let resumed = fpt_train::resume_task(b.path(), mine(), &Device::Cpu, &mut |_| {}).unwrap();
     assert_eq!(no_time(&resumed), no_time(&unbroken));
     assert_eq!(metrics_no_time(b.path()), metrics_no_time(a.path()));
 }
