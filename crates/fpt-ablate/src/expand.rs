@@ -1,0 +1,608 @@
+//! A table at a scale, cell by cell: each cell's merged settings become a [`Plan`] (a run
+//! spec keyed by its hash, a count, the paper's number only, or unavailable-and-why), with
+//! the scale's substitutions and every setting that differs from the paper; and what the
+//! cells need fetched ([`assets`]).
+
+#[allow(unused_imports)]
+use super::*;
+
+/// What the harness does with a cell.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Plan {
+    /// Train this spec; the run directory is named by `key`.
+    Run {
+        /// The run.
+        spec: Box<RunSpec>,
+        /// Hash of the spec (16 hex digits).
+        key: String,
+    },
+    /// Read the number off the backbone's config (nothing trains).
+    Count(Box<Counted>),
+    /// Not runnable here, and why.
+    Unavailable(String),
+    /// A number the paper cites or states; nothing to run.
+    PaperOnly(String),
+    /// The paper did not run this cell (its table shows `-`): nothing to run.
+    NotInPaper,
+}
+
+/// A cell whose number is counted from a config.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Counted {
+    /// The backbone (the paper's own, never substituted).
+    pub backbone: BackboneSpec,
+    /// The task whose input/output layers are counted.
+    pub task: TaskSpec,
+    /// Trained groups.
+    pub groups: TrainGroups,
+    /// The input width to count with, where the paper counted another than the task's.
+    pub input_width: Option<usize>,
+}
+
+/// One cell of a table at a scale.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Cell {
+    /// Row index.
+    pub row: usize,
+    /// Column index.
+    pub col: usize,
+    /// The merged settings.
+    pub settings: CellSettings,
+    /// What it reports.
+    pub metric: Metric,
+    /// The paper's number as printed.
+    pub paper: String,
+    /// What happens to it.
+    pub plan: Plan,
+    /// Substitutions and other changes the scale made, printed beside the cell.
+    pub notes: Vec<String>,
+    /// Every setting of this cell that differs from the paper's: this scale against the
+    /// `paper` scale field by field, and the `paper` scale's own recorded differences
+    /// (`differs` in `scales.toml`).
+    pub differs: Vec<String>,
+    /// Further runs of the same plan with the next seeds (`seeds` at the scale): the cell
+    /// reports the mean over its run and these, with their spread. Each as (key, spec).
+    pub replicas: Vec<(String, Box<RunSpec>)>,
+    /// The task's measured accuracy spread across seeds at the scale (points), where known.
+    pub seed_sd: Option<f64>,
+}
+
+/// The runs that repeat `plan` with the `seeds - 1` seeds after its own.
+pub(crate) fn replicas_of(plan: &Plan, seeds: usize) -> Vec<(String, Box<RunSpec>)> {
+    let Plan::Run { spec, .. } = plan else {
+        return Vec::new();
+    };
+    (1..seeds as u64)
+        .map(|i| {
+            let mut s = spec.clone();
+            s.train.seed = spec.train.seed.wrapping_add(i);
+            (s.key(), s)
+        })
+        .collect()
+}
+
+/// Runs per cell at scale `sc` for the cell's task (`seeds`, at least one).
+pub(crate) fn seeds_for(s: &CellSettings, sc: &ScaleSettings) -> usize {
+    s.task.as_deref().and_then(|t| sc.for_task(t).seeds).unwrap_or(1).max(1)
+}
+
+/// The run directory's name of `spec`: [`RunSpec::key`].
+pub fn spec_key(spec: &RunSpec) -> String {
+    spec.key()
+}
+
+/// The scale settings for `table` at `scale`: `scales.toml`, then the table's overrides.
+pub fn scale_of(table: &TableSpec, scales: &BTreeMap<String, ScaleSettings>, scale: &str) -> Result<ScaleSettings> {
+    let base = scales.get(scale).ok_or_else(|| AblateError::Spec {
+        path: PathBuf::from("scales.toml"),
+        msg: format!(
+            "no scale `{scale}` (known: {})",
+            scales.keys().cloned().collect::<Vec<_>>().join(", ")
+        ),
+    })?;
+    Ok(match table.scales.get(scale) {
+        Some(over) => base.merged(over),
+        None => base.clone(),
+    })
+}
+
+/// Expands `table` at `scale` into its cells.
+pub fn expand(table: &TableSpec, scales: &BTreeMap<String, ScaleSettings>, scale: &str) -> Result<Vec<Cell>> {
+    expand_with(table, scales, scale, true)
+}
+
+/// [`expand`] without looking for this machine's data and weights: every cell as its scale
+/// defines it, runnable here or not (what `--dry-run` lists, e.g. the `paper` scale's
+/// settings on a machine without the weights).
+pub fn expand_unchecked(table: &TableSpec, scales: &BTreeMap<String, ScaleSettings>, scale: &str) -> Result<Vec<Cell>> {
+    expand_with(table, scales, scale, false)
+}
+
+/// One line of a cell's settings as it would run: task, backbone (source, shape, init,
+/// depth), trained groups, budget, learning rate, evaluation, Bit pretraining.
+pub fn describe(plan: &Plan) -> String {
+    match plan {
+        Plan::Run { spec, .. } => {
+            let b = &spec.backbone;
+            let shape = fpt_backbones::param_specs(b)
+                .map(|(c, _)| match c.heads() {
+                    0 => format!(" ({} layers x {} wide)", c.layers(), c.hidden_size()),
+                    h => format!(" ({} layers x {} wide, {h} heads)", c.layers(), c.hidden_size()),
+                })
+                .unwrap_or_default();
+            let mut parts = vec![
+                format!("task {}", spec.task.label()),
+                format!("backbone {}{shape}, {}", b.source, b.init),
+            ];
+            if b.init == Init::Random && b.source.starts_with("gpt2") {
+                parts.push(format!(
+                    "residual init {}",
+                    serde_json::to_value(b.residual_init)
+                        .ok()
+                        .and_then(|v| v.as_str().map(String::from))
+                        .unwrap_or_default()
+                ));
+            }
+            if let Some(d) = b.depth {
+                parts.push(format!("depth {d}"));
+            }
+            if let Some(bp) = b.bit_pretrain {
+                parts.push(format!(
+                    "Bit pretraining {} steps x {} at lr {:e}",
+                    bp.steps, bp.batch_size, bp.lr
+                ));
+            }
+            let t = &spec.train;
+            parts.push(format!("train {}", spec.train_groups));
+            parts.push(match t.early_stop_patience {
+                Some(p) => format!(
+                    "at most {} steps x batch {}, stopping after {p} evaluations without improvement{}",
+                    t.steps,
+                    t.batch_size,
+                    if t.early_stop_within_noise {
+                        " beyond their noise (never while at its trivial baseline)"
+                    } else {
+                        ""
+                    }
+                ),
+                None => format!("{} steps x batch {}", t.steps, t.batch_size),
+            });
+            parts.push(format!("lr {:e}", t.lr));
+            if let Some(e) = t.cached_epochs {
+                parts.push(format!("{e} epochs on cached features"));
+            }
+            parts.push(match spec.task.eval_examples {
+                0 => "evaluated on the whole split".into(),
+                n => format!("evaluated on {n} examples"),
+            });
+            parts.join("; ")
+        }
+        Plan::Count(c) => format!(
+            "counted from {}'s config (task {}, train {})",
+            c.backbone.source,
+            c.task.label(),
+            c.groups
+        ),
+        Plan::Unavailable(why) => format!("cannot run: {why}"),
+        Plan::PaperOnly(why) => why.clone(),
+        Plan::NotInPaper => "not run in the paper (-)".into(),
+    }
+}
+
+pub(crate) fn expand_with(
+    table: &TableSpec,
+    scales: &BTreeMap<String, ScaleSettings>,
+    scale: &str,
+    check: bool,
+) -> Result<Vec<Cell>> {
+    let sc = scale_of(table, scales, scale)?;
+    let paper_sc = scales
+        .contains_key("paper")
+        .then(|| scale_of(table, scales, "paper"))
+        .transpose()?;
+    let mut cells = Vec::new();
+    if table.kind == fpt_spec::table::Kind::AttentionMap {
+        // An attention-map figure draws from one run: its defaults.
+        let s = table.defaults.clone();
+        let metric = Metric::TestAccuracy;
+        let mut notes = Vec::new();
+        let plan = plan_at(&s, metric, &sc, &mut notes, check);
+        let differs = paper_differences(&s, metric, &plan, paper_sc.as_ref(), 1);
+        cells.push(Cell {
+            row: 0,
+            col: 0,
+            settings: s,
+            metric,
+            paper: String::new(),
+            plan,
+            notes,
+            differs,
+            replicas: Vec::new(),
+            seed_sd: None,
+        });
+        return Ok(cells);
+    }
+    for (r, row) in table.rows.iter().enumerate() {
+        for (c, col) in table.cols.iter().enumerate() {
+            let mut s = table.defaults.merged(&row.set).merged(&col.set);
+            for o in table.cells.iter().filter(|o| o.row == row.label && o.col == col.label) {
+                s = s.merged(&o.set);
+            }
+            let metric = s.metric.unwrap_or_default();
+            let paper = table.paper[r][c].clone();
+            let mut notes = Vec::new();
+            let plan = if paper.trim() == "-" {
+                Plan::NotInPaper
+            } else {
+                plan_at(&s, metric, &sc, &mut notes, check)
+            };
+            if let Plan::Run { spec, .. } = &plan {
+                notes.extend(data_origin(&spec.task));
+            }
+            let seeds = seeds_for(&s, &sc);
+            let differs = paper_differences(&s, metric, &plan, paper_sc.as_ref(), seeds);
+            let replicas = replicas_of(&plan, seeds);
+            let seed_sd = s.task.as_deref().and_then(|t| sc.seed_spread.get(t)).map(|x| x.sd);
+            if !replicas.is_empty() {
+                notes.push(format!(
+                    "{} seeds per cell: the mean and spread over them (the paper prints one number per cell)",
+                    replicas.len() + 1
+                ));
+            }
+            cells.push(Cell {
+                row: r,
+                col: c,
+                settings: s,
+                metric,
+                paper,
+                plan,
+                notes,
+                differs,
+                replicas,
+                seed_sd,
+            });
+        }
+    }
+    Ok(cells)
+}
+
+/// The plan of a cell at scale `sc`; `check` = whether this machine's data and weights are
+/// looked for (not for the `paper`-scale reference a cell is compared with).
+pub(crate) fn plan_at(s: &CellSettings, metric: Metric, sc: &ScaleSettings, notes: &mut Vec<String>, check: bool) -> Plan {
+    let model = s.model.as_deref().unwrap_or("transformer");
+    if metric == Metric::PaperOnly || model == "literature" {
+        return Plan::PaperOnly("the paper's number (cited or stated), not an experiment".into());
+    }
+    let (lstm, cached) = match model {
+        "transformer" => (false, false),
+        "lstm" => (true, false),
+        "output-only" => (false, true),
+        other => return Plan::Unavailable(format!("unknown model `{other}`")),
+    };
+    let init = match s.init.as_deref().unwrap_or(if lstm { "random" } else { "pretrained" }) {
+        "pretrained" => Init::Pretrained,
+        "random" => Init::Random,
+        "stats-only" => Init::StatsOnly,
+        "bit-pretrained" => Init::BitPretrained,
+        other => return Plan::Unavailable(format!("unknown init `{other}`")),
+    };
+    if lstm && init != Init::Random {
+        return Plan::Unavailable(format!("an LSTM has no `{init}` weights (random init only)"));
+    }
+    let mut groups: TrainGroups = match s.train.as_deref().unwrap_or("fpt").parse() {
+        Ok(g) => g,
+        Err(e) => return Plan::Unavailable(e.to_string()),
+    };
+    if s.last_attention == Some(true) {
+        groups.last_attention = true;
+    }
+    if cached {
+        groups = TrainGroups {
+            output: true,
+            ..TrainGroups::none()
+        };
+    }
+    let name = if lstm {
+        "lstm".to_string()
+    } else {
+        s.backbone.clone().unwrap_or_else(|| "gpt2".into())
+    };
+    let Some(task_name) = s.task.as_deref() else {
+        return Plan::Unavailable("the cell names no task".into());
+    };
+    let mut task = match TaskSpec::parse(task_name) {
+        Ok(t) => t,
+        Err(e) => return Plan::Unavailable(e.to_string()),
+    };
+    let o = sc.for_task(task_name);
+    if task.name.is_generated() {
+        task.n_bits = o.n_bits;
+        task.patch = o.patch;
+    }
+    if let Some(n) = o.eval_examples {
+        task.eval_examples = n;
+    }
+    task.train_examples = if cached {
+        o.cached_examples.or(o.train_examples)
+    } else {
+        o.train_examples
+    }
+    .filter(|_| !task.name.is_generated());
+    task.data.max_len = o.max_len;
+    if metric.is_counted() {
+        // Counted from the paper's own backbone config: no weights, no substitution.
+        return Plan::Count(Box::new(Counted {
+            backbone: BackboneSpec {
+                source: name,
+                init: Init::Random,
+                shape: Default::default(),
+                residual_init: ResidualInit::Unscaled,
+                depth: s.depth,
+                final_norm: true,
+                bit_pretrain: None,
+            },
+            task,
+            groups,
+            input_width: s.input_width,
+        }));
+    }
+    let (source, mut shape) = match sc.backbones.get(&name) {
+        Some(sub) if sub.source == "none" => return Plan::Unavailable(sub.note.clone()),
+        Some(sub) => {
+            notes.push(format!("{name} -> {}: {}", sub.source, sub.note));
+            (
+                sub.source.clone(),
+                if init.needs_weights() {
+                    Default::default()
+                } else {
+                    sub.shape
+                },
+            )
+        }
+        None => {
+            let to = fpt_backbones::hub::canonical(&name);
+            if to != name {
+                if let Some((_, _, why)) = fpt_backbones::hub::ALIASES.iter().find(|(n, _, _)| *n == name) {
+                    notes.push(format!("{name} loads as {to}: {why}"));
+                }
+            }
+            (to.to_string(), Default::default())
+        }
+    };
+    if lstm {
+        shape.layers = s.lstm_layers.or(shape.layers);
+        shape.lstm_residual = s.lstm_residual.filter(|&r| r);
+        shape.lstm_positions = s.lstm_positions.filter(|&p| p);
+    }
+    if !init.needs_weights() && !lstm && source.starts_with("gpt2") {
+        notes.push(
+            "random GPT-2 init as in transformers 4.1.1, which the paper ran: every weight N(0, 0.02), \
+             c_proj not scaled by 1/sqrt(2 * n_layer)"
+                .into(),
+        );
+    }
+    let backbone = BackboneSpec {
+        source,
+        init,
+        shape,
+        residual_init: ResidualInit::Unscaled,
+        depth: s.depth,
+        final_norm: true,
+        bit_pretrain: (init == Init::BitPretrained).then(|| sc.bit_pretrain.unwrap_or_default()),
+    };
+    // What this machine lacks: data, weights, depth.
+    if check {
+        if let Some(why) = unavailable_here(&task, &backbone, s.depth) {
+            return Plan::Unavailable(why);
+        }
+    }
+    let steps = o.steps.unwrap_or(1000);
+    let batch_size = o.batch_size.unwrap_or(32);
+    let train = TrainSpec {
+        steps,
+        batch_size,
+        micro_batch_size: o.micro_batch_size.unwrap_or(batch_size),
+        // The paper: 1e-3 for transformers, 3e-4 for LSTMs (App. B).
+        lr: s.lr.or(if lstm { Some(3e-4) } else { o.lr }).unwrap_or(1e-3),
+        cached_epochs: cached.then(|| o.cached_epochs.unwrap_or(10)),
+        train_eval: match metric {
+            Metric::TrainAccuracy => fpt_spec::TrainEval::Final,
+            _ => o.train_eval.unwrap_or(fpt_spec::TrainEval::Final),
+        },
+        eval_every: o.eval_every.unwrap_or(steps.div_ceil(4)).max(1),
+        early_stop_patience: o.early_stop_patience,
+        checkpoint_every: o.checkpoint_every,
+        early_stop_within_noise: o.early_stop_within_noise.unwrap_or(false),
+        ..TrainSpec::default()
+    };
+    let spec = RunSpec {
+        train_groups: groups,
+        train,
+        ..RunSpec::new(task, backbone)
+    };
+    if let Err(e) = spec.validate() {
+        return Plan::Unavailable(format!("invalid run spec: {e}"));
+    }
+    let key = spec_key(&spec);
+    Plan::Run {
+        spec: Box::new(spec),
+        key,
+    }
+}
+
+/// A note where a cell's dataset is not the published one: data fpt generated here (ListOps
+/// by LRA's procedure when LRA's released files cannot be had).
+pub(crate) fn data_origin(task: &TaskSpec) -> Option<String> {
+    if task.name.is_generated() || task.name == fpt_spec::TaskName::Custom {
+        return None;
+    }
+    let dir = task
+        .path
+        .clone()
+        .unwrap_or_else(|| fpt_tasks::paths::data_dir(task.name));
+    let source = fpt_tasks::fetch::source_of(&dir)?;
+    source.starts_with("generated").then(|| {
+        format!(
+            "{} data regenerated on this machine ({source}), not the published files: the same procedure, other examples",
+            task.name
+        )
+    })
+}
+
+/// What in `here` (a cell's plan at some scale) differs from the same cell at the `paper`
+/// scale, field by field, plus the paper scale's own recorded differences from the paper.
+pub(crate) fn paper_differences(
+    s: &CellSettings,
+    metric: Metric,
+    here: &Plan,
+    paper_sc: Option<&ScaleSettings>,
+    seeds: usize,
+) -> Vec<String> {
+    let Some(psc) = paper_sc else {
+        return Vec::new();
+    };
+    let Plan::Run { spec: h, .. } = here else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    if let Plan::Run { spec: p, .. } = plan_at(s, metric, psc, &mut Vec::new(), false) {
+        // `paper:` only for what the paper states (its backbone, App. C's learning rates);
+        // the rest is fpt's own choice at the paper scale and is labelled as such.
+        let mut d = |what: &str, ours: String, paper: String| {
+            if ours != paper {
+                let whose = if matches!(what, "backbone" | "lr") {
+                    "paper"
+                } else {
+                    "fpt's paper scale"
+                };
+                out.push(format!("{what} {ours} ({whose}: {paper})"));
+            }
+        };
+        // The shape from the config (shape overrides applied) where it can be read here.
+        let shape = |b: &BackboneSpec| match fpt_backbones::param_specs(b) {
+            Ok((c, _)) => format!(
+                " ({} x {})",
+                b.depth.unwrap_or(c.layers()).min(c.layers()),
+                c.hidden_size()
+            ),
+            Err(_) => String::new(),
+        };
+        d(
+            "backbone",
+            format!("{}{}", h.backbone.source, shape(&h.backbone)),
+            format!("{}{}", p.backbone.source, shape(&p.backbone)),
+        );
+        d("steps", h.train.steps.to_string(), p.train.steps.to_string());
+        d("batch", h.train.batch_size.to_string(), p.train.batch_size.to_string());
+        d("lr", format!("{:e}", h.train.lr), format!("{:e}", p.train.lr));
+        let eval = |t: &TaskSpec| match t.eval_examples {
+            0 => "the whole split".to_string(),
+            n => format!("{n} examples"),
+        };
+        d("evaluation on", eval(&h.task), eval(&p.task));
+        let train = |t: &TaskSpec| t.train_examples.map_or("all".into(), |n| n.to_string());
+        d("training examples", train(&h.task), train(&p.task));
+        let opt = |v: Option<usize>| v.map_or("default".into(), |n| n.to_string());
+        d("bits per string", opt(h.task.n_bits), opt(p.task.n_bits));
+        d("bits per token", opt(h.task.patch), opt(p.task.patch));
+        d("max tokens", opt(h.task.data.max_len), opt(p.task.data.max_len));
+        if let (Some(a), Some(b)) = (h.backbone.bit_pretrain, p.backbone.bit_pretrain) {
+            d(
+                "Bit pretraining",
+                format!("{} steps x {}", a.steps, a.batch_size),
+                format!("{} steps x {}", b.steps, b.batch_size),
+            );
+        }
+        let cached = |t: &TrainSpec| t.cached_epochs.map_or("-".into(), |n| n.to_string());
+        d("cached epochs", cached(&h.train), cached(&p.train));
+    }
+    let first = h.train.seed;
+    out.push(match seeds {
+        0 | 1 => format!("one seed ({first}): the paper does not say how many seeds its numbers average"),
+        n => format!(
+            "{n} seeds ({}), their mean reported: the paper does not say how many seeds its numbers average",
+            (0..n as u64)
+                .map(|i| first.wrapping_add(i).to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    });
+    let task = s.task.as_deref().unwrap_or("");
+    let init = s.init.as_deref().unwrap_or("");
+    let model = s.model.as_deref().unwrap_or("transformer");
+    for key in [
+        "all".to_string(),
+        task.to_string(),
+        format!("init:{init}"),
+        format!("model:{model}"),
+    ] {
+        if let Some(v) = psc.differs.get(&key) {
+            out.extend(v.iter().cloned());
+        }
+    }
+    out
+}
+
+/// What `fpt fetch` would have to bring for `cells` to run (whether it is here or not): the
+/// datasets their runs read and the pretrained models they load, as `fpt fetch` names them
+/// (`minilm` for all-MiniLM-L6-v2), sorted. Cells expanded with [`expand_unchecked`] name
+/// what is missing here too.
+pub fn assets(cells: &[Cell]) -> Vec<String> {
+    let mut out = std::collections::BTreeSet::new();
+    for c in cells {
+        let Plan::Run { spec, .. } = &c.plan else { continue };
+        let t = spec.task.name;
+        if !t.is_generated() && !matches!(t, fpt_spec::TaskName::Custom | fpt_spec::TaskName::Text) {
+            out.insert(match t {
+                fpt_spec::TaskName::Cifar10Lra => "cifar10".to_string(),
+                t => t.to_string(),
+            });
+        }
+        // Weights, or (a random or Bit init) a config fpt does not have built in; a local
+        // directory is the user's, not fetched.
+        let b = &spec.backbone;
+        let needs = b.init.needs_weights() || fpt_backbones::Config::builtin(&b.source).is_none();
+        if needs && !Path::new(&b.source).is_dir() {
+            out.insert(if b.source == fpt_backbones::hub::MINILM_ID {
+                "minilm".to_string()
+            } else {
+                b.source.clone()
+            });
+        }
+    }
+    out.into_iter().collect()
+}
+
+/// Why a cell cannot run on this machine (its data, weights or depth), if it cannot.
+pub(crate) fn unavailable_here(task: &TaskSpec, backbone: &BackboneSpec, depth: Option<usize>) -> Option<String> {
+    if let Err(e) = fpt_tasks::check_present(task) {
+        return Some(format!("data not present: {e}"));
+    }
+    if let Err(e) = fpt_backbones::hub::resolves_offline(&backbone.source, backbone.init.needs_weights())
+        .map(|_| ())
+        .or_else(|e| {
+            // Random init (and Bit pretraining from it) of a built-in config (gpt2, lstm,
+            // ...) needs no files.
+            if !backbone.init.needs_weights() && fpt_backbones::param_specs(backbone).is_ok() {
+                Ok(())
+            } else {
+                Err(e)
+            }
+        })
+    {
+        return Some(format!("backbone not available here: {e}"));
+    }
+    if let Some(d) = depth {
+        match fpt_backbones::param_specs(backbone) {
+            Ok((config, _)) if config.layers() < d => {
+                return Some(format!(
+                    "depth {d} exceeds the {} blocks of {}",
+                    config.layers(),
+                    backbone.source
+                ))
+            }
+            _ => {}
+        }
+    }
+    None
+}

@@ -1,0 +1,225 @@
+//! Training a table's runs: the missing ones, sharded, side by side in child processes on
+//! a CPU, resuming interrupted ones; each run's time.
+
+#[allow(unused_imports)]
+use super::*;
+
+/// How [`run`] runs.
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// Rerun cells that have a result.
+    pub force: bool,
+    /// Run only shard `i` of `n` (`(i, n)`): every `n`-th runnable run, by key order.
+    pub shard: Option<(usize, usize)>,
+    /// Runs trained at once: in threads of this process, or with `workers` in child
+    /// processes.
+    pub jobs: usize,
+    /// Render only; train nothing.
+    pub report_only: bool,
+    /// Where runs train (`None`: the CPU).
+    pub device: Option<candle_core::Device>,
+    /// Train each run in a child process (CPU only; see [`worker`]).
+    pub workers: Option<worker::Workers>,
+}
+
+/// Where the run of `key` lives under `out`.
+pub fn run_dir(out: &Path, key: &str) -> PathBuf {
+    out.join("runs").join(key)
+}
+
+/// The distinct runs of `cells`, by key, in key order.
+pub fn runs_of(cells: &[Cell]) -> Vec<(String, RunSpec)> {
+    let mut m: BTreeMap<String, RunSpec> = BTreeMap::new();
+    for c in cells {
+        if let Plan::Run { spec, key } = &c.plan {
+            m.insert(key.clone(), (**spec).clone());
+        }
+        for (key, spec) in &c.replicas {
+            m.insert(key.clone(), (**spec).clone());
+        }
+    }
+    m.into_iter().collect()
+}
+
+/// Trains every run of `cells` that has no `result.json` under `out/runs/` (or all with
+/// `force`), honouring the shard. A run directory left by an interrupted run is resumed
+/// from its checkpoint, or started again when it has none. `log` receives progress lines.
+/// Returns the runs trained and each run's time; a failed run is logged and counted in the
+/// report, not fatal.
+pub fn run(cells: &[Cell], out: &Path, opts: &RunOptions, log: &mut (dyn FnMut(&str) + Send)) -> Result<Trained> {
+    if opts.report_only {
+        return Ok(Trained::default());
+    }
+    let mut todo: Vec<(String, RunSpec)> = runs_of(cells);
+    if let Some((i, n)) = opts.shard {
+        todo = todo
+            .into_iter()
+            .enumerate()
+            .filter(|(k, _)| k % n == i)
+            .map(|(_, r)| r)
+            .collect();
+    }
+    todo.retain(|(key, _)| opts.force || !run_dir(out, key).join("result.json").is_file());
+    order_for_builds(&mut todo);
+    let total = todo.len();
+    let on_cpu = opts.device.as_ref().is_none_or(|d| d.is_cpu());
+    let workers = opts.workers.as_ref().filter(|_| on_cpu);
+    let times = std::sync::Mutex::new(Vec::new());
+    let queue = std::sync::Mutex::new(todo.into_iter().enumerate());
+    let log = std::sync::Mutex::new(log);
+    let say = |s: String| (log.lock().expect("log lock"))(&s);
+    let done = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|scope| {
+        for _ in 0..opts.jobs.max(1) {
+            scope.spawn(|| loop {
+                let Some((i, (key, spec))) = queue.lock().expect("queue lock").next() else {
+                    break;
+                };
+                let dir = run_dir(out, &key);
+                say(format!(
+                    "[{}/{total}] run {key}: {} on {} ({}, train {}), {} steps",
+                    i + 1,
+                    spec.task.label(),
+                    spec.backbone.source,
+                    spec.backbone.init,
+                    spec.train_groups,
+                    spec.train.steps
+                ));
+                let t0 = std::time::Instant::now();
+                let eval_line = |step: usize, acc: f64, secs: f64| {
+                    say(format!(
+                        "[{}/{total}]     step {step}/{}: test_accuracy {acc:.4}, {secs:.0} s",
+                        i + 1,
+                        spec.train.steps,
+                    ))
+                };
+                let mut progress = |e: &fpt_train::Event| {
+                    if let fpt_train::Event::Eval(r) = e {
+                        eval_line(r.step, r.test_accuracy, r.elapsed_s)
+                    }
+                };
+                let device = opts.device.clone().unwrap_or(candle_core::Device::Cpu);
+                // A panic inside one run is that run's failure, not the table's.
+                let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match workers {
+                    Some(w) => w.train(&spec, &dir, opts.force, &mut |e| {
+                        eval_line(e.step, e.test_accuracy, e.elapsed_s)
+                    }),
+                    None => run_one(&spec, &dir, opts.force, &device, &mut progress),
+                }))
+                .unwrap_or_else(|p| {
+                    let why = p
+                        .downcast_ref::<String>()
+                        .cloned()
+                        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                        .unwrap_or_else(|| "a panic".into());
+                    Err(AblateError::Panicked {
+                        dir: dir.clone(),
+                        msg: format!("the run panicked: {why}"),
+                    })
+                });
+                let secs = t0.elapsed().as_secs_f64();
+                let what = format!("{} {} ({})", key, spec.task.label(), spec.backbone.init);
+                times.lock().expect("times lock").push((what, secs, outcome.is_ok()));
+                match outcome {
+                    Ok(r) => {
+                        done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        say(format!(
+                            "[{}/{total}] run {key}: test_accuracy {:.4} in {:.0} s",
+                            i + 1,
+                            r.test_accuracy,
+                            t0.elapsed().as_secs_f64()
+                        ))
+                    }
+                    Err(e) => say(format!("[{}/{total}] run {key} FAILED: {e}", i + 1)),
+                }
+            });
+        }
+    });
+    Ok(Trained {
+        count: done.into_inner(),
+        times: times.into_inner().expect("times lock"),
+        how: match workers {
+            Some(w) => format!(
+                "{} at once in child processes, {} thread(s) each",
+                opts.jobs.max(1),
+                w.threads
+            ),
+            None => format!("{} at once in this process", opts.jobs.max(1)),
+        },
+    })
+}
+
+/// What [`run`] trained.
+#[derive(Debug, Clone, Default)]
+pub struct Trained {
+    /// Runs that finished.
+    pub count: usize,
+    /// Every run started, in the order it finished: what it was (key, task, init), its
+    /// wall-clock seconds, and whether it finished.
+    pub times: Vec<(String, f64, bool)>,
+    /// How the runs were spread (jobs, processes, threads).
+    pub how: String,
+}
+
+impl Trained {
+    /// The time of each run, one line each under a heading; empty when nothing ran.
+    pub fn time_lines(&self) -> Vec<String> {
+        if self.times.is_empty() {
+            return Vec::new();
+        }
+        let total: f64 = self.times.iter().map(|t| t.1).sum();
+        let mut lines = vec![format!("time per run ({}; {:.0} s of runs in all):", self.how, total)];
+        for (what, secs, ok) in &self.times {
+            lines.push(format!("    {secs:6.0} s  {what}{}", if *ok { "" } else { "  FAILED" }));
+        }
+        lines
+    }
+}
+
+/// Orders the runs so that a backbone fpt trains itself (the Bit init) is built early and
+/// the runs that wait for it come last: first one run per backbone still to build, then
+/// the runs that need no build, then the rest; by key within each group. With several jobs,
+/// the others train meanwhile instead of waiting on the build's lock.
+pub(crate) fn order_for_builds(todo: &mut [(String, RunSpec)]) {
+    let mut first = std::collections::BTreeSet::new();
+    let rank: Vec<u8> = todo
+        .iter()
+        .map(|(_, spec)| match fpt_train::pretrain::self_built_dir(&spec.backbone) {
+            Some(dir) if !dir.join("config.json").is_file() => {
+                if first.insert(dir) {
+                    0
+                } else {
+                    2
+                }
+            }
+            _ => 1,
+        })
+        .collect();
+    let mut ranked: Vec<(u8, (String, RunSpec))> = rank.into_iter().zip(todo.iter().cloned()).collect();
+    ranked.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1 .0.cmp(&b.1 .0)));
+    for (slot, (_, r)) in todo.iter_mut().zip(ranked) {
+        *slot = r;
+    }
+}
+
+pub(crate) fn run_one(
+    spec: &RunSpec,
+    dir: &Path,
+    force: bool,
+    device: &candle_core::Device,
+    on_event: &mut dyn FnMut(&fpt_train::Event),
+) -> Result<fpt_train::RunResult> {
+    if dir.exists() && (force || fpt_train::checkpoint::latest(dir).ok().flatten().is_none()) {
+        std::fs::remove_dir_all(dir).map_err(io(dir))?;
+    }
+    if dir.exists() {
+        return Ok(fpt_train::resume(dir, Some(spec), device, on_event)?);
+    }
+    Ok(fpt_train::train(spec, dir, device, on_event)?)
+}
+
+/// The shell command that reproduces one run by hand.
+pub fn command_for(out: &Path, key: &str) -> String {
+    let d = run_dir(out, key);
+    format!("fpt train --spec {}/spec.json --out <new dir>", d.display())
+}
