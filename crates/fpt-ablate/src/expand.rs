@@ -268,7 +268,13 @@ pub(crate) fn expand_with(
 
 /// The plan of a cell at scale `sc`; `check` = whether this machine's data and weights are
 /// looked for (not for the `paper`-scale reference a cell is compared with).
-pub(crate) fn plan_at(s: &CellSettings, metric: Metric, sc: &ScaleSettings, notes: &mut Vec<String>, check: bool) -> Plan {
+pub(crate) fn plan_at(
+    s: &CellSettings,
+    metric: Metric,
+    sc: &ScaleSettings,
+    notes: &mut Vec<String>,
+    check: bool,
+) -> Plan {
     let model = s.model.as_deref().unwrap_or("transformer");
     if metric == Metric::PaperOnly || model == "literature" {
         return Plan::PaperOnly("the paper's number (cited or stated), not an experiment".into());

@@ -29,12 +29,10 @@ pub mod site;
 mod tables;
 pub mod worker;
 
-pub use expand::{
-    assets, describe, expand, expand_unchecked, scale_of, spec_key, Cell, Counted, Plan,
-};
+pub use expand::{assets, describe, expand, expand_unchecked, scale_of, spec_key, Cell, Counted, Plan};
 pub use report::Report;
-pub use runner::{command_for, run, run_dir, runs_of, RunOptions, Trained};
 pub(crate) use runner::run_one;
+pub use runner::{command_for, run, run_dir, runs_of, RunOptions, Trained};
 pub use tables::{list, load_scales, load_table};
 
 use fpt_spec::table::{CellSettings, Metric, ScaleSettings, TableSpec};

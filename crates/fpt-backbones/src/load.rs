@@ -1,0 +1,263 @@
+//! Building a backbone from its spec: pretrained weights, random, statistics-only init;
+//! the `Arch` each architecture implements; counting without weights; `save_pretrained`.
+
+#[allow(unused_imports)]
+use super::*;
+
+/// The statistics-only init (paper Table 9): every tensor replaced by draws from a Gaussian
+/// with its own mean and standard deviation. Tensors are visited in name order, so `rng`
+/// fixes the result.
+pub fn stats_only(
+    tensors: std::collections::HashMap<String, Tensor>,
+    rng: &mut Rng,
+) -> Result<std::collections::HashMap<String, Tensor>> {
+    let mut names: Vec<String> = tensors.keys().cloned().collect();
+    names.sort();
+    let mut out = std::collections::HashMap::new();
+    for n in names {
+        let t = &tensors[&n];
+        let v: Vec<f32> = t.flatten_all()?.to_vec1()?;
+        let len = v.len().max(1) as f64;
+        let mean = v.iter().map(|&x| x as f64).sum::<f64>() / len;
+        let var = v.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>() / len;
+        let drawn = rng.normal_vec(v.len(), mean, var.sqrt());
+        out.insert(n, Tensor::from_vec(drawn, t.dims(), t.device())?);
+    }
+    Ok(out)
+}
+
+/// Builds the backbone a spec names: a known model name (`gpt2`..`gpt2-xl`,
+/// `bert-base-uncased`, `sentence-transformers/all-MiniLM-L6-v2`, `t5-base`,
+/// `google/vit-base-patch16-224-in21k`), a local directory, or a
+/// Hugging Face model id. Random init needs only a config (known names have theirs built
+/// in); pretrained needs weights. The spec's depth cut (`depth`, `final_norm`) is applied.
+///
+/// A `bit-pretrained` spec is refused: its weights come from a Bit Memory training run that
+/// `fpt_train::pretrain::resolve_backbone` makes (and caches) first, turning the spec into a
+/// `pretrained` one; loading it here would silently give a random backbone.
+pub fn load(spec: &BackboneSpec, groups: &TrainGroups, device: &Device, rng: &mut Rng) -> Result<Box<dyn Backbone>> {
+    if spec.init == Init::BitPretrained {
+        return Err(BackboneError::Unsupported(format!(
+            "backbone `{}` with init bit-pretrained: its weights are trained first; resolve the spec with \
+             fpt_train::pretrain::resolve_backbone (fpt_train::train does) and load the `pretrained` spec it returns",
+            spec.source
+        )));
+    }
+    let mut backbone = build(spec, groups, device, rng)?;
+    if let Some(k) = spec.depth {
+        backbone.truncate(k)?;
+        if !spec.final_norm {
+            backbone.drop_final_norm()?;
+        }
+    }
+    Ok(backbone)
+}
+
+/// What each architecture provides to be built from a checkpoint: how its checkpoints name
+/// the tensors, which roles they have, and a model assembled from them (pretrained,
+/// statistics-only or random alike).
+pub(crate) trait Arch: Backbone + Sized + 'static {
+    /// The architecture's config.
+    type Config;
+    /// How its checkpoints name the tensors.
+    const NAMING: Naming;
+    /// Each tensor's role, by the first rule whose pattern its name contains.
+    const ROLE_RULES: &'static [(&'static str, Role)];
+    /// Every tensor the config implies.
+    fn specs(config: &Self::Config) -> Vec<ParamSpec>;
+    /// The model from the tensors `t` hands out (every name the config implies); `origin`
+    /// says where the weights came from.
+    fn assemble(config: &Self::Config, t: ParamTaker, origin: String) -> candle_core::Result<Self>;
+    /// The checkpoint's tensors under fpt's names, every one checked.
+    fn read(
+        config: &Self::Config,
+        weights: &Path,
+        device: &Device,
+    ) -> Result<std::collections::HashMap<String, Tensor>> {
+        read_checked(weights, &Self::specs(config), &Self::NAMING, device)
+    }
+    /// The model from `tensors`, with the roles `groups` trains as `Var`s.
+    fn from_tensors(
+        config: &Self::Config,
+        tensors: std::collections::HashMap<String, Tensor>,
+        groups: &TrainGroups,
+        origin: String,
+    ) -> candle_core::Result<Self> {
+        Self::assemble(config, ParamTaker::new(tensors, groups, Self::ROLE_RULES), origin)
+    }
+    /// The checkpoint at `weights` as read.
+    fn load_checkpoint(config: &Self::Config, weights: &Path, groups: &TrainGroups, device: &Device) -> Result<Self> {
+        let tensors = Self::read(config, weights, device)?;
+        Ok(Self::from_tensors(
+            config,
+            tensors,
+            groups,
+            weights.display().to_string(),
+        )?)
+    }
+    /// The usual transformer init ([`random_tensors`] with `std`), described by `origin`.
+    fn random_init(
+        config: &Self::Config,
+        std: &dyn Fn(&str) -> f64,
+        origin: String,
+        groups: &TrainGroups,
+        device: &Device,
+        rng: &mut Rng,
+    ) -> Result<Self> {
+        let tensors = random_tensors(&Self::specs(config), std, device, rng)?;
+        Ok(Self::from_tensors(config, tensors, groups, origin)?)
+    }
+}
+
+/// How a randomly initialised transformer's origin reads.
+pub(crate) fn random_origin(layers: usize, wide: usize, heads: usize) -> String {
+    format!("random init ({layers} layers x {wide} wide x {heads} heads)")
+}
+
+/// The checkpoint at `weights`, its tensors passed through `prep`, as a boxed backbone.
+fn boxed<A: Arch>(
+    config: &A::Config,
+    weights: &Path,
+    groups: &TrainGroups,
+    device: &Device,
+    origin: String,
+    prep: &mut dyn FnMut(
+        std::collections::HashMap<String, Tensor>,
+    ) -> Result<std::collections::HashMap<String, Tensor>>,
+) -> Result<Box<dyn Backbone>> {
+    let tensors = prep(A::read(config, weights, device)?)?;
+    Ok(Box::new(A::from_tensors(config, tensors, groups, origin)?))
+}
+
+fn build(spec: &BackboneSpec, groups: &TrainGroups, device: &Device, rng: &mut Rng) -> Result<Box<dyn Backbone>> {
+    let config = match Config::builtin(&spec.source) {
+        Some(c) if spec.init == Init::Random => c,
+        // No checkpoint of the built-in LSTM exists anywhere: say so instead of asking the
+        // Hub for a model called `lstm`.
+        Some(Config::Lstm(_)) if spec.init.needs_weights() && !Path::new(&spec.source).is_dir() => {
+            return Err(BackboneError::Unsupported(format!(
+                "the built-in `{}` baseline has no pretrained weights (init `{}` asked for them): \
+                 train it from a random init (`--init random`), or pass a directory written by \
+                 `fpt pretrain`",
+                spec.source, spec.init
+            )))
+        }
+        _ => {
+            let files = hub::resolve(&spec.source, spec.init.needs_weights())?;
+            let config = Config::from_file(&files.config)?;
+            if let Some(w) = files.weights.as_ref().filter(|_| spec.init.needs_weights()) {
+                // Pretrained: the checkpoint as read; statistics-only: each tensor redrawn.
+                let stats = spec.init == Init::StatsOnly;
+                let origin = if stats {
+                    format!("statistics-only init from {}", w.display())
+                } else {
+                    w.display().to_string()
+                };
+                let mut prep = |t| if stats { stats_only(t, rng) } else { Ok(t) };
+                let (w, prep) = (w.as_path(), &mut prep);
+                return match config {
+                    Config::Gpt2(c) => boxed::<gpt2::Gpt2>(&c, w, groups, device, origin, prep),
+                    Config::Bert(c) => boxed::<bert::Bert>(&c, w, groups, device, origin, prep),
+                    Config::T5(c) => boxed::<t5::T5Encoder>(&c, w, groups, device, origin, prep),
+                    Config::Vit(c) => boxed::<vit::Vit>(&c, w, groups, device, origin, prep),
+                    Config::Lstm(c) => boxed::<lstm::Lstm>(&c, w, groups, device, origin, prep),
+                };
+            }
+            config
+        }
+    };
+    Ok(match config.with_overrides(&spec.shape)? {
+        Config::Gpt2(c) => Box::new(gpt2::Gpt2::random(&c, spec.residual_init, groups, device, rng)?),
+        Config::Bert(c) => Box::new(bert::Bert::random(&c, groups, device, rng)?),
+        Config::T5(c) => Box::new(t5::T5Encoder::random(&c, groups, device, rng)?),
+        Config::Vit(c) => Box::new(vit::Vit::random(&c, groups, device, rng)?),
+        Config::Lstm(c) => Box::new(lstm::Lstm::random(&c, groups, device, rng)?),
+    })
+}
+
+/// The config and parameter specs of the backbone a spec names, without materialising
+/// weights (only its config is read), for `fpt inspect`.
+pub fn param_specs(spec: &BackboneSpec) -> Result<(Config, Vec<ParamSpec>)> {
+    let config = match Config::builtin(&spec.source) {
+        Some(c) => c,
+        None => Config::from_file(&hub::resolve(&spec.source, false)?.config)?,
+    };
+    let config = config.with_overrides(&spec.shape)?;
+    let specs = config.param_specs();
+    Ok((config, specs))
+}
+
+/// Writes `backbone` as a checkpoint directory that [`load`] (and, for GPT-2, BERT and T5,
+/// Hugging Face `transformers`) reads: `config.json` (with `model_type`) and
+/// `model.safetensors` under the Hub's tensor names (GPT-2's Conv1D weights back in
+/// `[in, out]` layout). Tensors the backbone does not use with input embeddings (GPT-2's
+/// `wte`, BERT's word and type embeddings, T5's `shared`) come from `extra` when given
+/// (e.g. the token table `fpt pretrain` trained) and are otherwise drawn from N(0, 0.02)
+/// with `rng`. Each file is written to a temporary name and renamed. ViT and Longformer
+/// are not written (their fpt position tables have no Hub counterpart).
+pub fn save_pretrained(
+    backbone: &dyn Backbone,
+    dir: &Path,
+    extra: std::collections::HashMap<String, Tensor>,
+    rng: &mut Rng,
+) -> Result<()> {
+    let config = backbone.config();
+    // Tensors are stored as the architecture's checkpoints store them (`Arch::NAMING`).
+    let (model_type, arch, naming) = match &config {
+        Config::Gpt2(_) => ("gpt2", "GPT2Model", gpt2::Gpt2::NAMING),
+        Config::Bert(c) if c.longformer.is_none() => ("bert", "BertModel", bert::Bert::NAMING),
+        Config::T5(_) => ("t5", "T5EncoderModel", t5::T5Encoder::NAMING),
+        Config::Lstm(_) => ("fpt-lstm", "FptLstm", lstm::Lstm::NAMING),
+        other => {
+            return Err(BackboneError::Unsupported(format!(
+                "saving a {} backbone is not supported (gpt2, bert, t5 and lstm are)",
+                other.architecture()
+            )))
+        }
+    };
+    let io = |path: PathBuf| move |source| BackboneError::Io { path, source };
+    std::fs::create_dir_all(dir).map_err(io(dir.to_path_buf()))?;
+    let have: std::collections::HashMap<String, Tensor> = backbone
+        .params()
+        .into_iter()
+        .map(|(n, _, p)| (n, p.tensor().clone()))
+        .collect();
+    let mut out: std::collections::HashMap<String, Tensor> = std::collections::HashMap::new();
+    for spec in config.param_specs() {
+        let t = match have.get(&spec.name).or_else(|| extra.get(&spec.name)) {
+            Some(t) => t.to_device(&Device::Cpu)?,
+            None if !spec.used => fpt_nn::init::normal(&spec.shape, 0.0, 0.02, rng, &Device::Cpu)?,
+            None => {
+                return Err(BackboneError::Unsupported(format!(
+                    "cannot save: the backbone has no tensor `{}` (a dropped final norm?)",
+                    spec.name
+                )))
+            }
+        };
+        if t.dims() != spec.shape.as_slice() {
+            return Err(BackboneError::Shape {
+                path: dir.join("model.safetensors"),
+                tensor: spec.name.clone(),
+                expected: spec.shape.clone(),
+                found: t.dims().to_vec(),
+            });
+        }
+        let t = if (naming.transposed)(&spec.name) {
+            t.t()?.contiguous()?
+        } else {
+            t
+        };
+        out.insert(spec.name, t);
+    }
+    let weights = dir.join("model.safetensors");
+    fpt_spec::files::write_atomic_with(&weights, |tmp| {
+        candle_core::safetensors::save(&out, tmp).map_err(std::io::Error::other)
+    })
+    .map_err(io(weights))?;
+    let mut cfg = config.to_json();
+    cfg["model_type"] = model_type.into();
+    cfg["architectures"] = serde_json::json!([arch]);
+    let c = dir.join("config.json");
+    fpt_spec::files::write_atomic(&c, serde_json::to_string_pretty(&cfg).expect("json").as_bytes()).map_err(io(c))?;
+    Ok(())
+}
