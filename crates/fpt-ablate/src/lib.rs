@@ -22,10 +22,12 @@ mod expand;
 pub mod figure;
 pub mod paper;
 pub mod record;
+mod render;
 pub mod report;
 pub mod reproduce;
 mod runner;
 pub mod site;
+mod site_pages;
 mod tables;
 pub mod worker;
 
