@@ -1,0 +1,286 @@
+//! The `fpt` binary checking itself and the engine: `fpt forward` against transformers on
+//! every kernel path, `fpt selfcheck` (and a failed one refusing reports), `run-table` runs
+//! in child processes, `run-cell`'s errors.
+
+mod common;
+use common::*;
+use std::process::Command;
+
+/// `fpt forward` on checkpoints as transformers saved them (GPT-2 with an LM head and
+/// `transformer.` names; BERT without a pooler; non-zero biases) reproduces the
+/// `last_hidden_state` transformers computed, on every kernel path; bad inputs are named.
+#[test]
+fn forward_matches_transformers_on_every_kernel_path() {
+    let tmp = tempfile::tempdir().unwrap();
+    for name in [
+        "gpt2-lmhead-tiny",
+        "bert-nopool-tiny",
+        "gpt2-tiny",
+        "bert-tiny",
+        "lstm-tiny",
+    ] {
+        let dir = fixture_dir(name);
+        let golden = dir.join("golden.safetensors");
+        for path in kernel_paths() {
+            let out = tmp.path().join(format!("{name}-{path}.safetensors"));
+            let run = Command::new(env!("CARGO_BIN_EXE_fpt"))
+                .args(["forward", "--backbone"])
+                .arg(&dir)
+                .arg("--inputs-embeds")
+                .arg(&golden)
+                .arg("--out")
+                .arg(&out)
+                .env("FPT_KERNELS", path)
+                .output()
+                .unwrap();
+            assert!(run.status.success(), "{name} {path}: {}", stderr(&run));
+            let ours = safetensors_f32(&out, "last_hidden_state");
+            let want = safetensors_f32(&golden, "last_hidden_state");
+            assert_eq!(ours.len(), want.len());
+            let d = ours.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            assert!(d <= 1e-4, "{name} on {path}: differs from transformers by {d}");
+        }
+    }
+    // Bad inputs: a missing tensor, a wrong width.
+    let dir = fixture_dir("gpt2-tiny");
+    let out = fpt(&[
+        "forward",
+        "--backbone",
+        dir.to_str().unwrap(),
+        "--inputs-embeds",
+        dir.join("golden.safetensors").to_str().unwrap(),
+        "--tensor",
+        "nope",
+        "--out",
+        tmp.path().join("x.safetensors").to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("no tensor `nope`"), "{}", stderr(&out));
+    let out = fpt(&[
+        "forward",
+        "--backbone",
+        fixture_dir("lstm-tiny").to_str().unwrap(),
+        "--inputs-embeds",
+        dir.join("golden.safetensors").to_str().unwrap(),
+        "--out",
+        tmp.path().join("x.safetensors").to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("32 wide") && stderr(&out).contains("hidden size 8"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!tmp.path().join("x.safetensors").exists());
+}
+
+fn safetensors_f32(path: &std::path::Path, name: &str) -> Vec<f32> {
+    let bytes = std::fs::read(path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let t = st.tensor(name).unwrap();
+    assert_eq!(t.dtype(), safetensors::Dtype::F32);
+    t.data()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+/// `fpt selfcheck` passes on every kernel path here, and fails (exit status 1, the broken
+/// checks named) when a test-only switch makes the matrix product drop its bias.
+#[test]
+fn selfcheck_passes_and_can_fail() {
+    let ok = fpt(&["selfcheck", "--all-paths", "--json"]);
+    let v = json(&ok);
+    let runs = v.as_array().unwrap();
+    assert_eq!(runs.len(), kernel_paths().len());
+    for r in runs {
+        assert_eq!(r["passed"], true, "{r}");
+        assert!(r["checks"].as_array().unwrap().len() >= 10);
+    }
+    let broken = Command::new(env!("CARGO_BIN_EXE_fpt"))
+        .args(["selfcheck"])
+        .env("FPT_TEST_FAULT", "drop-bias")
+        .output()
+        .unwrap();
+    assert_eq!(broken.status.code(), Some(1));
+    let text = String::from_utf8_lossy(&broken.stdout);
+    assert!(text.contains("gpt2-tiny") && text.contains("FAIL"), "{text}");
+    assert!(stderr(&broken).contains("selfcheck failed"), "{}", stderr(&broken));
+}
+
+/// A build that fails its self-check writes no report, and the runs it trains record the
+/// failure in result.json (which later reports then refuse to show as numbers).
+#[test]
+fn a_failed_selfcheck_writes_no_report_and_is_recorded() {
+    let tmp = tempfile::tempdir().unwrap();
+    let tables = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/tables");
+    let run = |fault: bool| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_fpt"));
+        c.args(["run-table", "table8", "--scale", "smoke", "--report-only", "--tables"])
+            .arg(&tables)
+            .arg("--out")
+            .arg(tmp.path());
+        if fault {
+            c.env("FPT_TEST_FAULT", "drop-bias");
+        }
+        c.output().unwrap()
+    };
+    let bad = run(true);
+    assert!(!bad.status.success());
+    assert!(stderr(&bad).contains("self-check"), "{}", stderr(&bad));
+    assert!(!tmp.path().join("table8").exists());
+    let good = run(false);
+    assert!(good.status.success(), "{}", stderr(&good));
+    let md = std::fs::read_to_string(tmp.path().join("table8/smoke/report.md")).unwrap();
+    assert!(md.contains("`fpt selfcheck` passed"), "{md}");
+    let out = tmp.path().join("run");
+    let r = Command::new(env!("CARGO_BIN_EXE_fpt"))
+        .args([
+            "train",
+            "-q",
+            "--task",
+            "bit-xor",
+            "--backbone",
+            "gpt2",
+            "--init",
+            "random",
+            "--layers",
+            "1",
+            "--hidden",
+            "8",
+            "--heads",
+            "2",
+            "--steps",
+            "1",
+            "--batch-size",
+            "2",
+            "--eval-examples",
+            "4",
+            "--out",
+        ])
+        .arg(&out)
+        .env("FPT_TEST_FAULT", "drop-bias")
+        .output()
+        .unwrap();
+    assert!(r.status.success(), "{}", stderr(&r));
+    assert!(stderr(&r).contains("failed its self-check"), "{}", stderr(&r));
+    let result: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("result.json")).unwrap()).unwrap();
+    let p = &result["provenance"];
+    assert_eq!(p["selfcheck"]["passed"], false, "{p}");
+    assert!(
+        p["kernel_path"].is_string() && p["cpu"].is_string() && p["commit"].is_string(),
+        "{p}"
+    );
+}
+
+/// A miniature table (a custom sequence task, the tiny GPT-2 fixture, four runs) in `dir`.
+fn write_mini_table(dir: &std::path::Path) -> std::path::PathBuf {
+    let tables = dir.join("tables");
+    std::fs::create_dir_all(&tables).unwrap();
+    let data = dir.join("series.jsonl");
+    let lines: String = (0..40)
+        .map(|i| {
+            let label = i % 2;
+            let steps: Vec<String> = (0..6)
+                .map(|t| format!("[{}]", if label == 0 { t as f64 } else { 6.0 - t as f64 } / 6.0))
+                .collect();
+            let split = if i < 30 { "train" } else { "test" };
+            format!(
+                "{{\"features\": [{}], \"label\": {label}, \"split\": \"{split}\"}}\n",
+                steps.join(", ")
+            )
+        })
+        .collect();
+    std::fs::write(&data, lines).unwrap();
+    std::fs::write(
+        tables.join("scales.toml"),
+        format!(
+            "[mini]\nall = {{ steps = 6, batch_size = 4, eval_every = 3 }}\n[mini.backbones.gpt2]\nsource = \"{}\"\nnote = \"the tiny fixture\"\n",
+            fixture_dir("gpt2-tiny").display()
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        tables.join("table1.toml"),
+        format!(
+            "id = \"table1\"\ntitle = \"mini\"\ncaption = \"a miniature table\"\npaper = [[\"50%\", \"60%\"], [\"70%\", \"80%\"]]\n\
+             [defaults]\ntask = \"custom:{}\"\nbackbone = \"gpt2\"\n\
+             [[rows]]\nlabel = \"FPT\"\ninit = \"pretrained\"\n[[rows]]\nlabel = \"Random\"\ninit = \"random\"\n\
+             [[cols]]\nlabel = \"fpt\"\ntrain = \"fpt\"\n[[cols]]\nlabel = \"all\"\ntrain = \"all\"\n",
+            data.display()
+        ),
+    )
+    .unwrap();
+    tables
+}
+
+/// `--jobs 2` trains each run in a child process of its own, one thread each, and gets the
+/// same numbers as one run at a time in the process; every run's time is printed.
+#[test]
+fn run_table_jobs_in_child_processes_give_the_same_numbers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let tables = write_mini_table(tmp.path());
+    let run = |jobs: &str, out: &str| {
+        let o = Command::new(env!("CARGO_BIN_EXE_fpt"))
+            .args(["run-table", "table1", "--scale", "mini", "--jobs", jobs, "--tables"])
+            .arg(&tables)
+            .arg("--out")
+            .arg(tmp.path().join(out))
+            .env("FPT_HOME", tmp.path().join("home"))
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", stderr(&o));
+        (String::from_utf8_lossy(&o.stdout).into_owned(), stderr(&o))
+    };
+    let (one, _) = run("1", "one");
+    let (two, log) = run("2", "two");
+    assert!(one.contains("time per run (1 at once in this process"), "{one}");
+    assert!(
+        two.contains("time per run (2 at once in child processes, 1 thread(s) each"),
+        "{two}"
+    );
+    assert_eq!(two.lines().filter(|l| l.contains(" s  ")).count(), 4, "{two}");
+    assert_eq!(log.matches("step 6/6: test_accuracy").count(), 4, "{log}");
+    let mut compared = 0;
+    for e in std::fs::read_dir(tmp.path().join("one/runs")).unwrap() {
+        let e = e.unwrap();
+        let read = |root: &str| -> serde_json::Value {
+            let p = tmp
+                .path()
+                .join(root)
+                .join("runs")
+                .join(e.file_name())
+                .join("result.json");
+            serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+        };
+        let (a, b) = (read("one"), read("two"));
+        assert_eq!(a["test_loss"], b["test_loss"], "{:?}", e.file_name());
+        assert_eq!(a["final_train_loss"], b["final_train_loss"], "{:?}", e.file_name());
+        compared += 1;
+    }
+    assert_eq!(compared, 4);
+}
+
+/// The child's side of `--jobs`: a spec that does not parse is an `fpt-error` line and a
+/// failed exit, and no run directory is left.
+#[test]
+fn run_cell_refuses_a_bad_spec_clearly() {
+    use std::io::Write;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("run");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_fpt"))
+        .args(["run-cell", "--dir"])
+        .arg(&dir)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(b"{\"task\": 3}").unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert!(!o.status.success());
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.starts_with("fpt-error <stdin>: not a run spec"), "{out}");
+    assert!(!dir.exists());
+}
