@@ -27,6 +27,7 @@ pub mod report;
 pub mod reproduce;
 mod runner;
 pub mod site;
+mod site_html;
 mod site_pages;
 mod tables;
 pub mod worker;

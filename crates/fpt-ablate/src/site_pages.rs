@@ -3,8 +3,7 @@
 
 use crate::chart::{esc, xy_svg};
 use crate::record::RunRecord;
-#[allow(unused_imports)]
-use crate::site::*;
+use crate::site_html::*;
 use crate::Report;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
