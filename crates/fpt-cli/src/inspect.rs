@@ -174,10 +174,13 @@ pub(crate) fn inspect(a: InspectArgs) -> Result<()> {
     println!("config     {}", config.summary());
     if let (Some(t), Some(d)) = (&tspec, &dims) {
         println!(
-            "task       {}: {} tokens of {:?}, read-out from the last {}, {} labels x {} classes",
+            "task       {}: {} tokens of {}, read-out from the last {}, {} labels x {} classes",
             t.label(),
             d.seq_len,
-            d.input,
+            match d.input {
+                fpt_tasks::InputKind::Vectors { width } => format!("{width} values"),
+                fpt_tasks::InputKind::Tokens { vocab } => format!("ids below {vocab}"),
+            },
             d.readout_tokens,
             d.labels_per_example,
             d.classes
