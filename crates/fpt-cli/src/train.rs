@@ -20,27 +20,27 @@ pub(crate) struct TrainArgs {
     #[command(flatten)]
     pub(crate) backbone: BackboneArgs,
     /// Optimizer steps.
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = TrainSpec::default().steps)]
     pub(crate) steps: usize,
     /// Examples per optimizer step.
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = TrainSpec::default().batch_size)]
     pub(crate) batch_size: usize,
     /// Examples per forward/backward pass (gradient accumulation when smaller than
     /// --batch-size); defaults to --batch-size.
     #[arg(long)]
     pub(crate) micro_batch_size: Option<usize>,
     /// Adam learning rate (constant; no weight decay).
-    #[arg(long, default_value_t = 1e-3)]
+    #[arg(long, default_value_t = TrainSpec::default().lr)]
     pub(crate) lr: f64,
     /// Gradient-norm clipping threshold; 0 turns clipping off.
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = TrainSpec::default().clip_norm.unwrap_or(0.0))]
     pub(crate) clip: f64,
     /// A loss above this many times the first step's (or a non-finite one) marks the run
     /// diverged: it stops, keeping its best evaluation and that evaluation's parameters.
     #[arg(long, default_value_t = fpt_spec::DEFAULT_DIVERGENCE_FACTOR)]
     pub(crate) divergence_factor: f64,
     /// Evaluate on the held-out set every N steps (and at the end).
-    #[arg(long, default_value_t = 250)]
+    #[arg(long, default_value_t = TrainSpec::default().eval_every)]
     pub(crate) eval_every: usize,
     /// Held-out examples: bit tasks draw this many once per seed (default 512); datasets
     /// evaluate a fixed seeded sample of this many (default 0 = the whole split).
@@ -62,7 +62,7 @@ pub(crate) struct TrainArgs {
     #[arg(long)]
     pub(crate) no_backbone_dropout: bool,
     /// Seed of every random number in the run.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = TrainSpec::default().seed)]
     pub(crate) seed: u64,
     /// Learning-rate schedule: constant, linear:WARMUP or cosine:WARMUP.
     #[arg(long, default_value = "constant")]
@@ -74,7 +74,7 @@ pub(crate) struct TrainArgs {
     #[arg(long)]
     pub(crate) checkpoint_every: Option<usize>,
     /// Tolerance (absolute accuracy) for steps to convergence and early stopping.
-    #[arg(long, default_value_t = 0.01)]
+    #[arg(long, default_value_t = TrainSpec::default().convergence_tolerance)]
     pub(crate) convergence_tolerance: f64,
     /// Stop after N evaluations without improvement.
     #[arg(long)]
