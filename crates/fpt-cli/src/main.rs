@@ -8,11 +8,12 @@
 
 mod args;
 mod bench;
-mod check;
 mod fetch;
+mod forward;
 mod gpu_check;
 mod inspect;
 mod pretrain;
+mod selfcheck;
 mod site;
 mod table;
 mod train;
@@ -62,16 +63,16 @@ enum Command {
     Pretrain(Box<pretrain::PretrainArgs>),
     /// Check this build, on the kernel path it uses, against hidden states and gradients
     /// PyTorch / transformers computed (fixtures compiled in; the real MiniLM when cached).
-    Selfcheck(check::SelfcheckArgs),
+    Selfcheck(selfcheck::SelfcheckArgs),
     /// Check a GPU end to end (self-check on the device, a training run beside the CPU's,
     /// the step benchmark) and write one JSON; no network, no weights needed.
     GpuCheck(gpu_check::GpuCheckArgs),
     /// Run a backbone on input embeddings from a safetensors file, as the FPT model does
     /// (positions added, dropout off), and write `last_hidden_state`.
-    Forward(Box<check::ForwardArgs>),
+    Forward(Box<forward::ForwardArgs>),
     /// Re-check every fetched dataset and Hugging Face cache file against the sha256 it was
     /// fetched with (hashing each in full).
-    Verify(check::VerifyArgs),
+    Verify(selfcheck::VerifyArgs),
 }
 
 pub(crate) fn parse_device(s: &str) -> Result<Device> {
@@ -88,7 +89,7 @@ fn main() {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("FPT_LOG")
-                .unwrap_or_else(|_| "warn,fpt_train::pretrain=info,fpt_train::reservoir=info".into()),
+                .unwrap_or_else(|_| "warn,fpt_train::pretrain=info,fpt_train::output_only=info".into()),
         )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
@@ -113,10 +114,10 @@ fn main() {
         Command::RunCell(a) => table::run_cell(a),
         Command::Report(a) => site::report(a),
         Command::Plot(a) => site::plot(a),
-        Command::Selfcheck(a) => check::selfcheck(a),
+        Command::Selfcheck(a) => selfcheck::selfcheck(a),
         Command::GpuCheck(a) => gpu_check::gpu_check(a),
-        Command::Forward(a) => check::forward(*a),
-        Command::Verify(a) => check::verify(a),
+        Command::Forward(a) => forward::forward(*a),
+        Command::Verify(a) => selfcheck::verify(a),
     };
     if let Err(e) = res {
         eprintln!("error: {}", one_line(&e));

@@ -335,7 +335,7 @@ pub(crate) fn train(a: TrainArgs, m: &clap::ArgMatches) -> Result<()> {
         let spec = spec_from_args(&a, &given, None)?;
         let out = a.out.clone().context("--out is required")?;
         let quiet = a.quiet;
-        let r = fpt_train::linear::train_linear(&spec, &out, &device, &mut |step, acc| {
+        let r = fpt_train::linear_baseline::train_linear(&spec, &out, &device, &mut |step, acc| {
             if !quiet {
                 eprintln!("step {step:>6}/{}  test_acc {acc:.4}", spec.train.steps)
             }

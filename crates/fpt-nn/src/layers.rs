@@ -1,6 +1,6 @@
 //! Layers over [`Param`]s: each picks the op that computes no gradient for what is frozen.
 
-pub use crate::ops::branch::{BranchMid, NormAt};
+pub use crate::ops::residual_branch::{BranchMid, NormAt};
 use crate::{ops, Param};
 
 use crate::ops::sgemm::{MatRef, PackedB};
@@ -179,17 +179,17 @@ impl ResidualBranch<'_> {
         if !self.is_fused(x) {
             return self.forward_composed(x, dropout);
         }
-        let layer = |l: &Linear| -> Result<ops::branch::FrozenLinear> {
+        let layer = |l: &Linear| -> Result<ops::residual_branch::FrozenLinear> {
             let (n_out, n_in) = l.weight.tensor().dims2()?;
             let weight = if l.packs_for(x) {
-                ops::branch::FrozenWeight::Packed {
+                ops::residual_branch::FrozenWeight::Packed {
                     forward: l.packed_weight(false)?,
                     backward: l.packed_weight(true)?,
                 }
             } else {
-                ops::branch::FrozenWeight::Plain(l.weight.tensor().clone())
+                ops::residual_branch::FrozenWeight::Plain(l.weight.tensor().clone())
             };
-            Ok(ops::branch::FrozenLinear {
+            Ok(ops::residual_branch::FrozenLinear {
                 weight,
                 bias: l.bias_values()?,
                 n_in,
@@ -197,7 +197,7 @@ impl ResidualBranch<'_> {
             })
         };
         let (gamma, beta) = (self.norm.weight.get(), self.norm.bias.get());
-        let op = ops::branch::BranchOp::new(
+        let op = ops::residual_branch::BranchOp::new(
             layer(self.input)?,
             self.mid,
             layer(self.output)?,

@@ -36,17 +36,17 @@
 pub mod bench;
 pub mod checkpoint;
 mod evaluate;
-pub mod linear;
+pub mod linear_baseline;
 pub mod memory;
 pub mod optim;
 pub mod outcomes;
-pub mod parity;
+pub mod output_only;
 pub mod pretrain;
-pub mod reservoir;
 mod run_dir;
 mod run_loop;
 pub mod selfcheck;
 mod trainer;
+pub mod trajectory;
 
 pub use evaluate::{device_name, evaluate, evaluate_with, tally_with};
 pub(crate) use run_dir::{metrics_append, metrics_truncate, run_dir_err, write_result, RunLock};
@@ -204,7 +204,7 @@ pub struct RunResult {
     /// Output-only training on cached features: its timings and the speedup per epoch
     /// over FPT training (paper Table 10).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cached: Option<reservoir::CachedStats>,
+    pub cached: Option<output_only::CachedStats>,
     /// The build, kernel path, CPU and self-check behind these numbers (absent in results
     /// written before fpt recorded it).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -355,7 +355,7 @@ fn start(tr: Trainer, out_dir: &Path, device: &Device, on_event: &mut dyn FnMut(
         )?;
         metrics_truncate(&out_dir.join("metrics.jsonl"), 0)?;
         if spec.train.cached_epochs.is_some() {
-            return reservoir::run(tr, out_dir, device, on_event);
+            return output_only::run(tr, out_dir, device, on_event);
         }
         run_loop(tr, RunState::default(), out_dir, device, on_event)
     })();
@@ -429,7 +429,7 @@ fn continue_run(
     if saved.train.cached_epochs.is_some() {
         // Output-only runs keep no checkpoints (their state is one small layer): rerun.
         metrics_truncate(&out_dir.join("metrics.jsonl"), 0)?;
-        return reservoir::run(tr, out_dir, device, on_event);
+        return output_only::run(tr, out_dir, device, on_event);
     }
     let run = match checkpoint::latest(out_dir)? {
         Some(dir) => {

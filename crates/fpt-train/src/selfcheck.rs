@@ -247,7 +247,7 @@ fn trajectory_check((name, files): &Trajectory, device: &Device) -> Check {
         Ok(d) => d,
         Err(e) => return failed(name, format!("cannot unpack the fixture: {e}")),
     };
-    match crate::parity::replay(dir.path(), device) {
+    match crate::trajectory::replay(dir.path(), device) {
         Ok(d) => {
             let tol = tolerance(device);
             let loss_tol = if device.is_cpu() { LOSS_TOLERANCE } else { GPU_TOLERANCE };

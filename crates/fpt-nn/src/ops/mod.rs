@@ -9,7 +9,6 @@
 
 mod adam;
 mod attention;
-pub(crate) mod branch;
 mod dropout;
 pub(crate) mod fastmath;
 mod gelu;
@@ -17,6 +16,7 @@ mod layer_norm;
 mod linear;
 mod loss;
 mod lstm;
+pub(crate) mod residual_branch;
 pub(crate) mod sgemm;
 mod softmax;
 

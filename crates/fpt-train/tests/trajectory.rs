@@ -14,7 +14,7 @@ fn twenty_steps_follow_pytorch_on_every_kernel_path() {
             .join("../../data/fixtures")
             .join(name);
         fpt_nn::kernels::on_every_path(|path| {
-            let d = fpt_train::parity::replay(&dir, &device).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let d = fpt_train::trajectory::replay(&dir, &device).unwrap_or_else(|e| panic!("{name}: {e}"));
             eprintln!("{name} on {path}: {d:?}");
             assert_eq!(d.steps, 20);
             assert!(d.tensors >= 10, "{name}: {d:?}");
