@@ -25,29 +25,26 @@ transformers are importable.
 import argparse
 import json
 import math
+import os
 import resource
 import statistics
+import subprocess
 import time
 
 import torch
 import transformers
 
-# readout: tokens read out at the end; labels: labels per example (readout * classes
-# outputs are split into labels x classes, as fpt's output layer does).
-G = dict(arch="gpt2", layers=12, hidden=768, heads=12, readout=1, labels=1)
-M = dict(arch="minilm", layers=6, hidden=384, heads=12, readout=1, labels=1)
-L = dict(arch="lstm", layers=3, hidden=256, heads=None, readout=1, labels=1)
-SHAPES = {
-    "tiny": dict(G, layers=2, hidden=64, heads=4, batch=4, tokens=16, width=8, vocab=None, classes=10),
-    "c10": dict(G, batch=16, tokens=64, width=48, vocab=None, classes=10),
-    "lra": dict(G, batch=2, tokens=1024, width=1, vocab=None, classes=10),
-    "listops": dict(G, batch=4, tokens=512, width=None, vocab=15, classes=10),
-    "minilm-mnist": dict(M, batch=16, tokens=49, width=16, vocab=None, classes=10),
-    "minilm-listops": dict(M, batch=4, tokens=512, width=None, vocab=15, classes=10),
-    "minilm-bitxor": dict(M, batch=32, tokens=10, width=1, vocab=None, classes=2, readout=5, labels=5),
-    "lstm-bitxor": dict(L, batch=32, tokens=10, width=1, vocab=None, classes=2, readout=5, labels=5),
-    "lstm-listops": dict(L, batch=4, tokens=512, width=None, vocab=15, classes=10),
-}
+def shapes(fpt):
+    """The benchmark shapes as `fpt bench --list` defines them (one source for fpt, xtask and
+    this script): name -> dict(arch, layers, hidden, heads, batch, tokens, width, vocab,
+    classes, readout, labels)."""
+    out = {}
+    for e in json.loads(subprocess.run([fpt, "bench", "--list"], check=True, capture_output=True, text=True).stdout):
+        inp = e["input"]
+        out[e["name"]] = dict(arch=e["arch"], layers=e["layers"], hidden=e["hidden"], heads=e["heads"] or None,
+                              batch=e["batch"], tokens=e["tokens"], classes=e["classes"], readout=e["readout"],
+                              labels=e["labels"], width=inp.get("width"), vocab=inp.get("vocab"))
+    return out
 
 
 class RefLayerNorm(torch.nn.Module):
@@ -186,7 +183,9 @@ def time_steps(s, full, warmup, steps, device, nn_lstm=False):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--shape", required=True, choices=sorted(SHAPES))
+    ap.add_argument("--shape", required=True)
+    ap.add_argument("--fpt", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "target", "release", "fpt"),
+                    help="the fpt binary whose `bench --list` defines the shapes")
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
@@ -195,7 +194,10 @@ def main():
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
-    s = SHAPES[a.shape]
+    known = shapes(a.fpt)
+    if a.shape not in known:
+        ap.error(f"unknown --shape {a.shape} (known: {', '.join(sorted(known))})")
+    s = known[a.shape]
     device = torch.device(a.device)
     fpt_ms = time_steps(s, False, a.warmup, a.steps, device)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0

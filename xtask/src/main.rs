@@ -434,15 +434,24 @@ type Round = (Vec<serde_json::Value>, Option<serde_json::Value>);
 
 const BENCH_USAGE: &str = "usage: cargo xtask bench step [--backbone gpt2|minilm|lstm] [--shape NAME]... [--steps N] [--warmup N] [--rounds N] [--paths native,portable] [--device D] [--no-full] [--json]";
 
-/// The shapes of a backbone, as `fpt bench` and the PyTorch script name them.
-fn bench_shapes(backbone: &str) -> Result<Vec<String>> {
-    let v: &[&str] = match backbone {
-        "gpt2" => &["tiny", "c10", "lra", "listops"],
-        "minilm" => &["minilm-mnist", "minilm-listops", "minilm-bitxor"],
-        "lstm" => &["lstm-bitxor", "lstm-listops"],
-        other => bail!("bench step: unknown --backbone `{other}` (gpt2, minilm or lstm)"),
-    };
-    Ok(v.iter().map(|s| s.to_string()).collect())
+/// The shapes of a backbone, as `fpt bench --list` defines them (the PyTorch script reads
+/// the same list).
+fn bench_shapes(bin: &Path, backbone: &str) -> Result<Vec<String>> {
+    let out = Command::new(bin)
+        .args(["bench", "--list"])
+        .output()
+        .context("running fpt bench --list")?;
+    let all: Vec<serde_json::Value> =
+        serde_json::from_slice(&out.stdout).context("fpt bench --list printed no JSON list")?;
+    let v: Vec<String> = all
+        .iter()
+        .filter(|s| s["arch"] == backbone)
+        .filter_map(|s| s["name"].as_str().map(String::from))
+        .collect();
+    if v.is_empty() {
+        bail!("bench step: unknown --backbone `{backbone}` (gpt2, minilm or lstm)");
+    }
+    Ok(v)
 }
 
 /// The name of the kernel path fpt picks here by default (the most capable this CPU runs),
@@ -509,7 +518,8 @@ fn bench(args: &[String]) -> Result<()> {
             other => bail!("bench step: unknown argument `{other}`\n{BENCH_USAGE}"),
         }
     }
-    let known = bench_shapes(&backbone)?;
+    let bin = build_fpt()?;
+    let known = bench_shapes(&bin, &backbone)?;
     if shapes.is_empty() {
         shapes = known.clone();
     } else {
@@ -527,7 +537,6 @@ fn bench(args: &[String]) -> Result<()> {
             }
         }
     }
-    let bin = build_fpt()?;
     // Kernel paths: the native one and the portable one (what users without AVX-512 or
     // AVX2 get), each named by what ran; one when they coincide or off the CPU.
     let native = native_path(&bin)?;
@@ -584,6 +593,7 @@ fn bench(args: &[String]) -> Result<()> {
                 cmd.arg(&script).args([
                     "--shape", s, "--steps", &steps, "--warmup", &warmup, "--device", &device,
                 ]);
+                cmd.arg("--fpt").arg(&bin);
                 if no_full {
                     cmd.arg("--no-full");
                 }

@@ -26,6 +26,10 @@ pub(crate) struct BenchArgs {
     /// Print one JSON object.
     #[arg(long)]
     pub(crate) json: bool,
+    /// Print every benchmark shape as one JSON list (what `cargo xtask bench` and the
+    /// PyTorch reference script read); time nothing.
+    #[arg(long)]
+    pub(crate) list: bool,
     /// Device: `cpu`, or `cuda` / `cuda:N` when built with `--features cuda`.
     #[arg(long, default_value = "cpu")]
     pub(crate) device: String,
@@ -33,6 +37,10 @@ pub(crate) struct BenchArgs {
 
 pub(crate) fn bench(a: BenchArgs) -> Result<()> {
     use fpt_train::bench;
+    if a.list {
+        println!("{}", serde_json::to_string(&bench::SHAPES.to_vec())?);
+        return Ok(());
+    }
     let device = parse_device(&a.device)?;
     let arch = bench::Arch::parse(&a.backbone)
         .with_context(|| format!("unknown --backbone `{}` (known: gpt2, minilm, lstm)", a.backbone))?;
