@@ -1,0 +1,294 @@
+//! `cargo xtask bench step`: the FPT step (and the full fine-tune step) timed by `fpt bench`
+//! on each kernel path, beside the same step in PyTorch (`bench/pytorch_fpt_step.py`), in
+//! alternating rounds; the shapes are `fpt bench --list`'s.
+
+use crate::{build_fpt, root};
+use anyhow::{bail, Context, Result};
+use std::path::Path;
+use std::process::Command;
+
+fn python() -> String {
+    std::env::var("FPT_PYTHON").unwrap_or_else(|_| "python3".into())
+}
+
+fn run_json(cmd: &mut Command, what: &str) -> Result<serde_json::Value> {
+    let out = cmd.output().with_context(|| format!("running {what}"))?;
+    if !out.status.success() {
+        bail!("{what} failed: {}", String::from_utf8_lossy(&out.stderr).trim());
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let last = text.lines().last().unwrap_or("");
+    serde_json::from_str(last).with_context(|| format!("{what} printed no JSON: {text}"))
+}
+
+/// One bench round of a shape: fpt's JSON entry per kernel path and PyTorch's (when measured).
+type Round = (Vec<serde_json::Value>, Option<serde_json::Value>);
+
+const BENCH_USAGE: &str = "usage: cargo xtask bench step [--backbone gpt2|minilm|lstm] [--shape NAME]... [--steps N] [--warmup N] [--rounds N] [--paths native,portable] [--device D] [--no-full] [--json]";
+
+/// The shapes of a backbone, as `fpt bench --list` defines them (the PyTorch script reads
+/// the same list).
+fn bench_shapes(bin: &Path, backbone: &str) -> Result<Vec<String>> {
+    let out = Command::new(bin)
+        .args(["bench", "--list"])
+        .output()
+        .context("running fpt bench --list")?;
+    let all: Vec<serde_json::Value> =
+        serde_json::from_slice(&out.stdout).context("fpt bench --list printed no JSON list")?;
+    let v: Vec<String> = all
+        .iter()
+        .filter(|s| s["arch"] == backbone)
+        .filter_map(|s| s["name"].as_str().map(String::from))
+        .collect();
+    if v.is_empty() {
+        bail!("bench step: unknown --backbone `{backbone}` (gpt2, minilm or lstm)");
+    }
+    Ok(v)
+}
+
+/// The name of the kernel path fpt picks here by default (the most capable this CPU runs),
+/// as a one-step `fpt bench` reports it.
+fn native_path(bin: &Path) -> Result<String> {
+    let out = Command::new(bin)
+        .args([
+            "bench",
+            "--json",
+            "--shape",
+            "tiny",
+            "--steps",
+            "1",
+            "--warmup",
+            "0",
+            "--no-full",
+        ])
+        .output()
+        .context("running fpt bench to find the native kernel path")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let v: serde_json::Value =
+        serde_json::from_str(text.lines().last().unwrap_or("")).context("fpt bench printed no JSON")?;
+    v["tiny"]["kernel_path"]
+        .as_str()
+        .map(str::to_string)
+        .context("fpt bench reported no kernel path")
+}
+
+pub(crate) fn bench(args: &[String]) -> Result<()> {
+    if args.first().map(String::as_str) != Some("step") {
+        bail!("{BENCH_USAGE}");
+    }
+    let mut device = "cpu".to_string();
+    let (mut shapes, mut steps, mut warmup, mut json) = (Vec::new(), "5".to_string(), "2".to_string(), false);
+    let (mut rounds, mut no_full, mut backbone) = (1usize, false, "gpt2".to_string());
+    let mut paths_arg = "native,portable".to_string();
+    let mut it = args[1..].iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--shape" => shapes.push(it.next().context("--shape needs a name")?.clone()),
+            "--backbone" => backbone = it.next().context("--backbone needs gpt2, minilm or lstm")?.clone(),
+            "--steps" => steps = it.next().context("--steps needs a number")?.clone(),
+            "--warmup" => warmup = it.next().context("--warmup needs a number")?.clone(),
+            "--paths" => {
+                paths_arg = it
+                    .next()
+                    .context("--paths needs native, portable or native,portable")?
+                    .clone()
+            }
+            "--json" => json = true,
+            "--no-full" => no_full = true,
+            "--device" => device = it.next().context("--device needs cpu, cuda or cuda:N")?.clone(),
+            "--rounds" => {
+                rounds = it
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .filter(|&n: &usize| n > 0)
+                    .context("--rounds needs a positive number")?
+            }
+            "--help" | "-h" => {
+                println!("{BENCH_USAGE}");
+                return Ok(());
+            }
+            other => bail!("bench step: unknown argument `{other}`\n{BENCH_USAGE}"),
+        }
+    }
+    let bin = build_fpt()?;
+    let known = bench_shapes(&bin, &backbone)?;
+    if shapes.is_empty() {
+        shapes = known.clone();
+    } else {
+        // `--backbone minilm --shape mnist` means `minilm-mnist`.
+        for s in shapes.iter_mut() {
+            let prefixed = format!("{backbone}-{s}");
+            if !known.contains(s) && known.contains(&prefixed) {
+                *s = prefixed;
+            }
+            if !known.contains(s) {
+                bail!(
+                    "bench step: no shape `{s}` for --backbone {backbone} (known: {})",
+                    known.join(", ")
+                );
+            }
+        }
+    }
+    // Kernel paths: the native one and the portable one (what users without AVX-512 or
+    // AVX2 get), each named by what ran; one when they coincide or off the CPU.
+    let native = native_path(&bin)?;
+    let mut paths: Vec<(String, Option<&str>)> = Vec::new();
+    for p in paths_arg.split(',') {
+        match p.trim() {
+            "native" => paths.push((native.clone(), None)),
+            "portable" => paths.push(("portable".into(), Some("portable"))),
+            other => bail!("bench step: --paths takes native and/or portable, not `{other}`"),
+        }
+    }
+    paths.dedup_by(|a, b| a.0 == b.0);
+    if device != "cpu" {
+        paths.truncate(1);
+    }
+    let torch_ok = Command::new(python())
+        .args(["-c", "import torch, transformers"])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !torch_ok {
+        eprintln!("xtask: `{} -c \"import torch, transformers\"` failed: PyTorch is not measured (pip install torch transformers, or set FPT_PYTHON)", python());
+    }
+    let script = root().join("bench").join("pytorch_fpt_step.py");
+    let mut all = serde_json::Map::new();
+    let median = |mut v: Vec<f64>| -> Option<f64> {
+        v.sort_by(|a, b| a.total_cmp(b));
+        (!v.is_empty()).then(|| v[v.len() / 2])
+    };
+    for s in &shapes {
+        // Rounds alternate fpt (each path) and PyTorch, so all see the same machine: on
+        // shared cloud cores the speed drifts by 10-30% over minutes.
+        let mut round_rows: Vec<Round> = Vec::new();
+        for r in 1..=rounds {
+            let mut ours_per_path = Vec::new();
+            for (name, env) in &paths {
+                eprintln!("xtask: bench {s} (round {r}/{rounds}): fpt on the {name} kernel path ...");
+                let mut cmd = Command::new(&bin);
+                cmd.args([
+                    "bench", "--json", "--shape", s, "--steps", &steps, "--warmup", &warmup, "--device", &device,
+                ]);
+                if let Some(v) = env {
+                    cmd.env("FPT_KERNELS", v);
+                }
+                if no_full {
+                    cmd.arg("--no-full");
+                }
+                let ours = run_json(&mut cmd, "fpt bench")?;
+                ours_per_path.push(ours.get(s.as_str()).cloned().context("fpt bench returned no entry")?);
+            }
+            let torch = if torch_ok {
+                eprintln!("xtask: bench {s} (round {r}/{rounds}): pytorch ...");
+                let mut cmd = Command::new(python());
+                cmd.arg(&script).args([
+                    "--shape", s, "--steps", &steps, "--warmup", &warmup, "--device", &device,
+                ]);
+                cmd.arg("--fpt").arg(&bin);
+                if no_full {
+                    cmd.arg("--no-full");
+                }
+                Some(run_json(&mut cmd, "pytorch_fpt_step.py")?)
+            } else {
+                None
+            };
+            round_rows.push((ours_per_path, torch));
+        }
+        let f = |v: &serde_json::Value, k: &str| v.get(k).and_then(|x| x.as_f64());
+        let torch_med = |k: &str| {
+            median(
+                round_rows
+                    .iter()
+                    .filter_map(|x| x.1.as_ref().and_then(|t| f(t, k)))
+                    .collect(),
+            )
+        };
+        for (pi, (path, _)) in paths.iter().enumerate() {
+            let ours_of = |x: &Round| x.0[pi].clone();
+            let ratios: Vec<f64> = round_rows
+                .iter()
+                .filter_map(|x| f(&ours_of(x), "ours_ms").zip(x.1.as_ref().and_then(|t| f(t, "pytorch_ms"))))
+                .map(|(a, b)| a / b)
+                .collect();
+            let full_ratios: Vec<f64> = round_rows
+                .iter()
+                .filter_map(|x| f(&ours_of(x), "full_ms").zip(x.1.as_ref().and_then(|t| f(t, "pytorch_full_ms"))))
+                .map(|(a, b)| a / b)
+                .collect();
+            // GFLOP/s, peak and memory come from the round with the median fpt time.
+            let mut order: Vec<usize> = (0..round_rows.len()).collect();
+            order.sort_by(|&a, &b| {
+                let r = |i: usize| f(&ours_of(&round_rows[i]), "ours_ms").unwrap_or(f64::MAX);
+                r(a).total_cmp(&r(b))
+            });
+            let mid = &round_rows[order[order.len() / 2]];
+            let ours = ours_of(mid);
+            let ours_ms = median(round_rows.iter().filter_map(|x| f(&ours_of(x), "ours_ms")).collect());
+            let full_ms = median(round_rows.iter().filter_map(|x| f(&ours_of(x), "full_ms")).collect());
+            let row = serde_json::json!({
+                "shape": s,
+                "backbone": backbone,
+                "kernel_path": ours.get("kernel_path").cloned().unwrap_or(serde_json::Value::String(path.clone())),
+                "ours_ms": ours_ms,
+                "full_ms": full_ms,
+                "pytorch_ms": torch_med("pytorch_ms"),
+                "pytorch_full_ms": torch_med("pytorch_full_ms"),
+                "pytorch_nn_lstm_ms": torch_med("nn_lstm_ms"),
+                "ratio_vs_pytorch": median(ratios.clone()),
+                "round_ratios": ratios,
+                "full_ratio_vs_pytorch": median(full_ratios),
+                "rounds": rounds,
+                "fpt_over_full": ours_ms.zip(full_ms).map(|(a, b)| a / b),
+                "gflops": f(&ours, "gflops"),
+                "peak_gflops": f(&ours, "peak_gflops"),
+                "peak_fraction": f(&ours, "peak_fraction"),
+                "peak_rss_mb": f(&ours, "peak_rss_mb"),
+                "pytorch_peak_rss_mb": mid.1.as_ref().and_then(|t| f(t, "peak_rss_mb")),
+                "spread_ms": ours.get("ours"),
+            });
+            all.insert(format!("{s} [{path}]"), row);
+        }
+    }
+    if json {
+        println!("{}", serde_json::Value::Object(all));
+        return Ok(());
+    }
+    let fmt = |v: &serde_json::Value, k: &str, p: usize| {
+        v.get(k)
+            .and_then(|x| x.as_f64())
+            .map_or("-".to_string(), |x| format!("{x:.p$}"))
+    };
+    println!("| shape | kernels | fpt step ms | pytorch ms | ours/pytorch | full ms (ours / pytorch) | full ratio | GFLOP/s | peak fraction | RSS MB (ours / pytorch) |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    for r in all.values() {
+        // With several rounds, the per-round ratios beside their median.
+        let mut ratio = fmt(r, "ratio_vs_pytorch", 2);
+        let rounds: Vec<String> = r["round_ratios"]
+            .as_array()
+            .map(|v| v.iter().filter_map(|x| x.as_f64()).map(|x| format!("{x:.2}")).collect())
+            .unwrap_or_default();
+        if rounds.len() > 1 {
+            ratio = format!("{ratio} ({})", rounds.join(", "));
+        }
+        let mut torch = fmt(r, "pytorch_ms", 1);
+        if r["pytorch_nn_lstm_ms"].is_number() {
+            torch = format!("{torch} (nn.LSTM {})", fmt(r, "pytorch_nn_lstm_ms", 1));
+        }
+        println!(
+            "| {} | {} | {} | {torch} | {ratio} | {} / {} | {} | {} | {} of {} | {} / {} |",
+            r["shape"].as_str().unwrap_or("?"),
+            r["kernel_path"].as_str().unwrap_or("?"),
+            fmt(r, "ours_ms", 1),
+            fmt(r, "full_ms", 1),
+            fmt(r, "pytorch_full_ms", 1),
+            fmt(r, "full_ratio_vs_pytorch", 2),
+            fmt(r, "gflops", 1),
+            fmt(r, "peak_fraction", 2),
+            fmt(r, "peak_gflops", 1),
+            fmt(r, "peak_rss_mb", 0),
+            fmt(r, "pytorch_peak_rss_mb", 0)
+        );
+    }
+    Ok(())
+}
