@@ -155,7 +155,11 @@ pub(crate) fn xy_svg(title: &str, xlabel: &str, series: &[(String, Vec<(f64, f64
     let ticks: Vec<f64> = if integers {
         (xmin as i64..=xmax as i64).map(|v| v as f64).collect()
     } else {
-        (0..=4).map(|k| xmin + (xmax - xmin) * k as f64 / 4.0).collect()
+        // Round steps: multiples of a 1, 2, 2.5, ... x 10^k step within the range.
+        let (_, step, _) = nice_axis(xmax - xmin);
+        let first = (xmin / step).ceil() as i64;
+        let last = (xmax / step).floor() as i64;
+        (first..=last).map(|k| k as f64 * step).collect()
     };
     for t in ticks {
         let _ = writeln!(
