@@ -91,7 +91,6 @@ mod tests {
             step: 1,
             labels_per_example: 1,
             correct,
-            baseline: vec![],
             predicted: vec![],
             fingerprint: fingerprint.into(),
         }

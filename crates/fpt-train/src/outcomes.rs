@@ -67,7 +67,8 @@ impl Tally {
     }
 }
 
-/// The per-example outcomes of one evaluation (`outcomes.json`).
+/// The per-example outcomes of one evaluation (`outcomes.json`). The trivial baseline's
+/// per-example scores are not kept: the task gives them again ([`Baseline::scores`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Outcomes {
     /// The step evaluated.
@@ -76,8 +77,6 @@ pub struct Outcomes {
     pub labels_per_example: usize,
     /// Right labels per example, in the split's order.
     pub correct: Vec<u32>,
-    /// The trivial baseline's score per example (share of its labels right), same order.
-    pub baseline: Vec<f64>,
     /// Predictions per class.
     pub predicted: Vec<u64>,
     /// The evaluated labels' fingerprint ([`Baseline::fingerprint`]): runs with equal
@@ -92,7 +91,6 @@ impl Outcomes {
             step,
             labels_per_example,
             correct: tally.correct.clone(),
-            baseline: base.scores.clone(),
             predicted: tally.predicted.clone(),
             fingerprint: base.fingerprint.clone(),
         }
@@ -292,7 +290,6 @@ mod tests {
             step: 1,
             labels_per_example: 1,
             correct,
-            baseline: vec![],
             predicted,
             fingerprint: "f".into(),
         }

@@ -245,7 +245,11 @@ pub(crate) fn run_loop(
     };
     let baseline = match tally {
         Some(tally) => {
-            let base = tr.task().baseline(Split::Test)?;
+            // Built once: for stopping within noise, or now.
+            let base = match stop_baseline.take() {
+                Some(b) => b,
+                None => tr.task().baseline(Split::Test)?,
+            };
             let out = outcomes::Outcomes::new(last.step, tr.task().dims().labels_per_example, &tally, &base);
             outcomes::write(out_dir, &out)?;
             let losses: Vec<f64> = run.evals.iter().map(|e| e.train_loss).collect();
