@@ -337,6 +337,86 @@ fn packed_qkv(q: &Linear, k: &Linear, v: &Linear) -> candle_core::Result<Option<
     Ok(Some(Linear::new(Param::new(w, false)?, Some(Param::new(b, false)?))))
 }
 
+/// BERT's (and Longformer's) entry in [`crate::ARCHITECTURES`].
+pub const REGISTRATION: crate::Registration = crate::Registration {
+    names: &["BERT", "Longformer"],
+    model_types: &["bert", "longformer"],
+    builtin: |name| BertConfig::builtin(name).map(crate::Config::new),
+    read: |v, text, path| match crate::model_type(v) {
+        Some("bert") => Some(BertConfig::from_json(text, path).map(crate::Config::new)),
+        Some("longformer") => Some(BertConfig::from_longformer_json(text, path).map(crate::Config::new)),
+        _ => None,
+    },
+};
+
+impl crate::ArchConfig for BertConfig {
+    crate::arch_config_common!(BertConfig, Bert);
+
+    fn architecture(&self) -> &'static str {
+        if self.longformer.is_some() {
+            "longformer"
+        } else {
+            "bert"
+        }
+    }
+
+    fn layers(&self) -> usize {
+        self.num_hidden_layers
+    }
+
+    fn heads(&self) -> usize {
+        self.num_attention_heads
+    }
+
+    fn hidden_size(&self) -> usize {
+        self.hidden_size
+    }
+
+    fn summary(&self) -> String {
+        let c = self;
+        match c.longformer {
+            Some(l) => format!(
+                "longformer: {} layers, hidden {}, {} heads, mlp {}, {} positions, sliding window of {} keys each side, eps {:e}",
+                c.num_hidden_layers,
+                c.hidden_size,
+                c.num_attention_heads,
+                c.intermediate_size,
+                c.max_position_embeddings - l.position_offset,
+                l.one_sided_window,
+                c.layer_norm_eps
+            ),
+            None => format!(
+                "bert: {} layers, hidden {}, {} heads, mlp {}, {} positions, bidirectional, eps {:e}",
+                c.num_hidden_layers,
+                c.hidden_size,
+                c.num_attention_heads,
+                c.intermediate_size,
+                c.max_position_embeddings,
+                c.layer_norm_eps
+            ),
+        }
+    }
+
+    fn random(
+        &self,
+        _spec: &fpt_spec::BackboneSpec,
+        groups: &TrainGroups,
+        device: &Device,
+        rng: &mut Rng,
+    ) -> Result<Box<dyn Backbone>> {
+        Ok(Box::new(Bert::random(self, groups, device, rng)?))
+    }
+
+    fn saved_as(&self) -> Option<crate::SavedAs> {
+        // Longformer's fpt position table has no Hub counterpart.
+        self.longformer.is_none().then_some(crate::SavedAs {
+            model_type: "bert",
+            class: "BertModel",
+            naming: Bert::NAMING,
+        })
+    }
+}
+
 impl Arch for Bert {
     type Config = BertConfig;
     const NAMING: Naming = Naming {
@@ -538,7 +618,7 @@ impl Backbone for Bert {
     }
 
     fn config(&self) -> crate::Config {
-        crate::Config::Bert(self.config.clone())
+        crate::Config::new(self.config.clone())
     }
 
     crate::backbone_common!(layers, num_hidden_layers, hidden_size);
@@ -555,7 +635,7 @@ mod tests {
     fn packed_qkv_equals_three_products() {
         fpt_nn::kernels::on_every_path(|_| {
             let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/fixtures/bert-tiny");
-            let crate::Config::Bert(cfg) = crate::Config::from_file(&dir.join("config.json")).unwrap() else {
+            let Some(cfg) = crate::Config::from_file(&dir.join("config.json")).unwrap().get::<crate::bert::BertConfig>().cloned() else {
                 panic!("expected a BERT config")
             };
             let mut model =
@@ -587,7 +667,7 @@ mod tests {
         });
         // An attention group that trains keeps the three products.
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/fixtures/bert-tiny");
-        let crate::Config::Bert(cfg) = crate::Config::from_file(&dir.join("config.json")).unwrap() else {
+        let Some(cfg) = crate::Config::from_file(&dir.join("config.json")).unwrap().get::<crate::bert::BertConfig>().cloned() else {
             panic!("expected a BERT config")
         };
         let model = Bert::load(

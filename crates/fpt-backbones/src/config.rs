@@ -1,33 +1,130 @@
-//! A backbone's config by architecture ([`Config`]): built in, or read from `config.json`.
+//! A backbone's config ([`Config`]) and the registry of architectures
+//! ([`ARCHITECTURES`]): each architecture implements [`ArchConfig`] in its own file and
+//! adds one [`Registration`] line here, and nothing else in the crate names it.
 
 #[allow(unused_imports)]
 use super::*;
+use std::any::Any;
+use std::sync::Arc;
 
-/// A backbone's config, by architecture.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Config {
-    /// GPT-2.
-    Gpt2(gpt2::Gpt2Config),
-    /// BERT family.
-    Bert(bert::BertConfig),
-    /// T5 encoder.
-    T5(t5::T5Config),
-    /// ViT.
-    Vit(vit::VitConfig),
-    /// The layer-norm LSTM baseline.
-    Lstm(lstm::LstmConfig),
+/// Every architecture fpt builds, in the order a `config.json` is offered to them. Adding
+/// a backbone: its file (a config type implementing [`ArchConfig`], a model implementing
+/// [`Backbone`]) and one line here.
+pub const ARCHITECTURES: &[Registration] = &[
+    gpt2::REGISTRATION,
+    bert::REGISTRATION,
+    t5::REGISTRATION,
+    vit::REGISTRATION,
+    lstm::REGISTRATION,
+];
+
+/// How an architecture makes itself known: its names, its built-in configs, and which
+/// `config.json` files are its.
+#[derive(Debug, Clone, Copy)]
+pub struct Registration {
+    /// How documents name it (`GPT-2`, `BERT`, `Longformer`, ...): the crate facade's docs
+    /// name each (a tidy test checks).
+    pub names: &'static [&'static str],
+    /// The `model_type`s of the `config.json` files it reads, for error messages.
+    pub model_types: &'static [&'static str],
+    /// The built-in config of a known model name, if it is one of this architecture's.
+    pub builtin: fn(&str) -> Option<Config>,
+    /// The config of a parsed `config.json` (`text` as read, `path` for errors), or `None`
+    /// when the file is not this architecture's.
+    pub read: fn(&serde_json::Value, &str, &Path) -> Option<Result<Config>>,
+}
+
+/// What the loader, `fpt inspect` and `save_pretrained` ask of an architecture's config.
+pub trait ArchConfig: std::fmt::Debug + Send + Sync + 'static {
+    /// The architecture's name, e.g. `gpt2` (`longformer` for a BERT config with a window).
+    fn architecture(&self) -> &'static str;
+    /// Number of blocks.
+    fn layers(&self) -> usize;
+    /// Attention heads per block (0 for an LSTM).
+    fn heads(&self) -> usize;
+    /// Hidden width.
+    fn hidden_size(&self) -> usize;
+    /// Every parameter the config implies.
+    fn param_specs(&self) -> Vec<ParamSpec>;
+    /// One line: layers, width, heads, MLP width, positions, attention pattern.
+    fn summary(&self) -> String;
+    /// The config as JSON (for reports and `save_pretrained`).
+    fn to_json(&self) -> serde_json::Value;
+    /// The config with shape overrides applied (random init).
+    fn with_overrides(&self, o: &ShapeOverrides) -> Result<Config>;
+    /// A randomly initialised model (`spec` for settings such as GPT-2's residual init).
+    fn random(
+        &self,
+        spec: &BackboneSpec,
+        groups: &TrainGroups,
+        device: &Device,
+        rng: &mut Rng,
+    ) -> Result<Box<dyn Backbone>>;
+    /// The model from the checkpoint at `weights`, its tensors passed through `prep`.
+    fn checkpoint(
+        &self,
+        weights: &Path,
+        groups: &TrainGroups,
+        device: &Device,
+        origin: String,
+        prep: &mut Prep<'_>,
+    ) -> Result<Box<dyn Backbone>>;
+    /// Whether pretrained weights of this architecture exist anywhere (the built-in LSTM
+    /// baseline has none: asking the Hub for them would only fail later).
+    fn has_pretrained_weights(&self) -> bool {
+        true
+    }
+    /// How [`save_pretrained`] writes it (`model_type`, the `architectures` class, the
+    /// tensor naming), or `None` where it is not written.
+    fn saved_as(&self) -> Option<SavedAs> {
+        None
+    }
+    /// The concrete config, for [`Config::get`].
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// A pass over a checkpoint's tensors as read (statistics-only init redraws them).
+pub type Prep<'a> = dyn FnMut(Tensors) -> Result<Tensors> + 'a;
+
+/// Tensors by fpt's names.
+pub type Tensors = std::collections::HashMap<String, Tensor>;
+
+/// How a backbone is written by [`save_pretrained`].
+pub struct SavedAs {
+    /// `config.json`'s `model_type`.
+    pub model_type: &'static str,
+    /// `config.json`'s `architectures` entry (the `transformers` class).
+    pub class: &'static str,
+    /// How the checkpoint names and lays out the tensors.
+    pub(crate) naming: Naming,
+}
+
+/// A backbone's config: one architecture's [`ArchConfig`], built in or read from
+/// `config.json`.
+#[derive(Debug, Clone)]
+pub struct Config(Arc<dyn ArchConfig>);
+
+impl PartialEq for Config {
+    fn eq(&self, other: &Self) -> bool {
+        self.architecture() == other.architecture() && self.to_json() == other.to_json()
+    }
 }
 
 impl Config {
+    /// Wraps an architecture's config.
+    pub fn new(config: impl ArchConfig) -> Self {
+        Self(Arc::new(config))
+    }
+
+    /// The concrete config, when it is a `T` (e.g. `config.get::<bert::BertConfig>()`).
+    pub fn get<T: ArchConfig>(&self) -> Option<&T> {
+        self.0.as_any().downcast_ref::<T>()
+    }
+
     /// The built-in config of a known model name (`gpt2`..`gpt2-xl`, `bert-base-uncased`,
-    /// `sentence-transformers/all-MiniLM-L6-v2`).
+    /// `sentence-transformers/all-MiniLM-L6-v2`, `t5-base`, ...).
     pub fn builtin(name: &str) -> Option<Self> {
-        gpt2::Gpt2Config::builtin(name)
-            .map(Config::Gpt2)
-            .or_else(|| bert::BertConfig::builtin(name).map(Config::Bert))
-            .or_else(|| t5::T5Config::builtin(name).map(Config::T5))
-            .or_else(|| vit::VitConfig::builtin(name).map(Config::Vit))
-            .or_else(|| lstm::LstmConfig::builtin(name).map(Config::Lstm))
+        ARCHITECTURES.iter().find_map(|r| (r.builtin)(name))
     }
 
     /// Reads a `config.json`, picking the architecture from its `model_type`.
@@ -41,183 +138,113 @@ impl Config {
 
     /// Parses a `config.json` text (`path` names it in errors).
     pub fn from_json(text: &str, path: &Path) -> Result<Self> {
-        let text = text.to_string();
-        let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| BackboneError::Config {
+        let v: serde_json::Value = serde_json::from_str(text).map_err(|e| BackboneError::Config {
             path: path.to_path_buf(),
             msg: e.to_string(),
         })?;
-        match v.get("model_type").and_then(|t| t.as_str()) {
-            Some("gpt2") => Ok(Config::Gpt2(gpt2::Gpt2Config::from_json(&text, path)?)),
-            Some("bert") => Ok(Config::Bert(bert::BertConfig::from_json(&text, path)?)),
-            Some("longformer") => Ok(Config::Bert(bert::BertConfig::from_longformer_json(&text, path)?)),
-            Some("t5") => Ok(Config::T5(t5::T5Config::from_json(&text, path)?)),
-            Some("vit") => Ok(Config::Vit(vit::VitConfig::from_json(&text, path)?)),
-            Some("fpt-lstm") => Ok(Config::Lstm(lstm::LstmConfig::from_json(&text, path)?)),
-            Some(other) => Err(BackboneError::Config {
-                path: path.to_path_buf(),
-                msg: format!("model_type `{other}` is not supported (supported: gpt2, bert, longformer, t5, vit, fpt-lstm)"),
-            }),
-            // timm checkpoints name their architecture instead.
-            None if v.get("architecture").and_then(|a| a.as_str()).is_some_and(|a| a.starts_with("vit_")) => {
-                Ok(Config::Vit(vit::VitConfig::from_timm_json(&v, path)?))
-            }
-            None => Err(BackboneError::Config {
-                path: path.to_path_buf(),
-                msg: "missing field `model_type` (expected gpt2, bert, longformer, t5 or vit; or a timm `architecture` vit_*)".into(),
-            }),
+        if let Some(read) = ARCHITECTURES.iter().find_map(|r| (r.read)(&v, text, path)) {
+            return read;
         }
+        let known: Vec<&str> = ARCHITECTURES.iter().flat_map(|r| r.model_types.iter().copied()).collect();
+        let msg = match v.get("model_type").and_then(|t| t.as_str()) {
+            Some(other) => format!(
+                "model_type `{other}` is not supported (supported: {})",
+                known.join(", ")
+            ),
+            None => format!(
+                "missing field `model_type` (expected one of {}; or a timm `architecture` vit_*)",
+                known.join(", ")
+            ),
+        };
+        Err(BackboneError::Config {
+            path: path.to_path_buf(),
+            msg,
+        })
     }
 
     /// Applies shape overrides (random init).
     pub fn with_overrides(self, o: &ShapeOverrides) -> Result<Self> {
-        Ok(match self {
-            Config::Gpt2(c) => Config::Gpt2(c.with_overrides(o)?),
-            Config::Bert(c) => Config::Bert(c.with_overrides(o)?),
-            Config::T5(c) => Config::T5(c.with_overrides(o)?),
-            Config::Vit(c) => Config::Vit(c.with_overrides(o)?),
-            Config::Lstm(c) => Config::Lstm(c.with_overrides(o)?),
-        })
+        self.0.with_overrides(o)
     }
 
-    /// `gpt2` or `bert`.
+    /// `gpt2`, `bert`, `longformer`, `t5`, `vit`, `lstm`.
     pub fn architecture(&self) -> &'static str {
-        match self {
-            Config::Gpt2(_) => "gpt2",
-            Config::Bert(c) if c.longformer.is_some() => "longformer",
-            Config::Bert(_) => "bert",
-            Config::T5(_) => "t5",
-            Config::Vit(_) => "vit",
-            Config::Lstm(_) => "lstm",
-        }
+        self.0.architecture()
     }
 
-    /// Number of transformer blocks.
+    /// Number of blocks.
     pub fn layers(&self) -> usize {
-        match self {
-            Config::Gpt2(c) => c.n_layer,
-            Config::Bert(c) => c.num_hidden_layers,
-            Config::T5(c) => c.num_layers,
-            Config::Vit(c) => c.num_hidden_layers,
-            Config::Lstm(c) => c.num_layers,
-        }
+        self.0.layers()
     }
 
     /// Attention heads per block (0 for an LSTM).
     pub fn heads(&self) -> usize {
-        match self {
-            Config::Gpt2(c) => c.n_head,
-            Config::Bert(c) => c.num_attention_heads,
-            Config::T5(c) => c.num_heads,
-            Config::Vit(c) => c.num_attention_heads,
-            Config::Lstm(_) => 0,
-        }
+        self.0.heads()
     }
 
     /// Hidden width.
     pub fn hidden_size(&self) -> usize {
-        match self {
-            Config::Gpt2(c) => c.n_embd,
-            Config::Bert(c) => c.hidden_size,
-            Config::T5(c) => c.d_model,
-            Config::Vit(c) => c.hidden_size,
-            Config::Lstm(c) => c.hidden_size,
-        }
+        self.0.hidden_size()
     }
 
     /// Every parameter from the config.
     pub fn param_specs(&self) -> Vec<ParamSpec> {
-        match self {
-            Config::Gpt2(c) => c.param_specs(),
-            Config::Bert(c) => c.param_specs(),
-            Config::T5(c) => c.param_specs(),
-            Config::Vit(c) => c.param_specs(),
-            Config::Lstm(c) => c.param_specs(),
-        }
+        self.0.param_specs()
     }
 
     /// One line: layers, width, heads, MLP width, positions, causal or not.
     pub fn summary(&self) -> String {
-        match self {
-            Config::Gpt2(c) => format!(
-                "gpt2: {} layers, hidden {}, {} heads, mlp {}, {} positions, causal, eps {:e}",
-                c.n_layer,
-                c.n_embd,
-                c.n_head,
-                c.inner(),
-                c.n_positions,
-                c.layer_norm_epsilon
-            ),
-            Config::Bert(c) if c.longformer.is_some() => {
-                let l = c.longformer.expect("checked");
-                format!(
-                    "longformer: {} layers, hidden {}, {} heads, mlp {}, {} positions, sliding window of {} keys each side, eps {:e}",
-                    c.num_hidden_layers,
-                    c.hidden_size,
-                    c.num_attention_heads,
-                    c.intermediate_size,
-                    c.max_position_embeddings - l.position_offset,
-                    l.one_sided_window,
-                    c.layer_norm_eps
-                )
-            }
-            Config::Bert(c) => format!(
-                "bert: {} layers, hidden {}, {} heads, mlp {}, {} positions, bidirectional, eps {:e}",
-                c.num_hidden_layers,
-                c.hidden_size,
-                c.num_attention_heads,
-                c.intermediate_size,
-                c.max_position_embeddings,
-                c.layer_norm_eps
-            ),
-            Config::T5(c) => format!(
-                "t5 encoder: {} layers, d_model {}, {} heads x d_kv {}, mlp {} relu, {} relative-position buckets (max distance {}), bidirectional, RMS norm eps {:e}",
-                c.num_layers,
-                c.d_model,
-                c.num_heads,
-                c.d_kv,
-                c.d_ff,
-                c.relative_attention_num_buckets,
-                c.relative_attention_max_distance,
-                c.layer_norm_epsilon
-            ),
-            Config::Vit(c) => format!(
-                "vit: {} layers, hidden {}, {} heads, mlp {}, fpt's {} zero-init positions (patch embedding, class token, head bypassed), bidirectional, eps {:e}",
-                c.num_hidden_layers,
-                c.hidden_size,
-                c.num_attention_heads,
-                c.intermediate_size,
-                vit::FPT_POSITIONS,
-                c.layer_norm_eps
-            ),
-            Config::Lstm(c) => format!(
-                "layer-norm lstm: {} layers, hidden {}, {}, {}, {:?} LayerNorm init, {:?} initial state, dropout {}",
-                c.num_layers,
-                c.hidden_size,
-                if c.residual { "residual" } else { "no residual" },
-                if c.positions {
-                    format!("{} learned positions", c.max_positions)
-                } else {
-                    "no positions".to_string()
-                },
-                c.ln_init,
-                c.initial_state,
-                c.dropout
-            ),
-        }
+        self.0.summary()
     }
 
     /// The config as JSON (for reports).
     pub fn to_json(&self) -> serde_json::Value {
-        match self {
-            Config::Gpt2(c) => serde_json::to_value(c),
-            Config::Bert(c) => serde_json::to_value(c),
-            Config::T5(c) => serde_json::to_value(c),
-            Config::Vit(c) => serde_json::to_value(c),
-            Config::Lstm(c) => serde_json::to_value(c),
-        }
-        .expect("config serialises")
+        self.0.to_json()
+    }
+
+    /// The architecture's config trait object.
+    pub(crate) fn arch(&self) -> &dyn ArchConfig {
+        self.0.as_ref()
     }
 }
+
+/// The [`ArchConfig`] methods every architecture implements the same way, for a config
+/// type `$config` with `param_specs` and `with_overrides` of its own and a model `$model`
+/// implementing `Arch<Config = $config>`.
+macro_rules! arch_config_common {
+    ($config:ty, $model:ty) => {
+        fn param_specs(&self) -> Vec<$crate::ParamSpec> {
+            <$config>::param_specs(self)
+        }
+
+        fn to_json(&self) -> serde_json::Value {
+            serde_json::to_value(self).expect("config serialises")
+        }
+
+        fn with_overrides(&self, o: &fpt_spec::ShapeOverrides) -> $crate::Result<$crate::Config> {
+            Ok($crate::Config::new(<$config>::with_overrides(self.clone(), o)?))
+        }
+
+        fn checkpoint(
+            &self,
+            weights: &std::path::Path,
+            groups: &fpt_spec::TrainGroups,
+            device: &candle_core::Device,
+            origin: String,
+            prep: &mut $crate::Prep<'_>,
+        ) -> $crate::Result<Box<dyn $crate::Backbone>> {
+            let tensors = prep(<$model as $crate::Arch>::read(self, weights, device)?)?;
+            Ok(Box::new(<$model as $crate::Arch>::from_tensors(
+                self, tensors, groups, origin,
+            )?))
+        }
+
+        fn as_any(&self) -> &dyn std::any::Any {
+            self
+        }
+    };
+}
+pub(crate) use arch_config_common;
 
 /// Parses a `config.json` text into `T` and checks it; errors name `path`.
 pub(crate) fn parse_config<T: serde::de::DeserializeOwned>(
@@ -232,4 +259,9 @@ pub(crate) fn parse_config<T: serde::de::DeserializeOwned>(
     let cfg: T = serde_json::from_str(text).map_err(|e| err(e.to_string()))?;
     validate(&cfg).map_err(err)?;
     Ok(cfg)
+}
+
+/// The `model_type` of a parsed `config.json`, if it has one.
+pub(crate) fn model_type(v: &serde_json::Value) -> Option<&str> {
+    v.get("model_type").and_then(|t| t.as_str())
 }

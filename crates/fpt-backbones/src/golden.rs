@@ -155,7 +155,7 @@ pub fn minilm_diff(
     device: &Device,
 ) -> Result<(f32, f64)> {
     let bad = |msg: &str| BackboneError::Unsupported(format!("MiniLM reference: {msg}"));
-    let crate::Config::Bert(cfg) = crate::Config::from_file(&files.config)? else {
+    let Some(cfg) = crate::Config::from_file(&files.config)?.get::<crate::bert::BertConfig>().cloned() else {
         return Err(bad("the cached model is not a BERT"));
     };
     let weights = files

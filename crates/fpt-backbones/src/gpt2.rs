@@ -230,6 +230,66 @@ pub struct Gpt2 {
     common: Common,
 }
 
+/// GPT-2's entry in [`crate::ARCHITECTURES`].
+pub const REGISTRATION: crate::Registration = crate::Registration {
+    names: &["GPT-2"],
+    model_types: &["gpt2"],
+    builtin: |name| Gpt2Config::builtin(name).map(crate::Config::new),
+    read: |v, text, path| {
+        (crate::model_type(v) == Some("gpt2")).then(|| Gpt2Config::from_json(text, path).map(crate::Config::new))
+    },
+};
+
+impl crate::ArchConfig for Gpt2Config {
+    crate::arch_config_common!(Gpt2Config, Gpt2);
+
+    fn architecture(&self) -> &'static str {
+        "gpt2"
+    }
+
+    fn layers(&self) -> usize {
+        self.n_layer
+    }
+
+    fn heads(&self) -> usize {
+        self.n_head
+    }
+
+    fn hidden_size(&self) -> usize {
+        self.n_embd
+    }
+
+    fn summary(&self) -> String {
+        format!(
+            "gpt2: {} layers, hidden {}, {} heads, mlp {}, {} positions, causal, eps {:e}",
+            self.n_layer,
+            self.n_embd,
+            self.n_head,
+            self.inner(),
+            self.n_positions,
+            self.layer_norm_epsilon
+        )
+    }
+
+    fn random(
+        &self,
+        spec: &fpt_spec::BackboneSpec,
+        groups: &TrainGroups,
+        device: &Device,
+        rng: &mut Rng,
+    ) -> Result<Box<dyn Backbone>> {
+        Ok(Box::new(Gpt2::random(self, spec.residual_init, groups, device, rng)?))
+    }
+
+    fn saved_as(&self) -> Option<crate::SavedAs> {
+        Some(crate::SavedAs {
+            model_type: "gpt2",
+            class: "GPT2Model",
+            naming: Gpt2::NAMING,
+        })
+    }
+}
+
 impl Arch for Gpt2 {
     type Config = Gpt2Config;
     const NAMING: Naming = Naming {
@@ -427,7 +487,7 @@ impl Backbone for Gpt2 {
     }
 
     fn config(&self) -> crate::Config {
-        crate::Config::Gpt2(self.config.clone())
+        crate::Config::new(self.config.clone())
     }
 
     crate::backbone_common!(blocks, n_layer, n_embd);

@@ -37,7 +37,7 @@ use std::path::{Path, PathBuf};
 
 pub(crate) use attention_glue::*;
 pub(crate) use checks::*;
-pub use config::Config;
+pub use config::{ArchConfig, Config, Prep, Registration, SavedAs, Tensors, ARCHITECTURES};
 pub(crate) use config::*;
 pub use error::{BackboneError, Result};
 pub(crate) use load::*;

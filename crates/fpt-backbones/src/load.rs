@@ -114,27 +114,12 @@ pub(crate) fn random_origin(layers: usize, wide: usize, heads: usize) -> String 
     format!("random init ({layers} layers x {wide} wide x {heads} heads)")
 }
 
-/// The checkpoint at `weights`, its tensors passed through `prep`, as a boxed backbone.
-fn boxed<A: Arch>(
-    config: &A::Config,
-    weights: &Path,
-    groups: &TrainGroups,
-    device: &Device,
-    origin: String,
-    prep: &mut dyn FnMut(
-        std::collections::HashMap<String, Tensor>,
-    ) -> Result<std::collections::HashMap<String, Tensor>>,
-) -> Result<Box<dyn Backbone>> {
-    let tensors = prep(A::read(config, weights, device)?)?;
-    Ok(Box::new(A::from_tensors(config, tensors, groups, origin)?))
-}
-
 fn build(spec: &BackboneSpec, groups: &TrainGroups, device: &Device, rng: &mut Rng) -> Result<Box<dyn Backbone>> {
     let config = match Config::builtin(&spec.source) {
         Some(c) if spec.init == Init::Random => c,
-        // No checkpoint of the built-in LSTM exists anywhere: say so instead of asking the
-        // Hub for a model called `lstm`.
-        Some(Config::Lstm(_)) if spec.init.needs_weights() && !Path::new(&spec.source).is_dir() => {
+        // A built-in architecture no checkpoint exists of (the LSTM baseline): say so
+        // instead of asking the Hub for a model of that name.
+        Some(c) if !c.arch().has_pretrained_weights() && !Path::new(&spec.source).is_dir() => {
             return Err(BackboneError::Unsupported(format!(
                 "the built-in `{}` baseline has no pretrained weights (init `{}` asked for them): \
                  train it from a random init (`--init random`), or pass a directory written by \
@@ -154,25 +139,12 @@ fn build(spec: &BackboneSpec, groups: &TrainGroups, device: &Device, rng: &mut R
                     w.display().to_string()
                 };
                 let mut prep = |t| if stats { stats_only(t, rng) } else { Ok(t) };
-                let (w, prep) = (w.as_path(), &mut prep);
-                return match config {
-                    Config::Gpt2(c) => boxed::<gpt2::Gpt2>(&c, w, groups, device, origin, prep),
-                    Config::Bert(c) => boxed::<bert::Bert>(&c, w, groups, device, origin, prep),
-                    Config::T5(c) => boxed::<t5::T5Encoder>(&c, w, groups, device, origin, prep),
-                    Config::Vit(c) => boxed::<vit::Vit>(&c, w, groups, device, origin, prep),
-                    Config::Lstm(c) => boxed::<lstm::Lstm>(&c, w, groups, device, origin, prep),
-                };
+                return config.arch().checkpoint(w, groups, device, origin, &mut prep);
             }
             config
         }
     };
-    Ok(match config.with_overrides(&spec.shape)? {
-        Config::Gpt2(c) => Box::new(gpt2::Gpt2::random(&c, spec.residual_init, groups, device, rng)?),
-        Config::Bert(c) => Box::new(bert::Bert::random(&c, groups, device, rng)?),
-        Config::T5(c) => Box::new(t5::T5Encoder::random(&c, groups, device, rng)?),
-        Config::Vit(c) => Box::new(vit::Vit::random(&c, groups, device, rng)?),
-        Config::Lstm(c) => Box::new(lstm::Lstm::random(&c, groups, device, rng)?),
-    })
+    config.with_overrides(&spec.shape)?.arch().random(spec, groups, device, rng)
 }
 
 /// The config and parameter specs of the backbone a spec names, without materialising
@@ -203,17 +175,16 @@ pub fn save_pretrained(
 ) -> Result<()> {
     let config = backbone.config();
     // Tensors are stored as the architecture's checkpoints store them (`Arch::NAMING`).
-    let (model_type, arch, naming) = match &config {
-        Config::Gpt2(_) => ("gpt2", "GPT2Model", gpt2::Gpt2::NAMING),
-        Config::Bert(c) if c.longformer.is_none() => ("bert", "BertModel", bert::Bert::NAMING),
-        Config::T5(_) => ("t5", "T5EncoderModel", t5::T5Encoder::NAMING),
-        Config::Lstm(_) => ("fpt-lstm", "FptLstm", lstm::Lstm::NAMING),
-        other => {
-            return Err(BackboneError::Unsupported(format!(
-                "saving a {} backbone is not supported (gpt2, bert, t5 and lstm are)",
-                other.architecture()
-            )))
-        }
+    let Some(SavedAs {
+        model_type,
+        class: arch,
+        naming,
+    }) = config.arch().saved_as()
+    else {
+        return Err(BackboneError::Unsupported(format!(
+            "saving a {} backbone is not supported (its fpt position table has no Hub counterpart)",
+            config.architecture()
+        )));
     };
     let io = |path: PathBuf| move |source| BackboneError::Io { path, source };
     std::fs::create_dir_all(dir).map_err(io(dir.to_path_buf()))?;

@@ -223,6 +223,76 @@ pub struct Lstm {
     common: Common,
 }
 
+/// The LSTM baseline's entry in [`crate::ARCHITECTURES`].
+pub const REGISTRATION: crate::Registration = crate::Registration {
+    names: &["LSTM"],
+    model_types: &["fpt-lstm"],
+    builtin: |name| LstmConfig::builtin(name).map(crate::Config::new),
+    read: |v, text, path| {
+        (crate::model_type(v) == Some("fpt-lstm")).then(|| LstmConfig::from_json(text, path).map(crate::Config::new))
+    },
+};
+
+impl crate::ArchConfig for LstmConfig {
+    crate::arch_config_common!(LstmConfig, Lstm);
+
+    fn architecture(&self) -> &'static str {
+        "lstm"
+    }
+
+    fn layers(&self) -> usize {
+        self.num_layers
+    }
+
+    fn heads(&self) -> usize {
+        0
+    }
+
+    fn hidden_size(&self) -> usize {
+        self.hidden_size
+    }
+
+    fn summary(&self) -> String {
+        let c = self;
+        format!(
+            "layer-norm lstm: {} layers, hidden {}, {}, {}, {:?} LayerNorm init, {:?} initial state, dropout {}",
+            c.num_layers,
+            c.hidden_size,
+            if c.residual { "residual" } else { "no residual" },
+            if c.positions {
+                format!("{} learned positions", c.max_positions)
+            } else {
+                "no positions".to_string()
+            },
+            c.ln_init,
+            c.initial_state,
+            c.dropout
+        )
+    }
+
+    fn random(
+        &self,
+        _spec: &fpt_spec::BackboneSpec,
+        groups: &TrainGroups,
+        device: &Device,
+        rng: &mut Rng,
+    ) -> Result<Box<dyn Backbone>> {
+        Ok(Box::new(Lstm::random(self, groups, device, rng)?))
+    }
+
+    fn has_pretrained_weights(&self) -> bool {
+        false
+    }
+
+    fn saved_as(&self) -> Option<crate::SavedAs> {
+        Some(crate::SavedAs {
+            model_type: "fpt-lstm",
+            class: "FptLstm",
+            naming: Lstm::NAMING,
+        })
+    }
+}
+
 impl Arch for Lstm {
     type Config = LstmConfig;
     const NAMING: Naming = Naming::PLAIN;
@@ -392,7 +462,7 @@ impl Backbone for Lstm {
     }
 
     fn config(&self) -> crate::Config {
-        crate::Config::Lstm(self.config.clone())
+        crate::Config::new(self.config.clone())
     }
 
     crate::backbone_common!(layers, num_layers, hidden_size);

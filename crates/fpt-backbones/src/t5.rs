@@ -238,6 +238,69 @@ pub struct T5Encoder {
     common: Common,
 }
 
+/// T5's entry in [`crate::ARCHITECTURES`].
+pub const REGISTRATION: crate::Registration = crate::Registration {
+    names: &["T5"],
+    model_types: &["t5"],
+    builtin: |name| T5Config::builtin(name).map(crate::Config::new),
+    read: |v, text, path| {
+        (crate::model_type(v) == Some("t5")).then(|| T5Config::from_json(text, path).map(crate::Config::new))
+    },
+};
+
+impl crate::ArchConfig for T5Config {
+    crate::arch_config_common!(T5Config, T5Encoder);
+
+    fn architecture(&self) -> &'static str {
+        "t5"
+    }
+
+    fn layers(&self) -> usize {
+        self.num_layers
+    }
+
+    fn heads(&self) -> usize {
+        self.num_heads
+    }
+
+    fn hidden_size(&self) -> usize {
+        self.d_model
+    }
+
+    fn summary(&self) -> String {
+        let c = self;
+        format!(
+            "t5 encoder: {} layers, d_model {}, {} heads x d_kv {}, mlp {} relu, {} relative-position buckets (max distance {}), bidirectional, RMS norm eps {:e}",
+            c.num_layers,
+            c.d_model,
+            c.num_heads,
+            c.d_kv,
+            c.d_ff,
+            c.relative_attention_num_buckets,
+            c.relative_attention_max_distance,
+            c.layer_norm_epsilon
+        )
+    }
+
+    fn random(
+        &self,
+        _spec: &fpt_spec::BackboneSpec,
+        groups: &TrainGroups,
+        device: &Device,
+        rng: &mut Rng,
+    ) -> Result<Box<dyn Backbone>> {
+        Ok(Box::new(T5Encoder::random(self, groups, device, rng)?))
+    }
+
+    fn saved_as(&self) -> Option<crate::SavedAs> {
+        Some(crate::SavedAs {
+            model_type: "t5",
+            class: "T5EncoderModel",
+            naming: T5Encoder::NAMING,
+        })
+    }
+}
+
 impl Arch for T5Encoder {
     type Config = T5Config;
     const NAMING: Naming = Naming {
@@ -367,7 +430,7 @@ impl Backbone for T5Encoder {
     }
 
     fn config(&self) -> crate::Config {
-        crate::Config::T5(self.config.clone())
+        crate::Config::new(self.config.clone())
     }
 
     crate::backbone_common!(blocks, num_layers, d_model);

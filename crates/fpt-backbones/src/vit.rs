@@ -290,6 +290,68 @@ pub struct Vit {
     common: Common,
 }
 
+/// ViT's entry in [`crate::ARCHITECTURES`].
+pub const REGISTRATION: crate::Registration = crate::Registration {
+    names: &["ViT"],
+    model_types: &["vit"],
+    builtin: |name| VitConfig::builtin(name).map(crate::Config::new),
+    read: |v, text, path| match crate::model_type(v) {
+        Some("vit") => Some(VitConfig::from_json(text, path).map(crate::Config::new)),
+        // timm checkpoints name their architecture instead.
+        None if v
+            .get("architecture")
+            .and_then(|a| a.as_str())
+            .is_some_and(|a| a.starts_with("vit_")) =>
+        {
+            Some(VitConfig::from_timm_json(v, path).map(crate::Config::new))
+        }
+        _ => None,
+    },
+};
+
+impl crate::ArchConfig for VitConfig {
+    crate::arch_config_common!(VitConfig, Vit);
+
+    fn architecture(&self) -> &'static str {
+        "vit"
+    }
+
+    fn layers(&self) -> usize {
+        self.num_hidden_layers
+    }
+
+    fn heads(&self) -> usize {
+        self.num_attention_heads
+    }
+
+    fn hidden_size(&self) -> usize {
+        self.hidden_size
+    }
+
+    fn summary(&self) -> String {
+        let c = self;
+        format!(
+            "vit: {} layers, hidden {}, {} heads, mlp {}, fpt's {} zero-init positions (patch embedding, class token, head bypassed), bidirectional, eps {:e}",
+            c.num_hidden_layers,
+            c.hidden_size,
+            c.num_attention_heads,
+            c.intermediate_size,
+            FPT_POSITIONS,
+            c.layer_norm_eps
+        )
+    }
+
+    fn random(
+        &self,
+        _spec: &fpt_spec::BackboneSpec,
+        groups: &TrainGroups,
+        device: &Device,
+        rng: &mut Rng,
+    ) -> Result<Box<dyn Backbone>> {
+        Ok(Box::new(Vit::random(self, groups, device, rng)?))
+    }
+}
+
 impl Arch for Vit {
     type Config = VitConfig;
     const NAMING: Naming = Naming {
@@ -508,7 +570,7 @@ impl Backbone for Vit {
     }
 
     fn config(&self) -> crate::Config {
-        crate::Config::Vit(self.config.clone())
+        crate::Config::new(self.config.clone())
     }
 
     crate::backbone_common!(layers, num_hidden_layers, hidden_size);

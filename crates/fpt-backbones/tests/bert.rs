@@ -18,7 +18,7 @@ fn fixture() -> PathBuf {
 }
 
 fn load(dir: &Path, groups: &TrainGroups) -> Bert {
-    let Config::Bert(cfg) = Config::from_file(&dir.join("config.json")).unwrap() else {
+    let Some(cfg) = Config::from_file(&dir.join("config.json")).unwrap().get::<fpt_backbones::bert::BertConfig>().cloned() else {
         panic!("expected a BERT config")
     };
     Bert::load(&cfg, &dir.join("model.safetensors"), groups, &Device::Cpu).unwrap()
@@ -171,7 +171,7 @@ fn random_init_and_errors() {
         Tensor::zeros((3, 3), DType::F32, &Device::Cpu).unwrap(),
     );
     safetensors::save(&t, tmp.path().join("model.safetensors")).unwrap();
-    let Config::Bert(c) = Config::from_file(&tmp.path().join("config.json")).unwrap() else {
+    let Some(c) = Config::from_file(&tmp.path().join("config.json")).unwrap().get::<fpt_backbones::bert::BertConfig>().cloned() else {
         panic!()
     };
     let e = Bert::load(

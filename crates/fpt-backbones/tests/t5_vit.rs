@@ -257,3 +257,36 @@ fn every_backbone_truncates_to_its_first_layers() {
         assert_eq!(m.forward(&x, &mut Ctx::eval()).unwrap().dims(), &[1, 5, 32]);
     }
 }
+
+#[test]
+fn every_registered_architecture_reads_back_its_built_in_configs() {
+    // The registry is the one place that knows the architectures: each built-in config,
+    // written as `config.json`, is read back by `Config::from_json` to the same config.
+    let names = [
+        "gpt2",
+        "bert-base-uncased",
+        "sentence-transformers/all-MiniLM-L6-v2",
+        "t5-base",
+        "google/vit-base-patch16-224-in21k",
+        "lstm",
+    ];
+    for r in fpt_backbones::ARCHITECTURES {
+        assert!(
+            names.iter().any(|n| (r.builtin)(n).is_some()),
+            "{:?} has no built-in config in this test",
+            r.names
+        );
+    }
+    // (Longformer's config keeps fpt's window and offset, not `attention_window`, so it
+    // is not written back as a `config.json`; `save_pretrained` refuses it.)
+    for name in names {
+        let c = Config::builtin(name).unwrap_or_else(|| panic!("{name} is built in"));
+        let text = c.to_json().to_string();
+        let back = Config::from_json(&text, std::path::Path::new("config.json"))
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(back, c, "{name}");
+        assert_eq!(back.summary(), c.summary(), "{name}");
+    }
+    let e = Config::from_json(r#"{"model_type": "mamba"}"#, std::path::Path::new("c.json")).unwrap_err().to_string();
+    assert!(e.contains("c.json") && e.contains("mamba") && e.contains("gpt2, bert, longformer, t5, vit, fpt-lstm"), "{e}");
+}
