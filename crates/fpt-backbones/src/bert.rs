@@ -635,7 +635,11 @@ mod tests {
     fn packed_qkv_equals_three_products() {
         fpt_nn::kernels::on_every_path(|_| {
             let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/fixtures/bert-tiny");
-            let Some(cfg) = crate::Config::from_file(&dir.join("config.json")).unwrap().get::<crate::bert::BertConfig>().cloned() else {
+            let Some(cfg) = crate::Config::from_file(&dir.join("config.json"))
+                .unwrap()
+                .get::<crate::bert::BertConfig>()
+                .cloned()
+            else {
                 panic!("expected a BERT config")
             };
             let mut model =
@@ -667,7 +671,11 @@ mod tests {
         });
         // An attention group that trains keeps the three products.
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/fixtures/bert-tiny");
-        let Some(cfg) = crate::Config::from_file(&dir.join("config.json")).unwrap().get::<crate::bert::BertConfig>().cloned() else {
+        let Some(cfg) = crate::Config::from_file(&dir.join("config.json"))
+            .unwrap()
+            .get::<crate::bert::BertConfig>()
+            .cloned()
+        else {
             panic!("expected a BERT config")
         };
         let model = Bert::load(

@@ -145,7 +145,10 @@ impl Config {
         if let Some(read) = ARCHITECTURES.iter().find_map(|r| (r.read)(&v, text, path)) {
             return read;
         }
-        let known: Vec<&str> = ARCHITECTURES.iter().flat_map(|r| r.model_types.iter().copied()).collect();
+        let known: Vec<&str> = ARCHITECTURES
+            .iter()
+            .flat_map(|r| r.model_types.iter().copied())
+            .collect();
         let msg = match v.get("model_type").and_then(|t| t.as_str()) {
             Some(other) => format!(
                 "model_type `{other}` is not supported (supported: {})",

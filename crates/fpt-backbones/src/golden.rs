@@ -155,7 +155,10 @@ pub fn minilm_diff(
     device: &Device,
 ) -> Result<(f32, f64)> {
     let bad = |msg: &str| BackboneError::Unsupported(format!("MiniLM reference: {msg}"));
-    let Some(cfg) = crate::Config::from_file(&files.config)?.get::<crate::bert::BertConfig>().cloned() else {
+    let Some(cfg) = crate::Config::from_file(&files.config)?
+        .get::<crate::bert::BertConfig>()
+        .cloned()
+    else {
         return Err(bad("the cached model is not a BERT"));
     };
     let weights = files

@@ -37,8 +37,8 @@ use std::path::{Path, PathBuf};
 
 pub(crate) use attention_glue::*;
 pub(crate) use checks::*;
-pub use config::{ArchConfig, Config, Prep, Registration, SavedAs, Tensors, ARCHITECTURES};
 pub(crate) use config::*;
+pub use config::{ArchConfig, Config, Prep, Registration, SavedAs, Tensors, ARCHITECTURES};
 pub use error::{BackboneError, Result};
 pub(crate) use load::*;
 pub use load::{load, param_specs, save_pretrained, stats_only};

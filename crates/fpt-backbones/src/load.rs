@@ -144,7 +144,10 @@ fn build(spec: &BackboneSpec, groups: &TrainGroups, device: &Device, rng: &mut R
             config
         }
     };
-    config.with_overrides(&spec.shape)?.arch().random(spec, groups, device, rng)
+    config
+        .with_overrides(&spec.shape)?
+        .arch()
+        .random(spec, groups, device, rng)
 }
 
 /// The config and parameter specs of the backbone a spec names, without materialising

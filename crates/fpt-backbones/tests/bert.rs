@@ -18,7 +18,11 @@ fn fixture() -> PathBuf {
 }
 
 fn load(dir: &Path, groups: &TrainGroups) -> Bert {
-    let Some(cfg) = Config::from_file(&dir.join("config.json")).unwrap().get::<fpt_backbones::bert::BertConfig>().cloned() else {
+    let Some(cfg) = Config::from_file(&dir.join("config.json"))
+        .unwrap()
+        .get::<fpt_backbones::bert::BertConfig>()
+        .cloned()
+    else {
         panic!("expected a BERT config")
     };
     Bert::load(&cfg, &dir.join("model.safetensors"), groups, &Device::Cpu).unwrap()
@@ -171,7 +175,11 @@ fn random_init_and_errors() {
         Tensor::zeros((3, 3), DType::F32, &Device::Cpu).unwrap(),
     );
     safetensors::save(&t, tmp.path().join("model.safetensors")).unwrap();
-    let Some(c) = Config::from_file(&tmp.path().join("config.json")).unwrap().get::<fpt_backbones::bert::BertConfig>().cloned() else {
+    let Some(c) = Config::from_file(&tmp.path().join("config.json"))
+        .unwrap()
+        .get::<fpt_backbones::bert::BertConfig>()
+        .cloned()
+    else {
         panic!()
     };
     let e = Bert::load(

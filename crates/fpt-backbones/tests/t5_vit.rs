@@ -282,11 +282,16 @@ fn every_registered_architecture_reads_back_its_built_in_configs() {
     for name in names {
         let c = Config::builtin(name).unwrap_or_else(|| panic!("{name} is built in"));
         let text = c.to_json().to_string();
-        let back = Config::from_json(&text, std::path::Path::new("config.json"))
-            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let back =
+            Config::from_json(&text, std::path::Path::new("config.json")).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(back, c, "{name}");
         assert_eq!(back.summary(), c.summary(), "{name}");
     }
-    let e = Config::from_json(r#"{"model_type": "mamba"}"#, std::path::Path::new("c.json")).unwrap_err().to_string();
-    assert!(e.contains("c.json") && e.contains("mamba") && e.contains("gpt2, bert, longformer, t5, vit, fpt-lstm"), "{e}");
+    let e = Config::from_json(r#"{"model_type": "mamba"}"#, std::path::Path::new("c.json"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("c.json") && e.contains("mamba") && e.contains("gpt2, bert, longformer, t5, vit, fpt-lstm"),
+        "{e}"
+    );
 }
