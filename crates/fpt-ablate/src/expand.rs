@@ -424,6 +424,11 @@ pub(crate) fn plan_at(
     let spec = RunSpec {
         train_groups: groups,
         train,
+        model: if cached {
+            fpt_spec::ModelKind::OutputOnly
+        } else {
+            fpt_spec::ModelKind::Fpt
+        },
         ..RunSpec::new(task, backbone)
     };
     if let Err(e) = spec.validate() {

@@ -83,9 +83,14 @@ pub(crate) struct TrainArgs {
     /// a run still at its task's trivial baseline is never stopped early.
     #[arg(long)]
     pub(crate) early_stop_within_noise: bool,
-    /// Output-only training on cached features (paper Table 10): compute the frozen model's
-    /// read-out features once, then train the output layer on them for N epochs; reports
-    /// the per-epoch speedup over FPT training. Needs `--train out`.
+    /// The model trained: `fpt` (the paper's method), `output-only` (the output layer alone
+    /// on the frozen model's features, computed once: paper Table 10; needs `--train out` and
+    /// `--cached-epochs`; reports the per-epoch speedup over FPT training) or `linear` (a
+    /// linear classifier on the flattened input, token ids one-hot: same data, optimizer,
+    /// steps and evaluation; the floor a transformer has to beat).
+    #[arg(long, value_name = "KIND", default_value_t = fpt_spec::ModelKind::default())]
+    pub(crate) model: fpt_spec::ModelKind,
+    /// With `--model output-only`: epochs of training on the cached features.
     #[arg(long, value_name = "N")]
     pub(crate) cached_epochs: Option<usize>,
     /// Device: `cpu`, or `cuda` / `cuda:N` when built with `--features cuda`.
@@ -101,10 +106,6 @@ pub(crate) struct TrainArgs {
     /// the ablation harness runs cells this way.
     #[arg(long, value_name = "FILE", conflicts_with = "resume")]
     pub(crate) spec: Option<PathBuf>,
-    /// Train a linear classifier on the flattened inputs (token ids one-hot) instead of a
-    /// transformer: same data, optimizer, steps and evaluation; the floor to beat.
-    #[arg(long, conflicts_with = "resume")]
-    pub(crate) linear_baseline: bool,
 }
 
 /// The run spec the flags describe. With `base` (a resumed run's saved spec), only flags
@@ -128,6 +129,7 @@ pub(crate) fn spec_from_args(a: &TrainArgs, given: &dyn Fn(&str) -> bool, base: 
             input_dropout: a.input_dropout,
             orth_gain: a.orth_gain,
             backbone_dropout: !a.no_backbone_dropout,
+            model: a.model,
         },
     };
     let set = |id: &str| fresh || given(id);
@@ -208,6 +210,9 @@ pub(crate) fn spec_from_args(a: &TrainArgs, given: &dyn Fn(&str) -> bool, base: 
         early_stop_patience,
         early_stop_within_noise
     );
+    if set("model") {
+        s.model = a.model;
+    }
     if set("input_dropout") {
         s.input_dropout = a.input_dropout;
     }
@@ -331,27 +336,6 @@ pub(crate) fn train(a: TrainArgs, m: &clap::ArgMatches) -> Result<()> {
         steps: 0,
         last_acc: None,
     };
-    if a.linear_baseline {
-        let spec = spec_from_args(&a, &given, None)?;
-        let out = a.out.clone().context("--out is required")?;
-        let quiet = a.quiet;
-        let r = fpt_train::linear_baseline::train_linear(&spec, &out, &device, &mut |step, acc| {
-            if !quiet {
-                eprintln!("step {step:>6}/{}  test_acc {acc:.4}", spec.train.steps)
-            }
-        })?;
-        println!(
-            "{} (linear baseline, {} parameters): test_accuracy {:.4}, train_accuracy {:.4}, {} steps in {:.1}s -> {}",
-            r.task,
-            r.params,
-            r.test_accuracy,
-            r.train_accuracy,
-            r.steps,
-            r.wall_seconds,
-            out.join("result.json").display()
-        );
-        return Ok(());
-    }
     let mut on_event = |e: &fpt_train::Event| progress.on(e);
     let (r, out) = match &a.resume {
         Some(dir) => {

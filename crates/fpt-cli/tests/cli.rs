@@ -333,7 +333,8 @@ fn dataset_tasks_train_inspect_and_explain_missing_data() {
         "train",
         "--task",
         &task,
-        "--linear-baseline",
+        "--model",
+        "linear",
         "--steps",
         "5",
         "--batch-size",
@@ -346,9 +347,32 @@ fn dataset_tasks_train_inspect_and_explain_missing_data() {
     let r: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(lin.join("result.json")).unwrap()).unwrap();
     assert_eq!(
-        (r["model"].as_str(), r["params"].as_u64()),
+        (r["train_groups"].as_str(), r["trainable_params"].as_u64()),
         (Some("linear"), Some(6 * 2 * 2 + 2))
     );
+    // The same run directory as any run: the spec names the model, metrics and outcomes
+    // are written, the baseline is judged; a resume trains it again to the same numbers.
+    let spec: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(lin.join("spec.json")).unwrap()).unwrap();
+    assert_eq!(spec["model"], "linear");
+    assert!(lin.join("metrics.jsonl").exists() && lin.join("outcomes.json").exists());
+    assert!(r["baseline"]["accuracy"].is_number(), "{r}");
+    let o = fpt(&["train", "--resume", lin.to_str().unwrap(), "-q"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let again: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(lin.join("result.json")).unwrap()).unwrap();
+    assert_eq!(again["test_accuracy"], r["test_accuracy"]);
+    // An unknown model kind is named.
+    let o = fpt(&[
+        "train",
+        "--task",
+        &task,
+        "--model",
+        "mlp",
+        "--out",
+        d.path().join("m").to_str().unwrap(),
+    ]);
+    assert!(!o.status.success() && stderr(&o).contains("mlp"), "{}", stderr(&o));
 
     let v = json(&fpt(&[
         "inspect",

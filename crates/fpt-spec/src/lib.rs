@@ -8,7 +8,7 @@
 //!
 //! One concept per module, every type re-exported at the crate root: `run` ([`RunSpec`],
 //! its one constructor and validation), `task` ([`TaskSpec`]), `backbone` ([`BackboneSpec`],
-//! [`Init`]), `groups` ([`TrainGroups`], [`Role`]), `schedule` ([`TrainSpec`],
+//! [`Init`]), `groups` ([`TrainGroups`], [`Role`]), `model` ([`ModelKind`]), `schedule` ([`TrainSpec`],
 //! [`LrSchedule`]), `error` ([`SpecError`]); [`table`] for the paper's tables as data,
 //! [`files`] for hashing and atomic writes, [`limits`] for size limits on inputs.
 
@@ -57,6 +57,7 @@ pub mod table;
 mod backbone;
 mod error;
 mod groups;
+mod model;
 mod run;
 mod schedule;
 mod task;
@@ -64,6 +65,7 @@ mod task;
 pub use backbone::*;
 pub use error::*;
 pub use groups::*;
+pub use model::*;
 pub use run::*;
 pub use schedule::*;
 pub use task::*;

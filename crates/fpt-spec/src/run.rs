@@ -21,6 +21,10 @@ pub struct RunSpec {
     pub orth_gain: f64,
     /// Whether the backbone's own dropouts (GPT-2: embd/attn/resid 0.1) are on in training.
     pub backbone_dropout: bool,
+    /// The model trained: FPT (default; not written), output-only on cached features, or
+    /// the linear baseline.
+    #[serde(default, skip_serializing_if = "ModelKind::is_fpt")]
+    pub model: ModelKind,
 }
 
 impl RunSpec {
@@ -37,6 +41,7 @@ impl RunSpec {
             input_dropout: DEFAULT_INPUT_DROPOUT,
             orth_gain: DEFAULT_ORTH_GAIN,
             backbone_dropout: true,
+            model: ModelKind::Fpt,
         }
     }
 
@@ -138,20 +143,33 @@ impl RunSpec {
         if self.task.name == TaskName::Custom && self.task.path.is_none() {
             return bad("task.path", "the custom task needs a path (custom:PATH)");
         }
-        if let Some(e) = t.cached_epochs {
-            if e == 0 {
-                return bad("cached_epochs", "must be at least 1");
-            }
-            let out_only = TrainGroups {
-                output: true,
-                ..TrainGroups::none()
-            };
-            if self.train_groups != out_only {
+        match (self.model, t.cached_epochs) {
+            (ModelKind::OutputOnly, None) => {
                 return bad(
                     "cached_epochs",
-                    "output-only training on cached features trains the output layer alone (--train out)",
-                );
+                    "output-only training on cached features needs its number of epochs",
+                )
             }
+            (ModelKind::OutputOnly, Some(0)) => return bad("cached_epochs", "must be at least 1"),
+            (ModelKind::OutputOnly, Some(_)) => {
+                let out_only = TrainGroups {
+                    output: true,
+                    ..TrainGroups::none()
+                };
+                if self.train_groups != out_only {
+                    return bad(
+                        "train_groups",
+                        "output-only training on cached features trains the output layer alone (--train out)",
+                    );
+                }
+            }
+            (other, Some(_)) => {
+                return Err(SpecError::Invalid {
+                    field: "cached_epochs",
+                    msg: format!("epochs on cached features are for model output-only, not {other}"),
+                })
+            }
+            (_, None) => {}
         }
         if self.backbone.depth.is_some() && self.train_groups.last_attention {
             return bad(

@@ -36,7 +36,7 @@
 pub mod bench;
 pub mod checkpoint;
 mod evaluate;
-pub mod linear_baseline;
+mod linear_baseline;
 pub mod memory;
 pub mod optim;
 pub mod outcomes;
@@ -57,7 +57,7 @@ pub use trainer::{root_rng, StepOutcome, Trainer};
 use candle_core::{DType, Device, Tensor, Var};
 use fpt_model::{Fpt, HeadConfig};
 use fpt_nn::{ops, Ctx, Rng};
-use fpt_spec::{RunSpec, TrainEval};
+use fpt_spec::{ModelKind, RunSpec, TrainEval};
 use fpt_tasks::{Split, Task};
 use serde::{Deserialize, Serialize};
 use std::io::Write;

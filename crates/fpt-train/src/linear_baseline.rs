@@ -1,35 +1,28 @@
-//! A linear classifier on the flattened input (token ids one-hot), trained exactly like an
-//! FPT run (same task batches, Adam, clipping, steps and full evaluation): the floor a
-//! transformer has to beat on a task (`fpt train --linear-baseline`).
+//! The linear baseline ([`ModelKind::Linear`](fpt_spec::ModelKind)): a linear classifier
+//! on the flattened input (token ids one-hot), trained exactly like an FPT run (same task
+//! batches, Adam, clipping, steps and full evaluation), written to the same run directory
+//! (`spec.json`, `metrics.jsonl`, `outcomes.json`, `result.json`): the floor a transformer
+//! has to beat on a task (`fpt train --model linear`). It keeps no checkpoints: a resumed
+//! linear run starts again.
 
-use crate::{optim, write_atomic, Result, TrainError};
-use candle_core::{Device, Tensor, Var};
+use crate::{
+    metrics_append, optim, outcomes, selfcheck, write_result, EvalRecord, Event, Result, RunResult, TrainError,
+};
+use candle_core::{DType, Device, Tensor, Var};
 use fpt_nn::{ops, Rng};
 use fpt_spec::RunSpec;
 use fpt_tasks::{InputKind, Inputs, Split, Task};
 use std::path::Path;
+use std::time::Instant;
 
-/// The outcome of a linear-baseline run (`result.json`).
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
-pub struct LinearResult {
-    /// Always `linear`.
-    pub model: String,
-    /// The task.
-    pub task: String,
-    /// Optimizer steps.
-    pub steps: usize,
-    /// Trainable parameters (weights and biases).
-    pub params: usize,
-    /// Accuracy on the whole evaluation split.
-    pub test_accuracy: f64,
-    /// Mean loss on it.
-    pub test_loss: f64,
-    /// Accuracy on the training-split sample.
-    pub train_accuracy: f64,
-    /// Wall-clock seconds.
-    pub wall_seconds: f64,
-    /// The run spec (backbone fields unused).
-    pub spec: RunSpec,
+/// A linear-baseline run, built and ready to train.
+pub(crate) struct Linear {
+    spec: RunSpec,
+    task: Box<dyn Task>,
+    device: Device,
+    w: Var,
+    b: Var,
+    data: Rng,
 }
 
 fn features(inputs: &Inputs, kind: InputKind, device: &Device) -> Result<Tensor> {
@@ -54,88 +47,177 @@ fn features(inputs: &Inputs, kind: InputKind, device: &Device) -> Result<Tensor>
     })
 }
 
-/// Trains a linear classifier on `spec`'s task and writes `result.json` to `out`.
-/// `on_eval(step, test_accuracy)` is called at every evaluation.
-pub fn train_linear(
-    spec: &RunSpec,
-    out: &Path,
-    device: &Device,
-    on_eval: &mut dyn FnMut(usize, f64),
-) -> Result<LinearResult> {
-    spec.validate()?;
-    let t0 = std::time::Instant::now();
-    let master = crate::root_rng(spec);
-    let mut task = fpt_tasks::build(&spec.task, &master)?;
-    let d = task.dims();
-    let width = match d.input {
-        InputKind::Vectors { width } => width,
-        InputKind::Tokens { vocab } => vocab,
-    };
-    let inputs = d.seq_len * width;
-    let outputs = d.labels_per_example * d.classes;
-    // PyTorch nn.Linear's default init: U(-1/sqrt(in), 1/sqrt(in)).
-    let mut init = master.fork("init");
-    let bound = 1.0 / (inputs as f32).sqrt();
-    let u = |n: usize, r: &mut Rng| {
-        (0..n)
-            .map(|_| (2.0 * r.uniform_f32() - 1.0) * bound)
-            .collect::<Vec<f32>>()
-    };
-    let w = Var::from_tensor(&Tensor::from_vec(
-        u(outputs * inputs, &mut init),
-        (outputs, inputs),
-        device,
-    )?)?;
-    let b = Var::from_tensor(&Tensor::from_vec(u(outputs, &mut init), outputs, device)?)?;
-    let mut adam = optim::Adam::new(vec![w.clone(), b.clone()], spec.train.lr)?;
-    let mut data = master.fork("data");
-    let logits = |x: &Tensor| -> Result<Tensor> {
-        let y = ops::linear(x, w.as_tensor(), Some(b.as_tensor()))?;
-        Ok(y.reshape(((), d.classes))?)
-    };
-    let evaluate = |task: &dyn Task, split: Split| -> Result<(f64, f64)> {
-        crate::evaluate_with(task, split, 256, device, &mut |inputs| {
-            logits(&features(inputs, d.input, device)?)
+impl Linear {
+    /// The classifier for `spec`'s model on `task`, initialised as PyTorch's `nn.Linear`
+    /// (U(-1/sqrt(in), 1/sqrt(in))) from the run's `init` stream.
+    pub(crate) fn new(spec: &RunSpec, task: Box<dyn Task>, device: &Device) -> Result<Self> {
+        spec.validate()?;
+        let d = task.dims();
+        let width = match d.input {
+            InputKind::Vectors { width } => width,
+            InputKind::Tokens { vocab } => vocab,
+        };
+        let inputs = d.seq_len * width;
+        let outputs = d.labels_per_example * d.classes;
+        let too_big = inputs
+            .checked_mul(outputs)
+            .is_none_or(|n| n > fpt_spec::limits::MAX_FFN * fpt_spec::limits::MAX_HIDDEN);
+        if too_big {
+            return Err(TrainError::TooBig(format!(
+                "a linear classifier of {inputs} inputs x {outputs} outputs is beyond fpt's limits"
+            )));
+        }
+        let master = crate::root_rng(spec);
+        let mut init = master.fork("init");
+        let bound = 1.0 / (inputs as f32).sqrt();
+        let u = |n: usize, r: &mut Rng| {
+            (0..n)
+                .map(|_| (2.0 * r.uniform_f32() - 1.0) * bound)
+                .collect::<Vec<f32>>()
+        };
+        let w = Var::from_tensor(&Tensor::from_vec(
+            u(outputs * inputs, &mut init),
+            (outputs, inputs),
+            device,
+        )?)?;
+        let b = Var::from_tensor(&Tensor::from_vec(u(outputs, &mut init), outputs, device)?)?;
+        Ok(Self {
+            spec: spec.clone(),
+            task,
+            device: device.clone(),
+            w,
+            b,
+            data: master.fork("data"),
         })
-    };
-    for step in 1..=spec.train.steps {
-        let batch = task.train_batch(spec.train.batch_size, &mut data, device)?;
-        let y = logits(&features(&batch.inputs, d.input, device)?)?;
-        let loss = ops::cross_entropy(&y, &batch.labels.flatten_all()?)?;
-        let g = loss.backward()?;
-        let mut grads = vec![
-            g.get(w.as_tensor()).cloned().unwrap_or(w.zeros_like()?),
-            g.get(b.as_tensor()).cloned().unwrap_or(b.zeros_like()?),
-        ];
-        if let Some(c) = spec.train.clip_norm {
-            optim::clip_grad_norm(&mut grads, c)?;
-        }
-        adam.lr = spec.train.lr_schedule.lr_at(spec.train.lr, step, spec.train.steps);
-        adam.step(&grads)?;
-        if step % spec.train.eval_every == 0 || step == spec.train.steps {
-            on_eval(step, evaluate(task.as_ref(), Split::Test)?.1);
-        }
     }
-    let (test_loss, test_accuracy) = evaluate(task.as_ref(), Split::Test)?;
-    let (_, train_accuracy) = evaluate(task.as_ref(), Split::Train)?;
-    let r = LinearResult {
-        model: "linear".into(),
-        task: spec.task.label(),
-        steps: spec.train.steps,
-        params: outputs * inputs + outputs,
-        test_accuracy,
-        test_loss,
-        train_accuracy,
-        wall_seconds: t0.elapsed().as_secs_f64(),
-        spec: spec.clone(),
-    };
-    std::fs::create_dir_all(out).map_err(|source| TrainError::Io {
-        path: out.to_path_buf(),
-        source,
-    })?;
-    write_atomic(
-        &out.join("result.json"),
-        serde_json::to_string_pretty(&r).expect("serialises").as_bytes(),
-    )?;
-    Ok(r)
+
+    pub(crate) fn spec(&self) -> &RunSpec {
+        &self.spec
+    }
+
+    fn logits(&self, inputs: &Inputs) -> Result<Tensor> {
+        let d = self.task.dims();
+        let x = features(inputs, d.input, &self.device)?;
+        let y = ops::linear(&x, self.w.as_tensor(), Some(self.b.as_tensor()))?;
+        Ok(y.reshape(((), d.classes))?)
+    }
+
+    fn tally(&self, split: Split) -> Result<outcomes::Tally> {
+        crate::tally_with(self.task.as_ref(), split, 256, &self.device, &mut |inputs| {
+            self.logits(inputs)
+        })
+    }
+
+    /// Trains for the spec's steps, evaluating every `eval_every` steps, and writes the
+    /// run's metrics, outcomes and result into `out_dir`.
+    pub(crate) fn run(mut self, out_dir: &Path, on_event: &mut dyn FnMut(&Event)) -> Result<RunResult> {
+        let started = Instant::now();
+        let spec = self.spec.clone();
+        let t = &spec.train;
+        let params = self.w.elem_count() + self.b.elem_count();
+        let weights = format!("none: a linear classifier on the flattened input ({params} parameters)");
+        on_event(&Event::Started {
+            trainable: params,
+            total: params,
+            weights: &weights,
+            from_step: 0,
+            steps: t.steps,
+        });
+        let metrics = out_dir.join("metrics.jsonl");
+        let (mut window_loss, mut window_steps) = (0f64, 0usize);
+        let mut evals: Vec<EvalRecord> = Vec::new();
+        let mut last = None;
+        let mut adam = optim::Adam::new(vec![self.w.clone(), self.b.clone()], t.lr)?;
+        for step in 1..=t.steps {
+            let batch = self.task.train_batch(t.batch_size, &mut self.data, &self.device)?;
+            let y = self.logits(&batch.inputs)?;
+            let loss = ops::cross_entropy(&y, &batch.labels.flatten_all()?)?;
+            let g = loss.backward()?;
+            let mut grads = vec![
+                g.get(self.w.as_tensor())
+                    .cloned()
+                    .map_or_else(|| self.w.zeros_like(), Ok)?,
+                g.get(self.b.as_tensor())
+                    .cloned()
+                    .map_or_else(|| self.b.zeros_like(), Ok)?,
+            ];
+            let grad_norm = match t.clip_norm {
+                Some(c) => optim::clip_grad_norm(&mut grads, c)?,
+                None => optim::grad_norm(&grads)?,
+            };
+            adam.lr = t.lr_schedule.lr_at(t.lr, step, t.steps);
+            adam.step(&grads)?;
+            let loss = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+            window_loss += loss;
+            window_steps += 1;
+            on_event(&Event::Step { step, loss });
+            if step % t.eval_every == 0 || step == t.steps {
+                let tally = self.tally(Split::Test)?;
+                let (test_loss, test_accuracy) = tally.loss_and_accuracy();
+                let rec = EvalRecord {
+                    step,
+                    train_loss: window_loss / window_steps.max(1) as f64,
+                    test_loss,
+                    test_accuracy,
+                    train_accuracy: None,
+                    lr: adam.lr,
+                    grad_norm,
+                    elapsed_s: started.elapsed().as_secs_f64(),
+                };
+                (window_loss, window_steps) = (0.0, 0);
+                metrics_append(&metrics, &rec)?;
+                on_event(&Event::Eval(&rec));
+                evals.push(rec.clone());
+                last = Some((rec, tally));
+            }
+        }
+        let (last, last_tally) = last.expect("the last step evaluates (steps >= 1)");
+        let train_accuracy = match t.train_eval {
+            fpt_spec::TrainEval::Never => None,
+            _ => Some(self.tally(Split::Train)?.loss_and_accuracy().1),
+        };
+        let run = crate::RunState {
+            evals,
+            ..Default::default()
+        };
+        let best = run.best().expect("at least one evaluation").clone();
+        let base = self.task.baseline(Split::Test)?;
+        let out = outcomes::Outcomes::new(last.step, self.task.dims().labels_per_example, &last_tally, &base);
+        outcomes::write(out_dir, &out)?;
+        let losses: Vec<f64> = run.evals.iter().map(|e| e.train_loss).collect();
+        let baseline = outcomes::judge(&base, &out, &losses);
+        let converged_step = run.converged_step(t.convergence_tolerance);
+        let result = RunResult {
+            task: spec.task.name.to_string(),
+            backbone: "none (linear baseline)".into(),
+            init: "-".into(),
+            weights,
+            train_groups: "linear".into(),
+            test_accuracy: last.test_accuracy,
+            test_loss: last.test_loss.is_finite().then_some(last.test_loss),
+            train_accuracy,
+            best_accuracy: best.test_accuracy,
+            best_step: best.step,
+            converged_step,
+            final_train_loss: last.train_loss.is_finite().then_some(last.train_loss),
+            steps: t.steps,
+            batch_size: t.batch_size,
+            eval_examples: self.task.eval_len(Split::Test),
+            trainable_params: params,
+            total_params: params,
+            wall_seconds: started.elapsed().as_secs_f64(),
+            seed: t.seed,
+            device: crate::device_name(&self.device),
+            diverged: false,
+            diverged_at_step: None,
+            diverged_reason: None,
+            stopped_early: false,
+            baseline_accuracy: Some(baseline.accuracy),
+            baseline: Some(baseline),
+            cached: None,
+            provenance: Some(selfcheck::provenance()),
+        };
+        write_result(out_dir, &result)?;
+        Ok(result)
+    }
 }

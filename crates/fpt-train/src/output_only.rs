@@ -91,6 +91,7 @@ fn fpt_step_seconds(spec: &fpt_spec::RunSpec, device: &Device) -> Result<f64> {
     let mut s = spec.clone();
     s.train_groups = fpt_spec::TrainGroups::fpt();
     s.train.cached_epochs = None;
+    s.model = fpt_spec::ModelKind::Fpt;
     let mut tr = Trainer::new(&s, device)?;
     tr.step()?;
     let mut times: Vec<f64> = (0..3)

@@ -30,7 +30,7 @@ pub struct RunState {
 }
 
 impl RunState {
-    fn best(&self) -> Option<&EvalRecord> {
+    pub(crate) fn best(&self) -> Option<&EvalRecord> {
         self.evals.iter().fold(None, |b: Option<&EvalRecord>, e| match b {
             Some(b) if b.test_accuracy >= e.test_accuracy => Some(b),
             _ => Some(e),
@@ -309,12 +309,23 @@ pub(crate) fn run_loop(
     Ok(result)
 }
 
-/// Runs `spec` from scratch in `out_dir`, which must not hold another run.
+/// Runs `spec` from scratch in `out_dir`, which must not hold another run. Every
+/// [`ModelKind`](fpt_spec::ModelKind) runs here: FPT through the training loop, output-only
+/// on cached features, the linear baseline on the flattened input.
 pub fn train(spec: &RunSpec, out_dir: &Path, device: &Device, on_event: &mut dyn FnMut(&Event)) -> Result<RunResult> {
     refuse_a_used_directory(out_dir)?;
+    spec.validate()?;
     // Build (and so validate) everything before touching the run directory: a run that
     // cannot start leaves nothing behind.
-    start(Trainer::new(spec, device)?, out_dir, device, on_event)
+    let built = match spec.model {
+        ModelKind::Linear => Built::Linear(Box::new(linear_baseline::Linear::new(
+            spec,
+            fpt_tasks::build(&spec.task, &root_rng(spec))?,
+            device,
+        )?)),
+        _ => Built::Trainer(Box::new(Trainer::new(spec, device)?)),
+    };
+    start(built, out_dir, device, on_event)
 }
 
 /// [`train`] on a task of your own (any [`Task`]: the spec's task settings are then only
@@ -329,7 +340,39 @@ pub fn train_task(
     on_event: &mut dyn FnMut(&Event),
 ) -> Result<RunResult> {
     refuse_a_used_directory(out_dir)?;
-    start(Trainer::with_task(spec, task, device)?, out_dir, device, on_event)
+    spec.validate()?;
+    start(build_with_task(spec, task, device)?, out_dir, device, on_event)
+}
+
+/// A run built and ready to start: the FPT trainer (FPT and output-only runs) or the
+/// linear baseline.
+enum Built {
+    Trainer(Box<Trainer>),
+    Linear(Box<linear_baseline::Linear>),
+}
+
+fn build_with_task(spec: &RunSpec, task: Box<dyn Task>, device: &Device) -> Result<Built> {
+    Ok(match spec.model {
+        ModelKind::Linear => Built::Linear(Box::new(linear_baseline::Linear::new(spec, task, device)?)),
+        _ => Built::Trainer(Box::new(Trainer::with_task(spec, task, device)?)),
+    })
+}
+
+/// Runs a built run from the beginning (the directory's metrics cleared first).
+fn run_from_start(
+    built: Built,
+    out_dir: &Path,
+    device: &Device,
+    on_event: &mut dyn FnMut(&Event),
+) -> Result<RunResult> {
+    metrics_truncate(&out_dir.join("metrics.jsonl"), 0)?;
+    match built {
+        Built::Linear(l) => l.run(out_dir, on_event),
+        Built::Trainer(tr) if tr.spec.model == ModelKind::OutputOnly => {
+            output_only::run(*tr, out_dir, device, on_event)
+        }
+        Built::Trainer(tr) => run_loop(*tr, RunState::default(), out_dir, device, on_event),
+    }
 }
 
 fn refuse_a_used_directory(out_dir: &Path) -> Result<()> {
@@ -342,9 +385,12 @@ fn refuse_a_used_directory(out_dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Runs a built trainer from scratch in `out_dir`.
-fn start(tr: Trainer, out_dir: &Path, device: &Device, on_event: &mut dyn FnMut(&Event)) -> Result<RunResult> {
-    let spec = &tr.spec.clone();
+/// Runs a built run from scratch in `out_dir`.
+fn start(built: Built, out_dir: &Path, device: &Device, on_event: &mut dyn FnMut(&Event)) -> Result<RunResult> {
+    let spec = match &built {
+        Built::Trainer(tr) => tr.spec.clone(),
+        Built::Linear(l) => l.spec().clone(),
+    };
     let _span = tracing::info_span!("run", task = %spec.task.name, backbone = %spec.backbone.source).entered();
     let created = !out_dir.exists();
     std::fs::create_dir_all(out_dir).map_err(|source| TrainError::Io {
@@ -355,13 +401,9 @@ fn start(tr: Trainer, out_dir: &Path, device: &Device, on_event: &mut dyn FnMut(
     let started = (|| {
         write_atomic(
             &out_dir.join("spec.json"),
-            serde_json::to_string_pretty(spec).expect("spec serialises").as_bytes(),
+            serde_json::to_string_pretty(&spec).expect("spec serialises").as_bytes(),
         )?;
-        metrics_truncate(&out_dir.join("metrics.jsonl"), 0)?;
-        if spec.train.cached_epochs.is_some() {
-            return output_only::run(tr, out_dir, device, on_event);
-        }
-        run_loop(tr, RunState::default(), out_dir, device, on_event)
+        run_from_start(built, out_dir, device, on_event)
     })();
     if started.is_err() && failed_at_start(out_dir) {
         // Nothing to resume (no evaluation, no checkpoint, no result): leave the directory
@@ -406,7 +448,8 @@ pub fn resume(
             ));
         }
     }
-    continue_run(Trainer::new(&saved, device)?, out_dir, device, on_event)
+    let task = fpt_tasks::build(&saved.task, &root_rng(&saved))?;
+    continue_run(build_with_task(&saved, task, device)?, out_dir, device, on_event)
 }
 
 /// [`resume`] of a run made with [`train_task`]: `task` must be the task it was started with.
@@ -417,24 +460,23 @@ pub fn resume_task(
     on_event: &mut dyn FnMut(&Event),
 ) -> Result<RunResult> {
     let saved = saved_spec(out_dir)?;
-    continue_run(Trainer::with_task(&saved, task, device)?, out_dir, device, on_event)
+    continue_run(build_with_task(&saved, task, device)?, out_dir, device, on_event)
 }
 
-/// Continues the run in `out_dir` with a trainer built from its saved spec.
-fn continue_run(
-    mut tr: Trainer,
-    out_dir: &Path,
-    device: &Device,
-    on_event: &mut dyn FnMut(&Event),
-) -> Result<RunResult> {
+/// Continues the run in `out_dir` with a run built from its saved spec.
+fn continue_run(built: Built, out_dir: &Path, device: &Device, on_event: &mut dyn FnMut(&Event)) -> Result<RunResult> {
+    let mut tr = match built {
+        Built::Trainer(tr) if tr.spec.model == ModelKind::Fpt => *tr,
+        // Output-only and linear runs keep no checkpoints (their state is one small layer):
+        // they run again from the start.
+        other => {
+            let _lock = RunLock::acquire(out_dir)?;
+            return run_from_start(other, out_dir, device, on_event);
+        }
+    };
     let saved = tr.spec.clone();
     let _span = tracing::info_span!("run", task = %saved.task.name, backbone = %saved.backbone.source).entered();
     let _lock = RunLock::acquire(out_dir)?;
-    if saved.train.cached_epochs.is_some() {
-        // Output-only runs keep no checkpoints (their state is one small layer): rerun.
-        metrics_truncate(&out_dir.join("metrics.jsonl"), 0)?;
-        return output_only::run(tr, out_dir, device, on_event);
-    }
     let run = match checkpoint::latest(out_dir)? {
         Some(dir) => {
             let loaded = checkpoint::load(&dir, device)?;

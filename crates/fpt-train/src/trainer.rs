@@ -49,6 +49,13 @@ impl Trainer {
     /// [`fpt_tasks::Synthetic`]).
     pub fn with_task(spec: &RunSpec, task: Box<dyn Task>, device: &Device) -> Result<Self> {
         spec.validate()?;
+        if spec.model == ModelKind::Linear {
+            return Err(fpt_spec::SpecError::Invalid {
+                field: "model",
+                msg: "the linear baseline has no FPT trainer; run it with fpt_train::train".into(),
+            }
+            .into());
+        }
         let t = &spec.train;
         let master = root_rng(spec);
         let mut init_rng = master.fork("init");

@@ -41,6 +41,7 @@ fn tiny(steps: usize) -> RunSpec {
         input_dropout: 0.1,
         orth_gain: 1.41,
         backbone_dropout: true,
+        model: fpt_spec::ModelKind::Fpt,
     }
 }
 
@@ -329,6 +330,7 @@ fn gpt2_base_trainable_file_is_under_4_mb() {
         input_dropout: 0.1,
         orth_gain: 1.41,
         backbone_dropout: true,
+        model: fpt_spec::ModelKind::Fpt,
     };
     let tr = fpt_train::Trainer::new(&spec, &Device::Cpu).unwrap();
     let d = tempfile::tempdir().unwrap();

@@ -5,8 +5,8 @@
 
 use candle_core::{Device, Tensor};
 use fpt_spec::{
-    BackboneSpec, BitPretrainSpec, Init, ResidualInit, RunSpec, ShapeOverrides, TaskName, TaskSpec, TrainGroups,
-    TrainSpec,
+    BackboneSpec, BitPretrainSpec, Init, ModelKind, ResidualInit, RunSpec, ShapeOverrides, TaskName, TaskSpec,
+    TrainGroups, TrainSpec,
 };
 use fpt_train::{pretrain, train, Trainer};
 use std::collections::HashMap;
@@ -55,6 +55,7 @@ fn spec(task: TaskSpec, backbone: BackboneSpec, groups: TrainGroups, steps: usiz
         input_dropout: 0.1,
         orth_gain: 1.41,
         backbone_dropout: true,
+        model: ModelKind::Fpt,
     }
 }
 
@@ -192,6 +193,7 @@ fn output_only_training_caches_features_and_reports_a_speedup() {
     let mut s = spec(xor(), backbone(Init::Random), TrainGroups::none(), 20);
     s.train_groups.output = true;
     s.train.cached_epochs = Some(6);
+    s.model = ModelKind::OutputOnly;
     let out = tempfile::tempdir().unwrap();
     let r = train(&s, out.path(), &Device::Cpu, &mut |_| {}).unwrap();
     let c = r.cached.clone().expect("cached stats");
@@ -219,6 +221,7 @@ fn output_only_training_caches_features_and_reports_a_speedup() {
     let mut small = s.clone();
     small.train.steps = 2;
     let r = train(&small, &out.path().join("small"), &Device::Cpu, &mut |_| {}).unwrap();
+    let r_small_accuracy = r.test_accuracy;
     assert_eq!(r.cached.unwrap().train_examples, 32);
     // The spec is refused unless only the output layer trains.
     let mut bad = s.clone();
@@ -227,7 +230,19 @@ fn output_only_training_caches_features_and_reports_a_speedup() {
         .err()
         .unwrap()
         .to_string();
-    assert!(e.contains("cached_epochs") && e.contains("--train out"), "{e}");
+    assert!(e.contains("train_groups") && e.contains("--train out"), "{e}");
+    // Epochs on cached features belong to the output-only model, and it needs them.
+    let mut fpt = s.clone();
+    fpt.model = ModelKind::Fpt;
+    let e = fpt.validate().unwrap_err().to_string();
+    assert!(e.contains("cached_epochs") && e.contains("output-only"), "{e}");
+    let mut none = s.clone();
+    none.train.cached_epochs = None;
+    let e = none.validate().unwrap_err().to_string();
+    assert!(e.contains("cached_epochs") && e.contains("epochs"), "{e}");
+    // A resumed output-only run trains again from the start, to the same numbers.
+    let again = fpt_train::resume(&out.path().join("small"), None, &Device::Cpu, &mut |_| {}).unwrap();
+    assert_eq!(again.test_accuracy, r_small_accuracy);
 }
 
 #[test]
