@@ -24,7 +24,48 @@ fn run_json(cmd: &mut Command, what: &str) -> Result<serde_json::Value> {
 /// One bench round of a shape: fpt's JSON entry per kernel path and PyTorch's (when measured).
 type Round = (Vec<serde_json::Value>, Option<serde_json::Value>);
 
-const BENCH_USAGE: &str = "usage: cargo xtask bench step [--backbone gpt2|minilm|lstm] [--shape NAME]... [--steps N] [--warmup N] [--rounds N] [--paths native,portable] [--device D] [--no-full] [--json]";
+/// `cargo xtask bench`'s benchmarks.
+#[derive(Debug, clap::Subcommand)]
+pub(crate) enum Bench {
+    /// Time the FPT step (and the full fine-tune step) on each kernel path beside PyTorch's
+    /// same step (`bench/pytorch_fpt_step.py`, when `torch` and `transformers` import from
+    /// `$FPT_PYTHON`, else `python3`), one process per shape and path, in alternating rounds;
+    /// prints all and their ratios, per kernel path
+    Step(StepArgs),
+}
+
+/// `cargo xtask bench step`'s flags.
+#[derive(Debug, clap::Args)]
+pub(crate) struct StepArgs {
+    /// The backbone whose shapes are timed (`fpt bench --list` names them: gpt2, minilm, lstm)
+    #[arg(long, default_value = "gpt2")]
+    backbone: String,
+    /// A shape to time (repeatable; `--backbone minilm --shape mnist` means `minilm-mnist`);
+    /// default: every shape of the backbone
+    #[arg(long = "shape", value_name = "NAME")]
+    shapes: Vec<String>,
+    /// Timed steps per process
+    #[arg(long, default_value_t = 5)]
+    steps: usize,
+    /// Untimed steps first
+    #[arg(long, default_value_t = 2)]
+    warmup: usize,
+    /// Alternating rounds (fpt, PyTorch, fpt, ...); the medians are reported
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    rounds: u64,
+    /// Kernel paths: `native` (the best this CPU runs) and/or `portable`
+    #[arg(long, default_value = "native,portable", value_delimiter = ',', value_parser = ["native", "portable"])]
+    paths: Vec<String>,
+    /// Device: `cpu`, or `cuda` / `cuda:N` with a CUDA build
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    /// Time the FPT step only (not the full fine-tune step)
+    #[arg(long)]
+    no_full: bool,
+    /// Print one JSON object instead of the tables
+    #[arg(long)]
+    json: bool,
+}
 
 /// The shapes of a backbone, as `fpt bench --list` defines them (the PyTorch script reads
 /// the same list).
@@ -41,7 +82,13 @@ fn bench_shapes(bin: &Path, backbone: &str) -> Result<Vec<String>> {
         .filter_map(|s| s["name"].as_str().map(String::from))
         .collect();
     if v.is_empty() {
-        bail!("bench step: unknown --backbone `{backbone}` (gpt2, minilm or lstm)");
+        let mut known: Vec<&str> = all.iter().filter_map(|s| s["arch"].as_str()).collect();
+        known.sort();
+        known.dedup();
+        bail!(
+            "bench step: unknown --backbone `{backbone}` (`fpt bench --list` has {})",
+            known.join(", ")
+        );
     }
     Ok(v)
 }
@@ -72,44 +119,11 @@ fn native_path(bin: &Path) -> Result<String> {
         .context("fpt bench reported no kernel path")
 }
 
-pub(crate) fn bench(args: &[String]) -> Result<()> {
-    if args.first().map(String::as_str) != Some("step") {
-        bail!("{BENCH_USAGE}");
-    }
-    let mut device = "cpu".to_string();
-    let (mut shapes, mut steps, mut warmup, mut json) = (Vec::new(), "5".to_string(), "2".to_string(), false);
-    let (mut rounds, mut no_full, mut backbone) = (1usize, false, "gpt2".to_string());
-    let mut paths_arg = "native,portable".to_string();
-    let mut it = args[1..].iter();
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--shape" => shapes.push(it.next().context("--shape needs a name")?.clone()),
-            "--backbone" => backbone = it.next().context("--backbone needs gpt2, minilm or lstm")?.clone(),
-            "--steps" => steps = it.next().context("--steps needs a number")?.clone(),
-            "--warmup" => warmup = it.next().context("--warmup needs a number")?.clone(),
-            "--paths" => {
-                paths_arg = it
-                    .next()
-                    .context("--paths needs native, portable or native,portable")?
-                    .clone()
-            }
-            "--json" => json = true,
-            "--no-full" => no_full = true,
-            "--device" => device = it.next().context("--device needs cpu, cuda or cuda:N")?.clone(),
-            "--rounds" => {
-                rounds = it
-                    .next()
-                    .and_then(|v| v.parse().ok())
-                    .filter(|&n: &usize| n > 0)
-                    .context("--rounds needs a positive number")?
-            }
-            "--help" | "-h" => {
-                println!("{BENCH_USAGE}");
-                return Ok(());
-            }
-            other => bail!("bench step: unknown argument `{other}`\n{BENCH_USAGE}"),
-        }
-    }
+pub(crate) fn bench(which: &Bench) -> Result<()> {
+    let Bench::Step(a) = which;
+    let (device, json, no_full, backbone) = (a.device.clone(), a.json, a.no_full, a.backbone.clone());
+    let (steps, warmup, rounds) = (a.steps.to_string(), a.warmup.to_string(), a.rounds as usize);
+    let mut shapes = a.shapes.clone();
     let bin = build_fpt()?;
     let known = bench_shapes(&bin, &backbone)?;
     if shapes.is_empty() {
@@ -133,11 +147,10 @@ pub(crate) fn bench(args: &[String]) -> Result<()> {
     // AVX2 get), each named by what ran; one when they coincide or off the CPU.
     let native = native_path(&bin)?;
     let mut paths: Vec<(String, Option<&str>)> = Vec::new();
-    for p in paths_arg.split(',') {
-        match p.trim() {
+    for p in &a.paths {
+        match p.as_str() {
             "native" => paths.push((native.clone(), None)),
-            "portable" => paths.push(("portable".into(), Some("portable"))),
-            other => bail!("bench step: --paths takes native and/or portable, not `{other}`"),
+            _ => paths.push(("portable".into(), Some("portable"))),
         }
     }
     paths.dedup_by(|a, b| a.0 == b.0);

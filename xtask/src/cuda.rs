@@ -34,18 +34,18 @@ fn default_dir() -> PathBuf {
     super::root().join("target").join("cuda-toolkit")
 }
 
-fn dir_arg(args: &[String]) -> Result<(PathBuf, Vec<String>)> {
-    let mut dir = default_dir();
-    let mut rest = Vec::new();
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        if a == "--dir" {
-            dir = PathBuf::from(it.next().context("--dir needs a directory")?);
-        } else {
-            rest.push(a.clone());
-        }
+/// Where the CUDA toolkit lives.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct DirArgs {
+    /// The toolkit's directory [default: target/cuda-toolkit]
+    #[arg(long)]
+    dir: Option<PathBuf>,
+}
+
+impl DirArgs {
+    fn dir(&self) -> PathBuf {
+        self.dir.clone().unwrap_or_else(default_dir)
     }
-    Ok((dir, rest))
 }
 
 fn run(cmd: &mut Command, what: &str) -> Result<()> {
@@ -117,11 +117,8 @@ fn driver_symbols() -> Result<Vec<String>> {
     Ok(found.into_iter().collect())
 }
 
-pub fn toolkit(args: &[String]) -> Result<()> {
-    let (dir, rest) = dir_arg(args)?;
-    if let Some(a) = rest.first() {
-        bail!("cuda-toolkit: unknown argument `{a}` (expected --dir DIR)");
-    }
+pub fn toolkit(args: &DirArgs) -> Result<()> {
+    let dir = args.dir();
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let venv = dir.join("venv");
     if !venv.join("bin").join("pip").is_file() {
@@ -234,11 +231,8 @@ fn cargo_with_env(dir: &Path) -> Result<Command> {
 }
 
 /// Builds the release `fpt` with `--features cuda`; returns its path.
-pub fn build(args: &[String]) -> Result<PathBuf> {
-    let (dir, rest) = dir_arg(args)?;
-    if let Some(a) = rest.first() {
-        bail!("cuda-build: unknown argument `{a}` (expected --dir DIR)");
-    }
+pub fn build(args: &DirArgs) -> Result<PathBuf> {
+    let dir = args.dir();
     let t0 = std::time::Instant::now();
     // A target directory of its own: the CUDA binary needs the driver to start, the CPU
     // one (target/release/fpt) must keep working here.
@@ -285,29 +279,41 @@ pub fn build(args: &[String]) -> Result<PathBuf> {
     Ok(bin)
 }
 
-pub fn gpu_check(args: &[String]) -> Result<()> {
-    let mut pass = Vec::new();
-    let mut build_args = Vec::new();
-    let mut cpu = false;
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--dir" => {
-                build_args.push(a.clone());
-                build_args.push(it.next().context("--dir needs a directory")?.clone());
-            }
-            "--device" | "--out" | "--steps" | "--shape" => {
-                let v = it.next().with_context(|| format!("{a} needs a value"))?;
-                cpu |= a == "--device" && v == "cpu";
-                pass.push(a.clone());
-                pass.push(v.clone());
-            }
-            other => {
-                bail!("gpu-check: unknown argument `{other}` (--device D, --out FILE, --steps N, --shape S, --dir DIR)")
-            }
-        }
+/// `cargo xtask gpu-check`'s flags (all but `--dir` go to `fpt gpu-check`).
+#[derive(Debug, clap::Args)]
+pub struct GpuCheckArgs {
+    #[command(flatten)]
+    toolkit: DirArgs,
+    /// Device: `cuda:N`, or `cpu` to try the command end to end with the ordinary build
+    #[arg(long)]
+    device: Option<String>,
+    /// Where `fpt gpu-check` writes its JSON
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Steps of the training run on each device
+    #[arg(long)]
+    steps: Option<usize>,
+    /// The bench shape
+    #[arg(long)]
+    shape: Option<String>,
+}
+
+pub fn gpu_check(a: &GpuCheckArgs) -> Result<()> {
+    let mut pass: Vec<String> = Vec::new();
+    if let Some(d) = &a.device {
+        pass.extend(["--device".into(), d.clone()]);
+    }
+    if let Some(o) = &a.out {
+        pass.extend(["--out".into(), o.display().to_string()]);
+    }
+    if let Some(n) = a.steps {
+        pass.extend(["--steps".into(), n.to_string()]);
+    }
+    if let Some(s) = &a.shape {
+        pass.extend(["--shape".into(), s.clone()]);
     }
     // `--device cpu` tries the command end to end with the ordinary build.
-    let bin = if cpu { super::build_fpt()? } else { build(&build_args)? };
+    let cpu = a.device.as_deref() == Some("cpu");
+    let bin = if cpu { super::build_fpt()? } else { build(&a.toolkit)? };
     run(Command::new(&bin).arg("gpu-check").args(&pass), "fpt gpu-check")
 }

@@ -50,26 +50,20 @@ fn seed(target: &str) -> Result<std::path::PathBuf> {
     Ok(corpus)
 }
 
-pub fn fuzz(args: &[String]) -> Result<()> {
-    let mut seconds = 600u64;
-    let mut targets: Vec<String> = Vec::new();
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--seconds" => {
-                seconds = it
-                    .next()
-                    .context("--seconds needs a number")?
-                    .parse()
-                    .context("--seconds needs a number")?
-            }
-            t if TARGETS.contains(&t) => targets.push(t.to_string()),
-            other => bail!(
-                "fuzz: unknown argument `{other}` (targets: {}; --seconds N)",
-                TARGETS.join(", ")
-            ),
-        }
-    }
+/// `cargo xtask fuzz`'s flags.
+#[derive(Debug, clap::Args)]
+pub struct FuzzArgs {
+    /// Seconds of fuzzing per target
+    #[arg(long, default_value_t = 600)]
+    seconds: u64,
+    /// Targets to fuzz (default: all)
+    #[arg(value_parser = TARGETS)]
+    targets: Vec<String>,
+}
+
+pub fn fuzz(a: &FuzzArgs) -> Result<()> {
+    let seconds = a.seconds;
+    let mut targets = a.targets.clone();
     if targets.is_empty() {
         targets = TARGETS.iter().map(|t| t.to_string()).collect();
     }

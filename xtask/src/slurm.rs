@@ -151,48 +151,55 @@ impl Sweep {
     }
 }
 
-/// `cargo xtask slurm-script --scale S [--shards N] [--gpus-per-task N] [--cpus-per-task N]
-/// [--time H] [--partition P] [--jobs N] [--out DIR] [--dir DIR] [IDS...]`.
-pub fn script(args: &[String]) -> Result<()> {
+/// `cargo xtask slurm-script`'s flags.
+#[derive(Debug, clap::Args)]
+pub struct ScriptArgs {
+    /// Scale of the sweep
+    #[arg(long, default_value = "paper")]
+    scale: String,
+    /// Array tasks (shards)
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..))]
+    shards: u64,
+    /// GPUs per shard (0: a CPU sweep)
+    #[arg(long, default_value_t = 1)]
+    gpus_per_task: usize,
+    /// CPU cores per shard
+    #[arg(long, default_value_t = 8)]
+    cpus_per_task: usize,
+    /// Time limit per job, hours
+    #[arg(long = "time", value_name = "HOURS", default_value_t = 48)]
+    hours: u32,
+    /// Partition [default: the cluster's]
+    #[arg(long)]
+    partition: Option<String>,
+    /// Runs at once inside a shard (`fpt run-table --jobs`)
+    #[arg(long, default_value_t = 1)]
+    jobs: usize,
+    /// Where shard directories, merged results and logs go [default: target/slurm/out]
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Where the scripts are written [default: target/slurm/scripts]
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// Table and figure ids [default: all]
+    ids: Vec<String>,
+}
+
+/// Writes a sweep's sbatch scripts and prints how to submit them.
+pub fn script(a: &ScriptArgs) -> Result<()> {
     let mut sweep = Sweep {
-        ids: Vec::new(),
-        scale: "paper".into(),
-        shards: 16,
-        out: root().join("target/slurm/out"),
+        ids: a.ids.clone(),
+        scale: a.scale.clone(),
+        shards: a.shards as usize,
+        out: a.out.clone().unwrap_or_else(|| root().join("target/slurm/out")),
         bin: root().join("target/release/fpt"),
-        gpus: 1,
-        cpus: 8,
-        hours: Some(48),
-        partition: None,
-        jobs: 1,
+        gpus: a.gpus_per_task,
+        cpus: a.cpus_per_task,
+        hours: Some(a.hours),
+        partition: a.partition.clone(),
+        jobs: a.jobs,
     };
-    let mut dir = root().join("target/slurm/scripts");
-    let mut it = args.iter();
-    let num = |v: Option<&String>, what: &str| -> Result<usize> {
-        v.with_context(|| format!("{what} needs a number"))?
-            .parse()
-            .with_context(|| format!("{what}: not a number"))
-    };
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--scale" => sweep.scale = it.next().context("--scale needs smoke, cpu or paper")?.clone(),
-            "--shards" => sweep.shards = num(it.next(), "--shards")?,
-            "--gpus-per-task" => sweep.gpus = num(it.next(), "--gpus-per-task")?,
-            "--cpus-per-task" => sweep.cpus = num(it.next(), "--cpus-per-task")?,
-            "--jobs" => sweep.jobs = num(it.next(), "--jobs")?,
-            "--time" => sweep.hours = Some(num(it.next(), "--time")? as u32),
-            "--partition" => sweep.partition = Some(it.next().context("--partition needs a name")?.clone()),
-            "--out" => sweep.out = PathBuf::from(it.next().context("--out needs a directory")?),
-            "--dir" => dir = PathBuf::from(it.next().context("--dir needs a directory")?),
-            s if s.starts_with("--") => bail!(
-                "slurm-script: unknown flag `{s}` (expected --scale, --shards, --gpus-per-task, --cpus-per-task, --time, --partition, --jobs, --out, --dir)"
-            ),
-            id => sweep.ids.push(id.to_string()),
-        }
-    }
-    if sweep.shards == 0 {
-        bail!("--shards must be at least 1");
-    }
+    let dir = a.dir.clone().unwrap_or_else(|| root().join("target/slurm/scripts"));
     if sweep.ids.is_empty() {
         sweep.ids.push("all".into());
     }
@@ -416,22 +423,22 @@ fn merge(bin: &Path, shards: &[PathBuf], out: &Path, ids: &[&str], scale: &str) 
     Ok(())
 }
 
-/// `cargo xtask slurm-check [--shards N] [--keep]`: the smoke scale of Tables 2 and 13 as a
-/// Slurm array job on a one-node cluster of this machine, against an unsharded run; then
-/// again with one array task cancelled mid-run and submitted anew.
-pub fn check(args: &[String]) -> Result<()> {
-    let (mut shards, mut keep) = (3usize, false);
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--shards" => shards = it.next().context("--shards needs a number")?.parse()?,
-            "--keep" => keep = true,
-            s => bail!("slurm-check: unknown argument `{s}` (expected --shards N, --keep)"),
-        }
-    }
-    if shards < 2 {
-        bail!("--shards must be at least 2 (one is cancelled in the second part)");
-    }
+/// `cargo xtask slurm-check`'s flags.
+#[derive(Debug, clap::Args)]
+pub struct CheckArgs {
+    /// Array tasks (at least 2: one is cancelled in the second part)
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(2..))]
+    shards: u64,
+    /// Keep the two sweeps' result directories (`plain/`, `cancelled/`) afterwards
+    #[arg(long)]
+    keep: bool,
+}
+
+/// The smoke scale of Tables 2 and 13 as a Slurm array job on a one-node cluster of this
+/// machine, against an unsharded run; then again with one array task cancelled mid-run and
+/// submitted anew.
+pub fn check(a: &CheckArgs) -> Result<()> {
+    let (shards, keep) = (a.shards as usize, a.keep);
     let uid = run(Command::new("id").arg("-u"))?;
     if uid != "0" {
         bail!("slurm-check starts slurmctld, slurmd and munged and may install them: run it as root");
