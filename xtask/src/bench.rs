@@ -32,6 +32,8 @@ pub(crate) enum Bench {
     /// `$FPT_PYTHON`, else `python3`), one process per shape and path, in alternating rounds;
     /// prints all and their ratios, per kernel path
     Step(StepArgs),
+    /// Regenerate bench/README.md's current table from bench/records
+    Readme,
 }
 
 /// `cargo xtask bench step`'s flags.
@@ -65,6 +67,10 @@ pub(crate) struct StepArgs {
     /// Print one JSON object instead of the tables
     #[arg(long)]
     json: bool,
+    /// Also write the results as a dated record in bench/records/ and regenerate
+    /// bench/README.md's current table from the records
+    #[arg(long)]
+    record: bool,
 }
 
 /// The shapes of a backbone, as `fpt bench --list` defines them (the PyTorch script reads
@@ -120,7 +126,10 @@ fn native_path(bin: &Path) -> Result<String> {
 }
 
 pub(crate) fn bench(which: &Bench) -> Result<()> {
-    let Bench::Step(a) = which;
+    let a = match which {
+        Bench::Step(a) => a,
+        Bench::Readme => return crate::bench_records::readme(),
+    };
     let (device, json, no_full, backbone) = (a.device.clone(), a.json, a.no_full, a.backbone.clone());
     let (steps, warmup, rounds) = (a.steps.to_string(), a.warmup.to_string(), a.rounds as usize);
     let mut shapes = a.shapes.clone();
@@ -262,6 +271,19 @@ pub(crate) fn bench(which: &Bench) -> Result<()> {
             });
             all.insert(format!("{s} [{path}]"), row);
         }
+    }
+    if a.record {
+        let torch = torch_ok
+            .then(|| {
+                let o = Command::new(python())
+                    .args(["-c", "import torch, transformers; print(f'torch {torch.__version__}, transformers {transformers.__version__}, {torch.get_num_threads()} threads')"])
+                    .output()
+                    .ok()?;
+                Some(String::from_utf8_lossy(&o.stdout).trim().to_string())
+            })
+            .flatten();
+        let path = crate::bench_records::record(&serde_json::Value::Object(all.clone()), &backbone, torch)?;
+        eprintln!("xtask: recorded in {}", path.display());
     }
     if json {
         println!("{}", serde_json::Value::Object(all));
