@@ -350,7 +350,11 @@ pub const REGISTRATION: crate::Registration = crate::Registration {
 };
 
 impl crate::ArchConfig for BertConfig {
-    crate::arch_config_common!(BertConfig, Bert);
+    crate::arch_config_common!(BertConfig, Bert, |c| (
+        c.num_hidden_layers,
+        c.num_attention_heads,
+        c.hidden_size
+    ));
 
     fn architecture(&self) -> &'static str {
         if self.longformer.is_some() {
@@ -358,18 +362,6 @@ impl crate::ArchConfig for BertConfig {
         } else {
             "bert"
         }
-    }
-
-    fn layers(&self) -> usize {
-        self.num_hidden_layers
-    }
-
-    fn heads(&self) -> usize {
-        self.num_attention_heads
-    }
-
-    fn hidden_size(&self) -> usize {
-        self.hidden_size
     }
 
     fn summary(&self) -> String {
@@ -395,16 +387,6 @@ impl crate::ArchConfig for BertConfig {
                 c.layer_norm_eps
             ),
         }
-    }
-
-    fn random(
-        &self,
-        _spec: &fpt_spec::BackboneSpec,
-        groups: &TrainGroups,
-        device: &Device,
-        rng: &mut Rng,
-    ) -> Result<Box<dyn Backbone>> {
-        Ok(Box::new(Bert::random(self, groups, device, rng)?))
     }
 
     fn saved_as(&self) -> Option<crate::SavedAs> {

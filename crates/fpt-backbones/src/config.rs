@@ -213,9 +213,41 @@ impl Config {
 
 /// The [`ArchConfig`] methods every architecture implements the same way, for a config
 /// type `$config` with `param_specs` and `with_overrides` of its own and a model `$model`
-/// implementing `Arch<Config = $config>`.
+/// implementing `Arch<Config = $config>`: `arch_config_common!(Config, Model, |c| (layers,
+/// heads, hidden width))`, the sizes as expressions of the config `c`. Without `custom
+/// random` it also builds the random model with `Model::random(config, groups, device,
+/// rng)`.
 macro_rules! arch_config_common {
-    ($config:ty, $model:ty) => {
+    ($config:ty, $model:ty, |$c:ident| ($layers:expr, $heads:expr, $hidden:expr)) => {
+        $crate::arch_config_common!($config, $model, |$c| ($layers, $heads, $hidden), custom random);
+
+        fn random(
+            &self,
+            _spec: &fpt_spec::BackboneSpec,
+            groups: &fpt_spec::TrainGroups,
+            device: &candle_core::Device,
+            rng: &mut fpt_nn::Rng,
+        ) -> $crate::Result<Box<dyn $crate::Backbone>> {
+            Ok(Box::new(<$model>::random(self, groups, device, rng)?))
+        }
+    };
+    ($config:ty, $model:ty, |$c:ident| ($layers:expr, $heads:expr, $hidden:expr), custom random) => {
+        fn layers(&self) -> usize {
+            let $c = self;
+            $layers
+        }
+
+        fn heads(&self) -> usize {
+            #[allow(unused_variables)]
+            let $c = self;
+            $heads
+        }
+
+        fn hidden_size(&self) -> usize {
+            let $c = self;
+            $hidden
+        }
+
         fn param_specs(&self) -> Vec<$crate::ParamSpec> {
             <$config>::param_specs(self)
         }

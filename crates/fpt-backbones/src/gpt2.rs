@@ -241,22 +241,10 @@ pub const REGISTRATION: crate::Registration = crate::Registration {
 };
 
 impl crate::ArchConfig for Gpt2Config {
-    crate::arch_config_common!(Gpt2Config, Gpt2);
+    crate::arch_config_common!(Gpt2Config, Gpt2, |c| (c.n_layer, c.n_head, c.n_embd), custom random);
 
     fn architecture(&self) -> &'static str {
         "gpt2"
-    }
-
-    fn layers(&self) -> usize {
-        self.n_layer
-    }
-
-    fn heads(&self) -> usize {
-        self.n_head
-    }
-
-    fn hidden_size(&self) -> usize {
-        self.n_embd
     }
 
     fn summary(&self) -> String {

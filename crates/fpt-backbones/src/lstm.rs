@@ -234,22 +234,10 @@ pub const REGISTRATION: crate::Registration = crate::Registration {
 };
 
 impl crate::ArchConfig for LstmConfig {
-    crate::arch_config_common!(LstmConfig, Lstm);
+    crate::arch_config_common!(LstmConfig, Lstm, |c| (c.num_layers, 0, c.hidden_size));
 
     fn architecture(&self) -> &'static str {
         "lstm"
-    }
-
-    fn layers(&self) -> usize {
-        self.num_layers
-    }
-
-    fn heads(&self) -> usize {
-        0
-    }
-
-    fn hidden_size(&self) -> usize {
-        self.hidden_size
     }
 
     fn summary(&self) -> String {
@@ -268,16 +256,6 @@ impl crate::ArchConfig for LstmConfig {
             c.initial_state,
             c.dropout
         )
-    }
-
-    fn random(
-        &self,
-        _spec: &fpt_spec::BackboneSpec,
-        groups: &TrainGroups,
-        device: &Device,
-        rng: &mut Rng,
-    ) -> Result<Box<dyn Backbone>> {
-        Ok(Box::new(Lstm::random(self, groups, device, rng)?))
     }
 
     fn has_pretrained_weights(&self) -> bool {

@@ -249,22 +249,10 @@ pub const REGISTRATION: crate::Registration = crate::Registration {
 };
 
 impl crate::ArchConfig for T5Config {
-    crate::arch_config_common!(T5Config, T5Encoder);
+    crate::arch_config_common!(T5Config, T5Encoder, |c| (c.num_layers, c.num_heads, c.d_model));
 
     fn architecture(&self) -> &'static str {
         "t5"
-    }
-
-    fn layers(&self) -> usize {
-        self.num_layers
-    }
-
-    fn heads(&self) -> usize {
-        self.num_heads
-    }
-
-    fn hidden_size(&self) -> usize {
-        self.d_model
     }
 
     fn summary(&self) -> String {
@@ -280,16 +268,6 @@ impl crate::ArchConfig for T5Config {
             c.relative_attention_max_distance,
             c.layer_norm_epsilon
         )
-    }
-
-    fn random(
-        &self,
-        _spec: &fpt_spec::BackboneSpec,
-        groups: &TrainGroups,
-        device: &Device,
-        rng: &mut Rng,
-    ) -> Result<Box<dyn Backbone>> {
-        Ok(Box::new(T5Encoder::random(self, groups, device, rng)?))
     }
 
     fn saved_as(&self) -> Option<crate::SavedAs> {

@@ -310,22 +310,14 @@ pub const REGISTRATION: crate::Registration = crate::Registration {
 };
 
 impl crate::ArchConfig for VitConfig {
-    crate::arch_config_common!(VitConfig, Vit);
+    crate::arch_config_common!(VitConfig, Vit, |c| (
+        c.num_hidden_layers,
+        c.num_attention_heads,
+        c.hidden_size
+    ));
 
     fn architecture(&self) -> &'static str {
         "vit"
-    }
-
-    fn layers(&self) -> usize {
-        self.num_hidden_layers
-    }
-
-    fn heads(&self) -> usize {
-        self.num_attention_heads
-    }
-
-    fn hidden_size(&self) -> usize {
-        self.hidden_size
     }
 
     fn summary(&self) -> String {
@@ -339,16 +331,6 @@ impl crate::ArchConfig for VitConfig {
             FPT_POSITIONS,
             c.layer_norm_eps
         )
-    }
-
-    fn random(
-        &self,
-        _spec: &fpt_spec::BackboneSpec,
-        groups: &TrainGroups,
-        device: &Device,
-        rng: &mut Rng,
-    ) -> Result<Box<dyn Backbone>> {
-        Ok(Box::new(Vit::random(self, groups, device, rng)?))
     }
 }
 
