@@ -44,13 +44,12 @@ pub fn num_threads() -> usize {
 
 /// Tunes glibc's allocator for training: tensors of a few MB are allocated and freed every
 /// step, and by default glibc serves each with a fresh `mmap`, so every step pays for page
-/// faults and zeroing (measured: a Bit Memory step on a 2 x 64 GPT-2 spent 60% of its time
-/// in the kernel). Raising the mmap threshold keeps that memory in the heap, and trimming is
-/// switched off: a step frees its activations at the end, and with any finite threshold a
-/// large step (GPT-2 base on c10 frees over 1 GB) hands the top of the heap back to the
-/// kernel, so the next step faults every page in again (measured: ~290k page faults and
-/// ~0.7 s per c10 step with a 1 GB threshold). The process keeps its peak, which it
-/// reaches every step anyway.
+/// faults and zeroing (small steps spent most of their time in the kernel). Raising the
+/// mmap threshold keeps that memory in the heap, and trimming is switched off: a step frees
+/// its activations at the end, and with any finite threshold a large step (GPT-2 base on
+/// c10 frees over 1 GB) hands the top of the heap back to the kernel, so the next step
+/// faults every page in again (the measurements are in `bench/README.md`). The process
+/// keeps its peak, which it reaches every step anyway.
 /// Call once at start-up, before threads are spawned; a no-op off glibc.
 pub fn tune_allocator() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
@@ -88,10 +87,9 @@ pub fn quiet_candle_pool() {
 /// every split hands a job to the pool and puts the caller to sleep until it is done: two
 /// cross-thread wake-ups per kernel, and a step of a small model runs hundreds of kernels.
 /// Called from a pool worker, a split is a `join`: the caller starts on its half at once
-/// and the other worker steals the rest. Measured (2-core AMD EPYC, AVX-512 path, `fpt
-/// bench --backbone lstm --shape bitxor --steps 40`, 3 alternating rounds): the layer-norm
-/// LSTM's Bit XOR step took 38.1 / 44.3 / 38.1 ms on a worker against 43.3 / 47.9 / 49.3 ms
-/// from the main thread. `fpt_train::Trainer` runs each step and evaluation through it.
+/// and the other worker steals the rest, which makes small models' steps measurably faster
+/// (`bench/README.md`, "Steps on a pool worker"). `fpt_train::Trainer` runs each step and
+/// evaluation through it.
 ///
 /// What this thread set for itself goes along: [`no_grad`] and [`kernels::with_path`] hold
 /// inside `f` as they do here.
