@@ -109,7 +109,7 @@ pub fn run_options(
 ) -> Result<RunOptions> {
     let cores = fpt_nn::num_threads();
     let (jobs, threads) = match (jobs, device.is_cpu()) {
-        (Some(0), _) => return Err(bad("--jobs 0: need at least 1".into())),
+        (Some(0), _) => return Err(bad("jobs 0: need at least 1".into())),
         (Some(1), _) => (1, None),
         (Some(n), true) => (n, Some((cores / n).max(1))),
         (Some(n), false) => (n, None),

@@ -136,7 +136,7 @@ impl LstmConfig {
     pub fn with_overrides(mut self, o: &ShapeOverrides) -> Result<Self> {
         if o.heads.is_some() {
             return Err(BackboneError::Unsupported(
-                "an LSTM has no attention heads (drop --heads)".into(),
+                "an LSTM has no attention heads (a `heads` override does not apply)".into(),
             ));
         }
         if let Some(l) = o.layers {

@@ -148,7 +148,8 @@ impl T5Config {
         }
         if o.positions.is_some() {
             return Err(BackboneError::Unsupported(
-                "T5 has no position table (--positions does not apply; it uses relative-position buckets)".into(),
+                "T5 has no position table (a `positions` override does not apply; it uses relative-position buckets)"
+                    .into(),
             ));
         }
         self.validate()

@@ -205,7 +205,7 @@ impl VitConfig {
         }
         if o.positions.is_some() {
             return Err(BackboneError::Unsupported(format!(
-                "ViT's fpt position table has {FPT_POSITIONS} positions (--positions does not apply)"
+                "ViT's fpt position table has {FPT_POSITIONS} positions (a `positions` override does not apply)"
             )));
         }
         self.validate()

@@ -120,9 +120,40 @@ fn main() {
         Command::Verify(a) => selfcheck::verify(a),
     };
     if let Err(e) = res {
-        eprintln!("error: {}", one_line(&e));
+        eprintln!("error: {}{}", one_line(&e), flag_hint(&e));
         std::process::exit(exit_code(&e));
     }
+}
+
+/// For an invalid spec field, the `fpt train` flag that sets it (the library names fields;
+/// flags are the CLI's): ` (flag --batch-size)`, or nothing.
+fn flag_hint(e: &anyhow::Error) -> String {
+    let Some(fpt_spec::SpecError::Invalid { field, .. }) =
+        e.chain().find_map(|c| c.downcast_ref::<fpt_spec::SpecError>())
+    else {
+        return String::new();
+    };
+    flag_for(field).map_or(String::new(), |f| format!(" (flag {f})"))
+}
+
+/// The `fpt train` flag(s) that set a spec field, when it has one.
+fn flag_for(field: &str) -> Option<String> {
+    let special = match field {
+        "train_groups" => Some("--train"),
+        "shape" => Some("--layers/--hidden/--heads/--positions, which need --init random"),
+        "clip_norm" => Some("--clip"),
+        "task.path" => Some("--task custom:PATH"),
+        "backbone_dropout" => Some("--no-backbone-dropout"),
+        _ => None,
+    };
+    if let Some(f) = special {
+        return Some(f.to_string());
+    }
+    let name = field.rsplit('.').next()?.replace('_', "-");
+    let cmd = <Cli as clap::CommandFactory>::command();
+    let train = cmd.find_subcommand("train")?;
+    let known = train.get_arguments().any(|a| a.get_long() == Some(name.as_str()));
+    known.then(|| format!("--{name}"))
 }
 
 /// The error and its causes on one line, each cause's text only where the message does not
@@ -224,4 +255,30 @@ fn exit_code(e: &anyhow::Error) -> i32 {
         }
     }
     2
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spec_fields_name_the_flags_that_set_them() {
+        for (field, flag) in [
+            ("batch_size", "--batch-size"),
+            ("micro_batch_size", "--micro-batch-size"),
+            ("cached_epochs", "--cached-epochs"),
+            ("train_groups", "--train"),
+            ("model", "--model"),
+            ("clip_norm", "--clip"),
+            ("eval_every", "--eval-every"),
+        ] {
+            assert_eq!(flag_for(field).as_deref(), Some(flag), "{field}");
+        }
+        assert_eq!(flag_for("no_such_field"), None);
+        let e = anyhow::Error::new(fpt_spec::SpecError::Invalid {
+            field: "cached_epochs",
+            msg: "must be at least 1".into(),
+        });
+        assert_eq!(flag_hint(&e), " (flag --cached-epochs)");
+    }
 }

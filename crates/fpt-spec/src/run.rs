@@ -159,7 +159,7 @@ impl RunSpec {
                 if self.train_groups != out_only {
                     return bad(
                         "train_groups",
-                        "output-only training on cached features trains the output layer alone (--train out)",
+                        "output-only training on cached features trains the output layer alone (`out`)",
                     );
                 }
             }
@@ -189,7 +189,7 @@ impl RunSpec {
         if self.backbone.init.needs_weights() && self.backbone.shape.any() {
             return bad(
                 "shape",
-                "--layers/--hidden/--heads/--positions only apply to --init random (a pretrained checkpoint fixes its shape)",
+                "shape overrides (layers, hidden, heads, positions) only apply to init `random` (a pretrained checkpoint fixes its shape)",
             );
         }
         Ok(())

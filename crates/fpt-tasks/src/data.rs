@@ -651,7 +651,7 @@ impl Encoding {
             if height > *s || width > *s {
                 return Err(TaskError::data(
                     file,
-                    format!("images are {height}x{width}, larger than the {s}x{s} they are padded to (--image-size pad32 needs images of at most {s}x{s}; use --image-size native)"),
+                    format!("images are {height}x{width}, larger than the {s}x{s} they are padded to (image size `pad32` needs images of at most {s}x{s}; use `native`)"),
                 ));
             }
         }

@@ -55,7 +55,7 @@ pub fn read_mnist_split(dir: &Path, task: TaskName, prefix: &str) -> Result<(Dat
             task: task.to_string(),
             dir: dir.to_path_buf(),
             what: format!("{stem}-idx*-ubyte[.gz] not found"),
-            hint: format!("run `fpt fetch {task}` or pass --data-dir"),
+            hint: format!("run `fpt fetch {task}`, or give the directory that holds it"),
         })
     };
     let ip = find(format!("{prefix}-images"))?;

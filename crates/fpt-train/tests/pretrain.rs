@@ -230,7 +230,7 @@ fn output_only_training_caches_features_and_reports_a_speedup() {
         .err()
         .unwrap()
         .to_string();
-    assert!(e.contains("train_groups") && e.contains("--train out"), "{e}");
+    assert!(e.contains("train_groups") && e.contains("`out`"), "{e}");
     // Epochs on cached features belong to the output-only model, and it needs them.
     let mut fpt = s.clone();
     fpt.model = ModelKind::Fpt;
