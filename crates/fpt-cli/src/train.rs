@@ -90,7 +90,8 @@ pub(crate) struct TrainArgs {
     /// steps and evaluation; the floor a transformer has to beat).
     #[arg(long, value_name = "KIND", default_value_t = fpt_spec::ModelKind::default())]
     pub(crate) model: fpt_spec::ModelKind,
-    /// With `--model output-only`: epochs of training on the cached features.
+    /// With `--model output-only` (which this flag implies): epochs of training on the cached
+    /// features.
     #[arg(long, value_name = "N")]
     pub(crate) cached_epochs: Option<usize>,
     /// Device: `cpu`, or `cuda` / `cuda:N` when built with `--features cuda`.
@@ -212,6 +213,10 @@ pub(crate) fn spec_from_args(a: &TrainArgs, given: &dyn Fn(&str) -> bool, base: 
     );
     if set("model") {
         s.model = a.model;
+    }
+    // Epochs on cached features are output-only training's: the flag implies the model.
+    if a.cached_epochs.is_some() && given("cached_epochs") && !given("model") {
+        s.model = fpt_spec::ModelKind::OutputOnly;
     }
     if set("input_dropout") {
         s.input_dropout = a.input_dropout;

@@ -696,3 +696,62 @@ fn cli_defaults_are_the_library_constructors() {
     };
     assert_eq!(saved, expected);
 }
+
+#[test]
+fn cached_epochs_imply_the_output_only_model() {
+    let d = tempfile::tempdir().unwrap();
+    let out = d.path().join("oo");
+    let args = |out: &str, extra: &[&'static str]| {
+        let mut v: Vec<String> = [
+            "train",
+            "--task",
+            "bit-xor",
+            "--backbone",
+            "gpt2",
+            "--init",
+            "random",
+            "--layers",
+            "1",
+            "--hidden",
+            "16",
+            "--heads",
+            "2",
+            "--train",
+            "out",
+            "--cached-epochs",
+            "2",
+            "--steps",
+            "4",
+            "--batch-size",
+            "4",
+            "--eval-examples",
+            "16",
+            "-q",
+            "--out",
+            out,
+        ]
+        .map(String::from)
+        .to_vec();
+        v.extend(extra.iter().map(|s| s.to_string()));
+        v
+    };
+    let a = args(out.to_str().unwrap(), &[]);
+    let o = fpt(&a.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let spec: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("spec.json")).unwrap()).unwrap();
+    assert_eq!(spec["model"], "output-only");
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("result.json")).unwrap()).unwrap();
+    assert_eq!(r["cached"]["epochs"], 2);
+    // Asked for the FPT model, the epochs are refused, naming the field and its flag.
+    let bad = d.path().join("bad");
+    let a = args(bad.to_str().unwrap(), &["--model", "fpt"]);
+    let o = fpt(&a.iter().map(String::as_str).collect::<Vec<_>>());
+    let e = stderr(&o);
+    assert!(
+        !o.status.success() && e.contains("cached_epochs") && e.contains("--cached-epochs"),
+        "{e}"
+    );
+    assert!(!bad.exists(), "nothing is written for a refused spec");
+}
