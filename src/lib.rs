@@ -6,8 +6,9 @@
 //!
 //! - [`spec`]: the serde types that describe a run ([`spec::RunSpec`]) and the paper's tables.
 //! - [`nn`]: candle ops with exact backward passes for training next to frozen weights.
-//! - [`backbones`]: GPT-2, BERT (and MiniLM), T5's encoder, ViT, Longformer and the
-//!   layer-norm LSTM baselines, from Hugging Face checkpoints (or random, statistics-only or
+//! - [`backbones`]: GPT-2, BERT (and MiniLM), T5's encoder, ViT, Longformer, Llama-family
+//!   decoders (Llama, Mistral, Qwen2; SmolLM2 from a GGUF file) and the layer-norm LSTM
+//!   baselines, from Hugging Face checkpoints or GGUF files (or random, statistics-only or
 //!   Bit-pretrained init), input embeddings in.
 //! - [`model`]: the FPT wrapper (input layer, frozen backbone, output layer, parameter roles).
 //! - [`tasks`]: task datasets: Bit Memory, Bit XOR, ListOps, MNIST, Fashion-MNIST, CIFAR-10,

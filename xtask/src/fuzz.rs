@@ -9,7 +9,7 @@ use anyhow::{bail, Context, Result};
 use std::process::Command;
 use std::time::Instant;
 
-const TARGETS: [&str; 6] = ["idx", "jsonl", "tsv", "spec", "config", "safetensors"];
+const TARGETS: [&str; 7] = ["idx", "jsonl", "tsv", "spec", "config", "safetensors", "gguf"];
 
 fn has_cargo_fuzz() -> bool {
     Command::new("rustup")
@@ -35,13 +35,14 @@ fn seed(target: &str) -> Result<std::path::PathBuf> {
     let file = match target {
         "config" => Some("config.json"),
         "safetensors" => Some("model.safetensors"),
+        "gguf" => Some("model.gguf"),
         _ => None,
     };
     if let Some(f) = file {
         for e in std::fs::read_dir(&fixtures).into_iter().flatten().flatten() {
             let p = e.path().join(f);
             if p.is_file()
-                && (target == "config" || e.file_name() == "bert-tiny" || e.file_name() == "bert-nopool-tiny")
+                && (target != "safetensors" || e.file_name() == "bert-tiny" || e.file_name() == "bert-nopool-tiny")
             {
                 copy(&p, format!("fixture-{}", e.file_name().to_string_lossy()))?;
             }

@@ -546,7 +546,7 @@ enum Task {
     /// fpt-nn's tests under AddressSanitizer (every kernel path the CPU runs; a canary must be
     /// reported) and its scalar-path unit tests under Miri
     Sanitize(sanitize::SanitizeArgs),
-    /// Coverage-guided fuzzing of the parsers (idx, jsonl, tsv, spec, config, safetensors)
+    /// Coverage-guided fuzzing of the parsers (idx, jsonl, tsv, spec, config, safetensors, gguf)
     Fuzz(fuzz::FuzzArgs),
     /// The CUDA 13.0 toolkit from PyPI wheels, a libcuda link stub and env.sh (no system
     /// toolkit needed)

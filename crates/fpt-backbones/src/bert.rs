@@ -347,6 +347,7 @@ pub const REGISTRATION: crate::Registration = crate::Registration {
         Some("longformer") => Some(BertConfig::from_longformer_json(text, path).map(crate::Config::new)),
         _ => None,
     },
+    gguf: None,
 };
 
 impl crate::ArchConfig for BertConfig {

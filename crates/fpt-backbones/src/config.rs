@@ -16,6 +16,7 @@ pub const ARCHITECTURES: &[Registration] = &[
     t5::REGISTRATION,
     vit::REGISTRATION,
     lstm::REGISTRATION,
+    llama::REGISTRATION,
 ];
 
 /// How an architecture makes itself known: its names, its built-in configs, and which
@@ -32,6 +33,8 @@ pub struct Registration {
     /// The config of a parsed `config.json` (`text` as read, `path` for errors), or `None`
     /// when the file is not this architecture's.
     pub read: fn(&serde_json::Value, &str, &Path) -> Option<Result<Config>>,
+    /// How it reads GGUF files, if it does.
+    pub gguf: Option<gguf::GgufReader>,
 }
 
 /// What the loader, `fpt inspect` and `save_pretrained` ask of an architecture's config.
@@ -60,7 +63,8 @@ pub trait ArchConfig: std::fmt::Debug + Send + Sync + 'static {
         device: &Device,
         rng: &mut Rng,
     ) -> Result<Box<dyn Backbone>>;
-    /// The model from the checkpoint at `weights`, its tensors passed through `prep`.
+    /// The model from the checkpoint at `weights`, its tensors passed through `prep`; `rng`
+    /// draws what fpt adds to a checkpoint (a Llama's position table).
     fn checkpoint(
         &self,
         weights: &Path,
@@ -68,6 +72,7 @@ pub trait ArchConfig: std::fmt::Debug + Send + Sync + 'static {
         device: &Device,
         origin: String,
         prep: &mut Prep<'_>,
+        rng: &mut Rng,
     ) -> Result<Box<dyn Backbone>>;
     /// Whether pretrained weights of this architecture exist anywhere (the built-in LSTM
     /// baseline has none: asking the Hub for them would only fail later).
@@ -83,8 +88,9 @@ pub trait ArchConfig: std::fmt::Debug + Send + Sync + 'static {
     fn as_any(&self) -> &dyn Any;
 }
 
-/// A pass over a checkpoint's tensors as read (statistics-only init redraws them).
-pub type Prep<'a> = dyn FnMut(Tensors) -> Result<Tensors> + 'a;
+/// A pass over a checkpoint's tensors as read (statistics-only init redraws them with the
+/// generator it is given).
+pub type Prep<'a> = dyn FnMut(Tensors, &mut Rng) -> Result<Tensors> + 'a;
 
 /// Tensors by fpt's names.
 pub type Tensors = std::collections::HashMap<String, Tensor>;
@@ -267,8 +273,10 @@ macro_rules! arch_config_common {
             device: &candle_core::Device,
             origin: String,
             prep: &mut $crate::Prep<'_>,
+            rng: &mut fpt_nn::Rng,
         ) -> $crate::Result<Box<dyn $crate::Backbone>> {
-            let tensors = prep(<$model as $crate::Arch>::read(self, weights, device)?)?;
+            let mut tensors = prep(<$model as $crate::Arch>::read(self, weights, device)?, rng)?;
+            tensors.extend(<$model as $crate::Arch>::fpt_tensors(self, device, rng)?);
             Ok(Box::new(<$model as $crate::Arch>::from_tensors(
                 self, tensors, groups, origin,
             )?))

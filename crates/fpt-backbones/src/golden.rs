@@ -203,3 +203,55 @@ pub fn minilm_diff(
     let rel = (sum - want).abs() / want.abs().max(1.0);
     Ok((worst, if rel.is_nan() { f64::INFINITY } else { rel }))
 }
+
+/// `x` with the rows of fpt's own position table (ViT's, a Llama's), where the backbone has
+/// one, taken off: the backbone adds them back, so its output is the checkpoint's own
+/// computation on `x`, as another framework computes it (`fpt forward`, the SmolLM2 check).
+pub fn without_fpt_positions(model: &dyn Backbone, x: &Tensor) -> Result<Tensor> {
+    let table = model
+        .params()
+        .into_iter()
+        .find(|(n, _, _)| n == "fpt.position_embeddings.weight")
+        .map(|(_, _, p)| p.tensor().clone());
+    Ok(match table {
+        Some(t) => {
+            let rows = x.dim(1)?.min(t.dim(0)?);
+            x.broadcast_sub(&t.narrow(0, 0, rows)?)?
+        }
+        None => x.clone(),
+    })
+}
+
+/// The real SmolLM2 GGUF at `gguf` against the hidden states `transformers` computed from
+/// the same file (`data/fixtures/smollm2-reference.safetensors`): the largest difference
+/// relative to the largest reference value, after all 30 blocks and the final norm, and
+/// after 29 blocks without a norm (the residual stream, where values reach ~1e4).
+pub fn smollm2_diff(gguf: &Path, reference: &HashMap<String, Tensor>, device: &Device) -> Result<(f32, f32)> {
+    let get = |name: &str| {
+        reference
+            .get(name)
+            .ok_or_else(|| BackboneError::Unsupported(format!("SmolLM2 reference has no `{name}`")))
+    };
+    let x = get("inputs_embeds")?.to_device(device)?;
+    let run = |depth: Option<usize>, want: &Tensor| -> Result<f32> {
+        let spec = fpt_spec::BackboneSpec {
+            source: gguf.display().to_string(),
+            init: fpt_spec::Init::Pretrained,
+            shape: Default::default(),
+            residual_init: Default::default(),
+            depth,
+            final_norm: depth.is_none(),
+            bit_pretrain: None,
+        };
+        let mut model = crate::load(&spec, &TrainGroups::none(), device, &mut fpt_nn::Rng::new(0))?;
+        model.set_dropout(false);
+        let input = without_fpt_positions(model.as_ref(), &x)?;
+        let h = model.forward(&input, &mut Ctx::eval())?;
+        let scale = want.abs()?.flatten_all()?.max(0)?.to_scalar::<f32>()?;
+        Ok(max_abs_diff(&h, want)? / scale.max(f32::MIN_POSITIVE))
+    };
+    Ok((
+        run(None, get("last_hidden_state")?)?,
+        run(Some(29), get("hidden_after_29_blocks")?)?,
+    ))
+}

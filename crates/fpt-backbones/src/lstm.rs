@@ -231,6 +231,7 @@ pub const REGISTRATION: crate::Registration = crate::Registration {
     read: |v, text, path| {
         (crate::model_type(v) == Some("fpt-lstm")).then(|| LstmConfig::from_json(text, path).map(crate::Config::new))
     },
+    gguf: None,
 };
 
 impl crate::ArchConfig for LstmConfig {

@@ -213,7 +213,8 @@ impl T5Config {
 }
 
 /// RMS norm without bias (T5's LayerNorm), composed of candle ops (with backward).
-fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> candle_core::Result<Tensor> {
+/// RMS norm (T5's and Llama's): `x / sqrt(mean(x^2) + eps) * weight`.
+pub(crate) fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> candle_core::Result<Tensor> {
     let var = x.sqr()?.mean_keepdim(D::Minus1)?;
     x.broadcast_div(&(var + eps)?.sqrt()?)?.broadcast_mul(weight)
 }
@@ -247,6 +248,7 @@ pub const REGISTRATION: crate::Registration = crate::Registration {
     read: |v, text, path| {
         (crate::model_type(v) == Some("t5")).then(|| T5Config::from_json(text, path).map(crate::Config::new))
     },
+    gguf: None,
 };
 
 impl crate::ArchConfig for T5Config {

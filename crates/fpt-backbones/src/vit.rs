@@ -307,6 +307,7 @@ pub const REGISTRATION: crate::Registration = crate::Registration {
         }
         _ => None,
     },
+    gguf: None,
 };
 
 impl crate::ArchConfig for VitConfig {

@@ -269,6 +269,7 @@ fn every_registered_architecture_reads_back_its_built_in_configs() {
         "t5-base",
         "google/vit-base-patch16-224-in21k",
         "lstm",
+        "smollm2",
     ];
     for r in fpt_backbones::ARCHITECTURES {
         assert!(

