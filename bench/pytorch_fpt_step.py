@@ -9,6 +9,9 @@ synthetic data, for three backbones:
 - minilm: HF BertModel with all-MiniLM-L6-v2's config (6 layers x 384, 12 heads, 1536
   MLP), random init (the step's cost does not depend on the weights' values), fed
   inputs_embeds (shapes minilm-mnist, minilm-listops, minilm-bitxor).
+- smollm2: HF LlamaModel with SmolLM2-135M's config (30 layers x 576, 9 query / 3 key-value
+  heads, SwiGLU 1536) fed inputs_embeds plus fpt's learned position table, random init
+  (shape smollm2-mnist); the RMSNorm scales and the table train.
 - lstm: the reference code's layer-norm LSTM (`LayerNormLSTM` cells: LayerNorm with the
   unbiased variance on both gate maps and the cell, random initial state), written here in
   PyTorch with the input map and its LayerNorm over all steps at once as fpt does (shapes
@@ -120,6 +123,14 @@ class Fpt(torch.nn.Module):
                                           num_attention_heads=s["heads"], intermediate_size=4 * s["hidden"],
                                           max_position_embeddings=512, hidden_act="gelu")
             self.body = transformers.BertModel(cfg, add_pooling_layer=False)
+        elif arch == "smollm2":
+            cfg = transformers.LlamaConfig(vocab_size=49152, hidden_size=s["hidden"], intermediate_size=1536,
+                                           num_hidden_layers=s["layers"], num_attention_heads=s["heads"],
+                                           num_key_value_heads=3, rms_norm_eps=1e-5, rope_theta=100000.0,
+                                           max_position_embeddings=8192, tie_word_embeddings=True)
+            self.body = transformers.LlamaModel(cfg)
+            # fpt's own learned position table beside the rotary positions (trained).
+            self.pos = torch.nn.Parameter(torch.randn(1024, s["hidden"]) * 0.02)
         elif nn_lstm:
             self.body = NnLstm(s["layers"], s["hidden"])
         else:
@@ -135,15 +146,18 @@ class Fpt(torch.nn.Module):
         for name, p in self.body.named_parameters():
             n = name.lower()
             if full:
-                p.requires_grad = "wte" not in n and "word_embeddings" not in n
+                p.requires_grad = "wte" not in n and "word_embeddings" not in n and "embed_tokens" not in n
             else:
-                p.requires_grad = ("ln" in n) or ("wpe" in n) or ("layernorm" in n) or ("position_embeddings" in n)
+                p.requires_grad = (("ln" in n) or ("wpe" in n) or ("layernorm" in n) or ("position_embeddings" in n)
+                                   or (arch == "smollm2" and "norm" in n))
         self.arch = arch
 
     def forward(self, x):
         e = self.inp(x)
         if self.arch in ("gpt2", "minilm"):
             h = self.body(inputs_embeds=e).last_hidden_state
+        elif self.arch == "smollm2":
+            h = self.body(inputs_embeds=e + self.pos[: e.shape[1]]).last_hidden_state
         else:
             h = self.body(e)
         y = self.out(h[:, -self.readout:])

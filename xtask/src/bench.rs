@@ -39,7 +39,7 @@ pub(crate) enum Bench {
 /// `cargo xtask bench step`'s flags.
 #[derive(Debug, clap::Args)]
 pub(crate) struct StepArgs {
-    /// The backbone whose shapes are timed (`fpt bench --list` names them: gpt2, minilm, lstm)
+    /// The backbone whose shapes are timed (`fpt bench --list` names them: gpt2, minilm, lstm, smollm2)
     #[arg(long, default_value = "gpt2")]
     backbone: String,
     /// A shape to time (repeatable; `--backbone minilm --shape mnist` means `minilm-mnist`);

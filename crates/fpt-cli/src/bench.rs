@@ -42,8 +42,10 @@ pub(crate) fn bench(a: BenchArgs) -> Result<()> {
         return Ok(());
     }
     let device = parse_device(&a.device)?;
-    let arch = bench::Arch::parse(&a.backbone)
-        .with_context(|| format!("unknown --backbone `{}` (known: gpt2, minilm, lstm)", a.backbone))?;
+    let arch = bench::Arch::parse(&a.backbone).with_context(|| {
+        let known: Vec<&str> = bench::Arch::ALL.iter().map(|a| a.name()).collect();
+        format!("unknown --backbone `{}` (known: {})", a.backbone, known.join(", "))
+    })?;
     let shapes: Vec<bench::Shape> = if a.shapes.is_empty() {
         bench::shapes_for(arch)
     } else {

@@ -12,6 +12,8 @@
 //!   `minilm-listops` (4 x 512 ids), `minilm-bitxor` (32 x 10 bits, 5 read out).
 //! - The layer-norm LSTM at the `cpu` scale's size (3 layers x 256): `lstm-bitxor`,
 //!   `lstm-listops`.
+//! - SmolLM2-135M's config (Llama family, 30 layers x 576, 9 query / 3 key-value heads):
+//!   `smollm2-mnist` (16 x 49 tokens of 16 pixels).
 
 use crate::{Result, Trainer};
 use candle_core::{Device, Tensor};
@@ -30,17 +32,17 @@ pub enum Arch {
     Minilm,
     /// The reference code's layer-norm LSTM.
     Lstm,
+    /// SmolLM2-135M's Llama-family config.
+    Smollm2,
 }
 
 impl Arch {
-    /// `gpt2`, `minilm` or `lstm`.
+    /// Every backbone with shapes.
+    pub const ALL: [Arch; 4] = [Arch::Gpt2, Arch::Minilm, Arch::Lstm, Arch::Smollm2];
+
+    /// `gpt2`, `minilm`, `lstm` or `smollm2`.
     pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "gpt2" => Some(Arch::Gpt2),
-            "minilm" => Some(Arch::Minilm),
-            "lstm" => Some(Arch::Lstm),
-            _ => None,
-        }
+        Self::ALL.into_iter().find(|a| a.name() == s)
     }
 
     /// Its name, as [`Arch::parse`] reads it.
@@ -49,6 +51,7 @@ impl Arch {
             Arch::Gpt2 => "gpt2",
             Arch::Minilm => "minilm",
             Arch::Lstm => "lstm",
+            Arch::Smollm2 => "smollm2",
         }
     }
 }
@@ -124,7 +127,7 @@ const BIT_XOR: Shape = Shape {
 };
 
 /// Every named shape.
-pub const SHAPES: [Shape; 9] = [
+pub const SHAPES: [Shape; 10] = [
     Shape {
         name: "tiny",
         layers: 2,
@@ -188,6 +191,16 @@ pub const SHAPES: [Shape; 9] = [
         heads: 0,
         ..LISTOPS
     },
+    Shape {
+        name: "smollm2-mnist",
+        arch: Arch::Smollm2,
+        layers: 30,
+        hidden: 576,
+        heads: 9,
+        tokens: 49,
+        input: InputKind::Vectors { width: 16 },
+        ..GPT2_BASE
+    },
 ];
 
 /// The shape of that name.
@@ -237,6 +250,17 @@ impl Shape {
                 2.0 * linear_macs * passes + 2.0 * attn_macs * 7.0
             }
             Arch::Lstm => 2.0 * b * l * t * 8.0 * c * c * passes,
+            Arch::Smollm2 => {
+                // Every block runs for every token (no read-out shortcut yet): q and o (C^2
+                // each), k and v (C x kv heads x head width each), the SwiGLU's three maps.
+                let cfg = fpt_backbones::llama::LlamaConfig::builtin("smollm2").expect("built in");
+                let kv = (cfg.kv_heads() * cfg.head_dim()) as f64;
+                let f = cfg.intermediate_size as f64;
+                let per_token = 2.0 * c * c + 2.0 * c * kv + 3.0 * c * f;
+                let linear_macs = b * l * t * per_token;
+                let attn_macs = b * l * t * t * c;
+                2.0 * linear_macs * passes + 2.0 * attn_macs * 7.0
+            }
         }
     }
 
@@ -254,6 +278,8 @@ impl Shape {
             ),
             // The built-in config (512 positions), randomly initialised.
             Arch::Minilm => ("sentence-transformers/all-MiniLM-L6-v2", ShapeOverrides::default()),
+            // The built-in config, randomly initialised.
+            Arch::Smollm2 => ("smollm2", ShapeOverrides::default()),
             Arch::Lstm => (
                 "lstm",
                 ShapeOverrides {

@@ -265,6 +265,12 @@ fn bench_times_the_tiny_shape_and_counts_c10_flops() {
     assert!((l.step_flops(true) / l.step_flops(false) - 1.5).abs() < 1e-12);
     assert!(bench::find(bench::Arch::Lstm, "c10").is_none());
     assert_eq!(bench::shapes_for(bench::Arch::Minilm).len(), 3);
+    // SmolLM2: q, o (C^2), k, v (C x 3 heads x 64), the SwiGLU (3 C x 1536), every token.
+    let s = bench::find(bench::Arch::Smollm2, "mnist").unwrap();
+    let (c, t) = (576.0, 49.0);
+    let per_token = 2.0 * c * c + 2.0 * c * 192.0 + 3.0 * c * 1536.0;
+    let want = 2.0 * 2.0 * 16.0 * 30.0 * t * per_token + 2.0 * 7.0 * 16.0 * 30.0 * t * t * c;
+    assert!((s.step_flops(false) - want).abs() < 1.0, "{}", s.step_flops(false));
     let r = bench::run(&bench::shape("lstm-bitxor").unwrap(), 0, 1, false, &Device::Cpu).unwrap();
     assert!(r.ours_ms > 0.0 && !r.kernel_path.is_empty());
 }
