@@ -148,6 +148,29 @@ fn gguf_origin(file: &gguf::GgufFile) -> String {
     )
 }
 
+/// The checkpoint at `weights` (`described` says what it is) as `spec.init` asks: as read
+/// (pretrained), or each tensor redrawn from its own statistics (statistics-only).
+fn from_checkpoint(
+    config: &Config,
+    weights: &Path,
+    described: String,
+    spec: &BackboneSpec,
+    groups: &TrainGroups,
+    device: &Device,
+    rng: &mut Rng,
+) -> Result<Box<dyn Backbone>> {
+    let stats = spec.init == Init::StatsOnly;
+    let origin = if stats {
+        format!("statistics-only init from {described}")
+    } else {
+        described
+    };
+    let mut prep = |t, rng: &mut Rng| if stats { stats_only(t, rng) } else { Ok(t) };
+    config
+        .arch()
+        .checkpoint(weights, groups, device, origin, &mut prep, rng)
+}
+
 fn build(spec: &BackboneSpec, groups: &TrainGroups, device: &Device, rng: &mut Rng) -> Result<Box<dyn Backbone>> {
     if let Some(path) = gguf_source(spec)? {
         let file = gguf::GgufFile::open(&path)?;
@@ -158,14 +181,7 @@ fn build(spec: &BackboneSpec, groups: &TrainGroups, device: &Device, rng: &mut R
                 .arch()
                 .random(spec, groups, device, rng);
         }
-        let stats = spec.init == Init::StatsOnly;
-        let origin = if stats {
-            format!("statistics-only init from {}", gguf_origin(&file))
-        } else {
-            gguf_origin(&file)
-        };
-        let mut prep = |t, rng: &mut Rng| if stats { stats_only(t, rng) } else { Ok(t) };
-        return config.arch().checkpoint(&path, groups, device, origin, &mut prep, rng);
+        return from_checkpoint(&config, &path, gguf_origin(&file), spec, groups, device, rng);
     }
     let config = match Config::builtin(&spec.source) {
         Some(c) if spec.init == Init::Random => c,
@@ -183,15 +199,7 @@ fn build(spec: &BackboneSpec, groups: &TrainGroups, device: &Device, rng: &mut R
             let files = hub::resolve(&spec.source, spec.init.needs_weights())?;
             let config = Config::from_file(&files.config)?;
             if let Some(w) = files.weights.as_ref().filter(|_| spec.init.needs_weights()) {
-                // Pretrained: the checkpoint as read; statistics-only: each tensor redrawn.
-                let stats = spec.init == Init::StatsOnly;
-                let origin = if stats {
-                    format!("statistics-only init from {}", w.display())
-                } else {
-                    w.display().to_string()
-                };
-                let mut prep = |t, rng: &mut Rng| if stats { stats_only(t, rng) } else { Ok(t) };
-                return config.arch().checkpoint(w, groups, device, origin, &mut prep, rng);
+                return from_checkpoint(&config, w, w.display().to_string(), spec, groups, device, rng);
             }
             config
         }
