@@ -233,25 +233,25 @@ pub fn smollm2_diff(gguf: &Path, reference: &HashMap<String, Tensor>, device: &D
             .ok_or_else(|| BackboneError::Unsupported(format!("SmolLM2 reference has no `{name}`")))
     };
     let x = get("inputs_embeds")?.to_device(device)?;
-    let run = |depth: Option<usize>, want: &Tensor| -> Result<f32> {
-        let spec = fpt_spec::BackboneSpec {
-            source: gguf.display().to_string(),
-            init: fpt_spec::Init::Pretrained,
-            shape: Default::default(),
-            residual_init: Default::default(),
-            depth,
-            final_norm: depth.is_none(),
-            bit_pretrain: None,
-        };
-        let mut model = crate::load(&spec, &TrainGroups::none(), device, &mut fpt_nn::Rng::new(0))?;
-        model.set_dropout(false);
-        let input = without_fpt_positions(model.as_ref(), &x)?;
-        let h = model.forward(&input, &mut Ctx::eval())?;
+    let spec = fpt_spec::BackboneSpec {
+        source: gguf.display().to_string(),
+        init: fpt_spec::Init::Pretrained,
+        shape: Default::default(),
+        residual_init: Default::default(),
+        depth: None,
+        final_norm: true,
+        bit_pretrain: None,
+    };
+    // One load (the file is ~100 MB): all blocks first, then cut to 29 without the norm.
+    let mut model = crate::load(&spec, &TrainGroups::none(), device, &mut fpt_nn::Rng::new(0))?;
+    model.set_dropout(false);
+    let run = |model: &dyn Backbone, want: &Tensor| -> Result<f32> {
+        let h = model.forward(&without_fpt_positions(model, &x)?, &mut Ctx::eval())?;
         let scale = want.abs()?.flatten_all()?.max(0)?.to_scalar::<f32>()?;
         Ok(max_abs_diff(&h, want)? / scale.max(f32::MIN_POSITIVE))
     };
-    Ok((
-        run(None, get("last_hidden_state")?)?,
-        run(Some(29), get("hidden_after_29_blocks")?)?,
-    ))
+    let last = run(model.as_ref(), get("last_hidden_state")?)?;
+    model.truncate(29)?;
+    model.drop_final_norm()?;
+    Ok((last, run(model.as_ref(), get("hidden_after_29_blocks")?)?))
 }
