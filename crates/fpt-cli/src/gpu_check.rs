@@ -135,6 +135,9 @@ pub fn gpu_check(a: GpuCheckArgs) -> Result<()> {
         if script.is_file() {
             let out = std::process::Command::new(std::env::var("FPT_PYTHON").unwrap_or_else(|_| "python3".into()))
                 .arg(script)
+                // The script reads the shapes from `fpt bench --list`: this binary's.
+                .arg("--fpt")
+                .arg(std::env::current_exe().context("the path of this fpt binary")?)
                 .args([
                     "--shape",
                     name,
