@@ -169,7 +169,10 @@ def sync(device):
         torch.cuda.synchronize(device)
 
 
-def time_steps(s, full, warmup, steps, device, nn_lstm=False):
+def time_steps(s, full, warmup, steps, device, nn_lstm=False, autocast=None):
+    """Median step time (ms); `autocast="bf16"`: the forward and loss under
+    torch.autocast(dtype=torch.bfloat16), PyTorch's mixed precision (its weights stay f32
+    and are cast at each use; linear layers and matmuls run in bf16)."""
     torch.manual_seed(0)
     model = Fpt(s, full, nn_lstm).train().to(device)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -184,7 +187,11 @@ def time_steps(s, full, warmup, steps, device, nn_lstm=False):
     for i in range(warmup + steps):
         sync(device)
         t0 = time.perf_counter()
-        loss = torch.nn.functional.cross_entropy(model(x), y)
+        if autocast:
+            with torch.autocast(device.type, dtype=torch.bfloat16):
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+        else:
+            loss = torch.nn.functional.cross_entropy(model(x), y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -205,6 +212,7 @@ def main():
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--no-full", action="store_true")
     ap.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    ap.add_argument("--autocast", choices=["bf16"], help="time the step under torch.autocast(bfloat16) (no full step)")
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -213,10 +221,11 @@ def main():
         ap.error(f"unknown --shape {a.shape} (known: {', '.join(sorted(known))})")
     s = known[a.shape]
     device = torch.device(a.device)
-    fpt_ms = time_steps(s, False, a.warmup, a.steps, device)
+    fpt_ms = time_steps(s, False, a.warmup, a.steps, device, autocast=a.autocast)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-    full_ms = None if a.no_full else time_steps(s, True, a.warmup, a.steps, device)
+    full_ms = None if a.no_full or a.autocast else time_steps(s, True, a.warmup, a.steps, device)
     out = {"shape": a.shape, "backbone": s["arch"], "pytorch_ms": fpt_ms, "pytorch_full_ms": full_ms,
+           "autocast": a.autocast,
            "peak_rss_mb": rss, "threads": torch.get_num_threads(), "device": a.device, "torch": torch.__version__,
            "transformers": transformers.__version__}
     if s["arch"] == "lstm":

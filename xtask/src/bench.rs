@@ -21,7 +21,9 @@ fn run_json(cmd: &mut Command, what: &str) -> Result<serde_json::Value> {
     serde_json::from_str(last).with_context(|| format!("{what} printed no JSON: {text}"))
 }
 
-/// One bench round of a shape: fpt's JSON entry per kernel path and PyTorch's (when measured).
+/// One bench round of a shape: fpt's JSON entry per kernel path (with `--precision bf16`,
+/// the bf16 step's with the f32 step's of the same round under `f32`) and PyTorch's (when
+/// measured).
 type Round = (Vec<serde_json::Value>, Option<serde_json::Value>);
 
 /// `cargo xtask bench`'s benchmarks.
@@ -64,6 +66,10 @@ pub(crate) struct StepArgs {
     /// Time the FPT step only (not the full fine-tune step)
     #[arg(long)]
     no_full: bool,
+    /// The frozen weights' number format: `bf16` times fpt's bf16 step beside fpt's f32
+    /// step and PyTorch's autocast-bf16 step in each round (no full fine-tune step)
+    #[arg(long, default_value = "f32", value_parser = ["f32", "bf16"])]
+    precision: String,
     /// Print one JSON object instead of the tables
     #[arg(long)]
     json: bool,
@@ -130,7 +136,8 @@ pub(crate) fn bench(which: &Bench) -> Result<()> {
         Bench::Step(a) => a,
         Bench::Readme => return crate::bench_records::readme(),
     };
-    let (device, json, no_full, backbone) = (a.device.clone(), a.json, a.no_full, a.backbone.clone());
+    let bf16 = a.precision == "bf16";
+    let (device, json, no_full, backbone) = (a.device.clone(), a.json, a.no_full || bf16, a.backbone.clone());
     let (steps, warmup, rounds) = (a.steps.to_string(), a.warmup.to_string(), a.rounds as usize);
     let mut shapes = a.shapes.clone();
     let bin = build_fpt()?;
@@ -187,19 +194,37 @@ pub(crate) fn bench(which: &Bench) -> Result<()> {
         for r in 1..=rounds {
             let mut ours_per_path = Vec::new();
             for (name, env) in &paths {
-                eprintln!("xtask: bench {s} (round {r}/{rounds}): fpt on the {name} kernel path ...");
-                let mut cmd = Command::new(&bin);
-                cmd.args([
-                    "bench", "--json", "--shape", s, "--steps", &steps, "--warmup", &warmup, "--device", &device,
-                ]);
-                if let Some(v) = env {
-                    cmd.env("FPT_KERNELS", v);
+                let fpt = |precision: &str| -> Result<serde_json::Value> {
+                    eprintln!("xtask: bench {s} (round {r}/{rounds}): fpt {precision} on the {name} kernel path ...");
+                    let mut cmd = Command::new(&bin);
+                    cmd.args([
+                        "bench",
+                        "--json",
+                        "--shape",
+                        s,
+                        "--steps",
+                        &steps,
+                        "--warmup",
+                        &warmup,
+                        "--device",
+                        &device,
+                        "--precision",
+                        precision,
+                    ]);
+                    if let Some(v) = env {
+                        cmd.env("FPT_KERNELS", v);
+                    }
+                    if no_full {
+                        cmd.arg("--no-full");
+                    }
+                    let ours = run_json(&mut cmd, "fpt bench")?;
+                    ours.get(s.as_str()).cloned().context("fpt bench returned no entry")
+                };
+                let mut entry = fpt(&a.precision)?;
+                if bf16 {
+                    entry["f32"] = fpt("f32")?;
                 }
-                if no_full {
-                    cmd.arg("--no-full");
-                }
-                let ours = run_json(&mut cmd, "fpt bench")?;
-                ours_per_path.push(ours.get(s.as_str()).cloned().context("fpt bench returned no entry")?);
+                ours_per_path.push(entry);
             }
             let torch = if torch_ok {
                 eprintln!("xtask: bench {s} (round {r}/{rounds}): pytorch ...");
@@ -210,6 +235,9 @@ pub(crate) fn bench(which: &Bench) -> Result<()> {
                 cmd.arg("--fpt").arg(&bin);
                 if no_full {
                     cmd.arg("--no-full");
+                }
+                if bf16 {
+                    cmd.args(["--autocast", "bf16"]);
                 }
                 Some(run_json(&mut cmd, "pytorch_fpt_step.py")?)
             } else {
@@ -248,7 +276,14 @@ pub(crate) fn bench(which: &Bench) -> Result<()> {
             let ours = ours_of(mid);
             let ours_ms = median(round_rows.iter().filter_map(|x| f(&ours_of(x), "ours_ms")).collect());
             let full_ms = median(round_rows.iter().filter_map(|x| f(&ours_of(x), "full_ms")).collect());
-            let row = serde_json::json!({
+            // bf16: fpt's own f32 step of the same rounds, and the speedup per round.
+            let f32_of = |x: &Round| ours_of(x).get("f32").and_then(|v| f(v, "ours_ms"));
+            let speedups: Vec<f64> = round_rows
+                .iter()
+                .filter_map(|x| f32_of(x).zip(f(&ours_of(x), "ours_ms")))
+                .map(|(a, b)| a / b)
+                .collect();
+            let mut row = serde_json::json!({
                 "shape": s,
                 "backbone": backbone,
                 "kernel_path": ours.get("kernel_path").cloned().unwrap_or(serde_json::Value::String(path.clone())),
@@ -269,7 +304,22 @@ pub(crate) fn bench(which: &Bench) -> Result<()> {
                 "pytorch_peak_rss_mb": mid.1.as_ref().and_then(|t| f(t, "peak_rss_mb")),
                 "spread_ms": ours.get("ours"),
             });
-            all.insert(format!("{s} [{path}]"), row);
+            if bf16 {
+                let extra = serde_json::json!({
+                    "precision": "bf16",
+                    "pytorch_autocast": "bf16",
+                    "f32_ms": median(round_rows.iter().filter_map(f32_of).collect()),
+                    "speedup_vs_f32": median(speedups.clone()),
+                    "round_speedups": speedups,
+                    "f32_peak_rss_mb": ours.get("f32").and_then(|v| f(v, "peak_rss_mb")),
+                });
+                if let (Some(r), Some(e)) = (row.as_object_mut(), extra.as_object()) {
+                    r.extend(e.clone());
+                }
+                all.insert(format!("{s} [{path}, bf16]"), row);
+            } else {
+                all.insert(format!("{s} [{path}]"), row);
+            }
         }
     }
     if a.record {
@@ -310,10 +360,20 @@ pub(crate) fn bench(which: &Bench) -> Result<()> {
         if r["pytorch_nn_lstm_ms"].is_number() {
             torch = format!("{torch} (nn.LSTM {})", fmt(r, "pytorch_nn_lstm_ms", 1));
         }
+        let kernels = match r["speedup_vs_f32"].as_f64() {
+            Some(x) => format!(
+                "{}, bf16: {x:.2}x fpt's f32 step ({} ms)",
+                r["kernel_path"].as_str().unwrap_or("?"),
+                fmt(r, "f32_ms", 1)
+            ),
+            None => r["kernel_path"].as_str().unwrap_or("?").to_string(),
+        };
+        if r["pytorch_autocast"].is_string() {
+            torch = format!("{torch} (autocast bf16)");
+        }
         println!(
-            "| {} | {} | {} | {torch} | {ratio} | {} / {} | {} | {} | {} of {} | {} / {} |",
+            "| {} | {kernels} | {} | {torch} | {ratio} | {} / {} | {} | {} | {} of {} | {} / {} |",
             r["shape"].as_str().unwrap_or("?"),
-            r["kernel_path"].as_str().unwrap_or("?"),
             fmt(r, "ours_ms", 1),
             fmt(r, "full_ms", 1),
             fmt(r, "pytorch_full_ms", 1),

@@ -131,11 +131,16 @@ pub(crate) fn current_table(records: &[serde_json::Value]) -> String {
         let Some(rows) = rec["rows"].as_object() else { continue };
         for row in rows.values() {
             let s = |k: &str| row[k].as_str().unwrap_or("?").to_string();
+            // bf16 rows are their own rows (the kernels column says so).
+            let path = match row["precision"].as_str() {
+                Some("bf16") => format!("{}, bf16", s("kernel_path")),
+                _ => s("kernel_path"),
+            };
             let key = (
                 rec["machine"].as_str().unwrap_or("?").to_string(),
                 s("backbone"),
                 s("shape"),
-                s("kernel_path"),
+                path,
             );
             newest.insert(key, (row.clone(), rec));
         }
@@ -158,10 +163,16 @@ pub(crate) fn current_table(records: &[serde_json::Value]) -> String {
             (Some(r), n) if n > 1 => format!("**{r:.2}** ({})", rounds.join(", ")),
             (Some(r), _) => format!("**{r:.2}** (one round)"),
         };
+        let (kernels, torch) = match row["speedup_vs_f32"].as_f64() {
+            Some(x) => (
+                format!("{path} ({x:.2}x fpt's f32 step, {} ms)", num(row, "f32_ms", 1)),
+                format!("{} (autocast bf16)", num(row, "pytorch_ms", 1)),
+            ),
+            None => (path.clone(), num(row, "pytorch_ms", 1)),
+        };
         out.push_str(&format!(
-            "| {machine} | {backbone} | {shape} | {path} | {} | {} | {ratio} | {} | {} | {} / {} | {}, `{}` |\n",
+            "| {machine} | {backbone} | {shape} | {kernels} | {} | {torch} | {ratio} | {} | {} | {} / {} | {}, `{}` |\n",
             num(row, "ours_ms", 1),
-            num(row, "pytorch_ms", 1),
             num(row, "full_ratio_vs_pytorch", 2),
             num(row, "peak_fraction", 2),
             num(row, "peak_rss_mb", 0),

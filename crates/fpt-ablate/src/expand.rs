@@ -346,6 +346,7 @@ pub(crate) fn plan_at(
                 depth: s.depth,
                 final_norm: true,
                 bit_pretrain: None,
+                precision: Default::default(),
             },
             task,
             groups,
@@ -395,6 +396,7 @@ pub(crate) fn plan_at(
         depth: s.depth,
         final_norm: true,
         bit_pretrain: (init == Init::BitPretrained).then(|| sc.bit_pretrain.unwrap_or_default()),
+        precision: Default::default(),
     };
     // What this machine lacks: data, weights, depth.
     if check {

@@ -150,6 +150,7 @@ pub fn render(
                 depth: None,
                 final_norm: true,
                 bit_pretrain: None,
+                precision: Default::default(),
             };
             match param_std(&spec) {
                 Ok(series) => {

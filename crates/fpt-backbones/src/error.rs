@@ -68,6 +68,10 @@ pub enum BackboneError {
     /// An error inside candle.
     #[error(transparent)]
     Candle(#[from] candle_core::Error),
+    /// A spec field is invalid for this backbone (the field is named; kept as the source so
+    /// callers can find it).
+    #[error("{0}")]
+    Spec(#[source] fpt_spec::SpecError),
 }
 
 /// Result alias for this crate.

@@ -138,6 +138,7 @@ pub fn check_dir(dir: &Path, device: &Device) -> Result<GoldenDiff> {
         depth: None,
         final_norm: true,
         bit_pretrain: None,
+        precision: Default::default(),
     };
     let mut model = crate::load(&spec, &TrainGroups::fpt(), device, &mut fpt_nn::Rng::new(0))?;
     model.set_dropout(false);
@@ -241,6 +242,7 @@ pub fn smollm2_diff(gguf: &Path, reference: &HashMap<String, Tensor>, device: &D
         depth: None,
         final_norm: true,
         bit_pretrain: None,
+        precision: Default::default(),
     };
     // One load (the file is ~100 MB): all blocks first, then cut to 29 without the norm.
     let mut model = crate::load(&spec, &TrainGroups::none(), device, &mut fpt_nn::Rng::new(0))?;

@@ -517,7 +517,7 @@ impl Arch for Llama {
         let wpe = t.take("fpt.position_embeddings.weight".into())?;
         let (qkv_bias, o_bias, mlp_bias) = (config.qkv_bias(), config.attention_bias, config.mlp_bias);
         let lin = |t: &mut ParamTaker, name: String, bias: bool| -> candle_core::Result<Linear> {
-            let w = t.take(format!("{name}.weight"))?;
+            let w = t.weight(format!("{name}.weight"))?;
             Ok(Linear::new(w, optional(t, format!("{name}.bias"), bias)?))
         };
         let mut blocks = Vec::with_capacity(config.num_hidden_layers);

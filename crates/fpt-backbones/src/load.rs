@@ -43,7 +43,8 @@ pub fn load(spec: &BackboneSpec, groups: &TrainGroups, device: &Device, rng: &mu
             spec.source
         )));
     }
-    let mut backbone = build(spec, groups, device, rng)?;
+    let mut backbone = with_precision(spec.precision, || build(spec, groups, device, rng))?;
+    check_precision(spec, backbone.as_ref())?;
     if let Some(k) = spec.depth {
         backbone.truncate(k)?;
         if !spec.final_norm {
@@ -51,6 +52,38 @@ pub fn load(spec: &BackboneSpec, groups: &TrainGroups, device: &Device, rng: &mu
         }
     }
     Ok(backbone)
+}
+
+/// A `bf16` backbone must have run through the bf16 products: refused for the LSTM (its
+/// recurrent products have no bf16 path) and when no weight matrix is frozen (nothing to
+/// store in bf16), rather than running in f32 under a bf16 label.
+fn check_precision(spec: &BackboneSpec, backbone: &dyn Backbone) -> Result<()> {
+    if spec.precision.is_f32() {
+        return Ok(());
+    }
+    let invalid = |msg: String| {
+        BackboneError::Spec(fpt_spec::SpecError::Invalid {
+            field: "precision",
+            msg,
+        })
+    };
+    if backbone.architecture() == "lstm" {
+        return Err(invalid(
+            "bf16 is not supported by the lstm backbone (its recurrent products run in f32 only); use f32".into(),
+        ));
+    }
+    let bf16 = backbone
+        .params()
+        .iter()
+        .filter(|(_, _, p)| p.tensor().dtype() == candle_core::DType::BF16)
+        .count();
+    if bf16 == 0 {
+        return Err(invalid(format!(
+            "bf16 stores frozen weight matrices in bf16, but every weight matrix of this {} backbone trains (train groups); use f32",
+            backbone.architecture()
+        )));
+    }
+    Ok(())
 }
 
 /// What each architecture provides to be built from a checkpoint: how its checkpoints name

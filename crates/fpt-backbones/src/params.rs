@@ -80,6 +80,25 @@ pub(crate) fn keep_layers(named: &mut Vec<(String, Role, Param)>, layers: usize)
     named.retain(|(n, _, _)| layer_index(n).is_none_or(|i| i < layers));
 }
 
+thread_local! {
+    /// Whether [`ParamTaker::weight`] stores frozen weight matrices in bf16 (set by
+    /// [`with_precision`] around a load).
+    static FROZEN_BF16: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` (a backbone's load) with frozen linear weights taken in `precision`; the
+/// previous setting comes back when `f` returns or panics.
+pub(crate) fn with_precision<R>(precision: fpt_spec::Precision, f: impl FnOnce() -> R) -> R {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            FROZEN_BF16.with(|b| b.set(self.0));
+        }
+    }
+    let _restore = Restore(FROZEN_BF16.with(|b| b.replace(precision == fpt_spec::Precision::Bf16)));
+    f()
+}
+
 /// What every backbone carries beside its layers: each parameter with its name and role,
 /// where the weights came from, and whether its dropouts are on.
 pub(crate) struct Common {
@@ -146,10 +165,23 @@ impl<'a> ParamTaker<'a> {
         })
     }
 
-    /// `{prefix}.weight` and `{prefix}.bias` as a Linear.
+    /// The weight matrix `name` of a linear layer: as [`Self::take`], stored in bf16 when it
+    /// is frozen and the backbone loads with `precision: bf16` ([`with_precision`]).
+    pub(crate) fn weight(&mut self, name: String) -> candle_core::Result<Param> {
+        let role = role_by_rules(&name, self.rules);
+        let trains = self.groups.trains_tensor(role, layer_index(&name), self.last_block);
+        if !trains && FROZEN_BF16.with(|b| b.get()) {
+            let t = self.tensors.remove(&name).expect("tensor checked by the caller");
+            let t = fpt_nn::ops::bf16::to_bf16(&t)?;
+            self.tensors.insert(name.clone(), t);
+        }
+        self.take(name)
+    }
+
+    /// `{prefix}.weight` and `{prefix}.bias` as a Linear (the weight through [`Self::weight`]).
     pub(crate) fn linear(&mut self, prefix: &str) -> candle_core::Result<fpt_nn::Linear> {
         Ok(fpt_nn::Linear::new(
-            self.take(format!("{prefix}.weight"))?,
+            self.weight(format!("{prefix}.weight"))?,
             Some(self.take(format!("{prefix}.bias"))?),
         ))
     }

@@ -296,7 +296,7 @@ impl Arch for T5Encoder {
 
     fn assemble(config: &T5Config, mut t: ParamTaker, origin: String) -> candle_core::Result<Self> {
         let no_bias =
-            |t: &mut ParamTaker, n: String| -> candle_core::Result<Linear> { Ok(Linear::new(t.take(n)?, None)) };
+            |t: &mut ParamTaker, n: String| -> candle_core::Result<Linear> { Ok(Linear::new(t.weight(n)?, None)) };
         let mut blocks = Vec::with_capacity(config.num_layers);
         let mut rel_bias = None;
         for i in 0..config.num_layers {

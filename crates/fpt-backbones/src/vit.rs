@@ -355,7 +355,7 @@ impl Arch for Vit {
             if config.qkv_bias {
                 t.linear(&prefix)
             } else {
-                Ok(Linear::new(t.take(format!("{prefix}.weight"))?, None))
+                Ok(Linear::new(t.weight(format!("{prefix}.weight"))?, None))
             }
         };
         let mut layers = Vec::with_capacity(config.num_hidden_layers);

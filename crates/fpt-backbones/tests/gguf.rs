@@ -20,6 +20,7 @@ fn spec(path: &Path) -> BackboneSpec {
         depth: None,
         final_norm: true,
         bit_pretrain: None,
+        precision: Default::default(),
     }
 }
 

@@ -310,6 +310,7 @@ fn statistics_only_init_keeps_each_tensors_mean_and_std_and_nothing_else() {
         depth: None,
         final_norm: true,
         bit_pretrain: None,
+        precision: Default::default(),
     };
     let load =
         |init, seed| fpt_backbones::load(&spec(init), &TrainGroups::fpt(), &Device::Cpu, &mut Rng::new(seed)).unwrap();
@@ -439,6 +440,7 @@ fn a_bit_pretrained_spec_is_refused_not_loaded_as_random() {
         depth: None,
         final_norm: true,
         bit_pretrain: Some(Default::default()),
+        precision: Default::default(),
     };
     let e = fpt_backbones::load(&spec, &TrainGroups::fpt(), &Device::Cpu, &mut Rng::new(0))
         .err()

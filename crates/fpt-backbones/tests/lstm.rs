@@ -252,6 +252,7 @@ fn saves_and_loads_through_the_generic_loader() {
         depth: None,
         final_norm: true,
         bit_pretrain: None,
+        precision: Default::default(),
     };
     let b = fpt_backbones::load(&spec, &TrainGroups::fpt(), &Device::Cpu, &mut Rng::new(0)).unwrap();
     assert_eq!(b.architecture(), "lstm");
@@ -276,6 +277,7 @@ fn the_builtin_lstm_is_the_papers_standard_one_and_refuses_heads() {
         depth: None,
         final_norm: true,
         bit_pretrain: None,
+        precision: Default::default(),
     };
     let e = fpt_backbones::param_specs(&spec)
         .expect_err("heads do not apply")

@@ -47,6 +47,7 @@ fn load(dir: &Path) -> Box<dyn Backbone> {
         depth: None,
         final_norm: true,
         bit_pretrain: None,
+        precision: Default::default(),
     };
     fpt_backbones::load(&spec, &TrainGroups::fpt(), &Device::Cpu, &mut fpt_nn::Rng::new(0)).unwrap()
 }

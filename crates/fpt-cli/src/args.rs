@@ -1,7 +1,9 @@
 //! The task and backbone flags `train`, `inspect` and `pretrain` share.
 
 use clap::Args;
-use fpt_spec::{BackboneSpec, Brackets, ImageSize, Init, ResidualInit, ShapeOverrides, TaskSpec, TrainGroups};
+use fpt_spec::{
+    BackboneSpec, Brackets, ImageSize, Init, Precision, ResidualInit, ShapeOverrides, TaskSpec, TrainGroups,
+};
 use std::path::PathBuf;
 
 pub(crate) fn parse_task(s: &str) -> std::result::Result<TaskSpec, String> {
@@ -127,6 +129,12 @@ pub(crate) struct BackboneArgs {
     /// kept blocks.
     #[arg(long, requires = "depth")]
     pub(crate) no_final_norm: bool,
+    /// Number format of the products with the frozen weights: `f32`, or `bf16` (each frozen
+    /// weight matrix stored in bf16 once at load, its products with bf16 operands and f32
+    /// sums; trained parameters, norms, softmax, loss and optimizer stay f32). Native on CPUs
+    /// with AVX512_BF16 (the `avx512bf16` kernel path), widened to f32 elsewhere.
+    #[arg(long, default_value = "f32")]
+    pub(crate) precision: Precision,
     /// Parameter groups to train: a list of in,out,ln,pos,attn,ff,rec,last-attn, or `all`,
     /// `fpt`, `none` (`rec`: LSTM cell weights; `last-attn`: the last block's attention).
     #[arg(long = "train", default_value = "in,out,ln,pos")]
@@ -154,6 +162,7 @@ impl BackboneArgs {
                 steps: self.bit_pretrain_steps,
                 ..Default::default()
             }),
+            precision: self.precision,
         }
     }
 }

@@ -33,6 +33,10 @@ pub(crate) struct BenchArgs {
     /// Device: `cpu`, or `cuda` / `cuda:N` when built with `--features cuda`.
     #[arg(long, default_value = "cpu")]
     pub(crate) device: String,
+    /// The frozen weights' number format (`f32` or `bf16`; `bf16` times no full fine-tune
+    /// step, which has no frozen weights).
+    #[arg(long, default_value = "f32")]
+    pub(crate) precision: fpt_spec::Precision,
 }
 
 pub(crate) fn bench(a: BenchArgs) -> Result<()> {
@@ -63,17 +67,18 @@ pub(crate) fn bench(a: BenchArgs) -> Result<()> {
     for s in &shapes {
         if !a.json {
             eprintln!(
-                "fpt bench: {} ({} {} layers x {}, batch {} x {} tokens, {} kernels) ...",
+                "fpt bench: {} ({} {} layers x {}, batch {} x {} tokens, {} kernels, {}) ...",
                 s.name,
                 s.arch.name(),
                 s.layers,
                 s.hidden,
                 s.batch,
                 s.tokens,
-                fpt_nn::kernels::KernelPath::active().name()
+                fpt_nn::kernels::KernelPath::active().name(),
+                a.precision
             );
         }
-        let r = bench::run(s, a.warmup, a.steps, !a.no_full, &device)?;
+        let r = bench::run(s, a.warmup, a.steps, !a.no_full, &device, a.precision)?;
         if !a.json {
             println!(
                 "{:<14} fpt step {:>9.1} ms (min {:.1}, max {:.1}){}  {:.1} GFLOP/s = {:.0}% of the {:.1} GFLOP/s matmul peak  peak RSS {}",

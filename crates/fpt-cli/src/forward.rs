@@ -80,6 +80,7 @@ pub fn forward(a: ForwardArgs) -> Result<()> {
         depth: a.depth,
         final_norm: !a.no_final_norm,
         bit_pretrain: None,
+        precision: Default::default(),
     };
     let mut backbone = fpt_backbones::load(
         &spec,

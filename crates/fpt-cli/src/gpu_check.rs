@@ -126,7 +126,7 @@ pub fn gpu_check(a: GpuCheckArgs) -> Result<()> {
     for name in &a.shapes {
         let shape = fpt_train::bench::shape(name).with_context(|| format!("unknown --shape `{name}`"))?;
         eprintln!("fpt gpu-check: step benchmark `{name}` on {}", a.device);
-        let r = fpt_train::bench::run(&shape, 2, 5, false, &device)?;
+        let r = fpt_train::bench::run(&shape, 2, 5, false, &device, fpt_spec::Precision::F32)?;
         eprintln!("  fpt step {:.1} ms, {:.1} GFLOP/s", r.ours_ms, r.gflops);
         let mut row = serde_json::to_value(&r)?;
         // PyTorch's step at the same shape on the same device, where torch is importable

@@ -168,6 +168,7 @@ pub(crate) fn spec_from_args(a: &TrainArgs, given: &dyn Fn(&str) -> bool, base: 
         "residual_init" => residual_init,
         "depth" => depth,
         "no_final_norm" => final_norm,
+        "precision" => precision,
     );
     if set("bit_pretrain_steps") || set("init") {
         s.backbone.bit_pretrain = b.bit_pretrain;

@@ -101,6 +101,7 @@ fn every_train_value_counts_what_the_optimizer_gets() {
             depth: None,
             final_norm: true,
             bit_pretrain: None,
+            precision: Default::default(),
         };
         let (_, specs) = fpt_backbones::param_specs(&spec).unwrap();
         for t in trains {

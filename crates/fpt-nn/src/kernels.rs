@@ -1,6 +1,11 @@
 //! Which CPU kernels run: the one switch every dispatching op reads.
 //!
 //! fpt's CPU ops have up to three implementations, chosen at run time:
+//! - [`KernelPath::Avx512Bf16`]: everything of the AVX-512 path, plus the AVX512_BF16
+//!   micro-kernel (`vdpbf16ps`, `ops/bf16.rs`) for products with frozen bf16 weights
+//!   (`precision: bf16`); on every other path those products round their activation operand to
+//!   bf16, widen the weight to f32 and run that path's f32 product (the same numbers up to
+//!   the order of the f32 sums);
 //! - [`KernelPath::Avx512`]: fpt's own matrix product with its AVX-512 micro-kernel
 //!   (`ops/sgemm.rs`), frozen weights kept packed for it, the fused pre-norm branch, and the
 //!   AVX2 + FMA element-wise loops below;
@@ -11,7 +16,7 @@
 //!   what every CPU without AVX2 (ARM included) runs.
 //!
 //! The path is the best one the CPU supports ([`KernelPath::detected`]), lowered by the
-//! environment variable `FPT_KERNELS` (`portable`, `avx2` or `avx512`: the most capable
+//! environment variable `FPT_KERNELS` (`portable`, `avx2`, `avx512` or `avx512bf16`: the most capable
 //! path allowed; `auto` or unset: no limit) and, on one thread, by [`with_path`], so the
 //! tests run every path the CPU supports and CI runs the whole suite a second time on the
 //! portable path. Each op reads [`KernelPath::active`] once on the calling thread and hands
@@ -33,13 +38,15 @@ pub enum KernelPath {
     Avx2,
     /// The same with fpt's AVX-512 micro-kernel.
     Avx512,
+    /// The AVX-512 path plus the AVX512_BF16 micro-kernel for products with bf16 weights.
+    Avx512Bf16,
 }
 
 /// A bad `FPT_KERNELS` value or a path this CPU cannot run.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum KernelError {
     /// The value is not a path name.
-    #[error("FPT_KERNELS={0:?}: expected one of portable, avx2, avx512 or auto")]
+    #[error("FPT_KERNELS={0:?}: expected one of portable, avx2, avx512, avx512bf16 or auto")]
     BadName(String),
     /// The CPU lacks the instructions the path needs.
     #[error("the {wanted} kernels cannot run on this CPU ({cpu}); the best it runs is {best}")]
@@ -58,7 +65,12 @@ pub const ENV: &str = "FPT_KERNELS";
 
 impl KernelPath {
     /// Every path, least capable first.
-    pub const ALL: [KernelPath; 3] = [KernelPath::Portable, KernelPath::Avx2, KernelPath::Avx512];
+    pub const ALL: [KernelPath; 4] = [
+        KernelPath::Portable,
+        KernelPath::Avx2,
+        KernelPath::Avx512,
+        KernelPath::Avx512Bf16,
+    ];
 
     /// The path's name as `FPT_KERNELS` spells it.
     pub fn name(self) -> &'static str {
@@ -66,17 +78,19 @@ impl KernelPath {
             KernelPath::Portable => "portable",
             KernelPath::Avx2 => "avx2",
             KernelPath::Avx512 => "avx512",
+            KernelPath::Avx512Bf16 => "avx512bf16",
         }
     }
 
-    /// Parses a name (`portable`, `avx2`, `avx512`); `auto` and the empty string mean no
-    /// limit (`None`).
+    /// Parses a name (`portable`, `avx2`, `avx512`, `avx512bf16`); `auto` and the empty
+    /// string mean no limit (`None`).
     pub fn parse(s: &str) -> Result<Option<Self>, KernelError> {
         match s.trim().to_ascii_lowercase().as_str() {
             "" | "auto" => Ok(None),
             "portable" => Ok(Some(KernelPath::Portable)),
             "avx2" => Ok(Some(KernelPath::Avx2)),
             "avx512" => Ok(Some(KernelPath::Avx512)),
+            "avx512bf16" | "avx512_bf16" | "avx512-bf16" => Ok(Some(KernelPath::Avx512Bf16)),
             _ => Err(KernelError::BadName(s.to_string())),
         }
     }
@@ -89,6 +103,9 @@ impl KernelPath {
             {
                 let avx2 = std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma");
                 if avx2 && std::is_x86_feature_detected!("avx512f") {
+                    if std::is_x86_feature_detected!("avx512bf16") {
+                        return KernelPath::Avx512Bf16;
+                    }
                     return KernelPath::Avx512;
                 }
                 if avx2 {
@@ -148,7 +165,23 @@ impl KernelPath {
     /// Whether fpt's AVX-512 micro-kernel runs on this path.
     #[inline]
     pub(crate) fn avx512(self) -> bool {
-        self == KernelPath::Avx512
+        self >= KernelPath::Avx512
+    }
+
+    /// Whether the AVX512_BF16 micro-kernel multiplies by bf16 weights on this path.
+    #[inline]
+    pub fn bf16(self) -> bool {
+        self == KernelPath::Avx512Bf16
+    }
+
+    /// How products with bf16 weights run on this path, for reports: the native bf16
+    /// micro-kernel, or rounding the activations to bf16 and multiplying in f32.
+    pub fn bf16_kernel(self) -> &'static str {
+        if self.bf16() {
+            "vdpbf16ps (AVX512_BF16)"
+        } else {
+            "bf16 operands widened to f32"
+        }
     }
 }
 

@@ -44,27 +44,40 @@ impl Linear {
     /// part in backprop: a frozen weight gets none.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let w = self.weight.get();
-        let packed = if self.packs_for(x) {
-            Some(self.packed_weight(false)?)
+        let (packed, packed_t) = if self.packs_for(x) {
+            // A bf16 weight is packed for the input gradient's product too (half the bytes
+            // of an f32 pack each); an f32 one only for the forward's.
+            let t = if w.dtype() == DType::BF16 && x.track_op() {
+                Some(self.packed_weight(true)?)
+            } else {
+                None
+            };
+            (Some(self.packed_weight(false)?), t)
         } else {
-            None
+            (None, None)
         };
         let b = self.bias.as_ref().map(|b| b.get());
-        ops::linear_prepacked(x, &w, b.as_ref(), packed)
+        ops::linear_prepacked(x, &w, b.as_ref(), packed, packed_t)
     }
 
-    /// Whether the weight is frozen and `x` and the weight are f32 on the CPU, on the
-    /// AVX2 or AVX-512 kernel path: then the weight is kept packed.
+    /// Whether the weight is kept packed for `x`: frozen, on the CPU with `x` f32, and
+    /// either f32 on the AVX2 or AVX-512 kernel path or bf16 on the `avx512bf16` path.
     fn packs_for(&self, x: &Tensor) -> bool {
-        self.frozen_f32_cpu(x) && crate::kernels::KernelPath::active().own_gemm()
+        let path = crate::kernels::KernelPath::active();
+        self.frozen_cpu(x)
+            && match self.weight.tensor().dtype() {
+                DType::BF16 => path.bf16(),
+                _ => path.own_gemm(),
+            }
     }
 
-    /// Whether the weight is frozen and `x` and the (contiguous) weight are f32 on the CPU.
-    fn frozen_f32_cpu(&self, x: &Tensor) -> bool {
+    /// Whether the weight is frozen, `x` is f32 and the (contiguous) weight f32 or bf16, all
+    /// on the CPU.
+    fn frozen_cpu(&self, x: &Tensor) -> bool {
         let w = self.weight.tensor();
         !self.weight.is_trainable()
             && x.dtype() == DType::F32
-            && w.dtype() == DType::F32
+            && matches!(w.dtype(), DType::F32 | DType::BF16)
             && x.device().is_cpu()
             && w.device().is_cpu()
             && w.is_contiguous()
@@ -90,17 +103,25 @@ impl Linear {
         let id = w.id();
         let w = w.contiguous()?;
         let (storage, layout) = w.storage_and_layout();
-        let ws: &[f32] = match &*storage {
-            candle_core::Storage::Cpu(cs) => {
-                let data = cs.as_slice::<f32>()?;
-                let (a, b) = layout
-                    .contiguous_offsets()
-                    .ok_or_else(|| candle_core::Error::Msg("linear: weight is not contiguous".into()))?;
-                &data[a..b]
-            }
+        let cpu = match &*storage {
+            candle_core::Storage::Cpu(cs) => cs,
             _ => candle_core::bail!("linear: expected a CPU weight"),
         };
+        let (a, b) = layout
+            .contiguous_offsets()
+            .ok_or_else(|| candle_core::Error::Msg("linear: weight is not contiguous".into()))?;
         let threads = crate::num_threads();
+        if w.dtype() == DType::BF16 {
+            let ws = &cpu.as_slice::<half::bf16>()?[a..b];
+            let p = Arc::new(if transposed {
+                PackedB::new_bf16(ws, k, 1, n, k, threads)
+            } else {
+                PackedB::new_bf16(ws, 1, k, k, n, threads)
+            });
+            *cache = Some((id, p.clone()));
+            return Ok(p);
+        }
+        let ws = &cpu.as_slice::<f32>()?[a..b];
         let p = Arc::new(if transposed {
             // B = W: [n, k] row-major.
             PackedB::new(MatRef::of(ws, k, 1), n, k, threads)
@@ -167,9 +188,7 @@ impl ResidualBranch<'_> {
         norm_f32
             && rank_ok
             && layers.iter().all(|l| {
-                l.frozen_f32_cpu(x)
-                    && l.bias_frozen()
-                    && l.bias.as_ref().is_none_or(|b| b.tensor().dtype() == DType::F32)
+                l.frozen_cpu(x) && l.bias_frozen() && l.bias.as_ref().is_none_or(|b| b.tensor().dtype() == DType::F32)
             })
     }
 

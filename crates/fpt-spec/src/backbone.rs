@@ -87,6 +87,55 @@ impl FromStr for ResidualInit {
     }
 }
 
+/// The number format of the products with the frozen weights. `bf16`: each frozen weight
+/// matrix is stored in bf16 once at load (half the bytes), and its products (forward, and the
+/// backward through the activations) take bf16 operands with f32 sums; trained parameters,
+/// norms, softmax, the loss and the optimizer stay f32.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum Precision {
+    /// Everything in f32: the default (left out of `spec.json`).
+    #[default]
+    F32,
+    /// Frozen weight matrices in bf16, their products with bf16 operands and f32 sums.
+    Bf16,
+}
+
+impl Precision {
+    /// Whether this is the default, `f32`.
+    pub fn is_f32(&self) -> bool {
+        *self == Precision::F32
+    }
+
+    /// The name as flags and `spec.json` spell it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Precision::F32 => "f32",
+            Precision::Bf16 => "bf16",
+        }
+    }
+}
+
+impl std::fmt::Display for Precision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Precision {
+    type Err = SpecError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "f32" => Ok(Self::F32),
+            "bf16" => Ok(Self::Bf16),
+            other => Err(SpecError::Invalid {
+                field: "precision",
+                msg: format!("`{other}` (expected `f32` or `bf16`)"),
+            }),
+        }
+    }
+}
+
 optional_settings! {
     /// Shape overrides for a randomly initialised backbone, so that small models train on a CPU.
     #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
@@ -162,6 +211,9 @@ pub struct BackboneSpec {
     /// How a `bit-pretrained` backbone is trained (defaults when absent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bit_pretrain: Option<BitPretrainSpec>,
+    /// The frozen weights' number format (not written when `f32`, the default).
+    #[serde(default, skip_serializing_if = "Precision::is_f32")]
+    pub precision: Precision,
 }
 
 impl BackboneSpec {
@@ -177,6 +229,7 @@ impl BackboneSpec {
             depth: None,
             final_norm: true,
             bit_pretrain: (init == Init::BitPretrained).then(BitPretrainSpec::default),
+            precision: Precision::F32,
         }
     }
 }

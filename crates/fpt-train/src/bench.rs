@@ -17,7 +17,7 @@
 
 use crate::{Result, Trainer};
 use candle_core::{Device, Tensor};
-use fpt_spec::{BackboneSpec, Init, RunSpec, ShapeOverrides, TaskName, TaskSpec, TrainGroups, TrainSpec};
+use fpt_spec::{BackboneSpec, Init, Precision, RunSpec, ShapeOverrides, TaskName, TaskSpec, TrainGroups, TrainSpec};
 use fpt_tasks::{InputKind, Synthetic, TaskDims};
 use serde::Serialize;
 use std::time::Instant;
@@ -264,7 +264,7 @@ impl Shape {
         }
     }
 
-    fn spec(&self, groups: TrainGroups) -> RunSpec {
+    fn spec(&self, groups: TrainGroups, precision: Precision) -> RunSpec {
         let (source, shape) = match self.arch {
             Arch::Gpt2 => (
                 "gpt2",
@@ -291,6 +291,7 @@ impl Shape {
         };
         let backbone = BackboneSpec {
             shape,
+            precision,
             ..BackboneSpec::new(source, Init::Random)
         };
         RunSpec {
@@ -335,9 +336,21 @@ fn timing(mut ms: Vec<f64>) -> Timing {
     }
 }
 
-/// Times `steps` optimizer steps after `warmup` of the FPT (`groups`) model of `shape`.
-pub fn time_steps(shape: &Shape, groups: TrainGroups, warmup: usize, steps: usize, device: &Device) -> Result<Timing> {
-    let mut tr = Trainer::with_task(&shape.spec(groups), Box::new(Synthetic::new(shape.dims())), device)?;
+/// Times `steps` optimizer steps after `warmup` of the FPT (`groups`) model of `shape`, its
+/// frozen weights in `precision`.
+pub fn time_steps(
+    shape: &Shape,
+    groups: TrainGroups,
+    precision: Precision,
+    warmup: usize,
+    steps: usize,
+    device: &Device,
+) -> Result<Timing> {
+    let mut tr = Trainer::with_task(
+        &shape.spec(groups, precision),
+        Box::new(Synthetic::new(shape.dims())),
+        device,
+    )?;
     for _ in 0..warmup {
         tr.step()?;
     }
@@ -354,14 +367,28 @@ pub fn time_steps(shape: &Shape, groups: TrainGroups, warmup: usize, steps: usiz
 /// `W: [3072, 768]` (GPT-2 base's MLP on 1024 tokens) through [`fpt_nn::ops::linear`], the
 /// product every step runs, best of 9 after a warm-up, in GFLOP/s. (On CPU that is fpt's
 /// AVX-512 kernel where the CPU has one; elsewhere the backend's matmul.)
-pub fn matmul_peak(device: &Device) -> Result<f64> {
+///
+/// With `precision: bf16` the weight is a frozen bf16 layer's ([`fpt_nn::Linear`], packed
+/// once as the FPT step's are): the bf16 product's peak on this path.
+pub fn matmul_peak(device: &Device, precision: Precision) -> Result<f64> {
     let a = Tensor::randn(0f32, 1.0, (1024, 768), device)?;
     let w = Tensor::randn(0f32, 1.0, (3072, 768), device)?;
-    fpt_nn::ops::linear(&a, &w, None)?;
+    let bf16 = match precision {
+        Precision::F32 => None,
+        Precision::Bf16 => Some(fpt_nn::Linear::new(
+            fpt_nn::Param::new(fpt_nn::ops::bf16::to_bf16(&w)?, false)?,
+            None,
+        )),
+    };
+    let product = || match &bf16 {
+        None => fpt_nn::ops::linear(&a, &w, None),
+        Some(l) => l.forward(&a),
+    };
+    product()?;
     let mut best = f64::INFINITY;
     for _ in 0..9 {
         let t0 = Instant::now();
-        let c = fpt_nn::ops::linear(&a, &w, None)?;
+        let c = product()?;
         device.synchronize()?;
         drop(c);
         best = best.min(t0.elapsed().as_secs_f64());
@@ -396,20 +423,32 @@ pub struct BenchResult {
     pub peak_fraction: f64,
     /// Peak resident memory of the process (MB).
     pub peak_rss_mb: Option<f64>,
-    /// The kernel path that ran (`avx512`, `avx2`, `portable`; the device's name off the CPU).
+    /// The kernel path that ran (`avx512bf16`, `avx512`, `avx2`, `portable`; the device's
+    /// name off the CPU).
     pub kernel_path: String,
+    /// The frozen weights' number format.
+    pub precision: Precision,
 }
 
-/// Benchmarks one shape: the FPT step, then (if `full`) the full fine-tune step.
-pub fn run(shape: &Shape, warmup: usize, steps: usize, full: bool, device: &Device) -> Result<BenchResult> {
-    let before = matmul_peak(device)?;
-    let ours = time_steps(shape, TrainGroups::fpt(), warmup, steps, device)?;
+/// Benchmarks one shape: the FPT step with its frozen weights in `precision`, then (if
+/// `full`, and in f32 only: a full fine-tune has no frozen weights) the full fine-tune step.
+/// The matmul peak is the product of `precision` (f32, or the frozen bf16 layer's).
+pub fn run(
+    shape: &Shape,
+    warmup: usize,
+    steps: usize,
+    full: bool,
+    device: &Device,
+    precision: Precision,
+) -> Result<BenchResult> {
+    let before = matmul_peak(device, precision)?;
+    let ours = time_steps(shape, TrainGroups::fpt(), precision, warmup, steps, device)?;
     // The machine's speed drifts: the peak is the better of a measurement just before and
     // one just after the FPT steps, so a slow moment does not flatter the fraction.
-    let peak = before.max(matmul_peak(device)?);
+    let peak = before.max(matmul_peak(device, precision)?);
     let rss = peak_rss_mb();
-    let full_ms = if full {
-        Some(time_steps(shape, TrainGroups::all(), warmup, steps, device)?.median_ms)
+    let full_ms = if full && precision.is_f32() {
+        Some(time_steps(shape, TrainGroups::all(), Precision::F32, warmup, steps, device)?.median_ms)
     } else {
         None
     };
@@ -428,5 +467,6 @@ pub fn run(shape: &Shape, warmup: usize, steps: usize, full: bool, device: &Devi
         } else {
             format!("{device:?}")
         },
+        precision,
     })
 }

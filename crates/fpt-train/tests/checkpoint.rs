@@ -28,6 +28,7 @@ fn tiny(steps: usize) -> RunSpec {
             depth: None,
             final_norm: true,
             bit_pretrain: None,
+            precision: Default::default(),
         },
         train_groups: TrainGroups::fpt(),
         train: TrainSpec {
@@ -324,6 +325,7 @@ fn gpt2_base_trainable_file_is_under_4_mb() {
             depth: None,
             final_norm: true,
             bit_pretrain: None,
+            precision: Default::default(),
         },
         train_groups: TrainGroups::fpt(),
         train: TrainSpec::default(),

@@ -37,6 +37,7 @@ fn backbone(init: Init) -> BackboneSpec {
         depth: None,
         final_norm: true,
         bit_pretrain: None,
+        precision: Default::default(),
     }
 }
 
@@ -172,6 +173,7 @@ fn a_language_model_exports_its_token_table_and_loads_as_a_backbone() {
             depth: None,
             final_norm: true,
             bit_pretrain: None,
+            precision: Default::default(),
         },
         TrainGroups::fpt(),
         1,

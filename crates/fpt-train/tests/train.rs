@@ -30,6 +30,7 @@ fn tiny(task: TaskName, steps: usize) -> RunSpec {
             depth: None,
             final_norm: true,
             bit_pretrain: None,
+            precision: Default::default(),
         },
         train_groups: TrainGroups::fpt(),
         train: TrainSpec {
@@ -244,7 +245,15 @@ fn bench_times_the_tiny_shape_and_counts_c10_flops() {
     let gflop = c10.step_flops(false) / 1e9;
     assert!((gflop - 334.25).abs() < 0.01, "{gflop}");
     assert!(c10.step_flops(true) > c10.step_flops(false));
-    let r = bench::run(&bench::shape("tiny").unwrap(), 1, 2, true, &Device::Cpu).unwrap();
+    let r = bench::run(
+        &bench::shape("tiny").unwrap(),
+        1,
+        2,
+        true,
+        &Device::Cpu,
+        fpt_spec::Precision::F32,
+    )
+    .unwrap();
     assert!(r.ours_ms > 0.0 && r.full_ms.unwrap() > 0.0 && r.peak_gflops > 0.0);
     assert!((r.peak_fraction - r.gflops / r.peak_gflops).abs() < 1e-12);
     assert!(bench::shape("nope").is_none());
@@ -271,6 +280,14 @@ fn bench_times_the_tiny_shape_and_counts_c10_flops() {
     let per_token = 2.0 * c * c + 2.0 * c * 192.0 + 3.0 * c * 1536.0;
     let want = 2.0 * 2.0 * 16.0 * 30.0 * t * per_token + 2.0 * 7.0 * 16.0 * 30.0 * t * t * c;
     assert!((s.step_flops(false) - want).abs() < 1.0, "{}", s.step_flops(false));
-    let r = bench::run(&bench::shape("lstm-bitxor").unwrap(), 0, 1, false, &Device::Cpu).unwrap();
+    let r = bench::run(
+        &bench::shape("lstm-bitxor").unwrap(),
+        0,
+        1,
+        false,
+        &Device::Cpu,
+        fpt_spec::Precision::F32,
+    )
+    .unwrap();
     assert!(r.ours_ms > 0.0 && !r.kernel_path.is_empty());
 }

@@ -20,6 +20,18 @@ struct LinearOp {
     /// The weight packed for the forward product, when the caller keeps one (frozen
     /// weights in [`crate::Linear`]).
     packed: Option<std::sync::Arc<super::sgemm::PackedB>>,
+    /// A bf16 weight packed for the input gradient's product (`W`), when the caller keeps
+    /// one.
+    packed_t: Option<std::sync::Arc<super::sgemm::PackedB>>,
+}
+
+/// Whether `p` (packed for a `k x n` product) runs on `path` for a weight of dtype `w`: f32
+/// panels on the AVX2 and AVX-512 paths, bf16 panels on the `avx512bf16` path.
+fn pack_runs(p: &super::sgemm::PackedB, k: usize, n: usize, w: DType, path: KernelPath) -> bool {
+    p.dims() == (k, n)
+        && k > 0
+        && (p.is_bf16() == (w == DType::BF16))
+        && if p.is_bf16() { path.bf16() } else { path.own_gemm() }
 }
 
 /// Threads for a product of `m x n x k`: every thread from ~2M multiply-adds up, one
@@ -226,12 +238,9 @@ impl LinearOp {
         b: Option<(&CpuStorage, &Layout)>,
     ) -> Result<(CpuStorage, Shape)> {
         let (n, k) = self.check(l1, l2)?;
-        let out = match s1.dtype() {
-            DType::F32
-                if self.packed.as_ref().is_some_and(|p| p.dims() == (k, n))
-                    && k > 0
-                    && KernelPath::active().own_gemm() =>
-            {
+        let path = KernelPath::active();
+        let out = match (s1.dtype(), s2.dtype()) {
+            (DType::F32, w) if self.packed.as_ref().is_some_and(|p| pack_runs(p, k, n, w, path)) => {
                 let p = self.packed.as_ref().expect("checked");
                 let bias = b.map(|(s, l)| cpu_slice::<f32>(s, l, "linear")).transpose()?;
                 let x = cpu_slice::<f32>(s1, l1, "linear")?;
@@ -240,7 +249,7 @@ impl LinearOp {
                 // SAFETY: x holds m x k; y has m * n slots, all written (overwrite mode).
                 unsafe {
                     super::sgemm::sgemm_prepacked(
-                        KernelPath::active(),
+                        path,
                         m,
                         super::sgemm::MatRef::of(x, k, 1),
                         p,
@@ -252,7 +261,18 @@ impl LinearOp {
                 // SAFETY: every slot was written.
                 CpuStorage::F32(unsafe { super::assume_init(y) })
             }
-            DType::F32 => {
+            (DType::F32, DType::BF16) => {
+                let bias = b.map(|(s, l)| cpu_slice::<f32>(s, l, "linear")).transpose()?;
+                CpuStorage::F32(super::bf16::widened_product(
+                    path,
+                    cpu_slice::<f32>(s1, l1, "linear")?,
+                    cpu_slice::<half::bf16>(s2, l2, "linear")?,
+                    (n, k),
+                    false,
+                    bias,
+                )?)
+            }
+            (DType::F32, DType::F32) => {
                 let bias = b.map(|(s, l)| cpu_slice::<f32>(s, l, "linear")).transpose()?;
                 CpuStorage::F32(cpu_forward(
                     cpu_slice::<f32>(s1, l1, "linear")?,
@@ -261,7 +281,7 @@ impl LinearOp {
                     n,
                 ))
             }
-            DType::F64 => {
+            (DType::F64, DType::F64) => {
                 let bias = b.map(|(s, l)| cpu_slice::<f64>(s, l, "linear")).transpose()?;
                 CpuStorage::F64(cpu_forward(
                     cpu_slice::<f64>(s1, l1, "linear")?,
@@ -270,7 +290,14 @@ impl LinearOp {
                     n,
                 ))
             }
-            dt => return Err(unsupported("linear", dt)),
+            (DType::F32 | DType::F64, DType::F32 | DType::F64 | DType::BF16) => {
+                candle_core::bail!(
+                    "linear: an input of {:?} with a weight of {:?} (f32 and f64 weights take inputs of their dtype, bf16 weights f32 inputs)",
+                    s1.dtype(),
+                    s2.dtype()
+                )
+            }
+            (dt, _) => return Err(unsupported("linear", dt)),
         };
         Ok((out, self.out_shape(n)))
     }
@@ -299,11 +326,39 @@ impl LinearOp {
         Ok((y, self.out_shape(n)))
     }
 
-    /// dx = dy @ W, on CPU with gemm, elsewhere with a candle matmul.
+    /// dx = dy @ W, on CPU with gemm, elsewhere with a candle matmul. With a bf16 `W`, `dy`
+    /// is rounded to bf16 too (bf16 operands, f32 sums; `ops/bf16.rs`).
     fn grad_input(&self, x: &Tensor, w: &Tensor, dy: &Tensor) -> Result<Tensor> {
         let (n, k) = w.dims2()?;
         if !dy.device().is_cpu() {
             return dy.reshape(((), n))?.matmul(w)?.reshape(x.shape());
+        }
+        if w.dtype() == DType::BF16 {
+            let path = KernelPath::active();
+            let dx = with_cpu_slice::<f32, _>(dy, "linear", |g| match &self.packed_t {
+                Some(p) if pack_runs(p, n, k, DType::BF16, path) => {
+                    let m = g.len() / n;
+                    let mut y = super::uninit::<f32>(m * k);
+                    // SAFETY: g holds m rows of n; y has m * k slots, all written
+                    // (overwrite mode); the path runs the bf16 micro-kernel (pack_runs).
+                    unsafe {
+                        super::sgemm::sgemm_prepacked(
+                            path,
+                            m,
+                            super::sgemm::MatRef::of(g, n, 1),
+                            p,
+                            super::sgemm::MatMut::new(y.as_mut_ptr() as *mut f32, k, y.len()),
+                            None,
+                            crate::num_threads(),
+                        );
+                        Ok(super::assume_init(y))
+                    }
+                }
+                _ => with_cpu_slice::<half::bf16, _>(w, "linear", |ws| {
+                    super::bf16::widened_product(path, g, ws, (n, k), true, None)
+                }),
+            })?;
+            return Tensor::from_vec(dx, x.shape(), x.device());
         }
         fn run<T: WithDType>(w: &Tensor, dy: &Tensor, n: usize, k: usize) -> Result<Vec<T>> {
             with_cpu_slice::<T, _>(w, "linear", |ws| {
@@ -324,6 +379,9 @@ impl LinearOp {
     /// dW = dy^T @ x (`[n, k]`), on CPU with gemm, elsewhere with a candle matmul.
     fn grad_weight(&self, x: &Tensor, w: &Tensor, dy: &Tensor) -> Result<Tensor> {
         let (n, k) = w.dims2()?;
+        if w.dtype() == DType::BF16 {
+            candle_core::bail!("linear: a bf16 weight is frozen by construction and has no gradient (train it in f32)")
+        }
         if !dy.device().is_cpu() {
             return dy.reshape(((), n))?.t()?.matmul(&x.reshape(((), k))?);
         }
@@ -411,21 +469,34 @@ impl super::ThreeOperands for LinearOp {
 /// gradient of an argument only if it takes part in backprop: with a frozen (plain) `W` and
 /// `b`, only `x` gets one; with data `x`, only `W` and `b` do.
 pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
-    linear_prepacked(x, w, b, None)
+    linear_prepacked(x, w, b, None, None)
 }
 
 /// [`linear`] whose forward product reads `packed` (the weight packed beforehand) instead of
-/// packing `w` again; everything else as [`linear`].
+/// packing `w` again, and whose input gradient reads `packed_t` (a bf16 `W` packed) when
+/// given; everything else as [`linear`].
+///
+/// A bf16 `w` (a frozen weight under `precision: bf16`) takes an f32 `x`: on the CPU the op
+/// multiplies bf16 operands with f32 sums (`ops/bf16.rs`); on other devices `x` is rounded
+/// to bf16 values and `w` widened to f32 with candle casts, the same numbers.
 pub(crate) fn linear_prepacked(
     x: &Tensor,
     w: &Tensor,
     b: Option<&Tensor>,
     packed: Option<std::sync::Arc<super::sgemm::PackedB>>,
+    packed_t: Option<std::sync::Arc<super::sgemm::PackedB>>,
 ) -> Result<Tensor> {
+    if w.dtype() == DType::BF16 && !x.device().is_cpu() {
+        if x.dtype() != DType::F32 {
+            candle_core::bail!("linear: a bf16 weight takes an f32 input, not {:?}", x.dtype())
+        }
+        let xr = x.to_dtype(DType::BF16)?.to_dtype(DType::F32)?;
+        return linear_prepacked(&xr, &w.to_dtype(DType::F32)?, b, None, None);
+    }
     let x = x.contiguous()?;
     let w = w.contiguous()?;
     let lead = x.dims()[..x.rank().saturating_sub(1)].to_vec();
-    let op = LinearOp { lead, packed };
+    let op = LinearOp { lead, packed, packed_t };
     match b {
         Some(b) => x.apply_op3(&w, &b.contiguous()?, super::Three(op)),
         None => x.apply_op2(&w, op),

@@ -9,6 +9,7 @@
 
 mod adam;
 mod attention;
+pub mod bf16;
 mod dropout;
 pub(crate) mod fastmath;
 mod gelu;

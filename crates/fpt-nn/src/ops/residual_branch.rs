@@ -44,14 +44,16 @@ pub enum BranchMid {
 
 /// A frozen linear layer's weight as the fused branch multiplies by it.
 pub(crate) enum FrozenWeight {
-    /// Packed for fpt's micro-kernel (the AVX2 and AVX-512 paths): `W^T` (`[n_in, n_out]`)
-    /// for the forward product, `W` (`[n_out, n_in]`) for the input gradient's.
+    /// Packed for fpt's micro-kernel (the AVX2 and AVX-512 paths; bf16 panels on the
+    /// `avx512bf16` path): `W^T` (`[n_in, n_out]`) for the forward product, `W`
+    /// (`[n_out, n_in]`) for the input gradient's.
     Packed {
         forward: Arc<PackedB>,
         backward: Arc<PackedB>,
     },
-    /// `W` as it is (`[n_out, n_in]`, a contiguous f32 CPU tensor), multiplied through the
-    /// active path's product (on the portable path, the `gemm` crate).
+    /// `W` as it is (`[n_out, n_in]`, a contiguous f32 or bf16 CPU tensor), multiplied
+    /// through the active path's product (on the portable path, the `gemm` crate; a bf16
+    /// `W` widened for each product, `ops/bf16.rs`).
     Plain(Tensor),
 }
 
@@ -114,6 +116,18 @@ fn plain_product(a: &[f32], w: &Tensor, transposed: bool, bias: Option<&[f32]>) 
         candle_core::bail!("residual branch: {} values are not rows of {k}", a.len())
     }
     let m = a.len() / k;
+    if w.dtype() == candle_core::DType::BF16 {
+        return with_cpu_slice::<half::bf16, _>(w, "residual branch", |ws| {
+            super::bf16::widened_product(
+                crate::kernels::KernelPath::active(),
+                a,
+                ws,
+                (n_out, n_in),
+                transposed,
+                bias,
+            )
+        });
+    }
     with_cpu_slice::<f32, _>(w, "residual branch", |ws| {
         // W^T: element (p, j) is w[j * n_in + p] (row stride 1, column stride n_in); W:
         // element (p, j) is w[p * n_in + j].

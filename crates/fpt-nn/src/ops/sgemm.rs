@@ -26,26 +26,26 @@ use rayon::prelude::*;
 use std::cell::RefCell;
 
 /// Rows of the micro-tile.
-const MR: usize = 12;
+pub(super) const MR: usize = 12;
 /// Columns of the micro-tile (two 16-lane registers).
-const NR: usize = 32;
+pub(super) const NR: usize = 32;
 /// Depth of a packed panel. A `KC x NR` sliver of B (96 KiB) stays in L2 with the A block;
 /// deep panels keep each C tile in registers over more of the sum (measured here: 768 ran
 /// 4-11% faster than 256 on GPT-2 base shapes; 1536 no faster than 768).
-const KC: usize = 768;
+pub(super) const KC: usize = 768;
 /// Rows of A packed at a time per thread (`MC x KC` floats stay in L2).
-const MC: usize = 192;
+pub(super) const MC: usize = 192;
 /// Columns of B packed at a time (`KC x NC` floats, shared by the threads).
-const NC: usize = 3072;
+pub(super) const NC: usize = 3072;
 
 /// A read-only matrix: element `(i, j)` at `ptr + i * rs + j * cs`, with `len` elements
 /// addressable from `ptr` (checked against the extent a product reads).
 #[derive(Clone, Copy)]
 pub(crate) struct MatRef {
-    ptr: *const f32,
-    rs: isize,
-    cs: isize,
-    len: usize,
+    pub(super) ptr: *const f32,
+    pub(super) rs: isize,
+    pub(super) cs: isize,
+    pub(super) len: usize,
 }
 
 // SAFETY: MatRef is only read from, and the callers keep the data alive and unaliased by
@@ -71,7 +71,7 @@ impl MatRef {
 
     /// Panics unless every element of a `rows x cols` extent lies within `len`: the bound
     /// every unsafe read of the product relies on.
-    fn check(&self, rows: usize, cols: usize, what: &str) {
+    pub(super) fn check(&self, rows: usize, cols: usize, what: &str) {
         if rows == 0 || cols == 0 {
             return;
         }
@@ -97,7 +97,7 @@ impl MatRef {
     /// `(i, j)` lies in the extent the view was checked for (debug builds assert it is
     /// within `len`).
     #[inline(always)]
-    unsafe fn at(&self, i: usize, j: usize) -> f32 {
+    pub(super) unsafe fn at(&self, i: usize, j: usize) -> f32 {
         let o = i as isize * self.rs + j as isize * self.cs;
         debug_assert!(
             o >= 0 && (o as usize) < self.len,
@@ -171,16 +171,26 @@ enum BSource<'a> {
 /// a frozen weight that every step multiplies by is packed at its first use instead of at
 /// every product.
 pub(crate) struct PackedB {
-    k: usize,
-    n: usize,
+    pub(super) k: usize,
+    pub(super) n: usize,
     /// Start of panel `i` (depth blocks within column blocks, in product order).
-    offsets: Vec<usize>,
-    data: Vec<f32>,
+    pub(super) offsets: Vec<usize>,
+    /// The panels: f32 values, or for a bf16 B (`bf16`) pairs of bf16 values along the depth,
+    /// each pair in one 32-bit slot (its bits; see `ops/bf16.rs`), so half the bytes.
+    pub(super) data: Vec<f32>,
+    /// Whether the panels hold bf16 pairs (read by the AVX512_BF16 micro-kernel only).
+    pub(super) bf16: bool,
 }
 
 impl std::fmt::Debug for PackedB {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "PackedB({} x {})", self.k, self.n)
+        write!(
+            f,
+            "PackedB({} x {}{})",
+            self.k,
+            self.n,
+            if self.bf16 { ", bf16" } else { "" }
+        )
     }
 }
 
@@ -206,34 +216,45 @@ impl PackedB {
                 i += 1;
             }
         }
-        Self { k, n, offsets, data }
+        Self {
+            k,
+            n,
+            offsets,
+            data,
+            bf16: false,
+        }
     }
 
     /// `(k, n)`.
     pub(crate) fn dims(&self) -> (usize, usize) {
         (self.k, self.n)
     }
+
+    /// Whether the panels hold bf16 pairs (for the AVX512_BF16 micro-kernel).
+    pub(crate) fn is_bf16(&self) -> bool {
+        self.bf16
+    }
 }
 
 /// The micro-kernel of a path: `C[..mr, ..nr] (+)= A_sliver^T B_sliver (+ bias)` over `kc`
 /// for packed `MR`-row and `NR`-column slivers.
-type MicroKernel = unsafe fn(Tile);
+pub(super) type MicroKernel = unsafe fn(Tile);
 
 /// One micro-kernel call: the tile of C at `c` (rows `ldc` apart) of which rows `..mr` and
 /// columns `..nr` are written (added to when `acc`), from the packed slivers `pa` and `pb`
 /// over depth `kc`, plus `bias` unless it is null (then it holds `nr` values).
 #[derive(Clone, Copy)]
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-struct Tile {
-    kc: usize,
-    pa: *const f32,
-    pb: *const f32,
-    c: *mut f32,
-    ldc: usize,
-    mr: usize,
-    nr: usize,
-    acc: bool,
-    bias: *const f32,
+pub(super) struct Tile {
+    pub(super) kc: usize,
+    pub(super) pa: *const f32,
+    pub(super) pb: *const f32,
+    pub(super) c: *mut f32,
+    pub(super) ldc: usize,
+    pub(super) mr: usize,
+    pub(super) nr: usize,
+    pub(super) acc: bool,
+    pub(super) bias: *const f32,
 }
 
 impl Tile {
@@ -305,10 +326,14 @@ pub(crate) unsafe fn sgemm_prepacked(
     threads: usize,
 ) {
     let (k, n) = b.dims();
-    let kern = micro_kernel(path);
+    let kern = if b.bf16 {
+        super::bf16::micro_kernel(path)
+    } else {
+        micro_kernel(path)
+    };
     assert!(
         kern.is_some() && k > 0,
-        "sgemm_prepacked needs the AVX-512 or AVX2 path (got {path}) and a non-empty depth"
+        "sgemm_prepacked needs the AVX-512 or AVX2 path, and for bf16 panels the avx512bf16 path (got {path}, {b:?}), and a non-empty depth"
     );
     a.check(m, k, "A");
     c.check(m, n);
@@ -743,6 +768,8 @@ unsafe fn blocked(
             pb.resize(need, 0.0);
         }
     }
+    // bf16 panels (only ever prepacked) hold depth pairs: A is packed in pairs too.
+    let pairs = matches!(b, BSource::Packed(p) if p.bf16);
     let mut panel_index = 0;
     // Row split when each thread gets a few tiles of rows, else split B's slivers.
     let split_rows = threads > 1 && m >= 4 * MR * threads;
@@ -786,6 +813,7 @@ unsafe fn blocked(
                                     acc,
                                     bias,
                                     kern,
+                                    pairs,
                                 )
                             }
                         });
@@ -799,7 +827,7 @@ unsafe fn blocked(
                     if s0 < s1 {
                         PACK_A.with_borrow_mut(|pa| {
                             // SAFETY: columns of slivers s0..s1 belong to this task only.
-                            unsafe { rows(pa, a, pb, c, ldc, 0, m, pc, kc, jc, nc, s0, s1, acc, bias, kern) }
+                            unsafe { rows(pa, a, pb, c, ldc, 0, m, pc, kc, jc, nc, s0, s1, acc, bias, kern, pairs) }
                         });
                     }
                 });
@@ -824,6 +852,7 @@ unsafe fn blocked(
                             acc,
                             bias,
                             kern,
+                            pairs,
                         )
                     }
                 });
@@ -860,22 +889,29 @@ unsafe fn rows(
     acc: bool,
     bias: BiasPtr,
     kern: MicroKernel,
+    pairs: bool,
 ) {
+    // Packed depth: `kc` values, or `kc / 2` (rounded up) bf16 pairs.
+    let depth = if pairs { kc.div_ceil(2) } else { kc };
     for ic in (r0..r1).step_by(MC) {
         let mc = MC.min(r1 - ic);
-        pack_a(pa, a, ic, mc, pc, kc);
+        if pairs {
+            super::bf16::pack_a_pairs(pa, a, ic, mc, pc, kc);
+        } else {
+            pack_a(pa, a, ic, mc, pc, kc);
+        }
         for s in s0..s1 {
             let j0 = s * NR;
             let nr = NR.min(nc - j0);
-            let bs = &pb[s * kc * NR..(s + 1) * kc * NR];
+            let bs = &pb[s * depth * NR..(s + 1) * depth * NR];
             for (t, i0) in (0..mc).step_by(MR).enumerate() {
                 let mr = MR.min(mc - i0);
-                let at = &pa[t * kc * MR..(t + 1) * kc * MR];
+                let at = &pa[t * depth * MR..(t + 1) * depth * MR];
                 // SAFETY: the tile (ic + i0.., jc + j0..) of mr x nr lies inside c; the CPU
                 // runs the kernel's instructions (checked by the caller).
                 unsafe {
                     kern(Tile {
-                        kc,
+                        kc: depth,
                         pa: at.as_ptr(),
                         pb: bs.as_ptr(),
                         c: c.0.add((ic + i0) * ldc + jc + j0),
@@ -901,7 +937,7 @@ unsafe fn rows(
 #[target_feature(enable = "avx512f")]
 unsafe fn kernel(t: Tile) {
     use std::arch::x86_64::*;
-    let (kc, c, ldc, mr, nr, acc, bias) = (t.kc, t.c, t.ldc, t.mr, t.nr, t.acc, t.bias);
+    let kc = t.kc;
     let mut r = [[_mm512_setzero_ps(); 2]; MR];
     let (mut pa, mut pb) = (t.pa, t.pb);
     /// One depth step of the tile.
@@ -947,6 +983,23 @@ unsafe fn kernel(t: Tile) {
             }
         }
     }
+    // SAFETY: the tile's contract is the kernel's (above); the CPU has AVX-512F.
+    unsafe { store_tile(&r, t) }
+}
+
+/// Adds the bias (when given) to the 12 x 32 accumulators of a tile and stores rows `..mr`,
+/// columns `..nr` (adding what is there when `acc`): the end of every AVX-512 micro-kernel.
+///
+/// # Safety
+/// Rows `..mr` and columns `..nr` of the tile at `t.c` (rows `t.ldc` apart) are valid for
+/// writes (and reads when `t.acc`); `t.bias` is null or holds `t.nr` values; the caller is
+/// compiled with AVX-512F (inlined into it).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(super) unsafe fn store_tile(r: &[[std::arch::x86_64::__m512; 2]; MR], t: Tile) {
+    use std::arch::x86_64::*;
+    let (c, ldc, mr, nr, acc, bias) = (t.c, t.ldc, t.mr, t.nr, t.acc, t.bias);
+    let mut r = *r;
     // SAFETY: rows ..mr and columns ..nr of the tile lie inside c.
     unsafe {
         if !bias.is_null() {
