@@ -106,6 +106,10 @@ struct ReproduceArgs {
     /// Device: cpu, or cuda / cuda:N with a CUDA build (FPT_CUDA=1)
     #[arg(long)]
     device: Option<String>,
+    /// The frozen weights' number format: f32 (default) or bf16 (reports under
+    /// <table>/<scale>-bf16/, beside the f32 table)
+    #[arg(long)]
+    precision: Option<String>,
     /// Results directory [default: results]
     #[arg(long)]
     out: Option<PathBuf>,
@@ -134,7 +138,12 @@ fn reproduce(a: &ReproduceArgs) -> Result<()> {
     let list = a.list || a.dry_run;
     // What goes on to `fpt run-table` as given.
     let mut pass: Vec<String> = Vec::new();
-    for (flag, v) in [("--jobs", &a.jobs), ("--shard", &a.shard), ("--device", &a.device)] {
+    for (flag, v) in [
+        ("--jobs", &a.jobs),
+        ("--shard", &a.shard),
+        ("--device", &a.device),
+        ("--precision", &a.precision),
+    ] {
         if let Some(v) = v {
             pass.extend([flag.to_string(), v.clone()]);
         }
@@ -303,6 +312,7 @@ fn merge(a: &MergeArgs) -> Result<()> {
         jobs: None,
         shard: None,
         device: None,
+        precision: None,
         out: Some(a.out.clone()),
         force: false,
         report_only: true,

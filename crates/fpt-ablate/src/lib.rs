@@ -21,6 +21,7 @@ pub mod claims;
 mod expand;
 pub mod figure;
 pub mod paper;
+pub mod precision;
 pub mod record;
 mod render;
 pub mod report;

@@ -26,6 +26,9 @@ pub struct Request {
     pub out: PathBuf,
     /// How runs train.
     pub opts: RunOptions,
+    /// The frozen weights' number format: `bf16` runs every cell that can in bf16 and
+    /// reports under `<id>/<scale>-bf16/`, beside the f32 table (`precision.md`).
+    pub precision: fpt_spec::Precision,
 }
 
 /// What [`reproduce`] made of one table or figure.
@@ -174,12 +177,24 @@ pub fn listing(table: &TableSpec, scales: &BTreeMap<String, ScaleSettings>, scal
 
 /// Every cell's settings at `scale` as it would run, whether or not its data and weights
 /// are here, and where they differ from the paper's; nothing trains. Empty for figures.
-pub fn dry_run(table: &TableSpec, scales: &BTreeMap<String, ScaleSettings>, scale: &str) -> Result<Vec<String>> {
+pub fn dry_run(
+    table: &TableSpec,
+    scales: &BTreeMap<String, ScaleSettings>,
+    scale: &str,
+    precision: fpt_spec::Precision,
+) -> Result<Vec<String>> {
     if table.kind != Kind::Table {
         return Ok(Vec::new());
     }
-    let mut lines = vec![format!("## {}: {} (scale `{scale}`)", table.id, table.title)];
-    for c in expand_unchecked(table, scales, scale)? {
+    let mut lines = vec![format!(
+        "## {}: {} (scale `{}`)",
+        table.id,
+        table.title,
+        crate::precision::scale_label(scale, precision)
+    )];
+    let mut cells = expand_unchecked(table, scales, scale)?;
+    crate::precision::apply(&mut cells, precision);
+    for c in cells {
         lines.push(format!(
             "{} / {}: {}",
             table.rows[c.row].label,
@@ -219,13 +234,18 @@ pub fn reproduce(req: &Request, on: &mut (dyn FnMut(Progress) + Send)) -> Result
             on(Progress::Done(done.last().expect("just pushed")));
             continue;
         }
-        let cells = expand(&table, &scales, &req.scale)?;
+        let mut cells = expand(&table, &scales, &req.scale)?;
+        crate::precision::apply(&mut cells, req.precision);
+        let label = crate::precision::scale_label(&req.scale, req.precision);
         on(Progress::Line {
             id,
-            line: &format!("at scale {} ({} cells)", req.scale, cells.len()),
+            line: &format!("at scale {label} ({} cells)", cells.len()),
         });
         let trained = run(&cells, &req.out, &req.opts, &mut |line| on(Progress::Line { id, line }))?;
-        let dir = Report::from_runs(&table, &req.scale, &cells, &req.out, sources).write(&req.out)?;
+        let dir = Report::from_runs(&table, &label, &cells, &req.out, sources).write(&req.out)?;
+        if !req.precision.is_f32() {
+            crate::precision::compare(&table, &cells, &req.out, &dir)?;
+        }
         done.push(Done::Table {
             id: id.clone(),
             dir,

@@ -567,6 +567,7 @@ fn reproduce_is_one_library_call_and_refuses_unknown_tables_and_scales() {
         scale: scale.into(),
         out: d.path().join("results"),
         opts: run_options(candle_core::Device::Cpu, Some(1), &no_exe).unwrap(),
+        precision: fpt_spec::Precision::F32,
     };
     let mut lines = Vec::new();
     let mut written = Vec::new();

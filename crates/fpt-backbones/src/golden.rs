@@ -30,6 +30,10 @@ pub struct GoldenDiff {
     pub param_grads: f32,
     /// How many parameter gradients were compared.
     pub params_checked: usize,
+    /// The largest of the differences above relative to its tensor's largest reference
+    /// value (`max |ours - reference| / max |reference|`): the measure for `bf16`, whose
+    /// rounding is relative.
+    pub relative: f32,
 }
 
 impl GoldenDiff {
@@ -54,6 +58,18 @@ fn max_abs_diff(a: &Tensor, b: &Tensor) -> Result<f32> {
         .to_scalar::<f32>()?;
     // A NaN anywhere must fail the check, not slip through `max`.
     Ok(if d.is_nan() { f32::INFINITY } else { d })
+}
+
+/// [`max_abs_diff`] and the same relative to `b`'s largest magnitude.
+fn diffs(a: &Tensor, b: &Tensor) -> Result<(f32, f32)> {
+    let d = max_abs_diff(a, b)?;
+    let scale = b
+        .to_device(&Device::Cpu)?
+        .abs()?
+        .flatten_all()?
+        .max(0)?
+        .to_scalar::<f32>()?;
+    Ok((d, if scale > 0.0 { d / scale } else { d }))
 }
 
 /// Reads a golden file.
@@ -87,15 +103,19 @@ pub fn check(model: &dyn Backbone, golden: &HashMap<String, Tensor>) -> Result<G
     }
     let x = Var::from_tensor(get("inputs_embeds")?)?;
     let out = model.forward(x.as_tensor(), &mut Ctx::eval())?;
+    let (hidden, relative) = diffs(&out, get("last_hidden_state")?)?;
     let mut diff = GoldenDiff {
-        hidden: max_abs_diff(&out, get("last_hidden_state")?)?,
+        hidden,
+        relative,
         ..Default::default()
     };
     let grads = (out * get("loss_weights")?)?.sum_all()?.backward()?;
     let gx = grads
         .get(x.as_tensor())
         .ok_or_else(|| BackboneError::Unsupported("no gradient reached the input".into()))?;
-    diff.input_grad = max_abs_diff(gx, get("grad.inputs_embeds")?)?;
+    let (d, r) = diffs(gx, get("grad.inputs_embeds")?)?;
+    diff.input_grad = d;
+    diff.relative = diff.relative.max(r);
     for (key, want) in golden {
         let Some(name) = key.strip_prefix("grad.") else {
             continue;
@@ -121,7 +141,9 @@ pub fn check(model: &dyn Backbone, golden: &HashMap<String, Tensor>) -> Result<G
             grads.get(var.as_tensor()).cloned()
         };
         let ours = ours.ok_or_else(|| BackboneError::Unsupported(format!("no gradient reached `{name}`")))?;
-        diff.param_grads = diff.param_grads.max(max_abs_diff(&ours, want)?);
+        let (d, r) = diffs(&ours, want)?;
+        diff.param_grads = diff.param_grads.max(d);
+        diff.relative = diff.relative.max(r);
         diff.params_checked += 1;
     }
     Ok(diff)
@@ -130,6 +152,12 @@ pub fn check(model: &dyn Backbone, golden: &HashMap<String, Tensor>) -> Result<G
 /// Loads the checkpoint directory `dir` (`config.json`, `model.safetensors`) with the FPT
 /// groups and checks it against `dir/golden.safetensors`.
 pub fn check_dir(dir: &Path, device: &Device) -> Result<GoldenDiff> {
+    check_dir_in(dir, device, fpt_spec::Precision::F32)
+}
+
+/// [`check_dir`] with the frozen weights in `precision` (`bf16`: the differences then
+/// include bf16's rounding of the weights and of their products' operands).
+pub fn check_dir_in(dir: &Path, device: &Device, precision: fpt_spec::Precision) -> Result<GoldenDiff> {
     let spec = fpt_spec::BackboneSpec {
         source: dir.display().to_string(),
         init: fpt_spec::Init::Pretrained,
@@ -138,7 +166,7 @@ pub fn check_dir(dir: &Path, device: &Device) -> Result<GoldenDiff> {
         depth: None,
         final_norm: true,
         bit_pretrain: None,
-        precision: Default::default(),
+        precision,
     };
     let mut model = crate::load(&spec, &TrainGroups::fpt(), device, &mut fpt_nn::Rng::new(0))?;
     model.set_dropout(false);

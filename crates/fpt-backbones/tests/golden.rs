@@ -34,6 +34,55 @@ fn every_fixture_matches_its_reference_on_every_kernel_path() {
     });
 }
 
+/// Every fixture with its frozen weights in bf16 (`precision: bf16`) against the same f32
+/// references, on every kernel path (the `avx512bf16` one multiplies with `vdpbf16ps`,
+/// the others widen bf16 operands to f32): within fpt_train's bf16 tolerance, 2e-2 of each
+/// tensor's largest value (T5: 1e-1, its attention logits are unscaled, so the rounding of
+/// queries and keys is amplified by sharp softmaxes: 5.0e-2 measured); every path gives the
+/// same numbers to 1e-4 of the largest value, and bf16 is measurably not f32.
+#[test]
+fn every_fixture_in_bf16_is_within_the_bf16_tolerance_on_every_kernel_path() {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(fixtures())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.join("golden.safetensors").is_file() && p.join("config.json").is_file())
+        .collect();
+    dirs.sort();
+    let device = fpt_nn::device::from_env().unwrap();
+    let bf16 = fpt_spec::Precision::Bf16;
+    let per_path = fpt_nn::kernels::on_every_path(|path| {
+        let mut rel = Vec::new();
+        for dir in &dirs {
+            let name = dir.file_name().unwrap().to_string_lossy().to_string();
+            let d = match golden::check_dir_in(dir, &device, bf16) {
+                Ok(d) => d,
+                // The LSTM has no bf16 path: refused, naming the field.
+                Err(e) if name.starts_with("lstm") => {
+                    assert!(e.to_string().contains("precision"), "{e}");
+                    continue;
+                }
+                Err(e) => panic!("{}: {e}", dir.display()),
+            };
+            eprintln!("{path} {name} bf16: {d:?}");
+            let tol = if name.starts_with("t5") { 1e-1 } else { 2e-2 };
+            assert!(d.relative <= tol, "{path}: {name}: {d:?}");
+            // Not f32 by accident: the f32 check of the same fixture is 1e-4 or better.
+            assert!(
+                d.relative > 1e-4,
+                "{path}: {name}: bf16 agrees with f32 to {}",
+                d.relative
+            );
+            rel.push((name, d.relative));
+        }
+        rel
+    });
+    for other in &per_path[1..] {
+        for ((name, a), (_, b)) in per_path[0].iter().zip(other) {
+            assert!((a - b).abs() <= 1e-4, "{name}: {a} vs {b} across paths");
+        }
+    }
+}
+
 /// The check can fail: a perturbed checkpoint (one bias changed) is caught.
 #[test]
 fn the_golden_check_catches_a_changed_bias() {

@@ -51,6 +51,11 @@ pub struct RunTableArgs {
     /// Device: `cpu`, or `cuda` / `cuda:N` when built with `--features cuda`.
     #[arg(long, default_value = "cpu")]
     device: String,
+    /// The frozen weights' number format: `bf16` runs each cell that can with its frozen
+    /// weight matrices in bf16 (`fpt train --precision`) and reports under
+    /// `<table>/<scale>-bf16/`, with `precision.md` setting each cell beside its f32 twin.
+    #[arg(long, default_value = "f32")]
+    precision: fpt_spec::Precision,
 }
 
 fn parse_shard(s: &str) -> Result<(usize, usize)> {
@@ -93,7 +98,7 @@ pub fn run_table(a: RunTableArgs) -> Result<()> {
             let table = fpt_ablate::load_table(&a.tables, id)?;
             let lines = match a.list {
                 true => reproduce::listing(&table, &scales, &a.scale)?,
-                false => reproduce::dry_run(&table, &scales, &a.scale)?,
+                false => reproduce::dry_run(&table, &scales, &a.scale, a.precision)?,
             };
             for line in lines {
                 println!("{line}");
@@ -111,6 +116,7 @@ pub fn run_table(a: RunTableArgs) -> Result<()> {
         scale: a.scale,
         out: a.out,
         opts,
+        precision: a.precision,
     };
     // Progress on stderr; each table's report path and run times on stdout as soon as it is
     // written (`cargo xtask reproduce` reads them).

@@ -159,7 +159,7 @@ pub fn resolve_backbone(spec: &BackboneSpec, device: &Device) -> Result<Backbone
         depth: spec.depth,
         final_norm: spec.final_norm,
         bit_pretrain: None,
-        precision: Default::default(),
+        precision: spec.precision,
     })
 }
 

@@ -139,6 +139,10 @@ pub struct Check {
     pub max_diff: Option<f64>,
     /// What was compared, or why it failed or was skipped.
     pub detail: String,
+    /// The frozen weights' number format of the check (`bf16` checks measure relative
+    /// differences against f32 references, within [`BF16_TOLERANCE`]).
+    #[serde(default, skip_serializing_if = "fpt_spec::Precision::is_f32")]
+    pub precision: fpt_spec::Precision,
 }
 
 /// The self-check of this build on one kernel path.
@@ -153,12 +157,29 @@ pub struct SelfCheck {
     /// Test-only faults switched on (`FPT_TEST_FAULT`); empty normally.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub faults: Vec<String>,
+    /// How products with bf16 weights ran in the `bf16` checks (the AVX512_BF16 kernel,
+    /// widened operands, or the device's casts).
+    #[serde(default)]
+    pub bf16_kernel: String,
 }
 
 impl SelfCheck {
     /// The largest difference over the checks that measured one.
     pub fn max_diff(&self) -> Option<f64> {
-        self.checks.iter().filter_map(|c| c.max_diff).reduce(f64::max)
+        self.checks
+            .iter()
+            .filter(|c| c.precision.is_f32())
+            .filter_map(|c| c.max_diff)
+            .reduce(f64::max)
+    }
+
+    /// The largest relative difference of the `bf16` checks.
+    pub fn bf16_max_diff(&self) -> Option<f64> {
+        self.checks
+            .iter()
+            .filter(|c| !c.precision.is_f32())
+            .filter_map(|c| c.max_diff)
+            .reduce(f64::max)
     }
 
     /// One line: `passed (10 checks, max diff 1.1e-5; skipped: minilm)`.
@@ -182,6 +203,12 @@ impl SelfCheck {
             self.checks.len(),
             self.max_diff().map_or("-".into(), |d| format!("{d:.1e}"))
         );
+        if let Some(d) = self.bf16_max_diff() {
+            s += &format!(
+                "; bf16 ({}): max relative diff {d:.1e} (tolerance {BF16_TOLERANCE:.0e})",
+                self.bf16_kernel
+            );
+        }
         if !failed.is_empty() {
             s += &format!("; failed: {}", failed.join(", "));
         }
@@ -198,6 +225,7 @@ fn diff_check(name: &str, diff: f64, tol: f64, detail: String) -> Check {
         status: if diff <= tol { Status::Pass } else { Status::Fail },
         max_diff: Some(diff),
         detail,
+        precision: fpt_spec::Precision::F32,
     }
 }
 
@@ -207,7 +235,50 @@ fn failed(name: &str, e: impl std::fmt::Display) -> Check {
         status: Status::Fail,
         max_diff: None,
         detail: e.to_string(),
+        precision: fpt_spec::Precision::F32,
     }
+}
+
+/// Largest relative difference (`max |ours - reference| / max |reference|` per tensor) a
+/// `bf16` golden check allows against the f32 reference: bf16 keeps 8 bits of mantissa
+/// (relative rounding up to 2^-9 = 2.0e-3 per operand), and a tiny model's two blocks and
+/// backward compound it to 1.7e-3..9.7e-3 on the fixtures checked here (measured on every
+/// kernel path, all within 3e-5 of each other).
+pub const BF16_TOLERANCE: f64 = 2e-2;
+
+/// The fixtures checked in bf16: one per architecture family the tables run (GPT-2,
+/// BERT, ViT, Llama).
+const BF16_FIXTURES: &[&str] = &["gpt2-tiny", "bert-tiny", "vit-tiny", "llama-tiny"];
+
+/// How products with bf16 weights run on `device` (on the CPU, on the active kernel path).
+pub fn bf16_kernel(device: &Device) -> String {
+    if device.is_cpu() {
+        KernelPath::active().bf16_kernel().to_string()
+    } else {
+        "bf16 operands widened to f32 (candle casts)".to_string()
+    }
+}
+
+fn bf16_check(&(name, files): &Fixture, device: &Device) -> Check {
+    let label = format!("{name}-bf16");
+    let dir = match unpack(name, files) {
+        Ok(d) => d,
+        Err(e) => return failed(&label, format!("cannot unpack the fixture: {e}")),
+    };
+    let mut c = match fpt_backbones::golden::check_dir_in(dir.path(), device, fpt_spec::Precision::Bf16) {
+        Ok(d) => diff_check(
+            &label,
+            d.relative as f64,
+            BF16_TOLERANCE,
+            format!(
+                "bf16 weights vs transformers' f32: relative {:.1e} (absolute: hidden {:.1e}, input gradient {:.1e}, {} parameter gradients {:.1e})",
+                d.relative, d.hidden, d.input_grad, d.params_checked, d.param_grads
+            ),
+        ),
+        Err(e) => failed(&label, e),
+    };
+    c.precision = fpt_spec::Precision::Bf16;
+    c
 }
 
 /// Writes an embedded fixture into a fresh temporary directory.
@@ -254,6 +325,7 @@ fn trajectory_check((name, files): &Trajectory, device: &Device) -> Check {
                 name: (*name).into(),
                 status: if ok { Status::Pass } else { Status::Fail },
                 max_diff: Some(d.tensor_abs),
+                precision: fpt_spec::Precision::F32,
                 detail: format!(
                     "{} training steps vs PyTorch: losses {:.1e}, gradient norms {:.1e} (relative), {} trained tensors {:.1e}",
                     d.steps, d.loss_rel, d.grad_norm_rel, d.tensors, d.tensor_abs
@@ -273,6 +345,7 @@ fn minilm_check(device: &Device) -> Check {
                 status: Status::Skipped,
                 max_diff: None,
                 detail: format!("{MINILM} is not in the Hugging Face cache (`fpt fetch minilm`)"),
+                precision: fpt_spec::Precision::F32,
             }
         }
     };
@@ -301,6 +374,7 @@ fn smollm2_check(device: &Device) -> Check {
             status: Status::Skipped,
             max_diff: None,
             detail: "SmolLM2 is not installed (`fpt fetch smollm2`)".into(),
+            precision: fpt_spec::Precision::F32,
         };
     };
     let reference = match candle_core::safetensors::load_buffer(SMOLLM2_REFERENCE, &Device::Cpu) {
@@ -326,11 +400,18 @@ pub fn run(device: &Device) -> SelfCheck {
     checks.extend(TRAJECTORIES.iter().map(|t| trajectory_check(t, device)));
     checks.push(minilm_check(device));
     checks.push(smollm2_check(device));
+    checks.extend(
+        FIXTURES
+            .iter()
+            .filter(|f| BF16_FIXTURES.contains(&f.0))
+            .map(|f| bf16_check(f, device)),
+    );
     SelfCheck {
         passed: checks.iter().all(|c| c.status != Status::Fail),
         kernel_path: KernelPath::active().name().into(),
         checks,
         faults: fpt_nn::kernels::active_faults().into_iter().map(String::from).collect(),
+        bf16_kernel: bf16_kernel(device),
     }
 }
 
