@@ -7,6 +7,7 @@ tensors. It catches wrong gradients and optimizer bugs that forward goldens cann
 Run by hand, never by tests or CI:
     python3 -m venv /tmp/fx && /tmp/fx/bin/pip install torch transformers safetensors
     /tmp/fx/bin/python tools/make_trajectory.py
+    /tmp/fx/bin/python tools/make_trajectory.py --autocast-bf16   # the same steps under torch.autocast(bfloat16)
 
 The recipe (paper section 2.2 / appendix C, the reference code's fpt.py and trainer.py, as
 fpt implements it):
@@ -102,7 +103,69 @@ def make(kind, model, micro, hidden):
     print("wrote", out, "losses", [round(v, 4) for v in losses], "grad norms", [round(v, 3) for v in norms])
 
 
+def autocast_bf16(kind, cls):
+    """The same 20 steps from the committed `trajectory-{kind}` fixture (its backbone, initial
+    layers and batches, read back, so the f32 fixture stays byte-identical), with the forward
+    and loss under `torch.autocast("cpu", dtype=torch.bfloat16)`: PyTorch's mixed precision,
+    whose linear layers and matmuls (the backbone's frozen ones, the trained input and output
+    layers, attention's products) take bf16 operands. Writes
+    `trajectory-autocast-bf16.safetensors` beside `trajectory.safetensors` (same keys)."""
+    from safetensors.torch import load_file
+    out = os.path.join(ROOT, f"trajectory-{kind}")
+    meta = json.load(open(os.path.join(out, "MADE_BY.json")))
+    ref = load_file(os.path.join(out, "trajectory.safetensors"))
+    model = cls.from_pretrained(out, **({"add_pooling_layer": False} if kind == "bert" else {}))
+    model.eval()
+    hidden = ref["init.input.weight"].shape[0]
+    inp = torch.nn.Linear(D_IN, hidden)
+    outp = torch.nn.Linear(hidden, CLASSES)
+    with torch.no_grad():
+        inp.weight.copy_(ref["init.input.weight"]); inp.bias.copy_(ref["init.input.bias"])
+        outp.weight.copy_(ref["init.output.weight"]); outp.bias.copy_(ref["init.output.bias"])
+    backbone = [(n, p) for n, p in model.named_parameters()]
+    for n, p in backbone:
+        p.requires_grad_(trained(n))
+    params = [("input.weight", inp.weight), ("input.bias", inp.bias)]
+    params += [(n, p) for n, p in backbone if p.requires_grad]
+    params += [("output.weight", outp.weight), ("output.bias", outp.bias)]
+    assert [n for n, _ in params] == meta["trained"], (kind, [n for n, _ in params])
+    opt = torch.optim.Adam([p for _, p in params], lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+    xs, ys = ref["batch.inputs"], ref["batch.labels"]
+    micro = meta["micro_batch_size"]
+    losses, norms = [], []
+    for s in range(STEPS):
+        opt.zero_grad()
+        total = 0.0
+        for m in range(BATCH // micro):
+            x = xs[s, m * micro:(m + 1) * micro]
+            y = ys[s, m * micro:(m + 1) * micro]
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                h = model(inputs_embeds=inp(x), return_dict=True).last_hidden_state
+                loss = torch.nn.functional.cross_entropy(outp(h[:, -1, :]), y) / (BATCH // micro)
+            loss.backward()
+            total += loss.item()
+        norms.append(torch.nn.utils.clip_grad_norm_([p for _, p in params], 1.0).item())
+        opt.step()
+        losses.append(total)
+    tensors = {k: v for k, v in ref.items() if k.startswith("init.") or k.startswith("batch.")}
+    tensors["losses"] = torch.tensor(losses, dtype=torch.float64)
+    tensors["grad_norms"] = torch.tensor(norms, dtype=torch.float64)
+    for n, p in params:
+        tensors[f"final.{n}"] = p.detach().clone().float()
+    save_file({k: v.contiguous() for k, v in tensors.items()},
+              os.path.join(out, "trajectory-autocast-bf16.safetensors"),
+              metadata={"made_by": "tools/make_trajectory.py --autocast-bf16", "torch": torch.__version__,
+                        "transformers": transformers.__version__, "autocast": "cpu, bfloat16"})
+    ref_losses = ref["losses"].tolist()
+    print("wrote", out, "autocast-bf16 losses", [round(v, 4) for v in losses],
+          "max relative loss difference from f32", max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses)))
+
+
 def main():
+    if "--autocast-bf16" in sys.argv[1:]:
+        autocast_bf16("gpt2", transformers.GPT2Model)
+        autocast_bf16("bert", transformers.BertModel)
+        return
     torch.manual_seed(21)
     gpt2 = transformers.GPT2Model(transformers.GPT2Config(
         vocab_size=20, n_positions=8, n_embd=16, n_layer=2, n_head=2, layer_norm_epsilon=1e-5,

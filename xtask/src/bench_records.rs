@@ -165,7 +165,12 @@ pub(crate) fn current_table(records: &[serde_json::Value]) -> String {
         };
         let (kernels, torch) = match row["speedup_vs_f32"].as_f64() {
             Some(x) => (
-                format!("{path} ({x:.2}x fpt's f32 step, {} ms)", num(row, "f32_ms", 1)),
+                format!(
+                    "{path} ({x:.2}x fpt's f32 step, {} ms; model memory {} MB, f32 {})",
+                    num(row, "f32_ms", 1),
+                    num(row, "model_rss_mb", 0),
+                    num(row, "f32_model_rss_mb", 0)
+                ),
                 format!("{} (autocast bf16)", num(row, "pytorch_ms", 1)),
             ),
             None => (path.clone(), num(row, "pytorch_ms", 1)),

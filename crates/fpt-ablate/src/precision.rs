@@ -84,7 +84,8 @@ pub struct CellComparison {
     /// bf16 minus f32, in points, with its 95% paired bootstrap interval over the held-out
     /// examples (where both runs kept their per-example outcomes).
     pub difference: Option<(f64, (f64, f64))>,
-    /// `within` (the interval holds 0), `differs`, or why there is no verdict.
+    /// `within` (the interval holds 0), `differs` (with why, where the seed spread explains
+    /// it), or why there is no verdict.
     pub verdict: String,
     /// The task's measured seed spread at the scale (points), where known.
     pub seed_sd: Option<f64>,
@@ -134,11 +135,16 @@ pub fn compare(table: &TableSpec, cells: &[Cell], out: &Path, dir: &Path) -> Res
                         seed_sd: 0.0,
                     }]);
                     let v = if ci.0 <= 0.0 && 0.0 <= ci.1 {
-                        "within"
+                        "within".to_string()
                     } else {
-                        "differs"
+                        match c.seed_sd {
+                            Some(sd) if d.abs() <= sd => format!(
+                                "differs (over the held-out examples; by less than the task's seed spread, {sd:.1} points, as another seed would)"
+                            ),
+                            _ => "differs".to_string(),
+                        }
                     };
-                    (Some((d, ci)), v.to_string())
+                    (Some((d, ci)), v)
                 }
                 (Some(_), Some(_)) => (None, "evaluated on different examples: not paired".to_string()),
                 _ => (None, "a run kept no per-example outcomes".to_string()),
@@ -197,7 +203,7 @@ fn markdown(table: &TableSpec, rows: &[CellComparison]) -> String {
         ));
     }
     let within = rows.iter().filter(|r| r.verdict == "within").count();
-    let differs = rows.iter().filter(|r| r.verdict == "differs").count();
+    let differs = rows.iter().filter(|r| r.verdict.starts_with("differs")).count();
     s.push_str(&format!(
         "\n{within} of {} cells within their uncertainty of the f32 number, {differs} outside it.\n",
         rows.len()

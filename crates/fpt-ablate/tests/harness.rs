@@ -583,6 +583,42 @@ fn reproduce_is_one_library_call_and_refuses_unknown_tables_and_scales() {
     assert!(dir.join("report.md").is_file() && dir.ends_with("table1/mini"));
     assert_eq!(written.len(), 1);
     assert!(lines.iter().any(|l| l.starts_with("table1: [4/4] run ")), "{lines:?}");
+    // In bf16: the two FPT-group runs become their bf16 twins (trained anew, reported under
+    // mini-bf16 beside their f32 runs); the full fine-tunes have no frozen weight and keep
+    // their f32 runs.
+    let bf16 = Request {
+        precision: fpt_spec::Precision::Bf16,
+        ..req(&["table1"], "mini")
+    };
+    let done = reproduce(&bf16, &mut |_| {}).unwrap();
+    let [Done::Table { dir, trained, .. }] = done.as_slice() else {
+        panic!("{done:?}")
+    };
+    assert!(dir.ends_with("table1/mini-bf16"), "{dir:?}");
+    assert_eq!(trained.count, 2);
+    let report = std::fs::read_to_string(dir.join("report.md")).unwrap();
+    assert!(
+        report.contains("bf16: frozen weight matrices stored in bf16"),
+        "{report}"
+    );
+    assert!(
+        report.contains("f32: every weight matrix of this run trains"),
+        "{report}"
+    );
+    let cmp: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("precision.json")).unwrap()).unwrap();
+    let rows = cmp.as_array().unwrap();
+    assert_eq!(rows.len(), 2, "{cmp}");
+    for r in rows {
+        assert_ne!(r["bf16_run"], r["f32_run"]);
+        assert!(r["bf16"].is_number() && r["f32"].is_number(), "{r}");
+        let v = r["verdict"].as_str().unwrap();
+        assert!(v == "within" || v.starts_with("differs"), "{r}");
+        assert!(r["difference"].is_array(), "{r}");
+    }
+    assert!(std::fs::read_to_string(dir.join("precision.md"))
+        .unwrap()
+        .contains("| FPT / fpt |"));
     for (ids, scale, want) in [
         (&["table9"][..], "mini", "no table `table9`"),
         (&["table1"][..], "huge", "unknown scale `huge` (known: mini)"),

@@ -346,6 +346,22 @@ pub fn time_steps(
     steps: usize,
     device: &Device,
 ) -> Result<Timing> {
+    Ok(time_steps_resident(shape, groups, precision, warmup, steps, device)?.0)
+}
+
+/// [`time_steps`], and how much the process's resident memory grew from before the model
+/// was built to after the timed steps (MB, Linux `VmRSS`), with the trainer still alive:
+/// the model's weights (frozen ones as stored and packed), the optimizer's state, and what
+/// the allocator keeps of a step's activations.
+pub fn time_steps_resident(
+    shape: &Shape,
+    groups: TrainGroups,
+    precision: Precision,
+    warmup: usize,
+    steps: usize,
+    device: &Device,
+) -> Result<(Timing, Option<f64>)> {
+    let before = rss_mb("VmRSS:");
     let mut tr = Trainer::with_task(
         &shape.spec(groups, precision),
         Box::new(Synthetic::new(shape.dims())),
@@ -360,7 +376,9 @@ pub fn time_steps(
         tr.step()?;
         ms.push(t0.elapsed().as_secs_f64() * 1e3);
     }
-    Ok(timing(ms))
+    let grown = rss_mb("VmRSS:").zip(before).map(|(a, b)| a - b);
+    drop(tr);
+    Ok((timing(ms), grown))
 }
 
 /// The matmul throughput fpt's linear layers reach here: `x W^T` for `x: [1024, 768]` and
@@ -398,8 +416,13 @@ pub fn matmul_peak(device: &Device, precision: Precision) -> Result<f64> {
 
 /// Peak resident memory of this process so far, in MB (Linux `VmHWM`).
 pub fn peak_rss_mb() -> Option<f64> {
+    rss_mb("VmHWM:")
+}
+
+/// A memory line of `/proc/self/status` (`VmHWM:`, `VmRSS:`), in MB.
+fn rss_mb(key: &str) -> Option<f64> {
     let s = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let line = s.lines().find(|l| l.starts_with(key))?;
     let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb / 1024.0)
 }
@@ -423,6 +446,9 @@ pub struct BenchResult {
     pub peak_fraction: f64,
     /// Peak resident memory of the process (MB).
     pub peak_rss_mb: Option<f64>,
+    /// How much resident memory the FPT model added, from before it was built to after its
+    /// timed steps (MB; [`time_steps_resident`]).
+    pub model_rss_mb: Option<f64>,
     /// The kernel path that ran (`avx512bf16`, `avx512`, `avx2`, `portable`; the device's
     /// name off the CPU).
     pub kernel_path: String,
@@ -442,7 +468,7 @@ pub fn run(
     precision: Precision,
 ) -> Result<BenchResult> {
     let before = matmul_peak(device, precision)?;
-    let ours = time_steps(shape, TrainGroups::fpt(), precision, warmup, steps, device)?;
+    let (ours, model_rss_mb) = time_steps_resident(shape, TrainGroups::fpt(), precision, warmup, steps, device)?;
     // The machine's speed drifts: the peak is the better of a measurement just before and
     // one just after the FPT steps, so a slow moment does not flatter the fraction.
     let peak = before.max(matmul_peak(device, precision)?);
@@ -462,6 +488,7 @@ pub fn run(
         peak_gflops: peak,
         peak_fraction: gflops / peak,
         peak_rss_mb: rss,
+        model_rss_mb,
         kernel_path: if device.is_cpu() {
             fpt_nn::kernels::KernelPath::active().name().to_string()
         } else {

@@ -88,13 +88,22 @@ macro_rules! trajectory {
                     "MADE_BY.json",
                     include_bytes!(concat!("../../../data/fixtures/", $name, "/MADE_BY.json")).as_slice(),
                 ),
+                (
+                    "trajectory-autocast-bf16.safetensors",
+                    include_bytes!(concat!(
+                        "../../../data/fixtures/",
+                        $name,
+                        "/trajectory-autocast-bf16.safetensors"
+                    ))
+                    .as_slice(),
+                ),
             ],
         )
     };
 }
 
 /// The embedded training trajectories recorded in PyTorch (`tools/make_trajectory.py`).
-type Trajectory = (&'static str, [(&'static str, &'static [u8]); 4]);
+type Trajectory = (&'static str, [(&'static str, &'static [u8]); 5]);
 
 const TRAJECTORIES: &[Trajectory] = &[trajectory!("trajectory-gpt2"), trajectory!("trajectory-bert")];
 
@@ -204,10 +213,8 @@ impl SelfCheck {
             self.max_diff().map_or("-".into(), |d| format!("{d:.1e}"))
         );
         if let Some(d) = self.bf16_max_diff() {
-            s += &format!(
-                "; bf16 ({}): max relative diff {d:.1e} (tolerance {BF16_TOLERANCE:.0e})",
-                self.bf16_kernel
-            );
+            let n = self.checks.iter().filter(|c| !c.precision.is_f32()).count();
+            s += &format!("; bf16 on {}: {n} checks, max relative diff {d:.1e}", self.bf16_kernel);
         }
         if !failed.is_empty() {
             s += &format!("; failed: {}", failed.join(", "));
@@ -311,6 +318,39 @@ fn golden_check(&(name, files): &Fixture, device: &Device) -> Check {
     }
 }
 
+/// Bounds of a bf16 replay against PyTorch's autocast-bf16 run: relative loss and gradient
+/// norm, absolute trained tensor (the two round different operations; measured 5.8e-3,
+/// 5.0e-3 and 2.1e-3 at most, while autocast's own losses are 7.0e-3 from f32's).
+pub const BF16_TRAJECTORY_TOLERANCE: (f64, f64, f64) = (1e-2, 1e-2, 5e-3);
+
+fn trajectory_bf16_check((name, files): &Trajectory, device: &Device) -> Check {
+    let label = format!("{name}-bf16");
+    let dir = match unpack(name, files) {
+        Ok(d) => d,
+        Err(e) => return failed(&label, format!("cannot unpack the fixture: {e}")),
+    };
+    let bf16 = fpt_spec::Precision::Bf16;
+    let mut c = match crate::trajectory::replay_file(dir.path(), "trajectory-autocast-bf16.safetensors", device, bf16) {
+        Ok(d) => {
+            let (l, g, t) = BF16_TRAJECTORY_TOLERANCE;
+            let ok = d.loss_rel <= l && d.grad_norm_rel <= g && d.tensor_abs <= t;
+            Check {
+                name: label,
+                status: if ok { Status::Pass } else { Status::Fail },
+                max_diff: Some(d.loss_rel),
+                precision: bf16,
+                detail: format!(
+                    "{} bf16 training steps vs PyTorch's autocast-bf16: losses {:.1e}, gradient norms {:.1e} (relative), {} trained tensors {:.1e}",
+                    d.steps, d.loss_rel, d.grad_norm_rel, d.tensors, d.tensor_abs
+                ),
+            }
+        }
+        Err(e) => failed(&label, e),
+    };
+    c.precision = bf16;
+    c
+}
+
 fn trajectory_check((name, files): &Trajectory, device: &Device) -> Check {
     let dir = match unpack(name, files) {
         Ok(d) => d,
@@ -406,6 +446,7 @@ pub fn run(device: &Device) -> SelfCheck {
             .filter(|f| BF16_FIXTURES.contains(&f.0))
             .map(|f| bf16_check(f, device)),
     );
+    checks.extend(TRAJECTORIES.iter().map(|t| trajectory_bf16_check(t, device)));
     SelfCheck {
         passed: checks.iter().all(|c| c.status != Status::Fail),
         kernel_path: KernelPath::active().name().into(),

@@ -93,6 +93,13 @@ fn rel(a: f64, b: f64) -> f64 {
 /// backbone, `trajectory.safetensors`, `MADE_BY.json` with the settings) on `device`, on
 /// the calling thread's kernel path.
 pub fn replay(dir: &Path, device: &Device) -> Result<ParityDiff> {
+    replay_file(dir, "trajectory.safetensors", device, fpt_spec::Precision::F32)
+}
+
+/// [`replay`] of the recorded trajectory `file` in `dir` (e.g.
+/// `trajectory-autocast-bf16.safetensors`, PyTorch under `torch.autocast(bfloat16)`), with
+/// fpt's frozen weights in `precision`.
+pub fn replay_file(dir: &Path, file: &str, device: &Device, precision: fpt_spec::Precision) -> Result<ParityDiff> {
     let meta_path = dir.join("MADE_BY.json");
     let meta: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&meta_path).map_err(|source| TrainError::Io {
@@ -105,7 +112,7 @@ pub fn replay(dir: &Path, device: &Device) -> Result<ParityDiff> {
             .as_f64()
             .ok_or_else(|| bad(&meta_path, format!("no number `{k}`")))
     };
-    let file = dir.join("trajectory.safetensors");
+    let file = dir.join(file);
     let t: HashMap<String, Tensor> =
         candle_core::safetensors::load(&file, device).map_err(|e| bad(&file, e.to_string()))?;
     let get = |k: &str| t.get(k).ok_or_else(|| bad(&file, format!("no tensor `{k}`")));
@@ -126,7 +133,10 @@ pub fn replay(dir: &Path, device: &Device) -> Result<ParityDiff> {
         backbone_dropout: false,
         ..RunSpec::new(
             fpt_spec::TaskSpec::new(TaskName::BitXor),
-            BackboneSpec::new(dir.display().to_string(), Init::Pretrained),
+            BackboneSpec {
+                precision,
+                ..BackboneSpec::new(dir.display().to_string(), Init::Pretrained)
+            },
         )
     };
     let task = Replay {
