@@ -72,12 +72,12 @@ fn bf16_linear_matches_the_f64_product_of_its_operands() -> Result<()> {
 
 fn bf16_linear_on_one_path() -> Result<()> {
     // Edges of every block: one value; odd depths (a padded last pair); partial tiles of
-    // rows and columns; two depth panels (k > 768); two column blocks (n > 3072).
+    // rows and columns; two bf16 depth panels (k > 1536); two column blocks (n > 3072).
     for (m, k, n) in [
         (1, 1, 1),
         (5, 7, 3),
         (13, 33, 45),
-        (30, 769, 40),
+        (30, 1601, 40),
         (3, 64, 3100),
         (200, 96, 70),
     ] {

@@ -15,7 +15,7 @@
 //!   casts), [`widened_product`] rounds the activation to bf16 values, widens the weight to
 //!   f32 for the one product, and runs that path's f32 product.
 
-use super::sgemm::{MatMut, MatRef, MicroKernel, PackedB, Tile, KC, MR, NC, NR};
+use super::sgemm::{MatMut, MatRef, MicroKernel, PackedB, Tile, KC_BF16, MR, NC, NR};
 use crate::kernels::KernelPath;
 use candle_core::Tensor;
 use half::bf16;
@@ -88,9 +88,9 @@ impl PackedB {
         let mut total = 0;
         for jc in (0..n).step_by(NC) {
             let nc = NC.min(n - jc);
-            for pc in (0..k).step_by(KC) {
+            for pc in (0..k).step_by(KC_BF16) {
                 offsets.push(total);
-                total += KC.min(k - pc).div_ceil(2) * nc.div_ceil(NR) * NR;
+                total += KC_BF16.min(k - pc).div_ceil(2) * nc.div_ceil(NR) * NR;
             }
         }
         let mut data = vec![0f32; total];
@@ -98,8 +98,8 @@ impl PackedB {
         let mut i = 0;
         for jc in (0..n).step_by(NC) {
             let nc = NC.min(n - jc);
-            for pc in (0..k).step_by(KC) {
-                let kc = KC.min(k - pc);
+            for pc in (0..k).step_by(KC_BF16) {
+                let kc = KC_BF16.min(k - pc);
                 let depth = kc.div_ceil(2);
                 let slivers = nc.div_ceil(NR);
                 let fill = |(s, out): (usize, &mut [f32])| {

@@ -33,6 +33,9 @@ pub(super) const NR: usize = 32;
 /// deep panels keep each C tile in registers over more of the sum (measured here: 768 ran
 /// 4-11% faster than 256 on GPT-2 base shapes; 1536 no faster than 768).
 pub(super) const KC: usize = 768;
+/// Depth of a packed bf16 panel: as many bytes per sliver as [`KC`] f32 values (two bf16
+/// depths per 32-bit slot), so each C tile stays in registers over twice the sum.
+pub(super) const KC_BF16: usize = 2 * KC;
 /// Rows of A packed at a time per thread (`MC x KC` floats stay in L2).
 pub(super) const MC: usize = 192;
 /// Columns of B packed at a time (`KC x NC` floats, shared by the threads).
@@ -775,8 +778,10 @@ unsafe fn blocked(
     let split_rows = threads > 1 && m >= 4 * MR * threads;
     for jc in (0..n).step_by(NC) {
         let nc = NC.min(n - jc);
-        for pc in (0..k).step_by(KC) {
-            let kc = KC.min(k - pc);
+        // bf16 panels are twice as deep for the same bytes (two depths per slot).
+        let kc_block = if pairs { KC_BF16 } else { KC };
+        for pc in (0..k).step_by(kc_block) {
+            let kc = kc_block.min(k - pc);
             let acc = accumulate || pc > 0;
             // The bias goes in with the first depth block.
             let bias = if pc == 0 { bias } else { BiasPtr(std::ptr::null()) };
