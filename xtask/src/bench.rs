@@ -302,6 +302,7 @@ pub(crate) fn bench(which: &Bench) -> Result<()> {
                 "peak_fraction": f(&ours, "peak_fraction"),
                 "peak_rss_mb": f(&ours, "peak_rss_mb"),
                 "model_rss_mb": f(&ours, "model_rss_mb"),
+                "frozen_mb": f(&ours, "frozen_mb"),
                 "pytorch_peak_rss_mb": mid.1.as_ref().and_then(|t| f(t, "peak_rss_mb")),
                 "spread_ms": ours.get("ours"),
             });
@@ -314,6 +315,7 @@ pub(crate) fn bench(which: &Bench) -> Result<()> {
                     "round_speedups": speedups,
                     "f32_peak_rss_mb": ours.get("f32").and_then(|v| f(v, "peak_rss_mb")),
                     "f32_model_rss_mb": ours.get("f32").and_then(|v| f(v, "model_rss_mb")),
+                    "f32_frozen_mb": ours.get("f32").and_then(|v| f(v, "frozen_mb")),
                 });
                 if let (Some(r), Some(e)) = (row.as_object_mut(), extra.as_object()) {
                     r.extend(e.clone());
@@ -364,9 +366,11 @@ pub(crate) fn bench(which: &Bench) -> Result<()> {
         }
         let kernels = match r["speedup_vs_f32"].as_f64() {
             Some(x) => format!(
-                "{}, bf16: {x:.2}x fpt's f32 step ({} ms); model memory {} MB (f32: {})",
+                "{}, bf16: {x:.2}x fpt's f32 step ({} ms); frozen weights {} MB (f32: {}), model memory {} MB (f32: {})",
                 r["kernel_path"].as_str().unwrap_or("?"),
                 fmt(r, "f32_ms", 1),
+                fmt(r, "frozen_mb", 0),
+                fmt(r, "f32_frozen_mb", 0),
                 fmt(r, "model_rss_mb", 0),
                 fmt(r, "f32_model_rss_mb", 0)
             ),

@@ -166,8 +166,10 @@ pub(crate) fn current_table(records: &[serde_json::Value]) -> String {
         let (kernels, torch) = match row["speedup_vs_f32"].as_f64() {
             Some(x) => (
                 format!(
-                    "{path} ({x:.2}x fpt's f32 step, {} ms; model memory {} MB, f32 {})",
+                    "{path} ({x:.2}x fpt's f32 step, {} ms; frozen weights {} MB, f32 {}; model memory {} MB, f32 {})",
                     num(row, "f32_ms", 1),
+                    num(row, "frozen_mb", 0),
+                    num(row, "f32_frozen_mb", 0),
                     num(row, "model_rss_mb", 0),
                     num(row, "f32_model_rss_mb", 0)
                 ),

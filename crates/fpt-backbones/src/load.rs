@@ -45,6 +45,10 @@ pub fn load(spec: &BackboneSpec, groups: &TrainGroups, device: &Device, rng: &mu
     }
     let mut backbone = with_precision(spec.precision, || build(spec, groups, device, rng))?;
     check_precision(spec, backbone.as_ref())?;
+    if !spec.precision.is_f32() {
+        // The f32 copies of the weights now stored in bf16 are free: give them back.
+        fpt_nn::release_free_memory();
+    }
     if let Some(k) = spec.depth {
         backbone.truncate(k)?;
         if !spec.final_norm {

@@ -377,8 +377,26 @@ pub fn time_steps_resident(
         ms.push(t0.elapsed().as_secs_f64() * 1e3);
     }
     let grown = rss_mb("VmRSS:").zip(before).map(|(a, b)| a - b);
+    FROZEN_MB.with(|f| f.set(Some(frozen_mb(tr.model()))));
     drop(tr);
     Ok((timing(ms), grown))
+}
+
+thread_local! {
+    /// [`frozen_mb`] of the last model [`time_steps_resident`] timed on this thread.
+    static FROZEN_MB: std::cell::Cell<Option<f64>> = const { std::cell::Cell::new(None) };
+}
+
+/// The bytes (MB) the frozen parameters of `model` take as stored (their dtype's size
+/// each), plus every frozen weight kept packed for fpt's product in this process.
+pub fn frozen_mb(model: &fpt_model::Fpt) -> f64 {
+    let stored: usize = model
+        .params()
+        .iter()
+        .filter(|(_, _, p)| !p.is_trainable())
+        .map(|(_, _, p)| p.elem_count() * p.tensor().dtype().size_in_bytes())
+        .sum();
+    (stored + fpt_nn::ops::packed_bytes()) as f64 / (1024.0 * 1024.0)
 }
 
 /// The matmul throughput fpt's linear layers reach here: `x W^T` for `x: [1024, 768]` and
@@ -449,6 +467,8 @@ pub struct BenchResult {
     /// How much resident memory the FPT model added, from before it was built to after its
     /// timed steps (MB; [`time_steps_resident`]).
     pub model_rss_mb: Option<f64>,
+    /// What the frozen weights take as stored and packed (MB; [`frozen_mb`]).
+    pub frozen_mb: Option<f64>,
     /// The kernel path that ran (`avx512bf16`, `avx512`, `avx2`, `portable`; the device's
     /// name off the CPU).
     pub kernel_path: String,
@@ -469,6 +489,7 @@ pub fn run(
 ) -> Result<BenchResult> {
     let before = matmul_peak(device, precision)?;
     let (ours, model_rss_mb) = time_steps_resident(shape, TrainGroups::fpt(), precision, warmup, steps, device)?;
+    let frozen_mb = FROZEN_MB.with(|f| f.take());
     // The machine's speed drifts: the peak is the better of a measurement just before and
     // one just after the FPT steps, so a slow moment does not flatter the fraction.
     let peak = before.max(matmul_peak(device, precision)?);
@@ -489,6 +510,7 @@ pub fn run(
         peak_fraction: gflops / peak,
         peak_rss_mb: rss,
         model_rss_mb,
+        frozen_mb,
         kernel_path: if device.is_cpu() {
             fpt_nn::kernels::KernelPath::active().name().to_string()
         } else {

@@ -131,6 +131,7 @@ impl PackedB {
             data,
             bf16: true,
         }
+        .counted()
     }
 }
 

@@ -19,6 +19,7 @@ mod loss;
 mod lstm;
 pub(crate) mod residual_branch;
 pub(crate) mod sgemm;
+pub use sgemm::packed_bytes;
 mod softmax;
 
 pub use adam::{adam_update, adam_update_composed, AdamCoefs};

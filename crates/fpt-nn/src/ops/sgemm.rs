@@ -185,6 +185,28 @@ pub(crate) struct PackedB {
     pub(super) bf16: bool,
 }
 
+/// Bytes held by every live [`PackedB`] of the process (the frozen weights kept packed).
+static PACKED_BYTES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Bytes held by every frozen weight kept packed for fpt's product in this process now.
+pub fn packed_bytes() -> usize {
+    PACKED_BYTES.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+impl PackedB {
+    /// Counts a new pack's bytes in [`packed_bytes`] (every constructor ends here).
+    pub(super) fn counted(self) -> Self {
+        PACKED_BYTES.fetch_add(self.data.len() * 4, std::sync::atomic::Ordering::Relaxed);
+        self
+    }
+}
+
+impl Drop for PackedB {
+    fn drop(&mut self) {
+        PACKED_BYTES.fetch_sub(self.data.len() * 4, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 impl std::fmt::Debug for PackedB {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
@@ -226,6 +248,7 @@ impl PackedB {
             data,
             bf16: false,
         }
+        .counted()
     }
 
     /// `(k, n)`.
