@@ -1,6 +1,6 @@
 //! `cargo xtask sanitize`: fpt-nn's tests (every kernel path this CPU runs) under
 //! AddressSanitizer, and its scalar-path unit tests (the matrix product, the element-wise
-//! kernels, the kernel switch) under Miri.
+//! kernels, the bf16 packing, the kernel switch) under Miri.
 //!
 //! ASan runs on the pinned stable toolchain with `RUSTC_BOOTSTRAP=1` (its runtime ships with
 //! the standard library), in its own target directory; a deliberately out-of-bounds canary
@@ -83,7 +83,7 @@ fn miri() -> Result<()> {
             bail!("Miri is not available (`rustup component add miri rust-src --toolchain nightly` failed)");
         }
     }
-    eprintln!("xtask sanitize: the scalar-path unit tests under Miri (sgemm, fastmath, kernels)");
+    eprintln!("xtask sanitize: the scalar-path unit tests under Miri (sgemm, bf16, fastmath, kernels)");
     let status = Command::new("rustup")
         .current_dir(super::root())
         .args([
@@ -98,7 +98,13 @@ fn miri() -> Result<()> {
             "--target-dir",
         ])
         .arg(super::root().join("target").join("miri"))
-        .args(["--", "ops::sgemm::tests", "ops::fastmath", "kernels::"])
+        .args([
+            "--",
+            "ops::sgemm::tests",
+            "ops::bf16::tests",
+            "ops::fastmath",
+            "kernels::",
+        ])
         .env("MIRIFLAGS", "-Zmiri-disable-isolation")
         .env_remove("RUSTUP_TOOLCHAIN")
         .status()

@@ -348,3 +348,91 @@ pub fn to_bf16(t: &Tensor) -> candle_core::Result<Tensor> {
     let v: Vec<bf16> = t.flatten_all()?.to_vec1::<f32>()?.into_iter().map(round).collect();
     Tensor::from_vec(v, t.shape(), t.device())
 }
+
+#[cfg(test)]
+mod tests {
+    //! The packing and the widened product on small exact cases (scalar paths: these also
+    //! run under Miri, `cargo xtask sanitize`).
+    use super::*;
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|x| x.to_bits()).collect()
+    }
+
+    #[test]
+    fn activations_pack_row_by_row_in_pairs_from_any_layout() {
+        let (m, k) = (3, 5);
+        let a: Vec<f32> = (0..m * k).map(|i| i as f32 * 0.37 - 2.0).collect();
+        let mut p = Vec::new();
+        pack_a_pairs(&mut p, MatRef::of(&a, k, 1), 0, m, 0, k);
+        let depth = k.div_ceil(2);
+        assert_eq!(p.len(), depth * MR);
+        for i in 0..MR {
+            for q in 0..depth {
+                let slot = p[i * depth + q].to_bits();
+                let (lo, hi) = ((slot & 0xffff) as u16, (slot >> 16) as u16);
+                if i >= m {
+                    assert_eq!(slot, 0, "row {i} past the matrix is zero");
+                    continue;
+                }
+                assert_eq!(lo, round(a[i * k + 2 * q]).to_bits());
+                let want_hi = if 2 * q + 1 < k {
+                    round(a[i * k + 2 * q + 1]).to_bits()
+                } else {
+                    0
+                };
+                assert_eq!(hi, want_hi, "row {i}, pair {q}");
+            }
+        }
+        // The same matrix column-major: the same slots.
+        let at: Vec<f32> = (0..m * k).map(|x| a[(x % m) * k + x / m]).collect();
+        let mut q = Vec::new();
+        pack_a_pairs(&mut q, MatRef::of(&at, 1, m), 0, m, 0, k);
+        assert_eq!(bits(&p), bits(&q));
+    }
+
+    #[test]
+    fn weight_panels_hold_each_pair_once_padded_with_zero() {
+        let (k, n) = (5, 3);
+        let w: Vec<bf16> = (0..k * n).map(|i| round(1.0 + i as f32 / 8.0)).collect();
+        // B(p, j) = w[p * n + j].
+        let b = PackedB::new_bf16(&w, n, 1, k, n, 1);
+        assert!(b.is_bf16() && b.dims() == (k, n));
+        let depth = k.div_ceil(2);
+        assert_eq!(b.data.len(), depth * NR);
+        for q in 0..depth {
+            for j in 0..NR {
+                let slot = b.data[q * NR + j].to_bits();
+                let want_lo = if j < n { w[2 * q * n + j].to_bits() as u32 } else { 0 };
+                let want_hi = if j < n && 2 * q + 1 < k {
+                    w[(2 * q + 1) * n + j].to_bits() as u32
+                } else {
+                    0
+                };
+                assert_eq!(slot, want_lo | (want_hi << 16), "pair {q}, column {j}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_widened_product_is_the_product_of_the_rounded_operands() {
+        // Operands whose bf16 products and sums are exact in f32: the result is exact.
+        let (m, k, n) = (4, 6, 5);
+        let a: Vec<f32> = (0..m * k).map(|i| (i % 7) as f32 * 0.25 - 0.75).collect();
+        let w: Vec<bf16> = (0..n * k).map(|i| round((i % 5) as f32 * 0.5 - 1.0)).collect();
+        let bias: Vec<f32> = (0..n).map(|j| j as f32).collect();
+        let y = widened_product(KernelPath::Portable, &a, &w, (n, k), false, Some(&bias)).unwrap();
+        for i in 0..m {
+            for j in 0..n {
+                let want: f32 = bias[j]
+                    + (0..k)
+                        .map(|p| round_f32(a[i * k + p]) * widen(w[j * k + p]))
+                        .sum::<f32>();
+                assert_eq!(y[i * n + j], want, "({i}, {j})");
+            }
+        }
+        // A wrong length is an error, not a read past the buffer.
+        assert!(widened_product(KernelPath::Portable, &a[..5], &w, (n, k), false, None).is_err());
+        assert!(widened_product(KernelPath::Portable, &a, &w[..3], (n, k), false, None).is_err());
+    }
+}
