@@ -458,10 +458,14 @@ struct Block {
     q: Linear,
     k: Linear,
     v: Linear,
+    /// `q`, `k` and `v` stacked (one product), when all three are frozen.
+    qkv: Option<Linear>,
     o: Linear,
     ln_ff: Param,
     gate: Linear,
     up: Linear,
+    /// `gate` and `up` stacked (one product), when both are frozen.
+    gate_up: Option<Linear>,
     down: Linear,
 }
 
@@ -523,15 +527,33 @@ impl Arch for Llama {
         let mut blocks = Vec::with_capacity(config.num_hidden_layers);
         for i in 0..config.num_hidden_layers {
             let p = format!("layers.{i}.");
+            let ln_attn = t.take(format!("{p}input_layernorm.weight"))?;
+            let (qn, kn, vn) = (
+                format!("{p}self_attn.q_proj"),
+                format!("{p}self_attn.k_proj"),
+                format!("{p}self_attn.v_proj"),
+            );
+            let mut q = lin(&mut t, qn.clone(), qkv_bias)?;
+            let mut k = lin(&mut t, kn.clone(), qkv_bias)?;
+            let mut v = lin(&mut t, vn.clone(), qkv_bias)?;
+            let qkv = t.stacked(&mut [(&qn, &mut q), (&kn, &mut k), (&vn, &mut v)])?;
+            let o = lin(&mut t, format!("{p}self_attn.o_proj"), o_bias)?;
+            let ln_ff = t.take(format!("{p}post_attention_layernorm.weight"))?;
+            let (gn, un) = (format!("{p}mlp.gate_proj"), format!("{p}mlp.up_proj"));
+            let mut gate = lin(&mut t, gn.clone(), mlp_bias)?;
+            let mut up = lin(&mut t, un.clone(), mlp_bias)?;
+            let gate_up = t.stacked(&mut [(&gn, &mut gate), (&un, &mut up)])?;
             blocks.push(Block {
-                ln_attn: t.take(format!("{p}input_layernorm.weight"))?,
-                q: lin(&mut t, format!("{p}self_attn.q_proj"), qkv_bias)?,
-                k: lin(&mut t, format!("{p}self_attn.k_proj"), qkv_bias)?,
-                v: lin(&mut t, format!("{p}self_attn.v_proj"), qkv_bias)?,
-                o: lin(&mut t, format!("{p}self_attn.o_proj"), o_bias)?,
-                ln_ff: t.take(format!("{p}post_attention_layernorm.weight"))?,
-                gate: lin(&mut t, format!("{p}mlp.gate_proj"), mlp_bias)?,
-                up: lin(&mut t, format!("{p}mlp.up_proj"), mlp_bias)?,
+                ln_attn,
+                q,
+                k,
+                v,
+                qkv,
+                o,
+                ln_ff,
+                gate,
+                up,
+                gate_up,
                 down: lin(&mut t, format!("{p}mlp.down_proj"), mlp_bias)?,
             });
         }
@@ -605,9 +627,21 @@ impl Llama {
             let sin = rot.1.reshape((1, t, 1, d))?;
             x.broadcast_mul(&cos)? + rotated.broadcast_mul(&sin)?
         };
-        let q = rope(b.q.forward(&a)?, nh)?.reshape((bs, t, nh * d))?;
-        let k = rope(b.k.forward(&a)?, nkv)?;
-        let v = b.v.forward(&a)?.reshape((bs, t, nkv, d))?;
+        let (q, k, v) = match &b.qkv {
+            // One product, then the three column blocks of its output.
+            Some(qkv) => {
+                let y = qkv.forward(&a)?;
+                (
+                    y.narrow(2, 0, nh * d)?,
+                    y.narrow(2, nh * d, nkv * d)?,
+                    y.narrow(2, (nh + nkv) * d, nkv * d)?,
+                )
+            }
+            None => (b.q.forward(&a)?, b.k.forward(&a)?, b.v.forward(&a)?),
+        };
+        let q = rope(q.contiguous()?, nh)?.reshape((bs, t, nh * d))?;
+        let k = rope(k.contiguous()?, nkv)?;
+        let v = v.contiguous()?.reshape((bs, t, nkv, d))?;
         // Each key/value head serves nh / nkv query heads, adjacent ones.
         let repeat = |x: Tensor| -> candle_core::Result<Tensor> {
             if nkv == nh {
@@ -623,8 +657,15 @@ impl Llama {
         let o = crate::attention(&q, &k, &v, nh, scale, fpt_nn::ops::Mask::Causal, None, ctx, None)?;
         let h = (h + b.o.forward(&o)?)?;
         let m = crate::t5::rms_norm(&h, &b.ln_ff.get(), c.rms_norm_eps)?;
-        let g = b.gate.forward(&m)?.silu()?;
-        let m = b.down.forward(&(g * b.up.forward(&m)?)?)?;
+        let (g, u) = match &b.gate_up {
+            Some(gu) => {
+                let y = gu.forward(&m)?;
+                let f = c.intermediate_size;
+                (y.narrow(2, 0, f)?, y.narrow(2, f, f)?)
+            }
+            None => (b.gate.forward(&m)?, b.up.forward(&m)?),
+        };
+        let m = b.down.forward(&(g.silu()? * u)?)?;
         h + m
     }
 }

@@ -178,6 +178,56 @@ impl<'a> ParamTaker<'a> {
         self.take(name)
     }
 
+    /// The linear layers `parts` (`(prefix, layer)`: taken from `{prefix}.weight` and
+    /// `{prefix}.bias`, all over the same input) as one: their weights (and biases, where
+    /// every one has one) stacked by rows, so one product replaces several. Only when every
+    /// weight and bias is frozen (else `None`, the layers unchanged): the layers' and the
+    /// named parameters become views of the stacked tensors, so no second copy is kept.
+    pub(crate) fn stacked(
+        &mut self,
+        parts: &mut [(&str, &mut fpt_nn::Linear)],
+    ) -> candle_core::Result<Option<fpt_nn::Linear>> {
+        let frozen = parts
+            .iter()
+            .all(|(_, l)| !l.weight.is_trainable() && l.bias.as_ref().is_none_or(|b| !b.is_trainable()));
+        let biased = parts.iter().filter(|(_, l)| l.bias.is_some()).count();
+        if !frozen || (biased != 0 && biased != parts.len()) || parts.len() < 2 {
+            return Ok(None);
+        }
+        let stack = |ts: Vec<Tensor>| Tensor::cat(&ts, 0);
+        let w = stack(parts.iter().map(|(_, l)| l.weight.tensor().clone()).collect())?;
+        let b = if biased > 0 {
+            Some(stack(
+                parts
+                    .iter()
+                    .map(|(_, l)| l.bias.as_ref().expect("checked").tensor().clone())
+                    .collect(),
+            )?)
+        } else {
+            None
+        };
+        let mut row = 0;
+        for (prefix, l) in parts.iter_mut() {
+            let rows = l.weight.tensor().dim(0)?;
+            let wv = Param::Frozen(w.narrow(0, row, rows)?);
+            let bv = b
+                .as_ref()
+                .map(|b| b.narrow(0, row, rows))
+                .transpose()?
+                .map(Param::Frozen);
+            for (name, _, p) in self.named.iter_mut() {
+                if *name == format!("{prefix}.weight") {
+                    *p = wv.clone();
+                } else if let Some(bv) = bv.as_ref().filter(|_| *name == format!("{prefix}.bias")) {
+                    *p = bv.clone();
+                }
+            }
+            **l = fpt_nn::Linear::new(wv, bv);
+            row += rows;
+        }
+        Ok(Some(fpt_nn::Linear::new(Param::Frozen(w), b.map(Param::Frozen))))
+    }
+
     /// `{prefix}.weight` and `{prefix}.bias` as a Linear (the weight through [`Self::weight`]).
     pub(crate) fn linear(&mut self, prefix: &str) -> candle_core::Result<fpt_nn::Linear> {
         Ok(fpt_nn::Linear::new(

@@ -11,7 +11,7 @@
 //! (`t5-base`) loads too, its decoder ignored.
 
 use crate::{role_by_rules, Arch, Backbone, BackboneError, Common, Naming, ParamSpec, ParamTaker, Result};
-use candle_core::{Device, Tensor, D};
+use candle_core::{Device, Tensor};
 use fpt_nn::{ops, Ctx, Linear, Param, Rng};
 use fpt_spec::{Role, ShapeOverrides, TrainGroups};
 use serde::{Deserialize, Serialize};
@@ -212,11 +212,10 @@ impl T5Config {
     }
 }
 
-/// RMS norm without bias (T5's LayerNorm), composed of candle ops (with backward).
-/// RMS norm (T5's and Llama's): `x / sqrt(mean(x^2) + eps) * weight`.
+/// RMS norm (T5's LayerNorm, Llama's norm): `x / sqrt(mean(x^2) + eps) * weight`, fpt-nn's
+/// fused op on the CPU.
 pub(crate) fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> candle_core::Result<Tensor> {
-    let var = x.sqr()?.mean_keepdim(D::Minus1)?;
-    x.broadcast_div(&(var + eps)?.sqrt()?)?.broadcast_mul(weight)
+    fpt_nn::ops::rms_norm(x, weight, eps)
 }
 
 struct Block {

@@ -31,6 +31,30 @@ fn layer_norm_matches_reference_and_finite_differences_on_one_path() -> Result<(
 }
 
 #[test]
+fn rms_norm_matches_reference_and_finite_differences() -> Result<()> {
+    every_path(rms_norm_matches_reference_and_finite_differences_on_one_path)
+}
+
+fn rms_norm_matches_reference_and_finite_differences_on_one_path() -> Result<()> {
+    // Whole 8-lane chunks with a tail, a row shorter than a chunk, and rows enough to split
+    // across threads (SmolLM2's width).
+    for d in [16, 21, 5] {
+        check(
+            &[&[3, 5, d], &[d]],
+            |t| ops::rms_norm(&t[0], &t[1], 1e-5),
+            |t| ops::rms_norm_composed(&t[0], &t[1], 1e-5),
+            1e-5,
+        )?;
+    }
+    check(
+        &[&[40, 576], &[576]],
+        |t| ops::rms_norm(&t[0], &t[1], 1e-5),
+        |t| ops::rms_norm_composed(&t[0], &t[1], 1e-5),
+        1e-5,
+    )
+}
+
+#[test]
 fn causal_softmax_matches_reference_and_finite_differences() -> Result<()> {
     every_path(causal_softmax_matches_reference_and_finite_differences_on_one_path)
 }

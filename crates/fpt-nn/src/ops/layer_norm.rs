@@ -1,12 +1,16 @@
-//! LayerNorm over the last dimension with a fused CPU forward and backward.
+//! LayerNorm and RMSNorm over the last dimension with fused CPU forwards and backwards.
 //!
-//! y = (x - mean) / sqrt(var + eps) * gamma + beta, var biased (PyTorch `nn.LayerNorm`).
-//! Backward, with xhat = (x - mean) * rstd and g = dy * gamma:
+//! LayerNorm: y = (x - mean) / sqrt(var + eps) * gamma + beta, var biased (PyTorch
+//! `nn.LayerNorm`). Backward, with xhat = (x - mean) * rstd and g = dy * gamma:
 //! dx = rstd * (g - mean(g) - xhat * mean(g * xhat)); dgamma = sum(dy * xhat); dbeta = sum(dy).
+//!
+//! RMSNorm (T5's and Llama's): y = x * rstd * gamma with rstd = 1 / sqrt(mean(x^2) + eps).
+//! Backward, with xhat = x * rstd and g = dy * gamma: dx = rstd * (g - xhat * mean(g * xhat));
+//! dgamma = sum(dy * xhat).
 
 use super::{assume_init, cpu_slice, rows_per_task, tracks, uninit, unsupported, use_par, with_cpu_slice, Float};
 use candle_core::backend::BackendStorage as _;
-use candle_core::{CpuStorage, DType, Layout, Result, Shape, Tensor, D};
+use candle_core::{CpuStorage, CustomOp2, DType, Layout, Result, Shape, Tensor, D};
 use rayon::prelude::*;
 use std::mem::MaybeUninit;
 
@@ -215,4 +219,147 @@ pub fn layer_norm_composed(x: &Tensor, gamma: &Tensor, beta: &Tensor, eps: f64) 
     let var = xc.sqr()?.mean_keepdim(D::Minus1)?;
     let xhat = xc.broadcast_div(&(var + eps)?.sqrt()?)?;
     xhat.broadcast_mul(gamma)?.broadcast_add(beta)
+}
+
+struct RmsNormOp {
+    eps: f64,
+}
+
+fn rms_fwd_kernel<T: Float>(x: &[T], g: &[T], eps: f64) -> Vec<T> {
+    let d = g.len();
+    let mut y = uninit::<T>(x.len());
+    let eps = T::from(eps).unwrap();
+    let inv_d = T::one() / T::from(d).unwrap();
+    let chunk = d * rows_per_task(d);
+    let body = |(yc, xc): (&mut [MaybeUninit<T>], &[T])| {
+        for (yr, xr) in yc.chunks_mut(d).zip(xc.chunks(d)) {
+            let rstd = T::one() / (lane_sum(xr, |v| v * v) * inv_d + eps).sqrt();
+            for i in 0..d {
+                yr[i].write(xr[i] * rstd * g[i]);
+            }
+        }
+    };
+    if use_par(x.len()) {
+        y.par_chunks_mut(chunk).zip(x.par_chunks(chunk)).for_each(body);
+    } else {
+        y.chunks_mut(chunk).zip(x.chunks(chunk)).for_each(body);
+    }
+    // SAFETY: the chunks cover y (whole rows) and each writes all of its slots.
+    unsafe { assume_init(y) }
+}
+
+/// Returns (dx, dgamma).
+fn rms_bwd_kernel<T: Float>(x: &[T], g: &[T], dy: &[T], eps: f64) -> (Vec<T>, Vec<T>) {
+    let d = g.len();
+    let eps = T::from(eps).unwrap();
+    let inv_d = T::one() / T::from(d).unwrap();
+    let mut dx = vec![T::zero(); x.len()];
+    let chunk = d * rows_per_task(d);
+    let body = |(dxc, (xc, dyc)): (&mut [T], (&[T], &[T]))| {
+        let mut dg = vec![T::zero(); d];
+        let mut xhat = vec![T::zero(); d];
+        let mut gs = vec![T::zero(); d];
+        for ((dxr, xr), dyr) in dxc.chunks_mut(d).zip(xc.chunks(d)).zip(dyc.chunks(d)) {
+            let rstd = T::one() / (lane_sum(xr, |v| v * v) * inv_d + eps).sqrt();
+            for i in 0..d {
+                xhat[i] = xr[i] * rstd;
+                gs[i] = dyr[i] * g[i];
+                dg[i] += dyr[i] * xhat[i];
+            }
+            let mgx = lane_dot(&gs, &xhat) * inv_d;
+            for i in 0..d {
+                dxr[i] = rstd * (gs[i] - xhat[i] * mgx);
+            }
+        }
+        dg
+    };
+    let partials: Vec<Vec<T>> = if use_par(x.len()) {
+        dx.par_chunks_mut(chunk)
+            .zip(x.par_chunks(chunk).zip(dy.par_chunks(chunk)))
+            .map(body)
+            .collect()
+    } else {
+        dx.chunks_mut(chunk)
+            .zip(x.chunks(chunk).zip(dy.chunks(chunk)))
+            .map(body)
+            .collect()
+    };
+    let mut dg = vec![T::zero(); d];
+    for p in partials {
+        for i in 0..d {
+            dg[i] += p[i];
+        }
+    }
+    (dx, dg)
+}
+
+impl CustomOp2 for RmsNormOp {
+    fn name(&self) -> &'static str {
+        "fpt-rms-norm"
+    }
+
+    fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> Result<(CpuStorage, Shape)> {
+        fn run<T: Float>(
+            op: &RmsNormOp,
+            s1: &CpuStorage,
+            l1: &Layout,
+            s2: &CpuStorage,
+            l2: &Layout,
+        ) -> Result<CpuStorage> {
+            let x = cpu_slice::<T>(s1, l1, "rms_norm")?;
+            let g = cpu_slice::<T>(s2, l2, "rms_norm")?;
+            Ok(T::to_cpu_storage_owned(rms_fwd_kernel(x, g, op.eps)))
+        }
+        let out = match s1.dtype() {
+            DType::F32 => run::<f32>(self, s1, l1, s2, l2)?,
+            DType::F64 => run::<f64>(self, s1, l1, s2, l2)?,
+            dt => return Err(unsupported("rms_norm", dt)),
+        };
+        Ok((out, l1.shape().clone()))
+    }
+
+    fn bwd(&self, x: &Tensor, g: &Tensor, _res: &Tensor, dy: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        fn run<T: Float>(op: &RmsNormOp, x: &Tensor, g: &Tensor, dy: &Tensor) -> Result<(Vec<T>, Vec<T>)> {
+            with_cpu_slice::<T, _>(x, "rms_norm", |xs| {
+                with_cpu_slice::<T, _>(g, "rms_norm", |gs| {
+                    with_cpu_slice::<T, _>(dy, "rms_norm", |dys| Ok(rms_bwd_kernel(xs, gs, dys, op.eps)))
+                })
+            })
+        }
+        let dev = x.device();
+        let (dx, dg) = match x.dtype() {
+            DType::F32 => {
+                let (a, b) = run::<f32>(self, x, g, dy)?;
+                (
+                    Tensor::from_vec(a, x.shape(), dev)?,
+                    Tensor::from_vec(b, g.shape(), dev)?,
+                )
+            }
+            DType::F64 => {
+                let (a, b) = run::<f64>(self, x, g, dy)?;
+                (
+                    Tensor::from_vec(a, x.shape(), dev)?,
+                    Tensor::from_vec(b, g.shape(), dev)?,
+                )
+            }
+            dt => return Err(unsupported("rms_norm", dt)),
+        };
+        Ok((tracks(x).then_some(dx), tracks(g).then_some(dg)))
+    }
+}
+
+/// RMSNorm over the last dimension (T5's and Llama's norm): `x / sqrt(mean(x^2) + eps) *
+/// gamma`, `gamma: [d]`. Fused with a hand-written backward on CPU, composed of candle ops
+/// elsewhere.
+pub fn rms_norm(x: &Tensor, gamma: &Tensor, eps: f64) -> Result<Tensor> {
+    if !x.device().is_cpu() || !matches!(x.dtype(), DType::F32 | DType::F64) {
+        return rms_norm_composed(x, gamma, eps);
+    }
+    x.contiguous()?.apply_op2(&gamma.contiguous()?, RmsNormOp { eps })
+}
+
+/// RMSNorm composed of stock candle ops (correct gradients on every device; slower).
+pub fn rms_norm_composed(x: &Tensor, gamma: &Tensor, eps: f64) -> Result<Tensor> {
+    let var = x.sqr()?.mean_keepdim(D::Minus1)?;
+    x.broadcast_div(&(var + eps)?.sqrt()?)?.broadcast_mul(gamma)
 }

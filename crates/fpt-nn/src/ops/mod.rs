@@ -29,7 +29,7 @@ pub use attention::{
 };
 pub use dropout::{dropout, dropout_add, dropout_mask_values};
 pub use gelu::{gelu_erf, gelu_erf_composed, gelu_new, gelu_new_composed};
-pub use layer_norm::{layer_norm, layer_norm_composed};
+pub use layer_norm::{layer_norm, layer_norm_composed, rms_norm, rms_norm_composed};
 pub(crate) use linear::linear_prepacked;
 pub use linear::{linear, linear_composed};
 pub use loss::{correct, cross_entropy, cross_entropy_composed};
