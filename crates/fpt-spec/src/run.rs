@@ -171,6 +171,12 @@ impl RunSpec {
             }
             (_, None) => {}
         }
+        if self.model == ModelKind::Linear && !self.backbone.precision.is_f32() {
+            return bad(
+                "backbone.precision",
+                "bf16 stores a backbone's frozen weights in bf16; the linear model has no backbone (use f32)",
+            );
+        }
         if self.backbone.depth.is_some() && self.train_groups.last_attention {
             return bad(
                 "train_groups.last_attention",
@@ -241,6 +247,14 @@ mod tests {
         let json = serde_json::to_string(&spec).unwrap();
         let back: RunSpec = serde_json::from_str(&json).unwrap();
         assert_eq!(back, spec);
+        // f32 is left out of spec.json (every earlier run keeps its key); bf16 is written.
+        assert!(!json.contains("precision"), "{json}");
+        let mut bf16 = spec.clone();
+        bf16.backbone.precision = Precision::Bf16;
+        let j = serde_json::to_string(&bf16).unwrap();
+        assert!(j.contains(r#""precision":"bf16""#), "{j}");
+        assert_ne!(bf16.key(), spec.key());
+        assert_eq!(serde_json::from_str::<RunSpec>(&j).unwrap(), bf16);
         let mut other = spec.clone();
         other.train.lr = 0.5;
         other.train.lr_schedule = "cosine:10".parse().unwrap();
@@ -260,6 +274,13 @@ mod tests {
             (&|s: &mut RunSpec| s.backbone.shape.heads = Some(0), "heads"),
             (&|s: &mut RunSpec| s.task.data.max_len = Some(0), "max_len"),
             (&|s: &mut RunSpec| s.task.n_bits = Some(1 << 40), "n_bits"),
+            (
+                &|s: &mut RunSpec| {
+                    s.model = ModelKind::Linear;
+                    s.backbone.precision = Precision::Bf16;
+                },
+                "backbone.precision",
+            ),
         ] {
             let mut bad = spec.clone();
             bad.train.micro_batch_size = bad.train.batch_size;

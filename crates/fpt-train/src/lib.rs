@@ -153,6 +153,9 @@ pub struct RunResult {
     pub weights: String,
     /// Trained groups.
     pub train_groups: String,
+    /// The frozen weights' number format (not written when `f32`).
+    #[serde(default, skip_serializing_if = "fpt_spec::Precision::is_f32")]
+    pub precision: fpt_spec::Precision,
     /// Held-out accuracy at the end, in 0..1.
     pub test_accuracy: f64,
     /// Held-out loss at the end (`null` if not finite).

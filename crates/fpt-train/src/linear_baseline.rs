@@ -193,6 +193,7 @@ impl Linear {
             init: "-".into(),
             weights,
             train_groups: "linear".into(),
+            precision: fpt_spec::Precision::F32,
             test_accuracy: last.test_accuracy,
             test_loss: last.test_loss.is_finite().then_some(last.test_loss),
             train_accuracy,

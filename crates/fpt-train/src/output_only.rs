@@ -230,6 +230,7 @@ pub(crate) fn run(
         init: spec.backbone.init.to_string(),
         weights,
         train_groups: format!("{} (cached features)", spec.train_groups),
+        precision: spec.backbone.precision,
         test_accuracy: last.test_accuracy,
         test_loss: last.test_loss.is_finite().then_some(last.test_loss),
         train_accuracy: Some(train_accuracy),

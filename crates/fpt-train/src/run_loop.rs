@@ -275,6 +275,7 @@ pub(crate) fn run_loop(
         init: spec.backbone.init.to_string(),
         weights,
         train_groups: spec.train_groups.to_string(),
+        precision: spec.backbone.precision,
         test_accuracy: last.test_accuracy,
         test_loss: last.test_loss.is_finite().then_some(last.test_loss),
         train_accuracy: last.train_accuracy,
