@@ -202,11 +202,18 @@ fn markdown(table: &TableSpec, rows: &[CellComparison]) -> String {
             yes(r.left_baseline.1),
         ));
     }
-    let within = rows.iter().filter(|r| r.verdict == "within").count();
-    let differs = rows.iter().filter(|r| r.verdict.starts_with("differs")).count();
+    // Only cells that learned something say anything: two runs at their trivial baseline
+    // agree whatever the arithmetic.
+    let learned: Vec<&CellComparison> = rows
+        .iter()
+        .filter(|r| r.left_baseline == (Some(true), Some(true)))
+        .collect();
+    let within = learned.iter().filter(|r| r.verdict == "within").count();
+    let differs = learned.iter().filter(|r| r.verdict.starts_with("differs")).count();
     s.push_str(&format!(
-        "\n{within} of {} cells within their uncertainty of the f32 number, {differs} outside it.\n",
-        rows.len()
+        "\nOf the {} cells whose bf16 and f32 runs both left their task's trivial baseline, {within} are within their uncertainty of the f32 number and {differs} outside it; the other {} (a run at its baseline, or no verdict) show nothing either way.\n",
+        learned.len(),
+        rows.len() - learned.len()
     ));
     s
 }
