@@ -346,13 +346,24 @@ pub fn time_steps(
     steps: usize,
     device: &Device,
 ) -> Result<Timing> {
-    Ok(time_steps_resident(shape, groups, precision, warmup, steps, device)?.0)
+    Ok(time_steps_resident(shape, groups, precision, warmup, steps, device)?.timing)
 }
 
-/// [`time_steps`], and how much the process's resident memory grew from before the model
-/// was built to after the timed steps (MB, Linux `VmRSS`), with the trainer still alive:
-/// the model's weights (frozen ones as stored and packed), the optimizer's state, and what
-/// the allocator keeps of a step's activations.
+/// What [`time_steps_resident`] measured.
+#[derive(Debug, Clone, Copy)]
+pub struct Timed {
+    /// The steps' times.
+    pub timing: Timing,
+    /// How much the process's resident memory grew from before the model was built to
+    /// after the timed steps (MB, Linux `VmRSS`), with the trainer still alive: the model's
+    /// weights (frozen ones as stored and packed), the optimizer's state, and what the
+    /// allocator keeps of a step's activations.
+    pub model_rss_mb: Option<f64>,
+    /// [`frozen_mb`] of the model after the timed steps.
+    pub frozen_mb: f64,
+}
+
+/// [`time_steps`], with the memory the model took ([`Timed`]).
 pub fn time_steps_resident(
     shape: &Shape,
     groups: TrainGroups,
@@ -360,7 +371,7 @@ pub fn time_steps_resident(
     warmup: usize,
     steps: usize,
     device: &Device,
-) -> Result<(Timing, Option<f64>)> {
+) -> Result<Timed> {
     let before = rss_mb("VmRSS:");
     let mut tr = Trainer::with_task(
         &shape.spec(groups, precision),
@@ -376,15 +387,14 @@ pub fn time_steps_resident(
         tr.step()?;
         ms.push(t0.elapsed().as_secs_f64() * 1e3);
     }
-    let grown = rss_mb("VmRSS:").zip(before).map(|(a, b)| a - b);
-    FROZEN_MB.with(|f| f.set(Some(frozen_mb(tr.model()))));
+    let model_rss_mb = rss_mb("VmRSS:").zip(before).map(|(a, b)| a - b);
+    let frozen_mb = frozen_mb(tr.model());
     drop(tr);
-    Ok((timing(ms), grown))
-}
-
-thread_local! {
-    /// [`frozen_mb`] of the last model [`time_steps_resident`] timed on this thread.
-    static FROZEN_MB: std::cell::Cell<Option<f64>> = const { std::cell::Cell::new(None) };
+    Ok(Timed {
+        timing: timing(ms),
+        model_rss_mb,
+        frozen_mb,
+    })
 }
 
 /// The bytes (MB) the frozen parameters of `model` take as stored (their dtype's size
@@ -488,8 +498,11 @@ pub fn run(
     precision: Precision,
 ) -> Result<BenchResult> {
     let before = matmul_peak(device, precision)?;
-    let (ours, model_rss_mb) = time_steps_resident(shape, TrainGroups::fpt(), precision, warmup, steps, device)?;
-    let frozen_mb = FROZEN_MB.with(|f| f.take());
+    let Timed {
+        timing: ours,
+        model_rss_mb,
+        frozen_mb,
+    } = time_steps_resident(shape, TrainGroups::fpt(), precision, warmup, steps, device)?;
     // The machine's speed drifts: the peak is the better of a measurement just before and
     // one just after the FPT steps, so a slow moment does not flatter the fraction.
     let peak = before.max(matmul_peak(device, precision)?);
@@ -510,7 +523,7 @@ pub fn run(
         peak_fraction: gflops / peak,
         peak_rss_mb: rss,
         model_rss_mb,
-        frozen_mb,
+        frozen_mb: Some(frozen_mb),
         kernel_path: if device.is_cpu() {
             fpt_nn::kernels::KernelPath::active().name().to_string()
         } else {

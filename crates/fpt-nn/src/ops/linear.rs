@@ -243,23 +243,7 @@ impl LinearOp {
             (DType::F32, w) if self.packed.as_ref().is_some_and(|p| pack_runs(p, k, n, w, path)) => {
                 let p = self.packed.as_ref().expect("checked");
                 let bias = b.map(|(s, l)| cpu_slice::<f32>(s, l, "linear")).transpose()?;
-                let x = cpu_slice::<f32>(s1, l1, "linear")?;
-                let m = x.len() / k;
-                let mut y = super::uninit::<f32>(m * n);
-                // SAFETY: x holds m x k; y has m * n slots, all written (overwrite mode).
-                unsafe {
-                    super::sgemm::sgemm_prepacked(
-                        path,
-                        m,
-                        super::sgemm::MatRef::of(x, k, 1),
-                        p,
-                        super::sgemm::MatMut::new(y.as_mut_ptr() as *mut f32, n, y.len()),
-                        bias,
-                        crate::num_threads(),
-                    );
-                }
-                // SAFETY: every slot was written.
-                CpuStorage::F32(unsafe { super::assume_init(y) })
+                CpuStorage::F32(super::sgemm::product(cpu_slice::<f32>(s1, l1, "linear")?, p, bias))
             }
             (DType::F32, DType::BF16) => {
                 let bias = b.map(|(s, l)| cpu_slice::<f32>(s, l, "linear")).transpose()?;
@@ -336,24 +320,7 @@ impl LinearOp {
         if w.dtype() == DType::BF16 {
             let path = KernelPath::active();
             let dx = with_cpu_slice::<f32, _>(dy, "linear", |g| match &self.packed_t {
-                Some(p) if pack_runs(p, n, k, DType::BF16, path) => {
-                    let m = g.len() / n;
-                    let mut y = super::uninit::<f32>(m * k);
-                    // SAFETY: g holds m rows of n; y has m * k slots, all written
-                    // (overwrite mode); the path runs the bf16 micro-kernel (pack_runs).
-                    unsafe {
-                        super::sgemm::sgemm_prepacked(
-                            path,
-                            m,
-                            super::sgemm::MatRef::of(g, n, 1),
-                            p,
-                            super::sgemm::MatMut::new(y.as_mut_ptr() as *mut f32, k, y.len()),
-                            None,
-                            crate::num_threads(),
-                        );
-                        Ok(super::assume_init(y))
-                    }
-                }
+                Some(p) if pack_runs(p, n, k, DType::BF16, path) => Ok(super::sgemm::product(g, p, None)),
                 _ => with_cpu_slice::<half::bf16, _>(w, "linear", |ws| {
                     super::bf16::widened_product(path, g, ws, (n, k), true, None)
                 }),

@@ -15,7 +15,7 @@
 
 use super::attention::{packed_backward, packed_forward};
 use super::dropout::DropoutAdd;
-use super::sgemm::{sgemm, sgemm_prepacked, MatMut, MatRef, PackedB};
+use super::sgemm::{product, sgemm, MatMut, MatRef, PackedB};
 use super::{cpu_slice, grad_like, tracks, with_cpu_slice};
 use candle_core::{CpuStorage, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
@@ -80,29 +80,6 @@ impl FrozenLinear {
             FrozenWeight::Packed { backward, .. } => Ok(product(dy, backward, None)),
             FrozenWeight::Plain(w) => plain_product(dy, w, true, None),
         }
-    }
-}
-
-/// `a B (+ bias)` for a row-major `a` of `k` columns and a packed `k x n` B.
-fn product(a: &[f32], b: &PackedB, bias: Option<&[f32]>) -> Vec<f32> {
-    let (k, n) = b.dims();
-    let m = a.len() / k;
-    let mut y = super::uninit::<f32>(m * n);
-    // SAFETY: `a` holds m rows of k (checked by the op's shape checks); y has m * n slots,
-    // all written (overwrite mode); sgemm_prepacked checks that the path has fpt's
-    // micro-kernel and k > 0 before touching memory (weights are packed only on such a
-    // path, and have a non-empty input width).
-    unsafe {
-        sgemm_prepacked(
-            crate::kernels::KernelPath::active(),
-            m,
-            MatRef::of(a, k, 1),
-            b,
-            MatMut::new(y.as_mut_ptr() as *mut f32, n, y.len()),
-            bias,
-            crate::num_threads(),
-        );
-        super::assume_init(y)
     }
 }
 

@@ -394,6 +394,35 @@ pub(crate) unsafe fn sgemm_prepacked(
     }
 }
 
+/// `a B (+ bias)` for a row-major `a` of `k` columns and a packed `k x n` B (f32 or bf16
+/// panels), as a new row-major `m x n` matrix, on the active kernel path (which must run
+/// the panels' micro-kernel: `sgemm_prepacked` panics otherwise, before touching memory).
+pub(crate) fn product(a: &[f32], b: &PackedB, bias: Option<&[f32]>) -> Vec<f32> {
+    let (k, n) = b.dims();
+    assert!(
+        k > 0 && a.len().is_multiple_of(k),
+        "product: {} values are not rows of the panels' depth {k}",
+        a.len()
+    );
+    let m = a.len() / k;
+    let mut y = super::uninit::<f32>(m * n);
+    // SAFETY: `a` holds m rows of k (checked above), so the view's extent is inside it; y
+    // has m * n slots, all written (overwrite mode); sgemm_prepacked checks that the path
+    // runs the panels' micro-kernel before touching memory.
+    unsafe {
+        sgemm_prepacked(
+            KernelPath::active(),
+            m,
+            MatRef::of(a, k, 1),
+            b,
+            MatMut::new(y.as_mut_ptr() as *mut f32, n, y.len()),
+            bias,
+            crate::num_threads(),
+        );
+        super::assume_init(y)
+    }
+}
+
 /// `c[i * ldc + j] (+)= sum_p a(i, p) * b(p, j)` for an `m x k` matrix `a` and a `k x n`
 /// matrix `b`; `accumulate` adds to `c`, otherwise `c` is overwritten (with `bias[j]` added
 /// to every row when a bias is given: the linear layer's `x W^T + b` in one pass). Uses up
