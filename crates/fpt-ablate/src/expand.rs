@@ -106,6 +106,91 @@ pub fn scale_of(table: &TableSpec, scales: &BTreeMap<String, ScaleSettings>, sca
     })
 }
 
+/// `table` as it stands at `scale`: its [`Alternate`](fpt_spec::table::Alternate) rows
+/// added where the scale substitutes the backbone they stand in for (each row copies its
+/// `like` row's settings, with the alternate's source and precision, and the paper's numbers
+/// of `like`), and claims that name a row absent at the scale dropped. Every function that
+/// takes a table and a scale works on this table; applying it again changes nothing.
+pub fn at_scale(table: &TableSpec, scales: &BTreeMap<String, ScaleSettings>, scale: &str) -> Result<TableSpec> {
+    if table.alternates.is_empty() {
+        return Ok(table.clone());
+    }
+    let sc = scale_of(table, scales, scale)?;
+    with_alternates(table, |alt| {
+        sc.backbones
+            .get(&alt.stands_in_for)
+            .is_some_and(|sub| sub.source != "none")
+    })
+    .map_err(|msg| AblateError::Spec {
+        path: PathBuf::from(format!("{}.toml", table.id)),
+        msg,
+    })
+}
+
+/// `table` with the alternate rows `keep` accepts added and the others' claims dropped.
+pub(crate) fn with_alternates(
+    table: &TableSpec,
+    keep: impl Fn(&fpt_spec::table::Alternate) -> bool,
+) -> std::result::Result<TableSpec, String> {
+    let mut t = table.clone();
+    t.alternates.clear();
+    let mut absent = Vec::new();
+    for alt in &table.alternates {
+        if table.rows.iter().any(|r| r.label == alt.label) {
+            return Err(format!(
+                "alternate row `{}`: a row of the table has its label",
+                alt.label
+            ));
+        }
+        if !keep(alt) {
+            absent.push(alt.label.as_str());
+            continue;
+        }
+        let Some(like) = table.rows.iter().position(|r| r.label == alt.like) else {
+            return Err(format!(
+                "alternate row `{}`: `like` names no row (`{}`)",
+                alt.label, alt.like
+            ));
+        };
+        let set = table.rows[like].set.merged(&CellSettings {
+            substitute: Some(fpt_spec::table::Substitute {
+                source: alt.source.clone(),
+                shape: Default::default(),
+                note: alt.note.clone(),
+            }),
+            precision: alt.precision,
+            ..Default::default()
+        });
+        t.rows.push(fpt_spec::table::Axis {
+            label: alt.label.clone(),
+            set,
+        });
+        if let Some(p) = table.paper.get(like) {
+            t.paper.push(p.clone());
+        }
+        t.cells.extend(
+            table
+                .cells
+                .iter()
+                .filter(|o| o.row == alt.like)
+                .map(|o| fpt_spec::table::CellOverride {
+                    row: alt.label.clone(),
+                    ..o.clone()
+                }),
+        );
+    }
+    // A claim about a row this scale does not carry is not checked here.
+    t.claims.retain(|c| {
+        let mut sels = vec![&c.a];
+        sels.extend(c.b.as_ref());
+        sels.extend(c.among.iter());
+        !sels
+            .iter()
+            .any(|s| s.row.as_deref().is_some_and(|r| absent.contains(&r)))
+    });
+    Ok(t)
+}
+
 /// Expands `table` at `scale` into its cells.
 pub fn expand(table: &TableSpec, scales: &BTreeMap<String, ScaleSettings>, scale: &str) -> Result<Vec<Cell>> {
     expand_with(table, scales, scale, true)
@@ -195,6 +280,7 @@ pub(crate) fn expand_with(
     scale: &str,
     check: bool,
 ) -> Result<Vec<Cell>> {
+    let table = &at_scale(table, scales, scale)?;
     let sc = scale_of(table, scales, scale)?;
     let paper_sc = scales
         .contains_key("paper")
@@ -353,7 +439,8 @@ pub(crate) fn plan_at(
             input_width: s.input_width,
         }));
     }
-    let (source, mut shape) = match sc.backbones.get(&name) {
+    // A row's own substitute (an alternate row) over the scale's.
+    let (source, mut shape) = match s.substitute.as_ref().or(sc.backbones.get(&name)) {
         Some(sub) if sub.source == "none" => return Plan::Unavailable(sub.note.clone()),
         Some(sub) => {
             notes.push(format!("{name} -> {}: {}", sub.source, sub.note));
@@ -396,7 +483,7 @@ pub(crate) fn plan_at(
         depth: s.depth,
         final_norm: true,
         bit_pretrain: (init == Init::BitPretrained).then(|| sc.bit_pretrain.unwrap_or_default()),
-        precision: Default::default(),
+        precision: s.precision.unwrap_or_default(),
     };
     // What this machine lacks: data, weights, depth.
     if check {
@@ -478,12 +565,18 @@ pub(crate) fn paper_differences(
         return Vec::new();
     };
     let mut out = Vec::new();
-    if let Plan::Run { spec: p, .. } = plan_at(s, metric, psc, &mut Vec::new(), false) {
+    // The same cell as the paper ran it: its backbone, in f32.
+    let paper_cell = CellSettings {
+        substitute: None,
+        precision: None,
+        ..s.clone()
+    };
+    if let Plan::Run { spec: p, .. } = plan_at(&paper_cell, metric, psc, &mut Vec::new(), false) {
         // `paper:` only for what the paper states (its backbone, App. C's learning rates);
         // the rest is fpt's own choice at the paper scale and is labelled as such.
         let mut d = |what: &str, ours: String, paper: String| {
             if ours != paper {
-                let whose = if matches!(what, "backbone" | "lr") {
+                let whose = if matches!(what, "backbone" | "lr" | "frozen weights in") {
                     "paper"
                 } else {
                     "fpt's paper scale"
@@ -504,6 +597,11 @@ pub(crate) fn paper_differences(
             "backbone",
             format!("{}{}", h.backbone.source, shape(&h.backbone)),
             format!("{}{}", p.backbone.source, shape(&p.backbone)),
+        );
+        d(
+            "frozen weights in",
+            h.backbone.precision.name().to_string(),
+            p.backbone.precision.name().to_string(),
         );
         d("steps", h.train.steps.to_string(), p.train.steps.to_string());
         d("batch", h.train.batch_size.to_string(), p.train.batch_size.to_string());
@@ -591,8 +689,14 @@ pub(crate) fn unavailable_here(task: &TaskSpec, backbone: &BackboneSpec, depth: 
     if let Err(e) = fpt_tasks::check_present(task) {
         return Some(format!("data not present: {e}"));
     }
-    if let Err(e) = fpt_backbones::hub::resolves_offline(&backbone.source, backbone.init.needs_weights())
-        .map(|_| ())
+    // A GGUF file, a directory holding one, or an installed GGUF name (`smollm2`) loads
+    // from that file; anything else from a model directory or the Hub cache.
+    let gguf = fpt_backbones::gguf::locate(&backbone.source).map(|found| found.map(|_| ()));
+    if let Err(e) = gguf
+        .and_then(|found| match found {
+            Some(()) => Ok(()),
+            None => fpt_backbones::hub::resolves_offline(&backbone.source, backbone.init.needs_weights()).map(|_| ()),
+        })
         .or_else(|e| {
             // Random init (and Bit pretraining from it) of a built-in config (gpt2, lstm,
             // ...) needs no files.

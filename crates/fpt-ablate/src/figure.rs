@@ -103,7 +103,7 @@ pub fn render(
     match fig.kind {
         Kind::Bars => {
             let from = fig.from_table.clone().unwrap_or_default();
-            let t = crate::load_table(tables, &from)?;
+            let t = crate::at_scale(&crate::load_table(tables, &from)?, scales, scale)?;
             let cells = expand(&t, scales, scale)?;
             let r = Report::from_runs(&t, scale, &cells, out, sources);
             let nc = r.cols.len();

@@ -33,7 +33,7 @@ mod site_pages;
 mod tables;
 pub mod worker;
 
-pub use expand::{assets, describe, expand, expand_unchecked, scale_of, spec_key, Cell, Counted, Plan};
+pub use expand::{assets, at_scale, describe, expand, expand_unchecked, scale_of, spec_key, Cell, Counted, Plan};
 pub use report::Report;
 pub(crate) use runner::run_one;
 pub use runner::{command_for, run, run_dir, runs_of, RunOptions, Trained};

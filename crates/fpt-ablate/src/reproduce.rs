@@ -192,6 +192,7 @@ pub fn dry_run(
         table.title,
         crate::precision::scale_label(scale, precision)
     )];
+    let table = &crate::at_scale(table, scales, scale)?;
     let mut cells = expand_unchecked(table, scales, scale)?;
     crate::precision::apply(&mut cells, precision);
     for c in cells {
@@ -221,7 +222,7 @@ pub fn reproduce(req: &Request, on: &mut (dyn FnMut(Progress) + Send)) -> Result
     };
     let mut done = Vec::new();
     for id in &ids {
-        let table = load_table(&req.tables, id)?;
+        let table = crate::at_scale(&load_table(&req.tables, id)?, &scales, &req.scale)?;
         if table.kind != Kind::Table {
             if table.kind == Kind::AttentionMap && !req.opts.report_only {
                 // The figure draws from one trained run: train it first (shared with any
@@ -267,8 +268,9 @@ pub fn claims_summary(tables: &Path, ids: &[String], scale: &str, out: &Path) ->
     let cell = |t: &str| t.replace('|', "\\|");
     let (mut ran, mut left, mut reports) = (0usize, 0usize, 0usize);
     let mut verdicts: BTreeMap<String, usize> = BTreeMap::new();
+    let scales = scales_with(tables, scale)?;
     for id in table_ids(tables, ids)? {
-        let table = load_table(tables, &id)?;
+        let table = crate::at_scale(&load_table(tables, &id)?, &scales, scale)?;
         if table.kind != Kind::Table {
             continue;
         }

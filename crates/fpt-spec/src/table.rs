@@ -71,6 +71,11 @@ optional_settings! {
         lr: f64,
         /// For counted cells: the input layer's width the paper counted with (Table 8: 16).
         input_width: usize,
+        /// What loads instead of the cell's backbone, over the scale's own substitution
+        /// (set by an [`Alternate`] row, not written in tables).
+        substitute: Substitute,
+        /// The frozen weights' number format (`f32` unless set).
+        precision: crate::Precision,
     }
 }
 
@@ -221,9 +226,38 @@ pub struct TableSpec {
     /// Per-scale overrides of `scales.toml` for this table.
     #[serde(default)]
     pub scales: BTreeMap<String, ScaleSettings>,
-    /// The paper's claims this table tests, as checks over its cells.
+    /// The paper's claims this table tests, as checks over its cells. A claim that names an
+    /// [`Alternate`] row is checked only at the scales that carry it.
     #[serde(default)]
     pub claims: Vec<Claim>,
+    /// Rows that exist only at the scales where the paper's backbone they name is
+    /// substituted: a second stand-in beside the scale's own, run like one of the paper's
+    /// rows and shown beside its numbers.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub alternates: Vec<Alternate>,
+}
+
+/// A row of a table that exists only where a scale substitutes the paper's backbone
+/// `stands_in_for` (e.g. a causal language model beside the sentence encoder that stands in
+/// for GPT-2 where GPT-2's weights cannot be had). Its cells are the cells of row `like`
+/// with `source` loaded instead; the paper's numbers shown beside them are `like`'s.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Alternate {
+    /// The row's label.
+    pub label: String,
+    /// The paper's row it is run like (its settings and the paper's numbers).
+    pub like: String,
+    /// The paper's backbone it stands in for (a key of the scale's `backbones`): the row
+    /// exists at a scale only where that backbone is substituted by something that runs.
+    pub stands_in_for: String,
+    /// What loads instead (a name, Hub id, file or directory).
+    pub source: String,
+    /// Why, printed beside every cell of the row.
+    pub note: String,
+    /// The frozen weights' number format for the row's runs (`f32` unless set).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub precision: Option<crate::Precision>,
 }
 
 /// Cells of a table: every cell of `row`, of `col`, or the one at both.
