@@ -618,15 +618,7 @@ impl Llama {
         let (bs, t, _) = h.dims3()?;
         let (nh, nkv, d) = (c.num_attention_heads, c.kv_heads(), c.head_dim());
         let a = crate::t5::rms_norm(h, &b.ln_attn.get(), c.rms_norm_eps)?;
-        let rope = |x: Tensor, heads: usize| -> candle_core::Result<Tensor> {
-            let x = x.reshape((bs, t, heads, d))?;
-            let x1 = x.narrow(3, 0, d / 2)?;
-            let x2 = x.narrow(3, d / 2, d / 2)?;
-            let rotated = Tensor::cat(&[&x2.neg()?, &x1], 3)?;
-            let cos = rot.0.reshape((1, t, 1, d))?;
-            let sin = rot.1.reshape((1, t, 1, d))?;
-            x.broadcast_mul(&cos)? + rotated.broadcast_mul(&sin)?
-        };
+        let rope = |x: Tensor, heads: usize| fpt_nn::ops::rotary(&x, &rot.0, &rot.1, heads);
         let (q, k, v) = match &b.qkv {
             // One product, then the three column blocks of its output.
             Some(qkv) => {
@@ -639,8 +631,8 @@ impl Llama {
             }
             None => (b.q.forward(&a)?, b.k.forward(&a)?, b.v.forward(&a)?),
         };
-        let q = rope(q.contiguous()?, nh)?.reshape((bs, t, nh * d))?;
-        let k = rope(k.contiguous()?, nkv)?;
+        let q = rope(q.contiguous()?, nh)?;
+        let k = rope(k.contiguous()?, nkv)?.reshape((bs, t, nkv, d))?;
         let v = v.contiguous()?.reshape((bs, t, nkv, d))?;
         // Each key/value head serves nh / nkv query heads, adjacent ones.
         let repeat = |x: Tensor| -> candle_core::Result<Tensor> {
@@ -665,7 +657,7 @@ impl Llama {
             }
             None => (b.gate.forward(&m)?, b.up.forward(&m)?),
         };
-        let m = b.down.forward(&(g.silu()? * u)?)?;
+        let m = b.down.forward(&fpt_nn::ops::swiglu(&g, &u)?)?;
         h + m
     }
 }

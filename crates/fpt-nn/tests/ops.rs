@@ -55,6 +55,75 @@ fn rms_norm_matches_reference_and_finite_differences_on_one_path() -> Result<()>
 }
 
 #[test]
+fn swiglu_matches_reference_and_finite_differences() -> Result<()> {
+    every_path(swiglu_matches_reference_and_finite_differences_on_one_path)
+}
+
+fn swiglu_matches_reference_and_finite_differences_on_one_path() -> Result<()> {
+    // Whole 8-lane chunks with a tail, and SmolLM2's 1536-wide feed-forward over enough rows
+    // to split into several chunks and threads.
+    check(
+        &[&[3, 5, 21], &[3, 5, 21]],
+        |t| ops::swiglu(&t[0], &t[1]),
+        |t| ops::swiglu_composed(&t[0], &t[1]),
+        1e-5,
+    )?;
+    check(
+        &[&[24, 1536], &[24, 1536]],
+        |t| ops::swiglu(&t[0], &t[1]),
+        |t| ops::swiglu_composed(&t[0], &t[1]),
+        1e-5,
+    )?;
+    // Far into both tails: silu(-100) = -0 (no NaN), silu(100) = 100, derivatives 0 and 1.
+    let g = Var::from_tensor(&Tensor::new(&[-100f32, -20.0, 0.0, 20.0, 100.0], &Device::Cpu)?)?;
+    let u = Tensor::ones(5, DType::F32, &Device::Cpu)?;
+    let y = ops::swiglu(g.as_tensor(), &u)?;
+    let grads = y.sum_all()?.backward()?;
+    let (y, dg) = (y.to_vec1::<f32>()?, grads.get(&g).expect("gradient").to_vec1::<f32>()?);
+    for (i, x) in [-100f64, -20.0, 0.0, 20.0, 100.0].into_iter().enumerate() {
+        let s = 1.0 / (1.0 + (-x).exp());
+        let (want_y, want_d) = (x * s, s * (1.0 + x * (1.0 - s)));
+        assert!(
+            (y[i] as f64 - want_y).abs() <= 1e-6 * (1.0 + want_y.abs()),
+            "silu({x}) = {}",
+            y[i]
+        );
+        assert!((dg[i] as f64 - want_d).abs() <= 1e-6, "silu'({x}) = {}", dg[i]);
+    }
+    Ok(())
+}
+
+#[test]
+fn rotary_matches_reference_and_finite_differences() -> Result<()> {
+    every_path(rotary_matches_reference_and_finite_differences_on_one_path)
+}
+
+fn rotary_matches_reference_and_finite_differences_on_one_path() -> Result<()> {
+    // Tables as Llama builds them (the frequencies repeated for the two halves), and
+    // arbitrary ones (halves differ) so that the backward's use of each half is checked.
+    for (t, heads, d, repeated) in [(5, 3, 8, true), (7, 2, 6, false), (49, 9, 64, true)] {
+        let (mut cos, mut sin) = (Vec::new(), Vec::new());
+        for p in 0..t {
+            for i in 0..d {
+                let f = if repeated { i % (d / 2) } else { i } as f64;
+                let a = p as f64 * (0.3 + 0.1 * f);
+                cos.push(a.cos());
+                sin.push(a.sin());
+            }
+        }
+        let cos = Tensor::from_vec(cos, (t, d), &Device::Cpu)?;
+        let sin = Tensor::from_vec(sin, (t, d), &Device::Cpu)?;
+        check(
+            &[&[2, t, heads * d]],
+            |x| ops::rotary(&x[0], &cos, &sin, heads),
+            |x| ops::rotary_composed(&x[0], &cos, &sin, heads),
+            1e-5,
+        )?;
+    }
+    Ok(())
+}
+
+#[test]
 fn causal_softmax_matches_reference_and_finite_differences() -> Result<()> {
     every_path(causal_softmax_matches_reference_and_finite_differences_on_one_path)
 }

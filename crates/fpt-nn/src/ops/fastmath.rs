@@ -331,7 +331,50 @@ unsafe fn gelu_erf8(x: std::arch::x86_64::__m256) -> (std::arch::x86_64::__m256,
     }
 }
 
-/// A GELU as the slice loops below run it: value and derivative, scalar and 8 lanes.
+/// SiLU (x * sigmoid(x), Llama's SwiGLU gate) and its derivative in f32 (scalar, the
+/// vectorizable formulas): `s = 1 / (1 + e^-x)`, `y = x s`, `dy/dx = s (1 + x (1 - s))`.
+#[inline(always)]
+pub(crate) fn silu_scalar(x: f32) -> (f32, f32) {
+    let s = 1.0 / (1.0 + exp_f32(-x));
+    (x * s, s * (1.0 + x * (1.0 - s)))
+}
+
+/// [`silu_scalar`] for 8 lanes: `(y, dy/dx)`.
+///
+/// # Safety
+/// The CPU must have AVX2 and FMA (callers are compiled with them enabled).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn silu8(x: std::arch::x86_64::__m256) -> (std::arch::x86_64::__m256, std::arch::x86_64::__m256) {
+    use std::arch::x86_64::*;
+    // SAFETY: the callers are compiled with AVX2 and FMA enabled.
+    unsafe {
+        let one = _mm256_set1_ps(1.0);
+        let e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), x));
+        let s = _mm256_div_ps(one, _mm256_add_ps(one, e));
+        let y = _mm256_mul_ps(x, s);
+        let d = _mm256_mul_ps(s, _mm256_fmadd_ps(x, _mm256_sub_ps(one, s), one));
+        (y, d)
+    }
+}
+
+/// SiLU, run by the same slice loops as the GELUs.
+pub(crate) struct Silu;
+impl Gelu for Silu {
+    #[inline(always)]
+    fn scalar(x: f32) -> (f32, f32) {
+        silu_scalar(x)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn lanes8(x: std::arch::x86_64::__m256) -> (std::arch::x86_64::__m256, std::arch::x86_64::__m256) {
+        // SAFETY: forwarded contract.
+        unsafe { silu8(x) }
+    }
+}
+
+/// An activation as the slice loops below run it (the GELUs, SiLU): value and derivative,
+/// scalar and 8 lanes.
 pub(crate) trait Gelu {
     /// `(y, dy/dx)` at `x`.
     fn scalar(x: f32) -> (f32, f32);

@@ -18,9 +18,11 @@ mod linear;
 mod loss;
 mod lstm;
 pub(crate) mod residual_branch;
+mod rotary;
 pub(crate) mod sgemm;
 pub use sgemm::packed_bytes;
 mod softmax;
+mod swiglu;
 
 pub use adam::{adam_update, adam_update_composed, AdamCoefs};
 pub use attention::{
@@ -34,7 +36,9 @@ pub(crate) use linear::linear_prepacked;
 pub use linear::{linear, linear_composed};
 pub use loss::{correct, cross_entropy, cross_entropy_composed};
 pub use lstm::{ln_lstm, ln_lstm_composed, LnLstmParams};
+pub use rotary::{rotary, rotary_composed};
 pub use softmax::{masked_softmax, masked_softmax_composed, Mask};
+pub use swiglu::{swiglu, swiglu_composed};
 
 use candle_core::{
     CpuStorage, CudaStorage, CustomOp3, DType, Error, Layout, Result, Shape, Storage, Tensor, WithDType,

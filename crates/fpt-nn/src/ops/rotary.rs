@@ -1,0 +1,154 @@
+//! Rotary position embedding (Llama's, in `transformers`' "rotate half" layout), fused on
+//! CPU with a hand-written backward. Per head of width d (h = d / 2), at position t:
+//! `y1 = x1 cos1 - x2 sin1`, `y2 = x2 cos2 + x1 sin2` (x1, x2: the head's two halves; cos
+//! and sin: `[t, d]` tables), so `dx1 = dy1 cos1 + dy2 sin2`, `dx2 = dy2 cos2 - dy1 sin1`.
+//!
+//! Composed of candle ops, a rotation is two `narrow`s, a `neg`, a `cat`, two broadcast
+//! products and a sum, each a tensor the backward keeps or rebuilds; fused it is one pass
+//! each way that stores nothing (the tables are constants: no gradient).
+
+use super::{cpu_slice, tracks, unsupported, use_par, with_cpu_slice, Float};
+use candle_core::backend::BackendStorage as _;
+use candle_core::{CpuStorage, CustomOp1, DType, Layout, Result, Shape, Tensor};
+use rayon::prelude::*;
+
+struct Rotary {
+    heads: usize,
+    d: usize,
+    t: usize,
+    cos: Vec<f64>,
+    sin: Vec<f64>,
+}
+
+/// Rotates every head of `x` (`[rows = batch * t, heads * d]`, row r at position r % t);
+/// `sign` -1 gives the backward (the transpose of the rotation).
+fn rotate<T: Float>(op: &Rotary, x: &[T], sign: f64) -> Vec<T> {
+    let (d, h, w) = (op.d, op.d / 2, op.heads * op.d);
+    let cos: Vec<T> = op.cos.iter().map(|&c| T::from(c).unwrap()).collect();
+    let sin: Vec<T> = op.sin.iter().map(|&s| T::from(sign * s).unwrap()).collect();
+    let mut y = vec![T::zero(); x.len()];
+    let rows_per_task = (1 << 14) / w.max(1) + 1;
+    let body = |(r0, (yc, xc)): (usize, (&mut [T], &[T]))| {
+        for (k, (yr, xr)) in yc.chunks_mut(w).zip(xc.chunks(w)).enumerate() {
+            let p = (r0 * rows_per_task + k) % op.t;
+            let (c, s) = (&cos[p * d..(p + 1) * d], &sin[p * d..(p + 1) * d]);
+            for (yh, xh) in yr.chunks_mut(d).zip(xr.chunks(d)) {
+                let (y1, y2) = yh.split_at_mut(h);
+                let (x1, x2) = xh.split_at(h);
+                if sign > 0.0 {
+                    for i in 0..h {
+                        y1[i] = x1[i] * c[i] - x2[i] * s[i];
+                        y2[i] = x2[i] * c[h + i] + x1[i] * s[h + i];
+                    }
+                } else {
+                    // The transpose: s holds -sin, so dx1 = dy1 cos1 + dy2 sin2 and
+                    // dx2 = dy2 cos2 - dy1 sin1.
+                    for i in 0..h {
+                        y1[i] = x1[i] * c[i] - x2[i] * s[h + i];
+                        y2[i] = x2[i] * c[h + i] + x1[i] * s[i];
+                    }
+                }
+            }
+        }
+    };
+    let chunk = rows_per_task * w;
+    if use_par(x.len()) {
+        y.par_chunks_mut(chunk)
+            .zip(x.par_chunks(chunk))
+            .enumerate()
+            .for_each(body);
+    } else {
+        y.chunks_mut(chunk).zip(x.chunks(chunk)).enumerate().for_each(body);
+    }
+    y
+}
+
+impl Rotary {
+    fn check(&self, shape: &Shape) -> Result<()> {
+        let dims = shape.dims();
+        let ok = dims.len() == 3 && dims[1] == self.t && dims[2] == self.heads * self.d;
+        if !ok {
+            return Err(candle_core::Error::Msg(format!(
+                "rotary: input {dims:?} is not [batch, {}, {} heads x {}]",
+                self.t, self.heads, self.d
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl CustomOp1 for Rotary {
+    fn name(&self) -> &'static str {
+        "fpt-rotary"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        self.check(l.shape())?;
+        let out = match s.dtype() {
+            DType::F32 => CpuStorage::F32(rotate(self, cpu_slice::<f32>(s, l, "rotary")?, 1.0)),
+            DType::F64 => CpuStorage::F64(rotate(self, cpu_slice::<f64>(s, l, "rotary")?, 1.0)),
+            dt => return Err(unsupported("rotary", dt)),
+        };
+        Ok((out, l.shape().clone()))
+    }
+
+    fn bwd(&self, x: &Tensor, _res: &Tensor, dy: &Tensor) -> Result<Option<Tensor>> {
+        if !tracks(x) {
+            return Ok(None);
+        }
+        let dx = match dy.dtype() {
+            DType::F32 => Tensor::from_vec(
+                with_cpu_slice::<f32, _>(dy, "rotary", |g| Ok(rotate(self, g, -1.0)))?,
+                dy.shape(),
+                dy.device(),
+            )?,
+            DType::F64 => Tensor::from_vec(
+                with_cpu_slice::<f64, _>(dy, "rotary", |g| Ok(rotate(self, g, -1.0)))?,
+                dy.shape(),
+                dy.device(),
+            )?,
+            dt => return Err(unsupported("rotary", dt)),
+        };
+        Ok(Some(dx))
+    }
+}
+
+/// Rotary positions on `x` (`[batch, t, heads * d]`, each head's halves rotated by the
+/// `[t, d]` tables `cos` and `sin`, as `transformers`' `apply_rotary_pos_emb`). Fused with a
+/// hand-written backward on CPU (f32, f64), composed of candle ops elsewhere; the tables get
+/// no gradient.
+pub fn rotary(x: &Tensor, cos: &Tensor, sin: &Tensor, heads: usize) -> Result<Tensor> {
+    if !x.device().is_cpu() || !matches!(x.dtype(), DType::F32 | DType::F64) {
+        return rotary_composed(x, cos, sin, heads);
+    }
+    let (t, d) = cos.dims2()?;
+    if d % 2 != 0 || sin.dims2()? != (t, d) {
+        return Err(candle_core::Error::Msg(format!(
+            "rotary: cos {:?} and sin {:?} must be equal [t, d] tables with d even",
+            cos.shape(),
+            sin.shape()
+        )));
+    }
+    let table = |x: &Tensor| -> Result<Vec<f64>> { x.to_dtype(DType::F64)?.flatten_all()?.to_vec1() };
+    let op = Rotary {
+        heads,
+        d,
+        t,
+        cos: table(cos)?,
+        sin: table(sin)?,
+    };
+    x.contiguous()?.apply_op1(op)
+}
+
+/// [`rotary`] composed of stock candle ops (every device; the reference in tests).
+pub fn rotary_composed(x: &Tensor, cos: &Tensor, sin: &Tensor, heads: usize) -> Result<Tensor> {
+    let (b, t, w) = x.dims3()?;
+    let d = w / heads;
+    let x = x.reshape((b, t, heads, d))?;
+    let x1 = x.narrow(3, 0, d / 2)?;
+    let x2 = x.narrow(3, d / 2, d / 2)?;
+    let rotated = Tensor::cat(&[&x2.neg()?, &x1], 3)?;
+    let cos = cos.reshape((1, t, 1, d))?.to_dtype(x.dtype())?;
+    let sin = sin.reshape((1, t, 1, d))?.to_dtype(x.dtype())?;
+    (x.broadcast_mul(&cos)? + rotated.broadcast_mul(&sin)?)?.reshape((b, t, w))
+}
