@@ -8,6 +8,7 @@
 
 mod args;
 mod bench;
+mod compare;
 mod fetch;
 mod forward;
 mod gpu_check;
@@ -51,6 +52,9 @@ enum Command {
     Report(site::ReportArgs),
     /// Draw learning curves of runs on shared axes (SVG, and PNG beside it).
     Plot(site::PlotArgs),
+    /// Compare finished runs with others, paired by order (one per seed): each accuracy and
+    /// the difference with its 95% paired bootstrap interval over examples and seeds.
+    Compare(compare::CompareArgs),
     /// Train one run in this process for `run-table --jobs N` (spec on stdin; internal).
     #[command(hide = true)]
     RunCell(table::RunCellArgs),
@@ -114,6 +118,7 @@ fn main() {
         Command::RunCell(a) => table::run_cell(a),
         Command::Report(a) => site::report(a),
         Command::Plot(a) => site::plot(a),
+        Command::Compare(a) => compare::compare(a),
         Command::Selfcheck(a) => selfcheck::selfcheck(a),
         Command::GpuCheck(a) => gpu_check::gpu_check(a),
         Command::Forward(a) => forward::forward(*a),
