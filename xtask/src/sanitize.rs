@@ -83,7 +83,7 @@ fn miri() -> Result<()> {
             bail!("Miri is not available (`rustup component add miri rust-src --toolchain nightly` failed)");
         }
     }
-    eprintln!("xtask sanitize: the scalar-path unit tests under Miri (sgemm, bf16, fastmath, kernels)");
+    eprintln!("xtask sanitize: the scalar-path unit tests under Miri (sgemm, bf16, fastmath, swiglu, kernels)");
     let status = Command::new("rustup")
         .current_dir(super::root())
         .args([
@@ -103,6 +103,7 @@ fn miri() -> Result<()> {
             "ops::sgemm::tests",
             "ops::bf16::tests",
             "ops::fastmath",
+            "ops::swiglu::tests",
             "kernels::",
         ])
         .env("MIRIFLAGS", "-Zmiri-disable-isolation")

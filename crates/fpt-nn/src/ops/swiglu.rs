@@ -181,3 +181,27 @@ pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
 pub fn swiglu_composed(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
     gate.silu()? * up
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The f32 kernels (their scratch casts included; Miri runs this on the portable path)
+    /// against the f64 formulas, over a tail-length slice.
+    #[test]
+    fn kernels_match_the_f64_formulas() {
+        let n = 37;
+        let g: Vec<f32> = (0..n).map(|i| (i as f32 - 18.0) * 0.7).collect();
+        let u: Vec<f32> = (0..n).map(|i| 1.0 - i as f32 * 0.05).collect();
+        let dy: Vec<f32> = (0..n).map(|i| 0.5 + (i % 3) as f32).collect();
+        let y = fwd_f32(&g, &u);
+        let (dg, du) = bwd_f32(&g, &u, &dy);
+        for i in 0..n {
+            let (s, d) = silu_exact(g[i] as f64);
+            let close = |a: f32, b: f64| (a as f64 - b).abs() <= 1e-5 * (1.0 + b.abs());
+            assert!(close(y[i], s * u[i] as f64), "y[{i}]");
+            assert!(close(du[i], dy[i] as f64 * s), "du[{i}]");
+            assert!(close(dg[i], dy[i] as f64 * u[i] as f64 * d), "dg[{i}]");
+        }
+    }
+}
