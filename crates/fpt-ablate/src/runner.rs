@@ -209,6 +209,16 @@ pub(crate) fn run_one(
     device: &candle_core::Device,
     on_event: &mut dyn FnMut(&fpt_train::Event),
 ) -> Result<fpt_train::RunResult> {
+    // Another process (a second `run-table` on the same results, a table sharing this run)
+    // is training it: leave its directory alone; the cell is reported once that run ends.
+    if let Some(pid) = fpt_train::in_use_by(dir) {
+        return Err(crate::AblateError::Worker {
+            dir: dir.to_path_buf(),
+            msg: format!(
+                "is being trained by process {pid} (another fpt on the same results); left to it: render the report again (`--report-only`) once it ends"
+            ),
+        });
+    }
     if dir.exists() && (force || fpt_train::checkpoint::latest(dir).ok().flatten().is_none()) {
         std::fs::remove_dir_all(dir).map_err(io(dir))?;
     }

@@ -720,3 +720,44 @@ fn the_claims_summary_reads_the_written_reports() {
     let e = claims_summary(&tables, &ids, "mini", &out).unwrap_err().to_string();
     assert!(e.contains("report.json") && e.contains("not a report"), "{e}");
 }
+
+/// A run another live process holds (its `.lock`: a second `run-table` on the same
+/// results, or a table sharing the run) is left alone: not removed, not resumed, not
+/// trained twice; the run counts as failed with the holder named, and trains once free.
+#[test]
+fn a_run_another_process_is_training_is_left_alone() {
+    let d = tempfile::tempdir().unwrap();
+    write_mini(d.path());
+    let tables = d.path().join("tables");
+    let t = load_table(&tables, "table1").unwrap();
+    let cells: Vec<_> = expand(&t, &load_scales(&tables).unwrap(), "mini")
+        .unwrap()
+        .into_iter()
+        .take(1)
+        .collect();
+    let Plan::Run { key, .. } = &cells[0].plan else {
+        panic!("{:?}", cells[0].plan)
+    };
+    let out = d.path().join("results");
+    let dir = fpt_ablate::run_dir(&out, key);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut holder = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+    std::fs::write(dir.join(".lock"), holder.id().to_string()).unwrap();
+    std::fs::write(dir.join("metrics.jsonl"), "in progress\n").unwrap();
+    let mut lines = Vec::new();
+    let done = run(&cells, &out, &RunOptions::default(), &mut |l| lines.push(l.to_string())).unwrap();
+    assert_eq!(done.count, 0, "{lines:?}");
+    let said = lines.join("\n");
+    assert!(said.contains(&format!("process {}", holder.id())), "{said}");
+    assert_eq!(
+        std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap(),
+        "in progress\n"
+    );
+    assert!(!dir.join("result.json").exists());
+    // Once the holder is gone, its lock is stale and the run trains.
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    let done = run(&cells, &out, &RunOptions::default(), &mut |_| {}).unwrap();
+    assert_eq!(done.count, 1);
+    assert!(dir.join("result.json").is_file());
+}

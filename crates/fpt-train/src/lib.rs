@@ -49,8 +49,8 @@ mod trainer;
 pub mod trajectory;
 
 pub use evaluate::{device_name, evaluate, evaluate_with, tally_with};
+pub use run_dir::{in_use_by, saved_spec, write_atomic};
 pub(crate) use run_dir::{metrics_append, metrics_truncate, run_dir_err, write_result, RunLock};
-pub use run_dir::{saved_spec, write_atomic};
 pub use run_loop::{evaluate_run, resume, resume_task, train, train_task, RunState};
 pub use trainer::{root_rng, StepOutcome, Trainer};
 

@@ -110,6 +110,18 @@ impl Drop for RunLock {
     }
 }
 
+/// The process that holds `dir`'s run lock (`.lock`) and still runs, when it is another
+/// than this one: a run or resume of this directory is in progress elsewhere, and the
+/// directory must be left alone (not resumed, not removed).
+pub fn in_use_by(dir: &Path) -> Option<u32> {
+    let pid = std::fs::read_to_string(dir.join(".lock"))
+        .ok()?
+        .trim()
+        .parse::<u32>()
+        .ok()?;
+    (pid != std::process::id() && process_alive(pid)).then_some(pid)
+}
+
 /// Whether process `pid` is running (Linux: `/proc/<pid>`; elsewhere assumed so, and a
 /// stale `.lock` is then removed by hand, as the error says).
 pub(crate) fn process_alive(pid: u32) -> bool {
