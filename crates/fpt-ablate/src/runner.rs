@@ -219,6 +219,15 @@ pub(crate) fn run_one(
             ),
         });
     }
+    // Finished since the queue was made (by another process): its result stands; resuming
+    // it would train past where it stopped.
+    if !force {
+        if let Ok(text) = std::fs::read_to_string(dir.join("result.json")) {
+            if let Ok(done) = serde_json::from_str::<fpt_train::RunResult>(&text) {
+                return Ok(done);
+            }
+        }
+    }
     if dir.exists() && (force || fpt_train::checkpoint::latest(dir).ok().flatten().is_none()) {
         std::fs::remove_dir_all(dir).map_err(io(dir))?;
     }

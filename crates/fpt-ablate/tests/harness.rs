@@ -760,4 +760,19 @@ fn a_run_another_process_is_training_is_left_alone() {
     let done = run(&cells, &out, &RunOptions::default(), &mut |_| {}).unwrap();
     assert_eq!(done.count, 1);
     assert!(dir.join("result.json").is_file());
+    // A worker handed a run that finished meanwhile (another process ended it after this
+    // queue was made) keeps its result: nothing trains, nothing is rewritten.
+    let (result, metrics) = (
+        std::fs::read(dir.join("result.json")).unwrap(),
+        std::fs::read(dir.join("metrics.jsonl")).unwrap(),
+    );
+    let Plan::Run { spec, .. } = &cells[0].plan else {
+        unreachable!()
+    };
+    let spec_json = serde_json::to_string(spec.as_ref()).unwrap();
+    let mut said = Vec::new();
+    fpt_ablate::worker::serve(&dir, false, &mut spec_json.as_bytes(), &mut said).unwrap();
+    assert!(said.is_empty(), "{}", String::from_utf8_lossy(&said));
+    assert_eq!(std::fs::read(dir.join("result.json")).unwrap(), result);
+    assert_eq!(std::fs::read(dir.join("metrics.jsonl")).unwrap(), metrics);
 }
