@@ -485,6 +485,14 @@ pub(crate) fn plan_at(
         bit_pretrain: (init == Init::BitPretrained).then(|| sc.bit_pretrain.unwrap_or_default()),
         precision: s.precision.unwrap_or_default(),
     };
+    // Llama-family backbones have rotary positions and no position table: fpt adds its own.
+    if !lstm && fpt_backbones::param_specs(&backbone).is_ok_and(|(c, _)| c.architecture() == "llama") {
+        notes.push(format!(
+            "{}: rotary positions have no table to train, so fpt adds its own learned position table ({} rows, N(0, 0.02)), trained as the positions group (as the reference code does for ViT)",
+            backbone.source,
+            fpt_backbones::llama::FPT_POSITIONS
+        ));
+    }
     // What this machine lacks: data, weights, depth.
     if check {
         if let Some(why) = unavailable_here(&task, &backbone, s.depth) {

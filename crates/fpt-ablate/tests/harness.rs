@@ -70,6 +70,13 @@ fn every_table_and_figure_of_the_paper_has_a_spec_that_expands_at_every_scale() 
                 c.notes
             );
             assert!(
+                c.notes
+                    .iter()
+                    .any(|n| n.contains("fpt adds its own learned position table (1024 rows")),
+                "{:?}",
+                c.notes
+            );
+            assert!(
                 c.differs.iter().any(|d| d == "frozen weights in bf16 (paper: f32)"),
                 "{:?}",
                 c.differs
