@@ -341,6 +341,24 @@ fn a_malformed_table_is_an_error_naming_the_file() {
     std::fs::write(&p, text).unwrap();
     let e = load_table(&d.path().join("tables"), "table1").unwrap_err().to_string();
     assert!(e.contains("table1.toml") && e.contains("intit"), "{e}");
+    // An alternate row that copies no row, or takes a row's label, is named.
+    for (like, label, want) in [
+        ("Pretrained", "FPT (other)", "`like` names no row (`Pretrained`)"),
+        (
+            "FPT",
+            "Random",
+            "alternate row `Random`: a row of the table has its label",
+        ),
+    ] {
+        write_mini(d.path());
+        let mut text = std::fs::read_to_string(&p).unwrap();
+        text.push_str(&format!(
+            "[[alternates]]\nlabel = \"{label}\"\nlike = \"{like}\"\nstands_in_for = \"gpt2\"\nsource = \"x\"\nnote = \"n\"\n"
+        ));
+        std::fs::write(&p, text).unwrap();
+        let e = load_table(&d.path().join("tables"), "table1").unwrap_err().to_string();
+        assert!(e.contains("table1.toml") && e.contains(want), "{e}");
+    }
 }
 
 /// The run spec of cell (row, col) of a real table at a scale.
