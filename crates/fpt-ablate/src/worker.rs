@@ -65,9 +65,11 @@ impl Workers {
         force: bool,
         on_eval: &mut dyn FnMut(&EvalLine),
     ) -> Result<fpt_train::RunResult> {
+        // The child's own errors name the run directory already: said once.
+        let prefix = format!("{}: ", dir.display());
         let fail = |msg: String| AblateError::Worker {
             dir: dir.to_path_buf(),
-            msg,
+            msg: msg.strip_prefix(&prefix).map(str::to_string).unwrap_or(msg),
         };
         let mut cmd = std::process::Command::new(&self.exe);
         cmd.arg("run-cell").arg("--dir").arg(dir);

@@ -20,14 +20,17 @@ struct Rotary {
     sin: Vec<f64>,
 }
 
-/// Rotates every head of `x` (`[rows = batch * t, heads * d]`, row r at position r % t);
-/// `sign` -1 gives the backward (the transpose of the rotation).
-fn rotate<T: Float>(op: &Rotary, x: &[T], sign: f64) -> Vec<T> {
+/// Elements per parallel task (whole rows of it): 64 KiB of f32, as the other element-wise ops.
+const TASK_ELEMS: usize = 1 << 14;
+
+/// Rotates every head of `x` (`[rows = batch * t, heads * d]`, row r at position r % t), or
+/// with `transpose` applies the rotation's transpose (the backward).
+fn rotate<T: Float>(op: &Rotary, x: &[T], transpose: bool) -> Vec<T> {
     let (d, h, w) = (op.d, op.d / 2, op.heads * op.d);
     let cos: Vec<T> = op.cos.iter().map(|&c| T::from(c).unwrap()).collect();
-    let sin: Vec<T> = op.sin.iter().map(|&s| T::from(sign * s).unwrap()).collect();
+    let sin: Vec<T> = op.sin.iter().map(|&s| T::from(s).unwrap()).collect();
     let mut y = vec![T::zero(); x.len()];
-    let rows_per_task = (1 << 14) / w.max(1) + 1;
+    let rows_per_task = TASK_ELEMS / w.max(1) + 1;
     let body = |(r0, (yc, xc)): (usize, (&mut [T], &[T]))| {
         for (k, (yr, xr)) in yc.chunks_mut(w).zip(xc.chunks(w)).enumerate() {
             let p = (r0 * rows_per_task + k) % op.t;
@@ -35,17 +38,16 @@ fn rotate<T: Float>(op: &Rotary, x: &[T], sign: f64) -> Vec<T> {
             for (yh, xh) in yr.chunks_mut(d).zip(xr.chunks(d)) {
                 let (y1, y2) = yh.split_at_mut(h);
                 let (x1, x2) = xh.split_at(h);
-                if sign > 0.0 {
+                if transpose {
+                    // dx1 = dy1 cos1 + dy2 sin2, dx2 = dy2 cos2 - dy1 sin1.
+                    for i in 0..h {
+                        y1[i] = x1[i] * c[i] + x2[i] * s[h + i];
+                        y2[i] = x2[i] * c[h + i] - x1[i] * s[i];
+                    }
+                } else {
                     for i in 0..h {
                         y1[i] = x1[i] * c[i] - x2[i] * s[i];
                         y2[i] = x2[i] * c[h + i] + x1[i] * s[h + i];
-                    }
-                } else {
-                    // The transpose: s holds -sin, so dx1 = dy1 cos1 + dy2 sin2 and
-                    // dx2 = dy2 cos2 - dy1 sin1.
-                    for i in 0..h {
-                        y1[i] = x1[i] * c[i] - x2[i] * s[h + i];
-                        y2[i] = x2[i] * c[h + i] + x1[i] * s[i];
                     }
                 }
             }
@@ -85,8 +87,8 @@ impl CustomOp1 for Rotary {
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
         self.check(l.shape())?;
         let out = match s.dtype() {
-            DType::F32 => CpuStorage::F32(rotate(self, cpu_slice::<f32>(s, l, "rotary")?, 1.0)),
-            DType::F64 => CpuStorage::F64(rotate(self, cpu_slice::<f64>(s, l, "rotary")?, 1.0)),
+            DType::F32 => CpuStorage::F32(rotate(self, cpu_slice::<f32>(s, l, "rotary")?, false)),
+            DType::F64 => CpuStorage::F64(rotate(self, cpu_slice::<f64>(s, l, "rotary")?, false)),
             dt => return Err(unsupported("rotary", dt)),
         };
         Ok((out, l.shape().clone()))
@@ -98,12 +100,12 @@ impl CustomOp1 for Rotary {
         }
         let dx = match dy.dtype() {
             DType::F32 => Tensor::from_vec(
-                with_cpu_slice::<f32, _>(dy, "rotary", |g| Ok(rotate(self, g, -1.0)))?,
+                with_cpu_slice::<f32, _>(dy, "rotary", |g| Ok(rotate(self, g, true)))?,
                 dy.shape(),
                 dy.device(),
             )?,
             DType::F64 => Tensor::from_vec(
-                with_cpu_slice::<f64, _>(dy, "rotary", |g| Ok(rotate(self, g, -1.0)))?,
+                with_cpu_slice::<f64, _>(dy, "rotary", |g| Ok(rotate(self, g, true)))?,
                 dy.shape(),
                 dy.device(),
             )?,

@@ -9,7 +9,7 @@
 //! and backward one more, storing nothing but the inputs.
 
 use super::fastmath::{gelu_fwd, gelu_fwd_and_grad, Silu};
-use super::{cpu_slice, tracks, unsupported, use_par, with_cpu_slice, Float};
+use super::{assume_init, cpu_slice, tracks, uninit, unsupported, use_par, with_cpu_slice, Float};
 use crate::kernels::KernelPath;
 use candle_core::backend::BackendStorage as _;
 use candle_core::{CpuStorage, CustomOp2, DType, Layout, Result, Shape, Tensor};
@@ -46,12 +46,13 @@ thread_local! {
 
 fn fwd_f32(g: &[f32], u: &[f32]) -> Vec<f32> {
     let path = KernelPath::active();
-    let mut y = vec![0f32; g.len()];
-    let body = |(yc, (gc, uc)): (&mut [f32], (&[f32], &[f32]))| {
+    let mut y = uninit::<f32>(g.len());
+    type Item<'a> = (&'a mut [MaybeUninit<f32>], (&'a [f32], &'a [f32]));
+    let body = |(yc, (gc, uc)): Item| {
         SCRATCH.with_borrow_mut(|(s, _)| {
             silu_into(path, gc, s, None);
             for ((o, &a), &b) in yc.iter_mut().zip(s.iter()).zip(uc) {
-                *o = a * b;
+                o.write(a * b);
             }
         })
     };
@@ -64,20 +65,25 @@ fn fwd_f32(g: &[f32], u: &[f32]) -> Vec<f32> {
             .zip(g.chunks(CHUNK).zip(u.chunks(CHUNK)))
             .for_each(body);
     }
-    y
+    // SAFETY: the chunks cover y, and each writes all of its slots (g, u and y have equal
+    // lengths: the op checked the shapes).
+    unsafe { assume_init(y) }
 }
 
 /// `(dg, du)`.
 fn bwd_f32(g: &[f32], u: &[f32], dy: &[f32]) -> (Vec<f32>, Vec<f32>) {
     let path = KernelPath::active();
-    let (mut dg, mut du) = (vec![0f32; g.len()], vec![0f32; g.len()]);
-    type Item<'a> = ((&'a mut [f32], &'a mut [f32]), (&'a [f32], (&'a [f32], &'a [f32])));
+    let (mut dg, mut du) = (uninit::<f32>(g.len()), uninit::<f32>(g.len()));
+    type Item<'a> = (
+        (&'a mut [MaybeUninit<f32>], &'a mut [MaybeUninit<f32>]),
+        (&'a [f32], (&'a [f32], &'a [f32])),
+    );
     let body = |((dgc, duc), (gc, (uc, dyc))): Item| {
         SCRATCH.with_borrow_mut(|(s, d)| {
             silu_into(path, gc, s, Some(d));
             for i in 0..gc.len() {
-                duc[i] = dyc[i] * s[i];
-                dgc[i] = dyc[i] * uc[i] * d[i];
+                duc[i].write(dyc[i] * s[i]);
+                dgc[i].write(dyc[i] * uc[i] * d[i]);
             }
         })
     };
@@ -92,7 +98,9 @@ fn bwd_f32(g: &[f32], u: &[f32], dy: &[f32]) -> (Vec<f32>, Vec<f32>) {
             .zip(g.chunks(CHUNK).zip(u.chunks(CHUNK).zip(dy.chunks(CHUNK))))
             .for_each(body);
     }
-    (dg, du)
+    // SAFETY: the chunks cover dg and du, and each writes all of its slots of both (the
+    // gradient has the inputs' shape, as candle's backward guarantees).
+    unsafe { (assume_init(dg), assume_init(du)) }
 }
 
 /// The same in any float type, scalar (f64: the tests' reference precision).
