@@ -446,3 +446,63 @@ fn table2_needs_exactly_its_cells_assets() {
         "{paper:?}"
     );
 }
+
+/// Where GPT-2 is substituted (smoke, cpu), Table 2 carries SmolLM2 rows beside GPT-2's
+/// numbers and their claim; at the paper scale (GPT-2 itself) neither.
+#[test]
+fn table2_carries_smollm2_rows_only_where_gpt2_is_substituted() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/tables");
+    let scales = load_scales(&dir).unwrap();
+    let t = load_table(&dir, "table2").unwrap();
+    for (scale, alternates) in [("smoke", true), ("cpu", true), ("paper", false)] {
+        let at = fpt_ablate::at_scale(&t, &scales, scale).unwrap();
+        let labels: Vec<&str> = at.rows.iter().map(|r| r.label.as_str()).collect();
+        let smollm2 = labels.iter().position(|l| *l == "FPT (SmolLM2)");
+        assert_eq!(smollm2.is_some(), alternates, "{scale}: {labels:?}");
+        assert_eq!(at.paper.len(), at.rows.len());
+        let claims = at.claims.iter().filter(|c| c.text.contains("SmolLM2")).count();
+        assert_eq!(claims, usize::from(alternates), "{scale}");
+        // Idempotent: the table at its scale is itself at that scale.
+        assert_eq!(fpt_ablate::at_scale(&at, &scales, scale).unwrap(), at);
+        if let Some(r) = smollm2 {
+            assert_eq!(at.paper[r], t.paper[0], "FPT (SmolLM2) shows GPT-2's FPT numbers");
+            let cells = fpt_ablate::expand(&t, &scales, scale).unwrap();
+            let c = cells.iter().find(|c| c.row == r && c.col == 1).unwrap();
+            let Plan::Run { spec, .. } = &c.plan else {
+                // The GGUF may be absent here: then the cell names it as unavailable.
+                let Plan::Unavailable(why) = &c.plan else {
+                    panic!("{:?}", c.plan)
+                };
+                assert!(why.contains("smollm2"), "{why}");
+                continue;
+            };
+            assert_eq!(spec.backbone.source, "smollm2");
+            assert_eq!(spec.backbone.precision, fpt_spec::Precision::Bf16);
+            assert_eq!(spec.backbone.init, fpt_spec::Init::Pretrained);
+            assert!(
+                c.notes.iter().any(|n| n.starts_with("gpt2 -> smollm2: SmolLM2-135M")),
+                "{:?}",
+                c.notes
+            );
+            assert!(
+                c.notes
+                    .iter()
+                    .any(|n| n.contains("fpt adds its own learned position table (1024 rows")),
+                "{:?}",
+                c.notes
+            );
+            assert!(
+                c.differs.iter().any(|d| d == "frozen weights in bf16 (paper: f32)"),
+                "{:?}",
+                c.differs
+            );
+            assert!(
+                c.differs
+                    .iter()
+                    .any(|d| d.starts_with("backbone smollm2 (30 x 576) (paper: gpt2")),
+                "{:?}",
+                c.differs
+            );
+        }
+    }
+}
