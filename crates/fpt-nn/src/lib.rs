@@ -15,13 +15,18 @@
 //!
 //! Frozen weights are plain tensors, trainable ones are `Var`s: see [`Param`].
 
+#[cfg(feature = "cuda")]
+mod cuda;
 pub mod device;
+#[cfg(test)]
+mod host_grid;
 pub mod init;
 pub mod kernels;
 pub mod layers;
 pub mod ops;
 mod param;
 mod rng;
+pub mod transfer;
 
 pub use kernels::KernelPath;
 pub use layers::{BranchMid, Embedding, LayerNorm, Linear, NormAt, ResidualBranch};

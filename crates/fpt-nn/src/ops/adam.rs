@@ -55,10 +55,10 @@ impl From<&AdamCoefs> for F32Coefs {
 }
 
 /// Updates `p` (a trainable parameter) and its moments `m` and `v` from its gradient `g`,
-/// all of one shape. On CPU f32 tensors that each own their storage (contiguous from its
-/// start) the update is written in place (three passes: `m`, `v`, then `p`); otherwise
-/// (other devices or dtypes, views) the composed update runs and `m` and `v` are replaced
-/// by new tensors.
+/// all of one shape. On f32 tensors that each own their storage (contiguous from its
+/// start), on the CPU or on a GPU (`kernels/fpt_kernels.cu`), the update is written in
+/// place (three passes: `m`, `v`, then `p`); otherwise (other dtypes, views) the composed
+/// update runs and `m` and `v` are replaced by new tensors.
 pub fn adam_update(p: &Var, m: &mut Tensor, v: &mut Tensor, g: &Tensor, c: &AdamCoefs) -> Result<()> {
     for (what, t) in [("m", &*m), ("v", &*v), ("gradient", g)] {
         if t.shape() != p.shape() {
@@ -69,8 +69,8 @@ pub fn adam_update(p: &Var, m: &mut Tensor, v: &mut Tensor, g: &Tensor, c: &Adam
             );
         }
     }
-    let cpu_f32 = |t: &Tensor| t.dtype() == DType::F32 && t.device().is_cpu();
-    if owns_storage(p.as_tensor()) && owns_storage(m) && owns_storage(v) && cpu_f32(g) {
+    let f32_here = |t: &Tensor| t.dtype() == DType::F32 && t.device().same_device(p.device());
+    if owns_storage(p.as_tensor()) && owns_storage(m) && owns_storage(v) && f32_here(g) {
         // A strided gradient (a view) is read through a contiguous copy.
         let g = &g.contiguous()?;
         let f = F32Coefs::from(c);
@@ -118,13 +118,17 @@ pub fn adam_update_composed(
 /// A CPU f32 tensor that covers its whole storage, contiguously: writing it in place
 /// touches nothing but its own values (a view into a larger buffer, or a broadcast, does
 /// not qualify).
+/// Whether `t` is f32 and owns all of its storage from offset 0 (so an in-place update
+/// writes exactly its elements), on the CPU or (with the `cuda` feature) a GPU.
 fn owns_storage(t: &Tensor) -> bool {
-    if t.dtype() != DType::F32 || !t.device().is_cpu() {
+    if t.dtype() != DType::F32 {
         return false;
     }
     let (s, l) = t.storage_and_layout();
     match (&*s, l.contiguous_offsets()) {
         (Storage::Cpu(CpuStorage::F32(data)), Some((0, end))) => end == data.len(),
+        #[cfg(feature = "cuda")]
+        (Storage::Cuda(cs), Some((0, end))) => cs.as_cuda_slice::<f32>().is_ok_and(|d| d.len() == end),
         _ => false,
     }
 }
@@ -178,6 +182,17 @@ impl candle_core::InplaceOp2 for MomentOp {
         }
         Ok(())
     }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &mut candle_core::CudaStorage,
+        _l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+    ) -> Result<()> {
+        crate::cuda::moment(s1, (s2, l2), self.decay, self.rest, self.square)
+    }
 }
 
 /// `p := p - (m / ((sqrt(v) * inv_sqrt_bc2 + 0) * 1 + eps) * step_size + 0)`, the composed
@@ -226,6 +241,20 @@ impl candle_core::InplaceOp3 for StepOp {
             body(((p, m), v));
         }
         Ok(())
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &mut candle_core::CudaStorage,
+        _l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> Result<()> {
+        let c = self.c;
+        crate::cuda::adam_step(s1, (s2, l2), (s3, l3), c.inv_sqrt_bc2, c.eps, c.step_size)
     }
 }
 

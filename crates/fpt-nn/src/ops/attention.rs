@@ -19,7 +19,6 @@
 use super::sgemm::{sgemm, MatMut, MatRef};
 use super::{tracks, unsupported, Mask};
 use crate::kernels::KernelPath;
-use crate::Rng;
 use candle_core::backend::BackendStorage as _;
 use candle_core::{CpuStorage, CustomOp1, DType, Layout, Result, Shape, Tensor, D};
 use rayon::prelude::*;
@@ -42,12 +41,12 @@ pub struct AttentionSpec {
 /// `1 / (1 - p)`, from a key of the head's stream hashed with the element index (the same values
 /// as [`dropout_mask`]).
 fn fill_mask(path: KernelPath, out: &mut [f32], seed: u64, bh: usize, p: f64) {
-    let key = (Rng::stream(seed, bh as u64).next_u64() >> 32) as u32;
-    super::fastmath::dropout_multipliers(path, out, key, 0, p);
+    super::fastmath::dropout_multipliers(path, out, super::dropout::chunk_key(seed, bh), 0, p);
 }
 
 /// The dropout multipliers the fused op applies, as a `[batch, heads, t, t]` tensor (for
-/// the composed reference and for tests).
+/// the composed reference and for tests): a mask of one block per (example, head) matrix,
+/// the one [`attention_composed`] draws where the probabilities live.
 pub fn dropout_mask(
     batch: usize,
     heads: usize,
@@ -56,12 +55,8 @@ pub fn dropout_mask(
     seed: u64,
     device: &candle_core::Device,
 ) -> Result<Tensor> {
-    let mut m = vec![0f32; batch * heads * t * t];
-    let path = KernelPath::active();
-    for (bh, chunk) in m.chunks_mut(t * t).enumerate() {
-        fill_mask(path, chunk, seed, bh, p);
-    }
-    Tensor::from_vec(m, (batch, heads, t, t), device)
+    let m = super::dropout::mask_values(batch * heads * t * t, t * t, p, seed);
+    crate::transfer::upload(m, (batch, heads, t, t), device)
 }
 
 /// Geometry of Q, K and V inside their buffers.
@@ -651,10 +646,9 @@ pub fn attention_composed(q: &Tensor, k: &Tensor, v: &Tensor, spec: AttentionSpe
     let h = spec.heads;
     let mut probs = attention_probs(q, k, h, spec.scale, spec.mask)?;
     if let Some((p, seed)) = spec.dropout {
-        let m = dropout_mask(b, h, t, p, seed, &candle_core::Device::Cpu)?
-            .to_dtype(q.dtype())?
-            .to_device(q.device())?;
-        probs = probs.mul(&m)?;
+        // Drawn where the probabilities are (a kernel on a GPU): the same mask as
+        // [`dropout_mask`], never copied from the host.
+        probs = super::dropout::DropoutMul { p, seed, block: t * t }.apply(&probs)?;
     }
     let v = v.reshape((b, t, h, c / h))?.transpose(1, 2)?.contiguous()?;
     probs.matmul(&v)?.transpose(1, 2)?.reshape((b, t, c))

@@ -1,93 +1,147 @@
 //! Inverted dropout whose mask comes from a seed drawn from the run's [`Rng`], so dropout
 //! is reproducible from the run's seed (candle's own CPU random numbers cannot be seeded).
 //!
-//! The mask is drawn in chunks of [`CHUNK`] elements: chunk `i` takes a 32-bit key from
-//! [`Rng::stream`]`(seed, i)`, and element `j` of the chunk is dropped when a 32-bit hash of
-//! (key, j) falls below `p * 2^24` (vectorized, no sequential generator), so the mask is
-//! drawn in parallel and can be drawn again identically: [`dropout_add`] (the residual
-//! branch `x + dropout(y)`) stores no mask and redraws it in backward.
+//! A mask is counter-based: it is cut into blocks ([`CHUNK`] elements for [`dropout`] and
+//! [`dropout_add`], one `t x t` matrix per (example, head) for attention); block `b` takes a
+//! 32-bit key from [`Rng::stream`]`(seed, b)`, and element `j` of the block is dropped when a
+//! 32-bit hash of (key, j) falls below `p * 2^24` (vectorized, no sequential generator). So
+//! a mask is a pure function of (seed, block size, index): drawn in parallel, drawn again in
+//! backward instead of stored, and drawn on a GPU by the same function in a kernel
+//! (`kernels/fpt_ops.h`), never copied from the host, the same mask as on the CPU.
 
 use super::{cpu_slice, tracks, unsupported, use_par};
 use crate::kernels::KernelPath;
 use crate::Rng;
 use candle_core::backend::BackendStorage as _;
-use candle_core::{CpuStorage, CudaStorage, CustomOp2, DType, Layout, Result, Shape, Tensor};
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 
-/// Elements per mask chunk (one random stream each).
-const CHUNK: usize = 16_384;
+/// Elements per mask block of [`dropout`] and [`dropout_add`] (one random stream each).
+pub(crate) const CHUNK: usize = 16_384;
 
-/// Calls `f(chunk_index, chunk)` for each [`CHUNK`]-sized piece of `buf`, in parallel when
-/// large.
-fn for_chunks<T: Send>(buf: &mut [T], f: impl Fn(usize, &mut [T]) + Send + Sync) {
-    if use_par(buf.len()) {
-        buf.par_chunks_mut(CHUNK).enumerate().for_each(|(c, o)| f(c, o));
-    } else {
-        buf.chunks_mut(CHUNK).enumerate().for_each(|(c, o)| f(c, o));
+/// The hash key of block `block` of a mask seeded by `seed`.
+pub(crate) fn chunk_key(seed: u64, block: usize) -> u32 {
+    (Rng::stream(seed, block as u64).next_u64() >> 32) as u32
+}
+
+/// Calls `f(start, multipliers)` for consecutive pieces covering elements `from..to` of a
+/// mask of blocks of `block` elements drawn from `(p, seed)`: 0 with probability `p`, else
+/// `1 / (1 - p)`.
+fn for_mask_pieces(from: usize, to: usize, block: usize, p: f64, seed: u64, mut f: impl FnMut(usize, &[f32])) {
+    const PIECE: usize = 1024;
+    let path = KernelPath::active();
+    let block = block.max(1);
+    let mut m = [0f32; PIECE];
+    let mut start = from;
+    while start < to {
+        let b = start / block;
+        let j = start - b * block;
+        let len = PIECE.min(block - j).min(to - start);
+        super::fastmath::dropout_multipliers(path, &mut m[..len], chunk_key(seed, b), j as u32, p);
+        f(start, &m[..len]);
+        start += len;
     }
 }
 
-/// The hash key of chunk `chunk` of a mask seeded by `seed`.
-fn chunk_key(seed: u64, chunk: usize) -> u32 {
-    (Rng::stream(seed, chunk as u64).next_u64() >> 32) as u32
-}
-
-/// Draws one chunk's multipliers: 0 with probability `p`, else `1 / (1 - p)`.
-fn draw(path: KernelPath, out: &mut [f32], seed: u64, chunk: usize, p: f64) {
-    super::fastmath::dropout_multipliers(path, out, chunk_key(seed, chunk), 0, p);
+/// Writes `out[i] = g(i, multiplier of i)` for every element, in parallel pieces of
+/// [`CHUNK`] when large.
+fn fill_with_mask<T: Send>(
+    out: &mut [std::mem::MaybeUninit<T>],
+    block: usize,
+    p: f64,
+    seed: u64,
+    g: impl Fn(usize, f32) -> T + Send + Sync,
+) {
+    let fill = |c: usize, o: &mut [std::mem::MaybeUninit<T>]| {
+        let first = c * CHUNK;
+        for_mask_pieces(first, first + o.len(), block, p, seed, |s, m| {
+            for (k, (slot, &mv)) in o[s - first..s - first + m.len()].iter_mut().zip(m).enumerate() {
+                slot.write(g(s + k, mv));
+            }
+        });
+    };
+    if use_par(out.len()) {
+        out.par_chunks_mut(CHUNK).enumerate().for_each(|(c, o)| fill(c, o));
+    } else {
+        out.chunks_mut(CHUNK).enumerate().for_each(|(c, o)| fill(c, o));
+    }
 }
 
 /// The dropout multipliers (0 or `1 / (1 - p)`) of `n` elements for `seed` (the same on
-/// every kernel path).
+/// every kernel path and device).
 pub fn dropout_mask_values(n: usize, p: f64, seed: u64) -> Vec<f32> {
-    let path = KernelPath::active();
-    let mut m = vec![0f32; n];
-    for_chunks(&mut m, |c, out| draw(path, out, seed, c, p));
-    m
+    mask_values(n, CHUNK, p, seed)
 }
 
-/// Multiplies by a constant mask; the mask gets no gradient.
-struct MaskMul;
+/// The multipliers of a mask of blocks of `block` elements.
+pub(crate) fn mask_values(n: usize, block: usize, p: f64, seed: u64) -> Vec<f32> {
+    let mut out = super::uninit::<f32>(n);
+    fill_with_mask(&mut out, block, p, seed, |_, m| m);
+    // SAFETY: fill_with_mask writes every element.
+    unsafe { super::assume_init(out) }
+}
 
-impl CustomOp2 for MaskMul {
+/// `x * mask`, the mask of blocks of `block` elements drawn from `(p, seed)` where the
+/// tensor lives (a kernel on a GPU). Backward multiplies by the same mask, drawn again.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct DropoutMul {
+    pub(crate) p: f64,
+    pub(crate) seed: u64,
+    pub(crate) block: usize,
+}
+
+impl DropoutMul {
+    fn host<T: super::Float>(&self, x: &[T]) -> Vec<T> {
+        let mut out = super::uninit::<T>(x.len());
+        fill_with_mask(&mut out, self.block, self.p, self.seed, |i, m| {
+            x[i] * T::from(m).expect("f32 converts")
+        });
+        // SAFETY: fill_with_mask writes every element.
+        unsafe { super::assume_init(out) }
+    }
+
+    /// `x * mask` for a tensor on any device: f32 and f64 on the CPU, f32 on a GPU (its
+    /// kernel, nothing copied); another dtype on a GPU multiplies by the mask drawn on the
+    /// host and uploaded (a counted copy, see [`crate::transfer`]).
+    pub(crate) fn apply(&self, x: &Tensor) -> Result<Tensor> {
+        if !x.device().is_cpu() && x.dtype() != DType::F32 {
+            let m = mask_values(x.elem_count(), self.block, self.p, self.seed);
+            let m = crate::transfer::upload(m, x.shape(), x.device())?.to_dtype(x.dtype())?;
+            return x.mul(&m);
+        }
+        x.contiguous()?.apply_op1(*self)
+    }
+}
+
+impl CustomOp1 for DropoutMul {
     fn name(&self) -> &'static str {
         "fpt-dropout"
     }
 
-    fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> Result<(CpuStorage, Shape)> {
-        let out = match s1.dtype() {
-            DType::F32 => {
-                let (x, m) = (
-                    cpu_slice::<f32>(s1, l1, "dropout")?,
-                    cpu_slice::<f32>(s2, l2, "dropout")?,
-                );
-                CpuStorage::F32(x.iter().zip(m).map(|(a, b)| a * b).collect())
-            }
-            DType::F64 => {
-                let (x, m) = (
-                    cpu_slice::<f64>(s1, l1, "dropout")?,
-                    cpu_slice::<f64>(s2, l2, "dropout")?,
-                );
-                CpuStorage::F64(x.iter().zip(m).map(|(a, b)| a * b).collect())
-            }
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let out = match s.dtype() {
+            DType::F32 => CpuStorage::F32(self.host(cpu_slice::<f32>(s, l, "dropout")?)),
+            DType::F64 => CpuStorage::F64(self.host(cpu_slice::<f64>(s, l, "dropout")?)),
             dt => return Err(unsupported("dropout", dt)),
         };
-        Ok((out, l1.shape().clone()))
+        Ok((out, l.shape().clone()))
     }
 
-    fn cuda_fwd(&self, s1: &CudaStorage, l1: &Layout, s2: &CudaStorage, l2: &Layout) -> Result<(CudaStorage, Shape)> {
-        use candle_core::backend::BackendStorage;
-        let out = s1.binary_impl::<candle_core::op::Mul>(s2, l1, l2)?;
-        Ok((out, l1.shape().clone()))
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(&self, s: &candle_core::CudaStorage, l: &Layout) -> Result<(candle_core::CudaStorage, Shape)> {
+        Ok((
+            crate::cuda::dropout_mul(s, l, self.p, self.seed, self.block)?,
+            l.shape().clone(),
+        ))
     }
 
-    fn bwd(&self, _x: &Tensor, mask: &Tensor, _res: &Tensor, dy: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        Ok((Some(dy.mul(mask)?), None))
+    fn bwd(&self, _x: &Tensor, _res: &Tensor, dy: &Tensor) -> Result<Option<Tensor>> {
+        Ok(Some(self.apply(dy)?))
     }
 }
 
 /// Zeroes each element with probability `p` and scales the rest by `1 / (1 - p)`; the mask
-/// is drawn from a seed taken from `rng`.
+/// is drawn from a seed taken from `rng`, where `x` lives.
 pub fn dropout(x: &Tensor, p: f64, rng: &mut Rng) -> Result<Tensor> {
     if p <= 0.0 {
         return Ok(x.clone());
@@ -96,9 +150,7 @@ pub fn dropout(x: &Tensor, p: f64, rng: &mut Rng) -> Result<Tensor> {
         return x.zeros_like();
     }
     let seed = rng.next_u64();
-    let mask =
-        Tensor::from_vec(dropout_mask_values(x.elem_count(), p, seed), x.shape(), x.device())?.to_dtype(x.dtype())?;
-    x.contiguous()?.apply_op2(&mask, MaskMul)
+    DropoutMul { p, seed, block: CHUNK }.apply(x)
 }
 
 /// `x + y * mask`, the mask redrawn from `(p, seed)` in backward instead of stored.
@@ -108,38 +160,14 @@ pub(super) struct DropoutAdd {
 }
 
 impl DropoutAdd {
-    /// `out[i] = a[i] + b[i] * m[i]` (or `b[i] * m[i]` without `a`), chunk by chunk, the
-    /// multipliers drawn as [`draw`] draws them.
+    /// `out[i] = a[i] + b[i] * m[i]` (or `b[i] * m[i]` without `a`).
     pub(super) fn run(&self, a: Option<&[f32]>, b: &[f32]) -> Vec<f32> {
-        const BLOCK: usize = 1024;
-        let path = KernelPath::active();
-        let n = b.len();
-        let mut out = super::uninit::<f32>(n);
-        for_chunks(&mut out, |c, o| {
-            let start = c * CHUNK;
-            let key = chunk_key(self.seed, c);
-            let mut m = [0f32; BLOCK];
-            for (bi, ob) in o.chunks_mut(BLOCK).enumerate() {
-                let j0 = bi * BLOCK;
-                let m = &mut m[..ob.len()];
-                super::fastmath::dropout_multipliers(path, m, key, j0 as u32, self.p);
-                let bs = &b[start + j0..start + j0 + ob.len()];
-                match a {
-                    Some(a) => {
-                        let xs = &a[start + j0..start + j0 + ob.len()];
-                        for (((o, &x), &y), &mv) in ob.iter_mut().zip(xs).zip(bs).zip(m.iter()) {
-                            o.write(x + y * mv);
-                        }
-                    }
-                    None => {
-                        for ((o, &y), &mv) in ob.iter_mut().zip(bs).zip(m.iter()) {
-                            o.write(y * mv);
-                        }
-                    }
-                }
-            }
-        });
-        // SAFETY: the chunks cover `out` and each writes all of its slots.
+        let mut out = super::uninit::<f32>(b.len());
+        match a {
+            Some(a) => fill_with_mask(&mut out, CHUNK, self.p, self.seed, |i, m| a[i] + b[i] * m),
+            None => fill_with_mask(&mut out, CHUNK, self.p, self.seed, |i, m| b[i] * m),
+        }
+        // SAFETY: fill_with_mask writes every element.
         unsafe { super::assume_init(out) }
     }
 }
@@ -160,10 +188,30 @@ impl CustomOp2 for DropoutAdd {
         Ok((CpuStorage::F32(self.run(Some(a), b)), l1.shape().clone()))
     }
 
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        Ok((
+            crate::cuda::dropout_add((s1, l1), (s2, l2), self.p, self.seed, CHUNK)?,
+            l1.shape().clone(),
+        ))
+    }
+
     fn bwd(&self, x: &Tensor, y: &Tensor, _res: &Tensor, dy: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
         let dyv = if tracks(y) {
-            let v = super::with_cpu_slice::<f32, _>(dy, "dropout_add", |g| Ok(self.run(None, g)))?;
-            Some(Tensor::from_vec(v, y.shape(), y.device())?)
+            Some(
+                DropoutMul {
+                    p: self.p,
+                    seed: self.seed,
+                    block: CHUNK,
+                }
+                .apply(dy)?,
+            )
         } else {
             None
         };
@@ -171,8 +219,9 @@ impl CustomOp2 for DropoutAdd {
     }
 }
 
-/// `x + dropout(y)` (a residual branch), with the mask drawn from `seed`: fused on CPU for
-/// f32 (the mask is never stored; backward redraws it), composed elsewhere. The mask equals
+/// `x + dropout(y)` (a residual branch), with the mask drawn from `seed`: one fused op for
+/// f32 on the CPU and on a GPU (the mask is never stored; backward redraws it), composed of
+/// [`DropoutMul`] and an addition for f64. The mask equals
 /// [`dropout_mask_values`]`(n, p, seed)`.
 pub fn dropout_add(x: &Tensor, y: &Tensor, p: f64, seed: u64) -> Result<Tensor> {
     if p <= 0.0 {
@@ -181,10 +230,8 @@ pub fn dropout_add(x: &Tensor, y: &Tensor, p: f64, seed: u64) -> Result<Tensor> 
     if x.shape() != y.shape() {
         candle_core::bail!("dropout_add: shapes {:?} and {:?} differ", x.shape(), y.shape())
     }
-    if x.device().is_cpu() && x.dtype() == DType::F32 && y.dtype() == DType::F32 {
+    if x.dtype() == DType::F32 && y.dtype() == DType::F32 {
         return x.contiguous()?.apply_op2(&y.contiguous()?, DropoutAdd { p, seed });
     }
-    let mask =
-        Tensor::from_vec(dropout_mask_values(y.elem_count(), p, seed), y.shape(), y.device())?.to_dtype(y.dtype())?;
-    x + y.mul(&mask)?
+    x + DropoutMul { p, seed, block: CHUNK }.apply(y)?
 }

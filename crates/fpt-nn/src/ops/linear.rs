@@ -444,8 +444,10 @@ pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
 /// given; everything else as [`linear`].
 ///
 /// A bf16 `w` (a frozen weight under `precision: bf16`) takes an f32 `x`: on the CPU the op
-/// multiplies bf16 operands with f32 sums (`ops/bf16.rs`); on other devices `x` is rounded
-/// to bf16 values and `w` widened to f32 with candle casts, the same numbers.
+/// multiplies bf16 operands with f32 sums (`ops/bf16.rs`), the result in f32; on a GPU `x`
+/// is cast to bf16 and the product is cuBLAS's bf16 one (f32 sums, the result rounded to
+/// bf16, as PyTorch's autocast does), cast back to f32 before the bias is added; its
+/// backward is the same bf16 product with `W` (no weight gradient: a bf16 weight is frozen).
 pub(crate) fn linear_prepacked(
     x: &Tensor,
     w: &Tensor,
@@ -457,8 +459,11 @@ pub(crate) fn linear_prepacked(
         if x.dtype() != DType::F32 {
             candle_core::bail!("linear: a bf16 weight takes an f32 input, not {:?}", x.dtype())
         }
-        let xr = x.to_dtype(DType::BF16)?.to_dtype(DType::F32)?;
-        return linear_prepacked(&xr, &w.to_dtype(DType::F32)?, b, None, None);
+        let y = linear_prepacked(&x.to_dtype(DType::BF16)?, w, None, None, None)?.to_dtype(DType::F32)?;
+        return match b {
+            Some(b) => y.broadcast_add(b),
+            None => Ok(y),
+        };
     }
     let x = x.contiguous()?;
     let w = w.contiguous()?;

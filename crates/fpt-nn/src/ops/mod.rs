@@ -10,7 +10,7 @@
 mod adam;
 mod attention;
 pub mod bf16;
-mod dropout;
+pub(crate) mod dropout;
 pub(crate) mod fastmath;
 mod gelu;
 mod layer_norm;

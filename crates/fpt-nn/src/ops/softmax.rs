@@ -138,7 +138,27 @@ impl CustomOp1 for SoftmaxOp {
         Ok((out, l.shape().clone()))
     }
 
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(&self, s: &candle_core::CudaStorage, l: &Layout) -> Result<(candle_core::CudaStorage, Shape)> {
+        let (tq, tk) = dims(l.shape())?;
+        let (kind, band) = match self.mask {
+            Mask::None => (0, 0),
+            Mask::Causal => (1, 0),
+            Mask::Band(w) => (2, w),
+        };
+        Ok((
+            crate::cuda::softmax_fwd(s, l, tq, tk, self.scale, kind, band)?,
+            l.shape().clone(),
+        ))
+    }
+
     fn bwd(&self, _arg: &Tensor, res: &Tensor, dy: &Tensor) -> Result<Option<Tensor>> {
+        if !res.device().is_cpu() {
+            let ds = res
+                .contiguous()?
+                .apply_op2_no_bwd(&dy.contiguous()?, &SoftmaxBackward { scale: self.scale })?;
+            return Ok(Some(ds));
+        }
         let (tq, tk) = dims(res.shape())?;
         let ds = match res.dtype() {
             DType::F32 => {
@@ -163,10 +183,44 @@ impl CustomOp1 for SoftmaxOp {
     }
 }
 
+/// The softmax's backward on a GPU, `scale * y * (dy - sum(dy * y))` per row (a kernel;
+/// the CPU's is [`bwd_kernel`]); itself never differentiated.
+struct SoftmaxBackward {
+    // Read by the kernel launch, in builds with the `cuda` feature.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    scale: f64,
+}
+
+impl candle_core::CustomOp2 for SoftmaxBackward {
+    fn name(&self) -> &'static str {
+        "fpt-masked-softmax-backward"
+    }
+
+    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
+        candle_core::bail!("masked_softmax: the backward op is for GPUs (the CPU's is fused in the forward op)")
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        y: &candle_core::CudaStorage,
+        ly: &Layout,
+        dy: &candle_core::CudaStorage,
+        ldy: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        Ok((
+            crate::cuda::softmax_bwd((y, ly), (dy, ldy), self.scale)?,
+            ly.shape().clone(),
+        ))
+    }
+}
+
 /// `softmax(scale * s)` over the last dimension of `s: [.., tq, tk]`, each query seeing
-/// the keys `mask` leaves visible (the rest get probability 0). Fused on CPU.
+/// the keys `mask` leaves visible (the rest get probability 0). One fused op on the CPU
+/// (f32, f64) and on a GPU (f32: a kernel each way); composed of candle ops for other
+/// dtypes on a GPU.
 pub fn masked_softmax(s: &Tensor, scale: f64, mask: Mask) -> Result<Tensor> {
-    if !s.device().is_cpu() {
+    if !s.device().is_cpu() && s.dtype() != DType::F32 {
         return masked_softmax_composed(s, scale, mask);
     }
     s.contiguous()?.apply_op1(SoftmaxOp { scale, mask })
@@ -177,16 +231,21 @@ pub fn masked_softmax_composed(s: &Tensor, scale: f64, mask: Mask) -> Result<Ten
     let (tq, tk) = dims(s.shape())?;
     let mut s = s.affine(scale, 0.0)?;
     if mask != Mask::None {
-        let hidden: Vec<u8> = (0..tq)
-            .flat_map(|i| {
-                let (lo, hi) = mask.range(i, tq, tk);
-                (0..tk).map(move |j| u8::from(j < lo || j >= hi))
-            })
-            .collect();
-        let hidden = Tensor::from_vec(hidden, (tq, tk), s.device())?.broadcast_as(s.shape())?;
-        let neg = Tensor::new(f32::NEG_INFINITY, s.device())?
-            .to_dtype(s.dtype())?
-            .broadcast_as(s.shape())?;
+        let dev = &s.device().clone();
+        let hidden = crate::transfer::constant(format!("softmax-hidden:{mask:?}:{tq}x{tk}"), dev, || {
+            let hidden: Vec<u8> = (0..tq)
+                .flat_map(|i| {
+                    let (lo, hi) = mask.range(i, tq, tk);
+                    (0..tk).map(move |j| u8::from(j < lo || j >= hi))
+                })
+                .collect();
+            crate::transfer::upload(hidden, (tq, tk), dev)
+        })?
+        .broadcast_as(s.shape())?;
+        let neg = crate::transfer::constant(format!("neg-inf:{:?}", s.dtype()), dev, || {
+            crate::transfer::upload(vec![f32::NEG_INFINITY], (), dev)?.to_dtype(s.dtype())
+        })?
+        .broadcast_as(s.shape())?;
         s = hidden.where_cond(&neg, &s)?;
     }
     let max = s.max_keepdim(D::Minus1)?.detach();

@@ -1,0 +1,78 @@
+// fpt's CUDA kernels: the bodies of fpt_ops.h driven over the GPU's grid. Compiled to PTX
+// by crates/fpt-nn/build.rs (feature `cuda`, `nvcc -ptx -arch=sm_$CUDA_COMPUTE_CAP`) and
+// loaded by src/cuda.rs; host_grid.c drives the same bodies over a simulated grid in
+// `cargo test`. Every kernel takes contiguous f32 buffers.
+
+#include "fpt_ops.h"
+
+#define FPT_WARP 32
+
+// Sum and maximum over the 32 lanes of a warp (every lane gets the result).
+__device__ __forceinline__ float fpt_warp_sum(float v) {
+    for (int o = FPT_WARP / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float fpt_warp_max(float v) {
+    for (int o = FPT_WARP / 2; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// A grid-stride loop over n elements.
+#define FPT_FOR_EACH(i, n)                                                                  \
+    for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (uint64_t)(n); \
+         i += (uint64_t)gridDim.x * blockDim.x)
+
+// y = x * mask (mask: blocks of `block` elements, see fpt_dropout_mult).
+extern "C" __global__ void fpt_dropout_mul_f32(const float *x, float *y, uint64_t n, uint64_t seed, uint64_t block,
+                                               int32_t thr, float keep) {
+    FPT_FOR_EACH(i, n) { y[i] = x[i] * fpt_dropout_mult(seed, block, i, thr, keep); }
+}
+
+// out = a + b * mask: the residual branch x + dropout(y).
+extern "C" __global__ void fpt_dropout_add_f32(const float *a, const float *b, float *out, uint64_t n, uint64_t seed,
+                                               uint64_t block, int32_t thr, float keep) {
+    FPT_FOR_EACH(i, n) { out[i] = a[i] + b[i] * fpt_dropout_mult(seed, block, i, thr, keep); }
+}
+
+// Masked, scaled softmax over rows of tk keys: one warp per row, the lanes' partial
+// maxima and sums combined by shuffles. rows = batch * heads * tq.
+extern "C" __global__ void fpt_softmax_fwd_f32(const float *s, float *y, uint64_t rows, int64_t tq, int64_t tk,
+                                               float scale, int32_t kind, int64_t band) {
+    uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) / FPT_WARP;
+    uint64_t warps = ((uint64_t)gridDim.x * blockDim.x) / FPT_WARP;
+    int lane = threadIdx.x % FPT_WARP;
+    for (uint64_t r = warp; r < rows; r += warps) {
+        const float *sr = s + r * tk;
+        float *yr = y + r * tk;
+        int64_t lo, hi;
+        fpt_mask_range(kind, band, (int64_t)r, tq, tk, &lo, &hi);
+        float m = fpt_warp_max(fpt_softmax_lane_max(sr, lo, hi, scale, lane, FPT_WARP));
+        float sum = fpt_warp_sum(fpt_softmax_lane_exp(sr, yr, lo, hi, scale, m, lane, FPT_WARP));
+        __syncwarp();
+        fpt_softmax_lane_finish(yr, tk, lo, hi, 1.0f / sum, lane, FPT_WARP);
+    }
+}
+
+// ds = scale * y * (dy - sum(dy * y)), one warp per row.
+extern "C" __global__ void fpt_softmax_bwd_f32(const float *y, const float *dy, float *ds, uint64_t rows, int64_t tk,
+                                               float scale) {
+    uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) / FPT_WARP;
+    uint64_t warps = ((uint64_t)gridDim.x * blockDim.x) / FPT_WARP;
+    int lane = threadIdx.x % FPT_WARP;
+    for (uint64_t r = warp; r < rows; r += warps) {
+        float dot = fpt_warp_sum(fpt_softmax_lane_dot(y + r * tk, dy + r * tk, tk, lane, FPT_WARP));
+        fpt_softmax_lane_grad(y + r * tk, dy + r * tk, ds + r * tk, tk, scale, dot, lane, FPT_WARP);
+    }
+}
+
+// Adam's moment update in place: x = x decay + g rest (g^2 when `square`).
+extern "C" __global__ void fpt_moment_f32(float *x, const float *g, uint64_t n, float decay, float rest, int32_t square) {
+    FPT_FOR_EACH(i, n) { x[i] = fpt_moment_elem(x[i], g[i], decay, rest, square); }
+}
+
+// Adam's parameter update in place from the updated moments.
+extern "C" __global__ void fpt_adam_step_f32(float *p, const float *m, const float *v, uint64_t n, float inv_sqrt_bc2,
+                                             float eps, float step_size) {
+    FPT_FOR_EACH(i, n) { p[i] = fpt_adam_step_elem(p[i], m[i], v[i], inv_sqrt_bc2, eps, step_size); }
+}

@@ -1,0 +1,169 @@
+/* fpt's device kernels: the arithmetic and indexing of each, as plain C99 functions.
+ *
+ * Every function here is compiled twice: by nvcc into the CUDA kernels of fpt_kernels.cu
+ * (where FPT_HD is `__host__ __device__`), and by the host C compiler into host_grid.c,
+ * which runs the same bodies over a simulated grid (every block, every lane) so that
+ * `cargo test` checks their numbers and indexing on a machine without a GPU. The CUDA
+ * file adds only what a GPU needs around them: the grid-stride loops, the warp
+ * reductions that combine the lanes' partial results, and the launches.
+ *
+ * The dropout multipliers are fpt's counter-based mask (crates/fpt-nn/src/ops/dropout.rs
+ * and fastmath.rs): element j of block b of a mask seeded by `seed` is dropped when
+ * lowbias32(key_b ^ j * 0x9E3779B9) >> 8 < round(p * 2^24), where key_b is the high half of
+ * the first output of xoshiro256++ seeded (by SplitMix64) from the block's stream
+ * (`Rng::stream(seed, b)`). A mask is thus a pure function of (seed, block size, index):
+ * drawn on any device without copying, and drawn again in backward instead of stored.
+ */
+#ifndef FPT_OPS_H
+#define FPT_OPS_H
+
+#include <stdint.h>
+
+#ifdef __CUDACC__
+#define FPT_HD __host__ __device__ static inline
+/* Products and sums rounded one by one (no contraction into fused multiply-adds), where
+ * a kernel must round as the CPU ops do. */
+#define FPT_MUL(a, b) __fmul_rn((a), (b))
+#define FPT_ADD(a, b) __fadd_rn((a), (b))
+#else
+#define FPT_HD static inline
+#include <math.h>
+/* host_grid.c is compiled with -ffp-contract=off. */
+#define FPT_MUL(a, b) ((a) * (b))
+#define FPT_ADD(a, b) ((a) + (b))
+#endif
+
+/* ---- the dropout mask ------------------------------------------------------------- */
+
+/* SplitMix64's output for state `x` (the state already advanced by the golden gamma). */
+FPT_HD uint64_t fpt_splitmix_mix(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+FPT_HD uint64_t fpt_rotl64(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+/* The first xoshiro256++ output of `Rng::new(seed)`: its state words are SplitMix64's
+ * outputs 1..4 from `seed`; the first output needs words 0 and 3 only. */
+FPT_HD uint64_t fpt_xoshiro_first(uint64_t seed) {
+    const uint64_t gamma = 0x9E3779B97F4A7C15ULL;
+    uint64_t s0 = fpt_splitmix_mix(seed + gamma);
+    uint64_t s3 = fpt_splitmix_mix(seed + 4 * gamma);
+    return fpt_rotl64(s0 + s3, 23) + s0;
+}
+
+/* The 32-bit key of block `index` of a mask seeded by `seed` (`Rng::stream`). */
+FPT_HD uint32_t fpt_block_key(uint64_t seed, uint64_t index) {
+    const uint64_t k = 0xD6E8FEB86659FD93ULL;
+    uint64_t z = seed ^ ((index + 1) * k);
+    z = (z ^ (z >> 32)) * k;
+    return (uint32_t)(fpt_xoshiro_first(z ^ (z >> 29)) >> 32);
+}
+
+/* Chris Wellons' lowbias32 of the element's counter under the block's key. */
+FPT_HD uint32_t fpt_mask_hash(uint32_t key, uint32_t j) {
+    uint32_t x = key ^ (j * 0x9E3779B9u);
+    x ^= x >> 16;
+    x *= 0x7feb352du;
+    x ^= x >> 15;
+    x *= 0x846ca68bu;
+    x ^= x >> 16;
+    return x;
+}
+
+/* The multiplier of element `i` of a mask of blocks of `block` elements: 0 (dropped, when
+ * the hash's top 24 bits fall below `thr`) or `keep` (1 / (1 - p)). */
+FPT_HD float fpt_dropout_mult(uint64_t seed, uint64_t block, uint64_t i, int32_t thr, float keep) {
+    uint64_t b = i / block;
+    uint32_t j = (uint32_t)(i - b * block);
+    uint32_t h = fpt_mask_hash(fpt_block_key(seed, b), j);
+    return ((int32_t)(h >> 8) < thr) ? 0.0f : keep;
+}
+
+/* ---- masked softmax over rows ---------------------------------------------------- */
+
+/* The mask kinds (fpt_nn::ops::Mask). */
+#define FPT_MASK_NONE 0
+#define FPT_MASK_CAUSAL 1
+#define FPT_MASK_BAND 2
+
+/* The visible keys lo..hi of row r of a [.., tq, tk] tensor (Mask::range). */
+FPT_HD void fpt_mask_range(int kind, int64_t band, int64_t r, int64_t tq, int64_t tk, int64_t *lo, int64_t *hi) {
+    int64_t i = r % tq;
+    if (kind == FPT_MASK_CAUSAL) {
+        int64_t extra = tk > tq ? tk - tq : 0;
+        int64_t h = i + 1 + extra;
+        *lo = 0;
+        *hi = h < tk ? h : tk;
+    } else if (kind == FPT_MASK_BAND) {
+        int64_t h = i + band + 1;
+        *lo = i > band ? i - band : 0;
+        *hi = h < tk ? h : tk;
+    } else {
+        *lo = 0;
+        *hi = tk;
+    }
+}
+
+/* One lane's part of a row's softmax: the lanes 0..nl of a row share its keys lo..hi in
+ * a stride of nl. Pass 1: the lane's maximum of scale * s. */
+FPT_HD float fpt_softmax_lane_max(const float *s, int64_t lo, int64_t hi, float scale, int lane, int nl) {
+    float m = -INFINITY;
+    for (int64_t j = lo + lane; j < hi; j += nl) {
+        float v = s[j] * scale;
+        m = v > m ? v : m;
+    }
+    return m;
+}
+
+/* Pass 2: the lane's sum of exp(scale * s - max), each exponential written to y. */
+FPT_HD float fpt_softmax_lane_exp(const float *s, float *y, int64_t lo, int64_t hi, float scale, float max, int lane, int nl) {
+    float sum = 0.0f;
+    for (int64_t j = lo + lane; j < hi; j += nl) {
+        float e = expf(s[j] * scale - max);
+        y[j] = e;
+        sum += e;
+    }
+    return sum;
+}
+
+/* Pass 3: y *= 1 / sum over the visible keys, 0 on the hidden ones. */
+FPT_HD void fpt_softmax_lane_finish(float *y, int64_t tk, int64_t lo, int64_t hi, float inv, int lane, int nl) {
+    for (int64_t j = lane; j < tk; j += nl) {
+        y[j] = (j >= lo && j < hi) ? y[j] * inv : 0.0f;
+    }
+}
+
+/* Backward, pass 1: the lane's part of sum(dy * y) (hidden keys have y = 0). */
+FPT_HD float fpt_softmax_lane_dot(const float *y, const float *dy, int64_t tk, int lane, int nl) {
+    float d = 0.0f;
+    for (int64_t j = lane; j < tk; j += nl) {
+        d += y[j] * dy[j];
+    }
+    return d;
+}
+
+/* Backward, pass 2: ds = scale * y * (dy - dot). */
+FPT_HD void fpt_softmax_lane_grad(const float *y, const float *dy, float *ds, int64_t tk, float scale, float dot, int lane, int nl) {
+    for (int64_t j = lane; j < tk; j += nl) {
+        ds[j] = scale * y[j] * (dy[j] - dot);
+    }
+}
+
+/* ---- Adam ------------------------------------------------------------------------ */
+
+/* Adam's moment update with fpt_nn::ops::adam_update's f32 roundings, each product and
+ * sum rounded on its own: x = x decay + g rest (g^2 for the second moment). */
+FPT_HD float fpt_moment_elem(float x, float g, float decay, float rest, int square) {
+    float gg = square ? FPT_MUL(g, g) : g;
+    return FPT_ADD(FPT_MUL(x, decay), FPT_MUL(gg, rest));
+}
+
+/* Adam's parameter update: p - (m / (sqrt(v) inv_sqrt_bc2 + eps)) step_size. */
+FPT_HD float fpt_adam_step_elem(float p, float m, float v, float inv_sqrt_bc2, float eps, float step_size) {
+    float denom = FPT_ADD(FPT_MUL(sqrtf(v), inv_sqrt_bc2), eps);
+    return p - FPT_MUL(m / denom, step_size);
+}
+
+#endif

@@ -1,0 +1,81 @@
+/* The bodies of fpt's CUDA kernels (fpt_ops.h) driven on the host over the grid the
+ * kernels in fpt_kernels.cu run on: each element, or each row with each of its 32 lanes,
+ * the lanes' partial results combined as the warp reductions combine them (a butterfly of
+ * pairwise sums over lane pairs 16, 8, 4, 2, 1 apart). Built into fpt-nn by build.rs on
+ * every machine, and called only by its tests, which compare these results with fpt's
+ * CPU ops: the kernels' indexing and numbers are checked without a GPU. */
+
+#include "fpt_ops.h"
+#include <stddef.h>
+
+#define LANES 32
+
+/* The warp's butterfly: after it, every lane holds the combination of all 32. */
+static void butterfly_sum(float v[LANES]) {
+    for (int o = LANES / 2; o > 0; o /= 2) {
+        float w[LANES];
+        for (int l = 0; l < LANES; l++) w[l] = v[l] + v[l ^ o];
+        for (int l = 0; l < LANES; l++) v[l] = w[l];
+    }
+}
+
+static void butterfly_max(float v[LANES]) {
+    for (int o = LANES / 2; o > 0; o /= 2) {
+        float w[LANES];
+        for (int l = 0; l < LANES; l++) w[l] = fmaxf(v[l], v[l ^ o]);
+        for (int l = 0; l < LANES; l++) v[l] = w[l];
+    }
+}
+
+void fpt_host_dropout_mul_f32(const float *x, float *y, uint64_t n, uint64_t seed, uint64_t block, int32_t thr,
+                              float keep) {
+    for (uint64_t i = 0; i < n; i++) y[i] = x[i] * fpt_dropout_mult(seed, block, i, thr, keep);
+}
+
+void fpt_host_dropout_add_f32(const float *a, const float *b, float *out, uint64_t n, uint64_t seed, uint64_t block,
+                              int32_t thr, float keep) {
+    for (uint64_t i = 0; i < n; i++) out[i] = a[i] + b[i] * fpt_dropout_mult(seed, block, i, thr, keep);
+}
+
+void fpt_host_softmax_fwd_f32(const float *s, float *y, uint64_t rows, int64_t tq, int64_t tk, float scale,
+                              int32_t kind, int64_t band) {
+    for (uint64_t r = 0; r < rows; r++) {
+        const float *sr = s + r * tk;
+        float *yr = y + r * tk;
+        int64_t lo, hi;
+        fpt_mask_range(kind, band, (int64_t)r, tq, tk, &lo, &hi);
+        float part[LANES];
+        for (int l = 0; l < LANES; l++) part[l] = fpt_softmax_lane_max(sr, lo, hi, scale, l, LANES);
+        butterfly_max(part);
+        float m = part[0];
+        for (int l = 0; l < LANES; l++) part[l] = fpt_softmax_lane_exp(sr, yr, lo, hi, scale, m, l, LANES);
+        butterfly_sum(part);
+        float inv = 1.0f / part[0];
+        for (int l = 0; l < LANES; l++) fpt_softmax_lane_finish(yr, tk, lo, hi, inv, l, LANES);
+    }
+}
+
+void fpt_host_softmax_bwd_f32(const float *y, const float *dy, float *ds, uint64_t rows, int64_t tk, float scale) {
+    for (uint64_t r = 0; r < rows; r++) {
+        float part[LANES];
+        for (int l = 0; l < LANES; l++) part[l] = fpt_softmax_lane_dot(y + r * tk, dy + r * tk, tk, l, LANES);
+        butterfly_sum(part);
+        for (int l = 0; l < LANES; l++)
+            fpt_softmax_lane_grad(y + r * tk, dy + r * tk, ds + r * tk, tk, scale, part[0], l, LANES);
+    }
+}
+
+void fpt_host_moment_f32(float *x, const float *g, uint64_t n, float decay, float rest, int32_t square) {
+    for (uint64_t i = 0; i < n; i++) x[i] = fpt_moment_elem(x[i], g[i], decay, rest, square);
+}
+
+void fpt_host_adam_step_f32(float *p, const float *m, const float *v, uint64_t n, float inv_sqrt_bc2, float eps,
+                            float step_size) {
+    for (uint64_t i = 0; i < n; i++) p[i] = fpt_adam_step_elem(p[i], m[i], v[i], inv_sqrt_bc2, eps, step_size);
+}
+
+/* The key of block `index` of a mask seeded by `seed`, for the known-answer tests. */
+uint32_t fpt_host_block_key(uint64_t seed, uint64_t index) { return fpt_block_key(seed, index); }
+
+/* SplitMix64's output for `state` (already advanced), for the known-answer tests. */
+uint64_t fpt_host_splitmix_mix(uint64_t state) { return fpt_splitmix_mix(state); }

@@ -1,0 +1,238 @@
+//! fpt's own CUDA kernels (`kernels/fpt_kernels.cu`, compiled to PTX by `build.rs` with the
+//! `cuda` feature), launched from the `cuda_fwd` of fpt's custom ops: dropout drawn on the
+//! device (the mask never crosses from the host), the masked softmax and its backward, and
+//! Adam's in-place updates. Their arithmetic is `kernels/fpt_ops.h`, which the tests also
+//! run on the host (`kernels/host_grid.c`) against the CPU ops.
+//!
+//! Every kernel takes contiguous f32 buffers; the callers check the dtype and make their
+//! operands contiguous, and name the op in the error otherwise.
+
+use candle_core::backend::BackendStorage;
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::{CudaDevice, WrapErr};
+use candle_core::{CudaStorage, DType, Layout, Result};
+
+/// The PTX of `kernels/fpt_kernels.cu`.
+const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/fpt_kernels.ptx"));
+/// The name the module is cached under in candle's device.
+const MODULE: &str = "fpt_kernels";
+/// Threads per block.
+const THREADS: u32 = 256;
+/// The most blocks a grid-stride launch uses (enough to fill an H100's 132 SMs many times).
+const MAX_BLOCKS: u64 = 132 * 32;
+
+/// The contiguous f32 elements of a storage and layout, or the error naming `op`.
+pub(crate) fn f32_view<'a>(s: &'a CudaStorage, l: &Layout, op: &'static str) -> Result<CudaView<'a, f32>> {
+    if s.dtype() != DType::F32 {
+        candle_core::bail!("{op}: the CUDA kernel takes f32, got {:?}", s.dtype())
+    }
+    let (a, b) = l
+        .contiguous_offsets()
+        .ok_or_else(|| candle_core::Error::Msg(format!("{op}: the CUDA kernel takes a contiguous input")))?;
+    Ok(s.as_cuda_slice::<f32>()?.slice(a..b))
+}
+
+/// A grid-stride launch over `n` elements.
+fn elementwise(n: usize) -> LaunchConfig {
+    let blocks = (n as u64).div_ceil(THREADS as u64).clamp(1, MAX_BLOCKS);
+    LaunchConfig {
+        grid_dim: (blocks as u32, 1, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// A launch of one warp per row over `rows` rows.
+fn per_row(rows: usize) -> LaunchConfig {
+    let warps_per_block = (THREADS / 32) as u64;
+    let blocks = (rows as u64).div_ceil(warps_per_block).clamp(1, MAX_BLOCKS);
+    LaunchConfig {
+        grid_dim: (blocks as u32, 1, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+fn func(dev: &CudaDevice, name: &str) -> Result<candle_core::cuda_backend::CudaFunc> {
+    dev.get_or_load_custom_func(name, MODULE, PTX)
+}
+
+/// Uninitialised device memory for `n` f32 results (every kernel writes all of them).
+fn output(dev: &CudaDevice, n: usize) -> Result<CudaSlice<f32>> {
+    // SAFETY: the kernel the caller launches next writes every element.
+    unsafe { dev.alloc::<f32>(n.max(1)) }
+}
+
+/// The dropout mask's parameters as the kernels take them: the threshold on the hash's
+/// top 24 bits and the kept elements' multiplier (fastmath::dropout_multipliers).
+pub(crate) fn mask_params(p: f64) -> (i32, f32) {
+    let thr = (p * (1u32 << 24) as f64).round().clamp(0.0, (1u32 << 24) as f64) as i32;
+    (thr, (1.0 / (1.0 - p)) as f32)
+}
+
+/// `x * mask` with the mask of blocks of `block` elements drawn from `seed` on the device.
+pub(crate) fn dropout_mul(x: &CudaStorage, l: &Layout, p: f64, seed: u64, block: usize) -> Result<CudaStorage> {
+    let dev = x.device().clone();
+    let xs = f32_view(x, l, "dropout")?;
+    let n = l.shape().elem_count();
+    let out = output(&dev, n)?;
+    let (thr, keep) = mask_params(p);
+    let f = func(&dev, "fpt_dropout_mul_f32")?;
+    let mut b = f.builder();
+    let (n64, block64) = (n as u64, block as u64);
+    b.arg(&xs)
+        .arg(&out)
+        .arg(&n64)
+        .arg(&seed)
+        .arg(&block64)
+        .arg(&thr)
+        .arg(&keep);
+    // SAFETY: the kernel reads n elements of x and writes n of out, both that long.
+    unsafe { b.launch(elementwise(n)) }.w()?;
+    Ok(CudaStorage::wrap_cuda_slice(out, dev))
+}
+
+/// `a + y * mask`: the residual branch `x + dropout(y)` in one pass.
+pub(crate) fn dropout_add(
+    a: (&CudaStorage, &Layout),
+    y: (&CudaStorage, &Layout),
+    p: f64,
+    seed: u64,
+    block: usize,
+) -> Result<CudaStorage> {
+    let dev = a.0.device().clone();
+    let (av, yv) = (f32_view(a.0, a.1, "dropout_add")?, f32_view(y.0, y.1, "dropout_add")?);
+    let n = a.1.shape().elem_count();
+    let out = output(&dev, n)?;
+    let (thr, keep) = mask_params(p);
+    let f = func(&dev, "fpt_dropout_add_f32")?;
+    let mut b = f.builder();
+    let (n64, block64) = (n as u64, block as u64);
+    b.arg(&av)
+        .arg(&yv)
+        .arg(&out)
+        .arg(&n64)
+        .arg(&seed)
+        .arg(&block64)
+        .arg(&thr)
+        .arg(&keep);
+    // SAFETY: a, y and out hold n elements each (same shapes, checked by the caller).
+    unsafe { b.launch(elementwise(n)) }.w()?;
+    Ok(CudaStorage::wrap_cuda_slice(out, dev))
+}
+
+/// The masked, scaled softmax over rows of `tk` keys (`tq` queries per matrix).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn softmax_fwd(
+    s: &CudaStorage,
+    l: &Layout,
+    tq: usize,
+    tk: usize,
+    scale: f64,
+    kind: i32,
+    band: usize,
+) -> Result<CudaStorage> {
+    let dev = s.device().clone();
+    let sv = f32_view(s, l, "masked_softmax")?;
+    let n = l.shape().elem_count();
+    let rows = n / tk.max(1);
+    let out = output(&dev, n)?;
+    let f = func(&dev, "fpt_softmax_fwd_f32")?;
+    let mut b = f.builder();
+    let (rows64, tq64, tk64, scale32, band64) = (rows as u64, tq as i64, tk as i64, scale as f32, band as i64);
+    b.arg(&sv)
+        .arg(&out)
+        .arg(&rows64)
+        .arg(&tq64)
+        .arg(&tk64)
+        .arg(&scale32)
+        .arg(&kind)
+        .arg(&band64);
+    // SAFETY: s and out hold rows * tk elements.
+    unsafe { b.launch(per_row(rows)) }.w()?;
+    Ok(CudaStorage::wrap_cuda_slice(out, dev))
+}
+
+/// The softmax's backward: `scale * y * (dy - sum(dy * y))` per row of `tk`.
+pub(crate) fn softmax_bwd(y: (&CudaStorage, &Layout), dy: (&CudaStorage, &Layout), scale: f64) -> Result<CudaStorage> {
+    let dev = y.0.device().clone();
+    let (yv, gv) = (
+        f32_view(y.0, y.1, "masked_softmax backward")?,
+        f32_view(dy.0, dy.1, "masked_softmax backward")?,
+    );
+    let tk = y.1.dims().last().copied().unwrap_or(1).max(1);
+    let n = y.1.shape().elem_count();
+    let rows = n / tk;
+    let out = output(&dev, n)?;
+    let f = func(&dev, "fpt_softmax_bwd_f32")?;
+    let mut b = f.builder();
+    let (rows64, tk64, scale32) = (rows as u64, tk as i64, scale as f32);
+    b.arg(&yv).arg(&gv).arg(&out).arg(&rows64).arg(&tk64).arg(&scale32);
+    // SAFETY: y, dy and out hold rows * tk elements.
+    unsafe { b.launch(per_row(rows)) }.w()?;
+    Ok(CudaStorage::wrap_cuda_slice(out, dev))
+}
+
+/// The whole (offset 0, every element) f32 slice of a storage, for an in-place update;
+/// the caller checked that the layout covers all of it.
+fn whole_mut<'a>(s: &'a mut CudaStorage, op: &'static str) -> Result<&'a mut CudaSlice<f32>> {
+    if s.dtype() != DType::F32 {
+        candle_core::bail!("{op}: the CUDA kernel takes f32, got {:?}", s.dtype())
+    }
+    s.as_cuda_slice_mut::<f32>()
+}
+
+/// Adam's moment in place: `x = x decay + g rest` (`g^2` when `square`).
+pub(crate) fn moment(
+    x: &mut CudaStorage,
+    g: (&CudaStorage, &Layout),
+    decay: f32,
+    rest: f32,
+    square: bool,
+) -> Result<()> {
+    let dev = x.device().clone();
+    let gv = f32_view(g.0, g.1, "adam_update")?;
+    let n = g.1.shape().elem_count();
+    let xs = whole_mut(x, "adam_update")?;
+    if xs.len() != n {
+        candle_core::bail!("adam_update: {} moment values for {n} gradient values", xs.len())
+    }
+    let f = func(&dev, "fpt_moment_f32")?;
+    let mut b = f.builder();
+    let (n64, sq) = (n as u64, i32::from(square));
+    b.arg(xs).arg(&gv).arg(&n64).arg(&decay).arg(&rest).arg(&sq);
+    // SAFETY: x and g hold n elements each.
+    unsafe { b.launch(elementwise(n)) }.w()?;
+    Ok(())
+}
+
+/// Adam's parameter update in place from the updated moments.
+pub(crate) fn adam_step(
+    p: &mut CudaStorage,
+    m: (&CudaStorage, &Layout),
+    v: (&CudaStorage, &Layout),
+    inv_sqrt_bc2: f32,
+    eps: f32,
+    step_size: f32,
+) -> Result<()> {
+    let dev = p.device().clone();
+    let (mv, vv) = (f32_view(m.0, m.1, "adam_update")?, f32_view(v.0, v.1, "adam_update")?);
+    let n = m.1.shape().elem_count();
+    let ps = whole_mut(p, "adam_update")?;
+    if ps.len() != n || v.1.shape().elem_count() != n {
+        candle_core::bail!("adam_update: moments of {n} values for {}", ps.len())
+    }
+    let f = func(&dev, "fpt_adam_step_f32")?;
+    let mut b = f.builder();
+    let n64 = n as u64;
+    b.arg(ps)
+        .arg(&mv)
+        .arg(&vv)
+        .arg(&n64)
+        .arg(&inv_sqrt_bc2)
+        .arg(&eps)
+        .arg(&step_size);
+    // SAFETY: p, m and v hold n elements each.
+    unsafe { b.launch(elementwise(n)) }.w()?;
+    Ok(())
+}

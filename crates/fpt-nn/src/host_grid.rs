@@ -1,0 +1,265 @@
+//! The CUDA kernels' bodies (`kernels/fpt_ops.h`) run on the host over a simulated grid
+//! (`kernels/host_grid.c`, built by `build.rs` on every machine), checked against fpt's
+//! CPU ops: each kernel's indexing, masks, lane reductions and roundings are tested in
+//! `cargo test`, without a GPU. The GPU check (`fpt gpu-check`) then compares the device's
+//! results with the CPU's on the device itself.
+
+use crate::ops::{self, Mask};
+use crate::Rng;
+use candle_core::{Device, Result, Tensor};
+
+extern "C" {
+    fn fpt_host_dropout_mul_f32(x: *const f32, y: *mut f32, n: u64, seed: u64, block: u64, thr: i32, keep: f32);
+    fn fpt_host_dropout_add_f32(
+        a: *const f32,
+        b: *const f32,
+        out: *mut f32,
+        n: u64,
+        seed: u64,
+        block: u64,
+        thr: i32,
+        keep: f32,
+    );
+    fn fpt_host_softmax_fwd_f32(
+        s: *const f32,
+        y: *mut f32,
+        rows: u64,
+        tq: i64,
+        tk: i64,
+        scale: f32,
+        kind: i32,
+        band: i64,
+    );
+    fn fpt_host_softmax_bwd_f32(y: *const f32, dy: *const f32, ds: *mut f32, rows: u64, tk: i64, scale: f32);
+    fn fpt_host_moment_f32(x: *mut f32, g: *const f32, n: u64, decay: f32, rest: f32, square: i32);
+    fn fpt_host_adam_step_f32(
+        p: *mut f32,
+        m: *const f32,
+        v: *const f32,
+        n: u64,
+        inv_sqrt_bc2: f32,
+        eps: f32,
+        step: f32,
+    );
+    fn fpt_host_block_key(seed: u64, index: u64) -> u32;
+    fn fpt_host_splitmix_mix(state: u64) -> u64;
+}
+
+fn randn(n: usize, seed: u64) -> Vec<f32> {
+    Rng::new(seed).normal_vec(n, 0.0, 1.0)
+}
+
+/// A poisoned output buffer: NaN everywhere, so an element the kernel leaves unwritten
+/// fails the comparison.
+fn poisoned(n: usize) -> Vec<f32> {
+    vec![f32::NAN; n]
+}
+
+fn max_rel(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(&x, &y)| {
+            assert!(x.is_finite() && y.is_finite(), "{x} vs {y}");
+            (x - y).abs() / (1.0 + y.abs())
+        })
+        .fold(0.0, f32::max)
+}
+
+/// SplitMix64's published outputs (Vigna's reference `splitmix64.c`, seed 1234567: the
+/// sequence quoted with it and in every port), and xoshiro256++'s first output on the
+/// state the reference's authors use in their tests (1, 2, 3, 4), which the kernel's
+/// shortcut (words 0 and 3 only) must reproduce: the generator under the mask, checked
+/// against outside values, then the kernel's block key against fpt's `Rng`.
+#[test]
+fn mask_generator_known_answers() {
+    let mut state = 1_234_567u64;
+    let want = [
+        6_457_827_717_110_365_317u64,
+        3_203_168_211_198_807_973,
+        9_817_491_932_198_370_423,
+        4_593_380_528_125_082_431,
+        16_408_922_859_458_223_821,
+    ];
+    for w in want {
+        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        // SAFETY: a pure function of its argument.
+        assert_eq!(unsafe { fpt_host_splitmix_mix(state) }, w);
+    }
+    // xoshiro256++ on (1, 2, 3, 4): rotl(1 + 4, 23) + 1.
+    assert_eq!(((1u64 + 4).rotate_left(23)).wrapping_add(1), 41_943_041);
+    for seed in [0u64, 1, 42, u64::MAX, 0x0123_4567_89ab_cdef] {
+        for index in [0u64, 1, 2, 1000, 1 << 40] {
+            let want = (Rng::stream(seed, index).next_u64() >> 32) as u32;
+            // SAFETY: a pure function of its arguments.
+            assert_eq!(
+                unsafe { fpt_host_block_key(seed, index) },
+                want,
+                "seed {seed} block {index}"
+            );
+        }
+    }
+}
+
+/// The dropout kernels give exactly the CPU op's mask (blocks of 16,384 and attention's
+/// t x t blocks, sizes that end mid-block).
+#[test]
+fn dropout_kernels_equal_the_cpu_mask() -> Result<()> {
+    for (n, block, p, seed) in [
+        (40_000usize, 16_384usize, 0.1f64, 7u64),
+        (3 * 4 * 33 * 33, 33 * 33, 0.25, 99),
+        (1000, 16_384, 0.5, 0),
+    ] {
+        let x = randn(n, seed + 1);
+        let (thr, keep) = ((p * (1u32 << 24) as f64).round() as i32, (1.0 / (1.0 - p)) as f32);
+        let mut y = poisoned(n);
+        // SAFETY: x and y hold n elements.
+        unsafe { fpt_host_dropout_mul_f32(x.as_ptr(), y.as_mut_ptr(), n as u64, seed, block as u64, thr, keep) };
+        let mask = ops::dropout::mask_values(n, block, p, seed);
+        let want: Vec<f32> = x.iter().zip(&mask).map(|(a, m)| a * m).collect();
+        assert_eq!(y, want, "n {n} block {block}");
+        let dropped = mask.iter().filter(|&&m| m == 0.0).count() as f64 / n as f64;
+        assert!((dropped - p).abs() < 0.03, "dropped {dropped} for p {p}");
+        if block == 16_384 {
+            let a = randn(n, seed + 2);
+            let mut out = poisoned(n);
+            // SAFETY: a, x and out hold n elements.
+            unsafe {
+                fpt_host_dropout_add_f32(
+                    a.as_ptr(),
+                    x.as_ptr(),
+                    out.as_mut_ptr(),
+                    n as u64,
+                    seed,
+                    block as u64,
+                    thr,
+                    keep,
+                )
+            };
+            let dev = Device::Cpu;
+            let at = Tensor::from_vec(a, n, &dev)?;
+            let xt = Tensor::from_vec(x, n, &dev)?;
+            let cpu = ops::dropout_add(&at, &xt, p, seed)?.to_vec1::<f32>()?;
+            assert_eq!(out, cpu);
+        }
+    }
+    // Attention's mask is the same function with one block per (example, head).
+    let (b, h, t) = (2, 3, 17);
+    let m = ops::attention_dropout_mask(b, h, t, 0.2, 5, &Device::Cpu)?
+        .flatten_all()?
+        .to_vec1::<f32>()?;
+    let ones = vec![1f32; m.len()];
+    let mut y = poisoned(m.len());
+    let (thr, keep) = ((0.2f64 * (1u32 << 24) as f64).round() as i32, (1.0 / 0.8f64) as f32);
+    // SAFETY: both buffers hold m.len() elements.
+    unsafe {
+        fpt_host_dropout_mul_f32(
+            ones.as_ptr(),
+            y.as_mut_ptr(),
+            m.len() as u64,
+            5,
+            (t * t) as u64,
+            thr,
+            keep,
+        )
+    };
+    assert_eq!(y, m);
+    Ok(())
+}
+
+/// The softmax kernels (one warp of 32 lanes per row) against the CPU op and its
+/// gradient, for each mask kind and rows shorter and longer than a warp.
+#[test]
+fn softmax_kernels_equal_the_cpu_op() -> Result<()> {
+    let dev = Device::Cpu;
+    for (tq, tk, mask) in [
+        (5usize, 5usize, Mask::None),
+        (7, 7, Mask::Causal),
+        (3, 70, Mask::Causal),
+        (40, 40, Mask::Band(3)),
+        (2, 1, Mask::None),
+    ] {
+        let batch = 3;
+        let n = batch * tq * tk;
+        let s = randn(n, 11);
+        let scale = 0.37f64;
+        let (kind, band) = match mask {
+            Mask::None => (0, 0),
+            Mask::Causal => (1, 0),
+            Mask::Band(w) => (2, w as i64),
+        };
+        let mut y = poisoned(n);
+        let rows = (batch * tq) as u64;
+        // SAFETY: s and y hold rows * tk elements.
+        unsafe {
+            fpt_host_softmax_fwd_f32(
+                s.as_ptr(),
+                y.as_mut_ptr(),
+                rows,
+                tq as i64,
+                tk as i64,
+                scale as f32,
+                kind,
+                band,
+            )
+        };
+        let st = candle_core::Var::from_tensor(&Tensor::from_vec(s, (batch, tq, tk), &dev)?)?;
+        let cpu = ops::masked_softmax(st.as_tensor(), scale, mask)?;
+        let e = max_rel(&y, &cpu.flatten_all()?.to_vec1::<f32>()?);
+        assert!(e < 2e-6, "forward {tq}x{tk} {mask:?}: {e}");
+        // Backward from a random upstream gradient.
+        let g = randn(n, 12);
+        let mut ds = poisoned(n);
+        // SAFETY: y, g and ds hold rows * tk elements.
+        unsafe { fpt_host_softmax_bwd_f32(y.as_ptr(), g.as_ptr(), ds.as_mut_ptr(), rows, tk as i64, scale as f32) };
+        let gt = Tensor::from_vec(g, (batch, tq, tk), &dev)?;
+        let grads = (cpu * gt)?.sum_all()?.backward()?;
+        let want = grads
+            .get(st.as_tensor())
+            .expect("a gradient")
+            .flatten_all()?
+            .to_vec1::<f32>()?;
+        let e = max_rel(&ds, &want);
+        assert!(e < 2e-5, "backward {tq}x{tk} {mask:?}: {e}");
+    }
+    Ok(())
+}
+
+/// Adam's kernels round as the CPU's in-place update does: bit for bit.
+#[test]
+fn adam_kernels_equal_the_cpu_update() -> Result<()> {
+    let n = 1000;
+    let dev = Device::Cpu;
+    let (p0, g) = (randn(n, 21), randn(n, 22));
+    let (m0, v0): (Vec<f32>, Vec<f32>) = (randn(n, 23), randn(n, 24).iter().map(|x| x * x).collect());
+    let c = ops::AdamCoefs {
+        beta1: 0.9,
+        beta2: 0.999,
+        step_size: 1e-3 / (1.0 - 0.9f64.powi(3)),
+        inv_sqrt_bc2: 1.0 / (1.0 - 0.999f64.powi(3)).sqrt(),
+        eps: 1e-8,
+    };
+    let (mut p, mut m, mut v) = (p0.clone(), m0.clone(), v0.clone());
+    // SAFETY: every buffer holds n elements.
+    unsafe {
+        fpt_host_moment_f32(m.as_mut_ptr(), g.as_ptr(), n as u64, 0.9, (1.0 - 0.9f64) as f32, 0);
+        fpt_host_moment_f32(v.as_mut_ptr(), g.as_ptr(), n as u64, 0.999, (1.0 - 0.999f64) as f32, 1);
+        fpt_host_adam_step_f32(
+            p.as_mut_ptr(),
+            m.as_ptr(),
+            v.as_ptr(),
+            n as u64,
+            c.inv_sqrt_bc2 as f32,
+            c.eps as f32,
+            c.step_size as f32,
+        );
+    }
+    let pv = candle_core::Var::from_tensor(&Tensor::from_vec(p0, n, &dev)?)?;
+    let (mut mt, mut vt) = (Tensor::from_vec(m0, n, &dev)?, Tensor::from_vec(v0, n, &dev)?);
+    ops::adam_update(&pv, &mut mt, &mut vt, &Tensor::from_vec(g, n, &dev)?, &c)?;
+    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&m), bits(&mt.to_vec1::<f32>()?));
+    assert_eq!(bits(&v), bits(&vt.to_vec1::<f32>()?));
+    assert_eq!(bits(&p), bits(&pv.as_tensor().to_vec1::<f32>()?));
+    Ok(())
+}
