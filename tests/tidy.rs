@@ -181,3 +181,164 @@ fn no_source_file_is_a_hall() {
         }
     }
 }
+
+/// Every copy between the host and a device tensor goes through `fpt_nn::transfer`, which
+/// counts them (a steady training step's copies are tested in
+/// `crates/fpt-train/tests/transfers.rs`): candle's own constructors from host data and
+/// read-backs appear outside it only where no device copy can happen or none happens
+/// inside a training step, file by file with the reason, and the count is pinned so a new
+/// one is either routed through `transfer` or added here with its reason.
+#[test]
+fn host_device_copies_go_through_the_counted_place() {
+    const ALLOWED: &[(&str, usize, &str)] = &[
+        ("crates/fpt-nn/src/transfer.rs", 5, "the counted place itself"),
+        (
+            "crates/fpt-nn/src/host_grid.rs",
+            14,
+            "tests only: the CUDA kernels' bodies on the host",
+        ),
+        // CPU-only kernels: their results are made on the host for the host.
+        (
+            "crates/fpt-nn/src/layers.rs",
+            1,
+            "CPU: a frozen bias read for the packed product",
+        ),
+        (
+            "crates/fpt-nn/src/ops/attention.rs",
+            1,
+            "CPU: the fused attention's gradient",
+        ),
+        ("crates/fpt-nn/src/ops/bf16.rs", 2, "CPU: the bf16 product's results"),
+        ("crates/fpt-nn/src/ops/gelu.rs", 1, "CPU: the fused GELU's gradient"),
+        (
+            "crates/fpt-nn/src/ops/layer_norm.rs",
+            10,
+            "CPU: the fused norms' gradients",
+        ),
+        ("crates/fpt-nn/src/ops/linear.rs", 5, "CPU: the products' gradients"),
+        (
+            "crates/fpt-nn/src/ops/loss.rs",
+            6,
+            "CPU: the fused loss's gradient; `correct` in evaluation",
+        ),
+        ("crates/fpt-nn/src/ops/lstm.rs", 1, "CPU: the fused LSTM's gradient"),
+        (
+            "crates/fpt-nn/src/ops/mod.rs",
+            1,
+            "CPU: grad_like, the fused ops' gradients",
+        ),
+        (
+            "crates/fpt-nn/src/ops/rotary.rs",
+            3,
+            "CPU: the fused rotary op's results",
+        ),
+        (
+            "crates/fpt-nn/src/ops/softmax.rs",
+            2,
+            "CPU: the fused softmax's gradients",
+        ),
+        ("crates/fpt-nn/src/ops/swiglu.rs", 4, "CPU: the fused SwiGLU's results"),
+        // Once, when a model is built or loaded.
+        ("crates/fpt-nn/src/init.rs", 2, "weights drawn at construction"),
+        (
+            "crates/fpt-model/src/lib.rs",
+            2,
+            "the output layer drawn at construction",
+        ),
+        (
+            "crates/fpt-backbones/src/lstm.rs",
+            1,
+            "the LSTM's weights drawn at construction",
+        ),
+        ("crates/fpt-backbones/src/load.rs", 3, "weights read at load"),
+        ("crates/fpt-backbones/src/weights.rs", 1, "weights read at load"),
+        (
+            "crates/fpt-backbones/src/gguf.rs",
+            1,
+            "GGUF weights dequantized at load",
+        ),
+        // Outside the training step.
+        (
+            "crates/fpt-backbones/src/golden.rs",
+            8,
+            "the self-check's golden comparisons",
+        ),
+        ("crates/fpt-train/src/trajectory.rs", 4, "the self-check's trajectories"),
+        (
+            "crates/fpt-train/src/outcomes.rs",
+            3,
+            "evaluation: per-example outcomes",
+        ),
+        ("crates/fpt-train/src/checkpoint.rs", 2, "checkpoints written and read"),
+        (
+            "crates/fpt-train/src/optim.rs",
+            1,
+            "grad_norm of the CPU baselines' loops",
+        ),
+        (
+            "crates/fpt-train/src/linear_baseline.rs",
+            5,
+            "the linear baseline (CPU)",
+        ),
+        (
+            "crates/fpt-train/src/output_only.rs",
+            2,
+            "output-only training on cached features",
+        ),
+        ("crates/fpt-tasks/src/baseline.rs", 2, "trivial baselines computed once"),
+        (
+            "crates/fpt-ablate/src/figure.rs",
+            2,
+            "figures drawn from trained models",
+        ),
+        ("crates/fpt-cli/src/forward.rs", 1, "`fpt forward` writes its result"),
+    ];
+    let raw = [
+        "Tensor::from_vec(",
+        "Tensor::new(",
+        "Tensor::from_slice(",
+        ".to_device(",
+        ".to_vec1",
+        ".to_vec2",
+        ".to_vec3",
+        ".to_scalar",
+    ];
+    let mut found = Vec::new();
+    for dir in crate_dirs() {
+        for f in rust_files(&dir.join("src")) {
+            let text = read(&f);
+            let mut n = 0;
+            for line in text.lines() {
+                let l = line.trim_start();
+                if l.starts_with("#[cfg(test)]") {
+                    break; // the unit tests at the end of a file
+                }
+                if !l.starts_with("//") && raw.iter().any(|r| l.contains(r)) {
+                    n += 1;
+                }
+            }
+            if n > 0 {
+                let rel = f.strip_prefix(root()).unwrap().to_string_lossy().replace('\\', "/");
+                found.push((rel, n));
+            }
+        }
+    }
+    let mut wrong = Vec::new();
+    for (file, n) in &found {
+        match ALLOWED.iter().find(|(f, _, _)| f == file) {
+            Some((_, want, _)) if want == n => {}
+            Some((_, want, why)) => wrong.push(format!("{file}: {n} raw copies, {want} allowed ({why})")),
+            None => wrong.push(format!("{file}: {n} raw copies; use fpt_nn::transfer")),
+        }
+    }
+    for (file, want, _) in ALLOWED {
+        if !found.iter().any(|(f, _)| f == file) {
+            wrong.push(format!("{file}: {want} allowed, none found (update the table)"));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "host-device copies outside fpt_nn::transfer:\n{}",
+        wrong.join("\n")
+    );
+}

@@ -585,26 +585,29 @@ impl Llama {
     /// for the two halves, as `transformers` builds them).
     fn rotary(&self, t: usize, device: &Device) -> candle_core::Result<(Tensor, Tensor)> {
         let d = self.config.head_dim();
-        let inv: Vec<f32> = (0..d / 2)
-            .map(|i| (1.0 / self.config.rope_theta.powf((2 * i) as f64 / d as f64)) as f32)
-            .collect();
-        let mut cos = Vec::with_capacity(t * d);
-        let mut sin = Vec::with_capacity(t * d);
-        for p in 0..t {
-            for _half in 0..2 {
-                for &f in &inv {
-                    // The angle in f32, as torch's outer product of positions and inverse
-                    // frequencies computes it.
-                    let a = p as f32 * f;
-                    cos.push(a.cos());
-                    sin.push(a.sin());
+        let theta = self.config.rope_theta;
+        // Made once per (length, head width, base) and device: a constant, not a per-step upload.
+        let key = format!("rotary:{t}:{d}:{theta:e}");
+        let table = fpt_nn::transfer::constant(key, device, || {
+            let inv: Vec<f32> = (0..d / 2)
+                .map(|i| (1.0 / theta.powf((2 * i) as f64 / d as f64)) as f32)
+                .collect();
+            let mut cs = Vec::with_capacity(2 * t * d);
+            for want_sin in [false, true] {
+                for p in 0..t {
+                    for _half in 0..2 {
+                        for &f in &inv {
+                            // The angle in f32, as torch's outer product of positions and
+                            // inverse frequencies computes it.
+                            let a = p as f32 * f;
+                            cs.push(if want_sin { a.sin() } else { a.cos() });
+                        }
+                    }
                 }
             }
-        }
-        Ok((
-            Tensor::from_vec(cos, (t, d), device)?,
-            Tensor::from_vec(sin, (t, d), device)?,
-        ))
+            fpt_nn::transfer::upload(cs, (2, t, d), device)
+        })?;
+        Ok((table.get(0)?, table.get(1)?))
     }
 
     fn block_forward(

@@ -371,9 +371,10 @@ impl Lstm {
                 let std = (2.0 / (w + hsz) as f64).sqrt();
                 let hv = ctx.rng.normal_vec(b * hsz, 0.0, std);
                 let cv = ctx.rng.normal_vec(b * hsz, 0.0, std);
+                // Drawn on the host from the run's stream: two counted uploads a layer.
                 (
-                    Tensor::from_vec(hv, (b, hsz), x.device())?,
-                    Tensor::from_vec(cv, (b, hsz), x.device())?,
+                    fpt_nn::transfer::upload(hv, (b, hsz), x.device())?,
+                    fpt_nn::transfer::upload(cv, (b, hsz), x.device())?,
                 )
             }
             InitialState::Zeros => {
@@ -388,7 +389,9 @@ impl Lstm {
             for _ in 0..t {
                 m.extend(ops::dropout_mask_values(b * hsz, p, ctx.rng.next_u64()));
             }
-            Some(Tensor::from_vec(m, (t, b, hsz), x.device())?.to_dtype(x.dtype())?)
+            // One seed per time step, drawn in step order: uploaded (counted), not drawn on
+            // the device (the LSTM baselines run on the CPU).
+            Some(fpt_nn::transfer::upload(m, (t, b, hsz), x.device())?.to_dtype(x.dtype())?)
         } else {
             None
         };

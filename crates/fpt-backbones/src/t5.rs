@@ -345,12 +345,20 @@ impl T5Encoder {
 
     /// The `[heads, t, t]` relative-position bias for `t` tokens.
     fn position_bias(&self, t: usize) -> candle_core::Result<Tensor> {
-        let buckets: Vec<u32> = (0..t)
-            .flat_map(|i| (0..t).map(move |j| (i, j)))
-            .map(|(i, j)| self.config.bucket(j as i64 - i as i64) as u32)
-            .collect();
         let table = self.rel_bias.get();
-        let ids = Tensor::from_vec(buckets, t * t, table.device())?;
+        let c = &self.config;
+        // Made once per length and bucketing and device: a constant, not a per-step upload.
+        let key = format!(
+            "t5-buckets:{t}:{}:{}",
+            c.relative_attention_num_buckets, c.relative_attention_max_distance
+        );
+        let ids = fpt_nn::transfer::constant(key, table.device(), || {
+            let buckets: Vec<u32> = (0..t)
+                .flat_map(|i| (0..t).map(move |j| (i, j)))
+                .map(|(i, j)| c.bucket(j as i64 - i as i64) as u32)
+                .collect();
+            fpt_nn::transfer::upload(buckets, t * t, table.device())
+        })?;
         table
             .index_select(&ids, 0)?
             .reshape((t, t, self.config.num_heads))?

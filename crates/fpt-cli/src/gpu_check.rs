@@ -1,10 +1,14 @@
 //! `fpt gpu-check`: everything a GPU run must pass, in one command that needs no network,
 //! no Rust and no weights that cannot be carried (the fixtures are compiled in; the
-//! training run and the benchmark use random-init GPT-2 shapes): the self-check on the
-//! device (golden outputs and gradients, and the PyTorch training trajectories, within
-//! 1e-3), a short training run on the device beside the same run on the CPU, and the FPT
-//! step benchmark on the device. Writes one JSON; exits 1 when a check fails. `cargo xtask
-//! gpu-check` builds the CUDA binary and runs it; `--device cpu` tries it all on the CPU.
+//! training run and the benchmark use random-init shapes): the self-check on the device
+//! (golden outputs and gradients, and the PyTorch training trajectories, within 1e-3);
+//! fpt's own kernels on the device against the CPU ops (the same dropout masks, softmax
+//! each way, Adam); every trained tensor of every backbone family getting a finite, nonzero
+//! gradient on the device; a short training run on the device beside the same run on the
+//! CPU; and the FPT step benchmark on the device in f32 and bf16 beside PyTorch's (f32, and
+//! autocast-bf16) with the bytes each step copies between host and device. Writes one
+//! JSON; exits 1 when a check fails. `cargo xtask gpu-check` builds the CUDA binary and runs
+//! it; `--device cpu` tries it all on the CPU.
 
 use anyhow::{Context, Result};
 use clap::Args;
@@ -22,9 +26,17 @@ pub struct GpuCheckArgs {
     /// Steps of the training run.
     #[arg(long, default_value_t = 200)]
     steps: usize,
-    /// Step-benchmark shapes (`fpt bench --shape` names; GPT-2 base size: c10, lra, listops).
-    #[arg(long = "shape", default_values_t = ["c10".to_string(), "lra".to_string(), "listops".to_string()])]
+    /// Step-benchmark shapes (`fpt bench --shape` names) [default: every shape of `fpt bench
+    /// --list` but `tiny`].
+    #[arg(long = "shape")]
     shapes: Vec<String>,
+    /// Benchmark precisions: `f32` (beside PyTorch's f32 step) and `bf16` (frozen weights in
+    /// bf16, beside PyTorch's autocast-bf16 step).
+    #[arg(long = "precision", default_values_t = ["f32".to_string(), "bf16".to_string()])]
+    precisions: Vec<String>,
+    /// Timed steps per benchmark (after 2 warm-up steps).
+    #[arg(long, default_value_t = 5)]
+    bench_steps: usize,
 }
 
 fn training_spec(steps: usize) -> RunSpec {
@@ -122,51 +134,141 @@ pub fn gpu_check(a: GpuCheckArgs) -> Result<()> {
         }),
     );
 
-    let mut bench = serde_json::Map::new();
-    for name in &a.shapes {
-        let shape = fpt_train::bench::shape(name).with_context(|| format!("unknown --shape `{name}`"))?;
-        eprintln!("fpt gpu-check: step benchmark `{name}` on {}", a.device);
-        let r = fpt_train::bench::run(&shape, 2, 5, false, &device, fpt_spec::Precision::F32)?;
-        eprintln!("  fpt step {:.1} ms, {:.1} GFLOP/s", r.ours_ms, r.gflops);
-        let mut row = serde_json::to_value(&r)?;
-        // PyTorch's step at the same shape on the same device, where torch is importable
-        // and the script is at hand (the working tree): the ratio in the same run.
-        let script = std::path::Path::new("bench/pytorch_fpt_step.py");
-        if script.is_file() {
-            let out = std::process::Command::new(std::env::var("FPT_PYTHON").unwrap_or_else(|_| "python3".into()))
-                .arg(script)
-                // The script reads the shapes from `fpt bench --list`: this binary's.
-                .arg("--fpt")
-                .arg(std::env::current_exe().context("the path of this fpt binary")?)
-                .args([
-                    "--shape",
-                    name,
-                    "--steps",
-                    "5",
-                    "--warmup",
-                    "2",
-                    "--no-full",
-                    "--device",
-                    &a.device,
-                ])
-                .output();
-            match out {
-                Ok(o) if o.status.success() => {
-                    let t: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
-                    if let Some(ms) = t.get("pytorch_ms").and_then(|v| v.as_f64()) {
-                        eprintln!("  pytorch step {ms:.1} ms: fpt/pytorch {:.2}", r.ours_ms / ms);
-                        row["pytorch"] = t;
-                        row["ratio_vs_pytorch"] = serde_json::json!(r.ours_ms / ms);
-                    }
-                }
-                Ok(o) => {
-                    let err = String::from_utf8_lossy(&o.stderr);
-                    row["pytorch_error"] = serde_json::json!(err.lines().last().unwrap_or("failed"));
-                }
-                Err(e) => row["pytorch_error"] = serde_json::json!(e.to_string()),
+    eprintln!("fpt gpu-check: fpt's kernels on {} against the CPU ops", a.device);
+    let kernels = crate::gpu_kernels::agreement(&device)?;
+    for k in &kernels {
+        eprintln!(
+            "  {:<34} {:<6} max diff {:.1e} (allowed {:.0e})",
+            k.name,
+            if k.passed { "ok" } else { "FAILED" },
+            k.max_diff,
+            k.allowed
+        );
+    }
+    if kernels.iter().any(|k| !k.passed) {
+        failed.push("kernels".to_string());
+    }
+
+    eprintln!("fpt gpu-check: every trained tensor gets a gradient on {}", a.device);
+    let gradients = crate::gpu_kernels::gradients_flow(&device)?;
+    for g in &gradients {
+        eprintln!(
+            "  {:<10} {:<6} {} trained tensors, {}",
+            g.backbone,
+            if g.passed { "ok" } else { "FAILED" },
+            g.trained,
+            if g.missing.is_empty() {
+                "all with a finite, nonzero gradient".to_string()
+            } else {
+                format!("without one: {}", g.missing.join(", "))
             }
+        );
+    }
+    if gradients.iter().any(|g| !g.passed) {
+        failed.push("gradients".to_string());
+    }
+
+    let shapes: Vec<String> = if a.shapes.is_empty() {
+        fpt_train::bench::SHAPES
+            .iter()
+            .map(|s| s.name.to_string())
+            .filter(|n| n != "tiny")
+            .collect()
+    } else {
+        a.shapes.clone()
+    };
+    let mut bench = serde_json::Map::new();
+    let mut table = Vec::new();
+    for name in &shapes {
+        let shape = fpt_train::bench::shape(name).with_context(|| format!("unknown --shape `{name}`"))?;
+        for precision in &a.precisions {
+            let prec: fpt_spec::Precision = precision
+                .parse()
+                .map_err(|e| anyhow::anyhow!("--precision {precision}: {e}"))?;
+            if !prec.is_f32() && shape.arch == fpt_train::bench::Arch::Lstm {
+                // The LSTM's recurrent products run in f32 only (a bf16 spec is refused).
+                continue;
+            }
+            eprintln!("fpt gpu-check: step benchmark `{name}` ({precision}) on {}", a.device);
+            let r = match fpt_train::bench::run(&shape, 2, a.bench_steps, false, &device, prec) {
+                Ok(r) => r,
+                Err(e) => {
+                    eprintln!("  fpt step failed: {e}");
+                    bench.insert(
+                        format!("{name}/{precision}"),
+                        serde_json::json!({ "error": e.to_string() }),
+                    );
+                    failed.push(format!("bench {name} {precision}"));
+                    continue;
+                }
+            };
+            eprintln!(
+                "  fpt step {:.1} ms, {:.1} GFLOP/s; copies a step: {:.1} up ({:.0} B), {:.1} down ({:.0} B)",
+                r.ours_ms,
+                r.gflops,
+                r.copies.uploads,
+                r.copies.upload_bytes,
+                r.copies.downloads,
+                r.copies.download_bytes
+            );
+            let mut row = serde_json::to_value(&r)?;
+            let mut torch_ms = None;
+            // PyTorch's step at the same shape on the same device (autocast-bf16 for the bf16
+            // row), where torch is importable and the script is at hand (the working tree).
+            let script = std::path::Path::new("bench/pytorch_fpt_step.py");
+            if script.is_file() {
+                let mut cmd =
+                    std::process::Command::new(std::env::var("FPT_PYTHON").unwrap_or_else(|_| "python3".into()));
+                cmd.arg(script)
+                    // The script reads the shapes from `fpt bench --list`: this binary's.
+                    .arg("--fpt")
+                    .arg(std::env::current_exe().context("the path of this fpt binary")?)
+                    .args([
+                        "--shape",
+                        name,
+                        "--steps",
+                        &a.bench_steps.to_string(),
+                        "--warmup",
+                        "2",
+                        "--no-full",
+                        "--device",
+                        &a.device,
+                    ]);
+                if !prec.is_f32() {
+                    cmd.args(["--autocast", "bf16"]);
+                }
+                match cmd.output() {
+                    Ok(o) if o.status.success() => {
+                        let t: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+                        if let Some(ms) = t.get("pytorch_ms").and_then(|v| v.as_f64()) {
+                            eprintln!("  pytorch step {ms:.1} ms: fpt/pytorch {:.2}", r.ours_ms / ms);
+                            row["pytorch"] = t;
+                            row["ratio_vs_pytorch"] = serde_json::json!(r.ours_ms / ms);
+                            torch_ms = Some(ms);
+                        }
+                    }
+                    Ok(o) => {
+                        let err = String::from_utf8_lossy(&o.stderr);
+                        row["pytorch_error"] = serde_json::json!(err.lines().last().unwrap_or("failed"));
+                    }
+                    Err(e) => row["pytorch_error"] = serde_json::json!(e.to_string()),
+                }
+            }
+            table.push(format!(
+                "| {name} | {precision} | {:.1} | {} | {} | {:.0} | {:.0} |",
+                r.ours_ms,
+                torch_ms.map_or("-".into(), |m| format!("{m:.1}")),
+                torch_ms.map_or("-".into(), |m| format!("{:.2}x", r.ours_ms / m)),
+                r.copies.upload_bytes,
+                r.copies.download_bytes,
+            ));
+            bench.insert(format!("{name}/{precision}"), row);
         }
-        bench.insert(name.clone(), row);
+    }
+    eprintln!("\n| shape | precision | fpt ms | PyTorch ms | ratio | bytes up a step | bytes down a step |");
+    eprintln!("|---|---|---|---|---|---|---|");
+    for l in &table {
+        eprintln!("{l}");
     }
 
     let (commit, profile) = fpt_train::selfcheck::build_info();
@@ -176,6 +278,8 @@ pub fn gpu_check(a: GpuCheckArgs) -> Result<()> {
         "passed": failed.is_empty(),
         "failed": failed,
         "selfcheck": sc,
+        "kernels": kernels,
+        "gradients": gradients,
         "training": runs,
         "bench": bench,
         "seconds": t0.elapsed().as_secs_f64(),

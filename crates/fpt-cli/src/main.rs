@@ -12,6 +12,7 @@ mod compare;
 mod fetch;
 mod forward;
 mod gpu_check;
+mod gpu_kernels;
 mod inspect;
 mod pretrain;
 mod selfcheck;

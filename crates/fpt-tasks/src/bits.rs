@@ -14,7 +14,7 @@
 //! set and a "train" sample (same distribution, own stream), for train-accuracy reports.
 
 use crate::{Batch, InputKind, Inputs, Result, Split, Task, TaskDims, TaskError};
-use candle_core::{Device, Tensor};
+use candle_core::Device;
 use fpt_nn::Rng;
 use fpt_spec::TaskName;
 
@@ -30,8 +30,8 @@ fn to_batch(x: Vec<f32>, y: Vec<u32>, n: usize, dims: &TaskDims, device: &Device
         InputKind::Tokens { .. } => unreachable!("bit tasks take vectors"),
     };
     Ok(Batch {
-        inputs: Inputs::Vectors(Tensor::from_vec(x, (n, dims.seq_len, width), device)?),
-        labels: Tensor::from_vec(y, (n, dims.labels_per_example), device)?,
+        inputs: Inputs::Vectors(fpt_nn::transfer::upload(x, (n, dims.seq_len, width), device)?),
+        labels: fpt_nn::transfer::upload(y, (n, dims.labels_per_example), device)?,
     })
 }
 

@@ -9,7 +9,7 @@
 //! batches, augmented the same way, as an unbroken one.
 
 use crate::{Batch, InputKind, Inputs, Result, Split, Task, TaskDims, TaskError};
-use candle_core::{Device, Tensor};
+use candle_core::Device;
 use fpt_nn::Rng;
 use fpt_spec::TaskName;
 
@@ -217,7 +217,7 @@ impl Encoding {
     pub fn batch(&self, data: &Dataset, idx: &[usize], train: bool, rng: &mut Rng, device: &Device) -> Result<Batch> {
         let n = idx.len();
         let labels: Vec<u32> = idx.iter().map(|&i| data.labels[i]).collect();
-        let labels = Tensor::from_vec(labels, (n, 1), device)?;
+        let labels = fpt_nn::transfer::upload(labels, (n, 1), device)?;
         let inputs = match (self, &data.examples) {
             (
                 Encoding::Patches {
@@ -258,7 +258,7 @@ impl Encoding {
                         }
                     }
                 }
-                Inputs::Vectors(Tensor::from_vec(out, (n, th * tw, token), device)?)
+                Inputs::Vectors(fpt_nn::transfer::upload(out, (n, th * tw, token), device)?)
             }
             (
                 Encoding::Tokens {
@@ -280,7 +280,7 @@ impl Encoding {
                     let off = if *left { t - s.len() } else { 0 };
                     out[b * t + off..b * t + off + s.len()].copy_from_slice(s);
                 }
-                Inputs::Tokens(Tensor::from_vec(out, (n, t), device)?)
+                Inputs::Tokens(fpt_nn::transfer::upload(out, (n, t), device)?)
             }
             (Encoding::Features { len, left }, Examples::Features { width, seqs }) => {
                 let mut out = vec![0f32; n * len * width];
@@ -290,7 +290,7 @@ impl Encoding {
                     let at = b * len * width + off;
                     out[at..at + s.len()].copy_from_slice(s);
                 }
-                Inputs::Vectors(Tensor::from_vec(out, (n, *len, *width), device)?)
+                Inputs::Vectors(fpt_nn::transfer::upload(out, (n, *len, *width), device)?)
             }
             _ => {
                 return Err(TaskError::Invalid {

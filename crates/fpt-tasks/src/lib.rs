@@ -270,14 +270,14 @@ impl Task for Synthetic {
     fn train_batch(&mut self, n: usize, rng: &mut Rng, device: &Device) -> Result<Batch> {
         let d = self.dims;
         let inputs = match d.input {
-            InputKind::Vectors { width } => Inputs::Vectors(Tensor::from_vec(
+            InputKind::Vectors { width } => Inputs::Vectors(fpt_nn::transfer::upload(
                 rng.normal_vec(n * d.seq_len * width, 0.0, 1.0),
                 (n, d.seq_len, width),
                 device,
             )?),
             InputKind::Tokens { vocab } => {
                 let ids: Vec<u32> = (0..n * d.seq_len).map(|_| rng.below(vocab as u64) as u32).collect();
-                Inputs::Tokens(Tensor::from_vec(ids, (n, d.seq_len), device)?)
+                Inputs::Tokens(fpt_nn::transfer::upload(ids, (n, d.seq_len), device)?)
             }
         };
         let labels: Vec<u32> = (0..n * d.labels_per_example)
@@ -285,7 +285,7 @@ impl Task for Synthetic {
             .collect();
         Ok(Batch {
             inputs,
-            labels: Tensor::from_vec(labels, (n, d.labels_per_example), device)?,
+            labels: fpt_nn::transfer::upload(labels, (n, d.labels_per_example), device)?,
         })
     }
     fn eval_len(&self, _split: Split) -> usize {

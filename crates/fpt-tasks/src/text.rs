@@ -19,7 +19,7 @@
 //! evaluation sets are fixed seeded samples.
 
 use crate::{Batch, InputKind, Inputs, Result, Split, Task, TaskDims, TaskError};
-use candle_core::{Device, Tensor};
+use candle_core::Device;
 use fpt_nn::Rng;
 use fpt_spec::{TaskName, TaskSpec};
 use std::path::{Path, PathBuf};
@@ -246,8 +246,8 @@ impl TextTask {
             y.extend_from_slice(&w[1..]);
         }
         Ok(Batch {
-            inputs: Inputs::Tokens(Tensor::from_vec(x, (n, t), device)?),
-            labels: Tensor::from_vec(y, (n, t), device)?,
+            inputs: Inputs::Tokens(fpt_nn::transfer::upload(x, (n, t), device)?),
+            labels: fpt_nn::transfer::upload(y, (n, t), device)?,
         })
     }
 

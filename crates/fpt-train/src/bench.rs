@@ -361,6 +361,34 @@ pub struct Timed {
     pub model_rss_mb: Option<f64>,
     /// [`frozen_mb`] of the model after the timed steps.
     pub frozen_mb: f64,
+    /// The host-device copies of one timed step ([`fpt_nn::transfer`]; averaged).
+    pub copies: StepCopies,
+}
+
+/// What one step copied between the host and the device (on the CPU: what it would copy
+/// on a GPU, see [`fpt_nn::transfer`]).
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct StepCopies {
+    /// Copies to the device a step.
+    pub uploads: f64,
+    /// Their bytes a step.
+    pub upload_bytes: f64,
+    /// Copies back to the host a step.
+    pub downloads: f64,
+    /// Their bytes a step.
+    pub download_bytes: f64,
+}
+
+impl StepCopies {
+    fn per_step(c: fpt_nn::transfer::Counts, steps: usize) -> Self {
+        let n = steps.max(1) as f64;
+        StepCopies {
+            uploads: c.uploads as f64 / n,
+            upload_bytes: c.upload_bytes as f64 / n,
+            downloads: c.downloads as f64 / n,
+            download_bytes: c.download_bytes as f64 / n,
+        }
+    }
 }
 
 /// [`time_steps`], with the memory the model took ([`Timed`]).
@@ -382,11 +410,13 @@ pub fn time_steps_resident(
         tr.step()?;
     }
     let mut ms = Vec::with_capacity(steps);
+    let copied_before = fpt_nn::transfer::counts();
     for _ in 0..steps.max(1) {
         let t0 = Instant::now();
         tr.step()?;
         ms.push(t0.elapsed().as_secs_f64() * 1e3);
     }
+    let copies = StepCopies::per_step(fpt_nn::transfer::counts().since(copied_before), steps.max(1));
     let model_rss_mb = rss_mb("VmRSS:").zip(before).map(|(a, b)| a - b);
     let frozen_mb = frozen_mb(tr.model());
     drop(tr);
@@ -394,6 +424,7 @@ pub fn time_steps_resident(
         timing: timing(ms),
         model_rss_mb,
         frozen_mb,
+        copies,
     })
 }
 
@@ -484,6 +515,8 @@ pub struct BenchResult {
     pub kernel_path: String,
     /// The frozen weights' number format.
     pub precision: Precision,
+    /// Host-device copies a step of the FPT model.
+    pub copies: StepCopies,
 }
 
 /// Benchmarks one shape: the FPT step with its frozen weights in `precision`, then (if
@@ -502,6 +535,7 @@ pub fn run(
         timing: ours,
         model_rss_mb,
         frozen_mb,
+        copies,
     } = time_steps_resident(shape, TrainGroups::fpt(), precision, warmup, steps, device)?;
     // The machine's speed drifts: the peak is the better of a measurement just before and
     // one just after the FPT steps, so a slow moment does not flatter the fraction.
@@ -530,5 +564,6 @@ pub fn run(
             format!("{device:?}")
         },
         precision,
+        copies,
     })
 }

@@ -88,6 +88,33 @@ pub fn clip_grad_norm(grads: &mut [Tensor], max_norm: f64) -> Result<f64> {
     Ok(norm)
 }
 
+/// The global L2 norm of `grads` as a one-element f64 tensor where the gradients live,
+/// after scaling them in place so it is at most `max_norm` (PyTorch's coefficient
+/// `max_norm / (norm + 1e-6)`, at most 1; `None`: no clipping): [`clip_grad_norm`] without
+/// reading anything back to the host, so a GPU step never waits for it. The caller reads
+/// the norm when it needs it (the trainer: once per step, with the losses).
+pub fn clip_grad_norm_in_place(grads: &mut [Tensor], max_norm: Option<f64>) -> Result<Tensor> {
+    let Some(first) = grads.first() else {
+        candle_core::bail!("clip_grad_norm_in_place: no gradients")
+    };
+    let device = first.device().clone();
+    let squares = grads
+        .iter()
+        .map(|g| g.sqr()?.sum_all()?.to_dtype(candle_core::DType::F64))
+        .collect::<Result<Vec<_>>>()?;
+    let norm = Tensor::stack(&squares, 0)?.sum_all()?.sqrt()?;
+    if let Some(c) = max_norm {
+        let max = fpt_nn::transfer::constant(format!("clip-max:{c:e}"), &device, || {
+            fpt_nn::transfer::upload(vec![c], (), &device)
+        })?;
+        let coef = max.div(&(&norm + 1e-6)?)?.minimum(1.0)?;
+        for g in grads.iter_mut() {
+            *g = g.broadcast_mul(&coef.to_dtype(g.dtype())?)?;
+        }
+    }
+    Ok(norm)
+}
+
 /// Global L2 norm of `grads`.
 pub fn grad_norm(grads: &[Tensor]) -> Result<f64> {
     let mut sq = 0f64;
@@ -96,7 +123,7 @@ pub fn grad_norm(grads: &[Tensor]) -> Result<f64> {
             .sqr()?
             .sum_all()?
             .to_dtype(candle_core::DType::F64)?
-            .to_scalar::<f64>()?;
+            .to_scalar::<f64>()?; // host: the baselines' CPU loops; the trainer uses clip_grad_norm_in_place
     }
     Ok(sq.sqrt())
 }

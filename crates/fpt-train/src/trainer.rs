@@ -187,18 +187,30 @@ impl Trainer {
     /// Forward and backward on one fresh training micro-batch; returns its loss and the
     /// gradient store (which holds gradients of trainable tensors only).
     pub fn micro_batch_grads(&mut self) -> Result<(f64, candle_core::backprop::GradStore)> {
+        let (loss, grads) = self.micro_batch_loss()?;
+        Ok((fpt_nn::transfer::download_scalar::<f64>(&loss)?, grads))
+    }
+
+    /// [`Trainer::micro_batch_grads`] with the loss left where it was computed (a one-element
+    /// f64 tensor), so a GPU step need not wait for it.
+    fn micro_batch_loss(&mut self) -> Result<(Tensor, candle_core::backprop::GradStore)> {
         let n = self.spec.train.micro_batch_size;
         let batch = self.task.train_batch(n, &mut self.data_rng, &self.device)?;
         let logits = self.model.forward(&batch.inputs, &mut self.ctx)?;
         let classes = logits.dim(2)?;
         let loss = ops::cross_entropy(&logits.reshape(((), classes))?, &batch.labels.flatten_all()?)?;
-        let value = loss.to_dtype(DType::F64)?.to_scalar::<f64>()?;
-        Ok((value, loss.backward()?))
+        let grads = loss.backward()?;
+        Ok((loss.detach().to_dtype(DType::F64)?.reshape(1)?, grads))
     }
 
     /// One optimizer step: gradients averaged over `batch_size / micro_batch_size`
     /// micro-batches, clipped, then Adam at the scheduled rate. A non-finite loss or
     /// gradient skips the update. Runs on a worker of rayon's pool ([`fpt_nn::on_pool`]).
+    ///
+    /// Nothing is read back from the device until the gradients are clipped: then the
+    /// micro-batches' losses and the gradient norm come back in one copy (the step needs
+    /// them to skip a non-finite update), so a step's copies are its batches' uploads and
+    /// that one download ([`fpt_nn::transfer`]; tested in `tests/transfers.rs`).
     pub fn step(&mut self) -> Result<StepOutcome> {
         fpt_nn::on_pool(|| self.step_here())
     }
@@ -209,10 +221,10 @@ impl Trainer {
         let clip = t.clip_norm;
         let lr = t.lr_schedule.lr_at(t.lr, self.step + 1, t.steps);
         let mut sums: Vec<Option<Tensor>> = vec![None; self.vars.len()];
-        let mut loss = 0f64;
+        let mut losses = Vec::with_capacity(accum + 1);
         for _ in 0..accum {
-            let (l, grads) = self.micro_batch_grads()?;
-            loss += l / accum as f64;
+            let (l, grads) = self.micro_batch_loss()?;
+            losses.push(l);
             for (slot, var) in sums.iter_mut().zip(&self.vars) {
                 if let Some(g) = grads.get(var.as_tensor()) {
                     *slot = Some(match slot.take() {
@@ -231,10 +243,11 @@ impl Trainer {
                 None => v.zeros_like(),
             })
             .collect::<candle_core::Result<_>>()?;
-        let grad_norm = match clip {
-            Some(c) => optim::clip_grad_norm(&mut grads, c)?,
-            None => optim::grad_norm(&grads)?,
-        };
+        losses.push(optim::clip_grad_norm_in_place(&mut grads, clip)?.reshape(1)?);
+        let read = fpt_nn::transfer::download_vec::<f64>(&Tensor::cat(&losses, 0)?)?;
+        let (grad_norm, micro) = read.split_last().expect("the norm and at least one loss");
+        let loss = micro.iter().fold(0f64, |acc, l| acc + l / accum as f64);
+        let grad_norm = *grad_norm;
         let finite = loss.is_finite() && grad_norm.is_finite();
         if finite {
             self.adam.lr = lr;

@@ -1,0 +1,244 @@
+//! Two parts of `fpt gpu-check` that need no reference outside fpt: its kernels on the
+//! device against its CPU ops (the same dropout masks bit for bit, the softmax each way
+//! and Adam within rounding), and every trained tensor of each backbone family getting a
+//! finite, nonzero gradient on the device (candle's own fast CUDA ops have no backward and
+//! would cut it silently; fpt never uses them, and this shows it).
+
+use anyhow::Result;
+use candle_core::{Device, Tensor, Var};
+use fpt_nn::ops::{self, AttentionSpec, Mask};
+use fpt_nn::Rng;
+use serde::Serialize;
+
+/// One kernel's agreement with the CPU.
+#[derive(Debug, Serialize)]
+pub struct KernelCheck {
+    pub name: String,
+    pub max_diff: f64,
+    pub allowed: f64,
+    pub passed: bool,
+}
+
+fn randn(shape: &[usize], seed: u64, device: &Device) -> Result<Tensor> {
+    let n = shape.iter().product();
+    Ok(fpt_nn::transfer::upload(
+        Rng::new(seed).normal_vec(n, 0.0, 1.0),
+        shape,
+        device,
+    )?)
+}
+
+/// The largest |a - b| / (1 + |b|); infinite when a value is not finite (NaN never passes).
+fn max_diff(a: &Tensor, b: &Tensor) -> Result<f64> {
+    let a = fpt_nn::transfer::download_vec::<f32>(a)?;
+    let b = fpt_nn::transfer::download_vec::<f32>(b)?;
+    anyhow::ensure!(a.len() == b.len(), "{} values against {}", a.len(), b.len());
+    Ok(a.iter().zip(&b).fold(0f64, |m, (&x, &y)| {
+        if !x.is_finite() || !y.is_finite() {
+            f64::INFINITY
+        } else {
+            m.max(((x - y).abs() / (1.0 + y.abs())) as f64)
+        }
+    }))
+}
+
+fn check(out: &mut Vec<KernelCheck>, name: String, dev: &Tensor, cpu: &Tensor, allowed: f64) -> Result<()> {
+    let d = max_diff(dev, cpu)?;
+    out.push(KernelCheck {
+        passed: d <= allowed,
+        name,
+        max_diff: d,
+        allowed,
+    });
+    Ok(())
+}
+
+/// Each of fpt's device kernels (reached through the public ops) on `device` against the
+/// same op on the CPU, on fresh random inputs.
+pub fn agreement(device: &Device) -> Result<Vec<KernelCheck>> {
+    let cpu = Device::Cpu;
+    let mut out = Vec::new();
+    // Dropout: the mask must be the CPU's, so the results equal exactly.
+    for (n, p, seed) in [(100_003usize, 0.1f64, 1u64), (4096, 0.5, 2)] {
+        let x = randn(&[n], seed, &cpu)?;
+        let xd = fpt_nn::transfer::to_device(&x, device)?;
+        let (mut r1, mut r2) = (Rng::new(seed), Rng::new(seed));
+        let y_dev = ops::dropout(&xd, p, &mut r1)?;
+        let y_cpu = ops::dropout(&x, p, &mut r2)?;
+        check(&mut out, format!("dropout n={n} p={p}"), &y_dev, &y_cpu, 0.0)?;
+        let a = randn(&[n], seed + 7, &cpu)?;
+        let ad = fpt_nn::transfer::to_device(&a, device)?;
+        check(
+            &mut out,
+            format!("dropout_add n={n} p={p}"),
+            &ops::dropout_add(&ad, &xd, p, seed)?,
+            &ops::dropout_add(&a, &x, p, seed)?,
+            0.0,
+        )?;
+    }
+    // Masked softmax, forward and backward, each mask kind.
+    for (tq, tk, mask) in [
+        (64usize, 64usize, Mask::None),
+        (64, 64, Mask::Causal),
+        (1, 200, Mask::Causal),
+        (100, 100, Mask::Band(7)),
+    ] {
+        let s = randn(&[2, 3, tq, tk], 3, &cpu)?;
+        let g = randn(&[2, 3, tq, tk], 4, &cpu)?;
+        let (vc, vd) = (
+            Var::from_tensor(&s)?,
+            Var::from_tensor(&fpt_nn::transfer::to_device(&s, device)?)?,
+        );
+        let yc = ops::masked_softmax(vc.as_tensor(), 0.125, mask)?;
+        let yd = ops::masked_softmax(vd.as_tensor(), 0.125, mask)?;
+        check(&mut out, format!("masked_softmax {tq}x{tk} {mask:?}"), &yd, &yc, 1e-5)?;
+        let gc = (yc * &g)?.sum_all()?.backward()?;
+        let gd = (yd * fpt_nn::transfer::to_device(&g, device)?)?.sum_all()?.backward()?;
+        let (dc, dd) = (gc.get(vc.as_tensor()), gd.get(vd.as_tensor()));
+        match (dd, dc) {
+            (Some(dd), Some(dc)) => check(
+                &mut out,
+                format!("masked_softmax backward {tq}x{tk} {mask:?}"),
+                dd,
+                dc,
+                1e-5,
+            )?,
+            _ => out.push(KernelCheck {
+                name: format!("masked_softmax backward {tq}x{tk} {mask:?}: no gradient"),
+                max_diff: f64::INFINITY,
+                allowed: 1e-5,
+                passed: false,
+            }),
+        }
+    }
+    // Attention with dropout (the device's composed op against the CPU's fused one): the
+    // same mask, so the outputs agree to rounding.
+    for (t, mask) in [(33usize, Mask::Causal), (64, Mask::None)] {
+        let spec = AttentionSpec {
+            heads: 4,
+            scale: 0.25,
+            mask,
+            dropout: Some((0.1, 9)),
+        };
+        let qkv: Vec<Tensor> = (0..3)
+            .map(|i| randn(&[2, t, 32], 10 + i, &cpu))
+            .collect::<Result<_>>()?;
+        let on = |d: &Device| -> Result<Tensor> {
+            let q: Vec<Tensor> = qkv
+                .iter()
+                .map(|x| fpt_nn::transfer::to_device(x, d))
+                .collect::<candle_core::Result<_>>()?;
+            Ok(ops::attention(&q[0], &q[1], &q[2], spec)?)
+        };
+        check(
+            &mut out,
+            format!("attention t={t} {mask:?} with dropout"),
+            &on(device)?,
+            &on(&cpu)?,
+            1e-5,
+        )?;
+    }
+    // Adam: in place, the CPU's roundings.
+    let n = 10_000;
+    let coefs = ops::AdamCoefs {
+        beta1: 0.9,
+        beta2: 0.999,
+        step_size: 1e-3,
+        inv_sqrt_bc2: 1.5,
+        eps: 1e-8,
+    };
+    let run = |d: &Device| -> Result<Tensor> {
+        let p = Var::from_tensor(&fpt_nn::transfer::to_device(&randn(&[n], 30, &cpu)?, d)?)?;
+        let mut m = fpt_nn::transfer::to_device(&randn(&[n], 31, &cpu)?, d)?;
+        let mut v = fpt_nn::transfer::to_device(&randn(&[n], 32, &cpu)?.sqr()?, d)?;
+        let g = fpt_nn::transfer::to_device(&randn(&[n], 33, &cpu)?, d)?;
+        ops::adam_update(&p, &mut m, &mut v, &g, &coefs)?;
+        Ok(Tensor::cat(&[p.as_tensor(), &m, &v], 0)?)
+    };
+    check(&mut out, "adam_update".into(), &run(device)?, &run(&cpu)?, 1e-6)?;
+    Ok(out)
+}
+
+/// One backbone family's gradients on the device.
+#[derive(Debug, Serialize)]
+pub struct GradientCheck {
+    pub backbone: String,
+    pub trained: usize,
+    pub missing: Vec<String>,
+    pub passed: bool,
+}
+
+/// One micro-batch through a small random model of each backbone family on `device`:
+/// every trainable tensor must get a finite gradient that is not all zeros.
+pub fn gradients_flow(device: &Device) -> Result<Vec<GradientCheck>> {
+    use fpt_spec::{BackboneSpec, Init, RunSpec, ShapeOverrides, TaskName, TaskSpec, TrainSpec};
+    let small = |layers, hidden, heads| ShapeOverrides {
+        layers: Some(layers),
+        hidden: Some(hidden),
+        heads: Some(heads),
+        ..Default::default()
+    };
+    let mut out = Vec::new();
+    for (source, shape) in [
+        ("gpt2", small(2, 64, 4)),
+        ("minilm", small(2, 64, 4)),
+        ("t5-base", small(2, 64, 4)),
+        (
+            "smollm2",
+            ShapeOverrides {
+                layers: Some(2),
+                ..Default::default()
+            },
+        ),
+        (
+            "lstm",
+            ShapeOverrides {
+                layers: Some(2),
+                hidden: Some(64),
+                ..Default::default()
+            },
+        ),
+    ] {
+        let mut task = TaskSpec::new(TaskName::BitXor);
+        task.eval_examples = 32;
+        let spec = RunSpec {
+            train: TrainSpec {
+                steps: 1,
+                batch_size: 8,
+                micro_batch_size: 8,
+                seed: 0,
+                ..TrainSpec::default()
+            },
+            ..RunSpec::new(
+                task,
+                BackboneSpec {
+                    shape,
+                    ..BackboneSpec::new(source, Init::Random)
+                },
+            )
+        };
+        let mut tr = fpt_train::Trainer::new(&spec, device)?;
+        let (_, grads) = tr.micro_batch_grads()?;
+        let mut missing = Vec::new();
+        let trained = tr.model().trainable();
+        for (name, var) in &trained {
+            let ok = match grads.get(var.as_tensor()) {
+                Some(g) => {
+                    let v = fpt_nn::transfer::download_vec::<f32>(&g.to_dtype(candle_core::DType::F32)?)?;
+                    v.iter().all(|x| x.is_finite()) && v.iter().any(|&x| x != 0.0)
+                }
+                None => false,
+            };
+            if !ok {
+                missing.push(name.clone());
+            }
+        }
+        out.push(GradientCheck {
+            backbone: source.to_string(),
+            trained: trained.len(),
+            passed: missing.is_empty(),
+            missing,
+        });
+    }
+    Ok(out)
+}
