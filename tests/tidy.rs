@@ -342,3 +342,18 @@ fn host_device_copies_go_through_the_counted_place() {
         wrong.join("\n")
     );
 }
+
+/// fpt-nn's blocked product (`ops/sgemm.rs`) never names its bf16 variant (`ops/bf16.rs`,
+/// which builds on it and hands it its micro-kernel as a `PanelFormat`): the dependency runs
+/// one way.
+#[test]
+fn the_bf16_product_builds_on_sgemm_not_the_reverse() {
+    let sgemm = read(&root().join("crates/fpt-nn/src/ops/sgemm.rs"));
+    let bad: Vec<&str> = sgemm
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("//") && (l.contains("bf16::") || l.contains("super::bf16")))
+        .collect();
+    assert!(bad.is_empty(), "ops/sgemm.rs names ops/bf16.rs: {bad:?}");
+    let bf16 = read(&root().join("crates/fpt-nn/src/ops/bf16.rs"));
+    assert!(bf16.contains("super::sgemm::"), "ops/bf16.rs is expected to build on ops/sgemm.rs");
+}

@@ -59,6 +59,14 @@ fn pair(lo: bf16, hi: bf16) -> f32 {
 }
 
 /// The AVX512_BF16 micro-kernel when `path` is `avx512bf16` and the CPU runs it.
+/// The bf16-pair panels as the blocked product runs them.
+pub(super) static BF16_PANELS: super::sgemm::PanelFormat = super::sgemm::PanelFormat {
+    name: "bf16",
+    micro_kernel,
+    pack_a: pack_a_pairs,
+    kc: KC_BF16,
+};
+
 pub(super) fn micro_kernel(path: KernelPath) -> Option<MicroKernel> {
     #[cfg(target_arch = "x86_64")]
     if path.bf16() && path.runs_here() {
@@ -129,7 +137,7 @@ impl PackedB {
             n,
             offsets,
             data,
-            bf16: true,
+            format: Some(&BF16_PANELS),
         }
         .counted()
     }

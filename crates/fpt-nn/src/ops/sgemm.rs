@@ -181,8 +181,23 @@ pub(crate) struct PackedB {
     /// The panels: f32 values, or for a bf16 B (`bf16`) pairs of bf16 values along the depth,
     /// each pair in one 32-bit slot (its bits; see `ops/bf16.rs`), so half the bytes.
     pub(super) data: Vec<f32>,
-    /// Whether the panels hold bf16 pairs (read by the AVX512_BF16 micro-kernel only).
-    pub(super) bf16: bool,
+    /// The panels' format when not f32 (bf16 pairs, read by the AVX512_BF16 micro-kernel).
+    pub(super) format: Option<&'static PanelFormat>,
+}
+
+/// A packed-panel format other than f32 values (bf16 pairs, `ops/bf16.rs`): its
+/// micro-kernel and how A is packed to meet it. This file runs the blocked product for
+/// every format; a format brings its own kernels, so the dependency runs one way (`bf16.rs`
+/// builds on this file, this file never names it).
+pub(super) struct PanelFormat {
+    /// The format's name in messages.
+    pub(super) name: &'static str,
+    /// Its micro-kernel on a path, if the path has one.
+    pub(super) micro_kernel: fn(KernelPath) -> Option<MicroKernel>,
+    /// Packs `a(ic..ic+mc, pc..pc+kc)` for the micro-kernel (as [`pack_a`] does for f32).
+    pub(super) pack_a: fn(&mut Vec<f32>, MatRef, usize, usize, usize, usize),
+    /// Depth of a block of panels (as [`KC`] for f32).
+    pub(super) kc: usize,
 }
 
 /// Bytes held by every live [`PackedB`] of the process (the frozen weights kept packed).
@@ -214,7 +229,7 @@ impl std::fmt::Debug for PackedB {
             "PackedB({} x {}{})",
             self.k,
             self.n,
-            if self.bf16 { ", bf16" } else { "" }
+            self.format.map_or(String::new(), |f| format!(", {}", f.name))
         )
     }
 }
@@ -246,7 +261,7 @@ impl PackedB {
             n,
             offsets,
             data,
-            bf16: false,
+            format: None,
         }
         .counted()
     }
@@ -258,7 +273,7 @@ impl PackedB {
 
     /// Whether the panels hold bf16 pairs (for the AVX512_BF16 micro-kernel).
     pub(crate) fn is_bf16(&self) -> bool {
-        self.bf16
+        self.format.is_some()
     }
 }
 
@@ -352,10 +367,9 @@ pub(crate) unsafe fn sgemm_prepacked(
     threads: usize,
 ) {
     let (k, n) = b.dims();
-    let kern = if b.bf16 {
-        super::bf16::micro_kernel(path)
-    } else {
-        micro_kernel(path)
+    let kern = match b.format {
+        Some(f) => (f.micro_kernel)(path),
+        None => micro_kernel(path),
     };
     assert!(
         kern.is_some() && k > 0,
@@ -823,15 +837,18 @@ unsafe fn blocked(
             pb.resize(need, 0.0);
         }
     }
-    // bf16 panels (only ever prepacked) hold depth pairs: A is packed in pairs too.
-    let pairs = matches!(b, BSource::Packed(p) if p.bf16);
+    // Panels of another format (bf16 pairs; only ever prepacked): A is packed to meet them.
+    let format = match b {
+        BSource::Packed(p) => p.format,
+        BSource::Raw(_) => None,
+    };
     let mut panel_index = 0;
     // Row split when each thread gets a few tiles of rows, else split B's slivers.
     let split_rows = threads > 1 && m >= 4 * MR * threads;
     for jc in (0..n).step_by(NC) {
         let nc = NC.min(n - jc);
         // bf16 panels are twice as deep for the same bytes (two depths per slot).
-        let kc_block = if pairs { KC_BF16 } else { KC };
+        let kc_block = format.map_or(KC, |f| f.kc);
         for pc in (0..k).step_by(kc_block) {
             let kc = kc_block.min(k - pc);
             let acc = accumulate || pc > 0;
@@ -870,7 +887,7 @@ unsafe fn blocked(
                                     acc,
                                     bias,
                                     kern,
-                                    pairs,
+                                    format,
                                 )
                             }
                         });
@@ -884,7 +901,7 @@ unsafe fn blocked(
                     if s0 < s1 {
                         PACK_A.with_borrow_mut(|pa| {
                             // SAFETY: columns of slivers s0..s1 belong to this task only.
-                            unsafe { rows(pa, a, pb, c, ldc, 0, m, pc, kc, jc, nc, s0, s1, acc, bias, kern, pairs) }
+                            unsafe { rows(pa, a, pb, c, ldc, 0, m, pc, kc, jc, nc, s0, s1, acc, bias, kern, format) }
                         });
                     }
                 });
@@ -909,7 +926,7 @@ unsafe fn blocked(
                             acc,
                             bias,
                             kern,
-                            pairs,
+                            format,
                         )
                     }
                 });
@@ -946,16 +963,15 @@ unsafe fn rows(
     acc: bool,
     bias: BiasPtr,
     kern: MicroKernel,
-    pairs: bool,
+    format: Option<&'static PanelFormat>,
 ) {
     // Packed depth: `kc` values, or `kc / 2` (rounded up) bf16 pairs.
-    let depth = if pairs { kc.div_ceil(2) } else { kc };
+    let depth = if format.is_some() { kc.div_ceil(2) } else { kc };
     for ic in (r0..r1).step_by(MC) {
         let mc = MC.min(r1 - ic);
-        if pairs {
-            super::bf16::pack_a_pairs(pa, a, ic, mc, pc, kc);
-        } else {
-            pack_a(pa, a, ic, mc, pc, kc);
+        match format {
+            Some(f) => (f.pack_a)(pa, a, ic, mc, pc, kc),
+            None => pack_a(pa, a, ic, mc, pc, kc),
         }
         for s in s0..s1 {
             let j0 = s * NR;
