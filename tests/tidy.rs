@@ -355,5 +355,8 @@ fn the_bf16_product_builds_on_sgemm_not_the_reverse() {
         .collect();
     assert!(bad.is_empty(), "ops/sgemm.rs names ops/bf16.rs: {bad:?}");
     let bf16 = read(&root().join("crates/fpt-nn/src/ops/bf16.rs"));
-    assert!(bf16.contains("super::sgemm::"), "ops/bf16.rs is expected to build on ops/sgemm.rs");
+    assert!(
+        bf16.contains("super::sgemm::"),
+        "ops/bf16.rs is expected to build on ops/sgemm.rs"
+    );
 }

@@ -135,7 +135,7 @@ pub fn gpu_check(a: GpuCheckArgs) -> Result<()> {
     );
 
     eprintln!("fpt gpu-check: fpt's kernels on {} against the CPU ops", a.device);
-    let kernels = crate::gpu_kernels::agreement(&device)?;
+    let kernels = fpt_train::device_check::agreement(&device)?;
     for k in &kernels {
         eprintln!(
             "  {:<34} {:<6} max diff {:.1e} (allowed {:.0e})",
@@ -150,7 +150,7 @@ pub fn gpu_check(a: GpuCheckArgs) -> Result<()> {
     }
 
     eprintln!("fpt gpu-check: every trained tensor gets a gradient on {}", a.device);
-    let gradients = crate::gpu_kernels::gradients_flow(&device)?;
+    let gradients = fpt_train::device_check::gradients_flow(&device)?;
     for g in &gradients {
         eprintln!(
             "  {:<10} {:<6} {} trained tensors, {}",

@@ -12,7 +12,6 @@ mod compare;
 mod fetch;
 mod forward;
 mod gpu_check;
-mod gpu_kernels;
 mod inspect;
 mod pretrain;
 mod selfcheck;

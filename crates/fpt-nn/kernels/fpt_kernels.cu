@@ -76,3 +76,60 @@ extern "C" __global__ void fpt_adam_step_f32(float *p, const float *m, const flo
                                              float eps, float step_size) {
     FPT_FOR_EACH(i, n) { p[i] = fpt_adam_step_elem(p[i], m[i], v[i], inv_sqrt_bc2, eps, step_size); }
 }
+
+// LayerNorm (centered = 1, with b) or RMSNorm (centered = 0, b null) over rows of d: one
+// warp per row.
+extern "C" __global__ void fpt_norm_fwd_f32(const float *x, const float *w, const float *b, float *y, uint64_t rows,
+                                            int64_t d, float eps, int32_t centered) {
+    uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) / FPT_WARP;
+    uint64_t warps = ((uint64_t)gridDim.x * blockDim.x) / FPT_WARP;
+    int lane = threadIdx.x % FPT_WARP;
+    float inv_d = 1.0f / (float)d;
+    for (uint64_t r = warp; r < rows; r += warps) {
+        const float *xr = x + r * d;
+        float mean = centered ? fpt_warp_sum(fpt_norm_lane_sum(xr, d, lane, FPT_WARP)) * inv_d : 0.0f;
+        float var = fpt_warp_sum(fpt_norm_lane_sqdev(xr, d, mean, lane, FPT_WARP)) * inv_d;
+        float rstd = 1.0f / sqrtf(var + eps);
+        fpt_norm_lane_write(xr, w, b, y + r * d, d, mean, rstd, lane, FPT_WARP);
+    }
+}
+
+// The norms' backward: dx, and dy * xhat (summed over rows by the caller for the scale's
+// gradient). The statistics are recomputed from x.
+extern "C" __global__ void fpt_norm_bwd_f32(const float *x, const float *w, const float *dy, float *dx,
+                                            float *dyxhat, uint64_t rows, int64_t d, float eps, int32_t centered) {
+    uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) / FPT_WARP;
+    uint64_t warps = ((uint64_t)gridDim.x * blockDim.x) / FPT_WARP;
+    int lane = threadIdx.x % FPT_WARP;
+    float inv_d = 1.0f / (float)d;
+    for (uint64_t r = warp; r < rows; r += warps) {
+        const float *xr = x + r * d;
+        const float *gr = dy + r * d;
+        float mean = centered ? fpt_warp_sum(fpt_norm_lane_sum(xr, d, lane, FPT_WARP)) * inv_d : 0.0f;
+        float var = fpt_warp_sum(fpt_norm_lane_sqdev(xr, d, mean, lane, FPT_WARP)) * inv_d;
+        float rstd = 1.0f / sqrtf(var + eps);
+        float sg, sgx;
+        fpt_norm_lane_dots(xr, w, gr, d, mean, rstd, lane, FPT_WARP, &sg, &sgx);
+        float mg = centered ? fpt_warp_sum(sg) * inv_d : 0.0f;
+        float mgx = fpt_warp_sum(sgx) * inv_d;
+        fpt_norm_lane_grad(xr, w, gr, dx + r * d, dyxhat + r * d, d, mean, rstd, mg, mgx, lane, FPT_WARP);
+    }
+}
+
+// GELU forward (kind: FPT_GELU_NEW or FPT_GELU_ERF).
+extern "C" __global__ void fpt_gelu_fwd_f32(const float *x, float *y, uint64_t n, int32_t kind) {
+    FPT_FOR_EACH(i, n) {
+        float v, dv;
+        fpt_gelu(kind, x[i], &v, &dv);
+        y[i] = v;
+    }
+}
+
+// GELU backward: dx = dy * gelu'(x).
+extern "C" __global__ void fpt_gelu_bwd_f32(const float *x, const float *dy, float *dx, uint64_t n, int32_t kind) {
+    FPT_FOR_EACH(i, n) {
+        float v, dv;
+        fpt_gelu(kind, x[i], &v, &dv);
+        dx[i] = dy[i] * dv;
+    }
+}

@@ -166,4 +166,81 @@ FPT_HD float fpt_adam_step_elem(float p, float m, float v, float inv_sqrt_bc2, f
     return p - FPT_MUL(m / denom, step_size);
 }
 
+/* ---- LayerNorm and RMSNorm over rows of d ------------------------------------------- */
+
+/* One lane's part of sum(x) over a row (LayerNorm's mean). */
+FPT_HD float fpt_norm_lane_sum(const float *x, int64_t d, int lane, int nl) {
+    float s = 0.0f;
+    for (int64_t j = lane; j < d; j += nl) s += x[j];
+    return s;
+}
+
+/* One lane's part of sum((x - mean)^2) (mean 0: RMSNorm's sum of squares). */
+FPT_HD float fpt_norm_lane_sqdev(const float *x, int64_t d, float mean, int lane, int nl) {
+    float s = 0.0f;
+    for (int64_t j = lane; j < d; j += nl) {
+        float c = x[j] - mean;
+        s += c * c;
+    }
+    return s;
+}
+
+/* y = (x - mean) * rstd * w (+ b when b is not null). */
+FPT_HD void fpt_norm_lane_write(const float *x, const float *w, const float *b, float *y, int64_t d, float mean,
+                                float rstd, int lane, int nl) {
+    for (int64_t j = lane; j < d; j += nl) {
+        float v = (x[j] - mean) * rstd * w[j];
+        y[j] = b ? v + b[j] : v;
+    }
+}
+
+/* Backward, pass 1: the lane's parts of sum(g) and sum(g * xhat), g = dy * w,
+ * xhat = (x - mean) * rstd. */
+FPT_HD void fpt_norm_lane_dots(const float *x, const float *w, const float *dy, int64_t d, float mean, float rstd,
+                               int lane, int nl, float *sum_g, float *sum_gx) {
+    float a = 0.0f, c = 0.0f;
+    for (int64_t j = lane; j < d; j += nl) {
+        float g = dy[j] * w[j];
+        a += g;
+        c += g * ((x[j] - mean) * rstd);
+    }
+    *sum_g = a;
+    *sum_gx = c;
+}
+
+/* Backward, pass 2: dx = rstd * (g - mg - xhat * mgx) (mg = 0 for RMSNorm), and
+ * dy * xhat, the row's part of the scale's gradient. */
+FPT_HD void fpt_norm_lane_grad(const float *x, const float *w, const float *dy, float *dx, float *dyxhat, int64_t d,
+                               float mean, float rstd, float mg, float mgx, int lane, int nl) {
+    for (int64_t j = lane; j < d; j += nl) {
+        float xhat = (x[j] - mean) * rstd;
+        float g = dy[j] * w[j];
+        dx[j] = rstd * (g - mg - xhat * mgx);
+        dyxhat[j] = dy[j] * xhat;
+    }
+}
+
+/* ---- GELU ------------------------------------------------------------------------ */
+
+#define FPT_GELU_NEW 0
+#define FPT_GELU_ERF 1
+
+/* GELU and its derivative at x: GPT-2's tanh form (FPT_GELU_NEW) or the exact erf form
+ * (FPT_GELU_ERF, BERT's). */
+FPT_HD void fpt_gelu(int kind, float x, float *y, float *dydx) {
+    if (kind == FPT_GELU_NEW) {
+        const float c = 0.7978845608028654f; /* sqrt(2 / pi) */
+        const float a = 0.044715f;
+        float t = tanhf(c * (x + a * x * x * x));
+        *y = 0.5f * x * (1.0f + t);
+        *dydx = 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * c * (1.0f + 3.0f * a * x * x);
+    } else {
+        const float inv_sqrt2 = 0.7071067811865476f;
+        const float inv_sqrt_2pi = 0.3989422804014327f;
+        float e = erff(x * inv_sqrt2);
+        *y = 0.5f * x * (1.0f + e);
+        *dydx = 0.5f * (1.0f + e) + x * expf(-0.5f * x * x) * inv_sqrt_2pi;
+    }
+}
+
 #endif

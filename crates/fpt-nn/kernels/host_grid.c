@@ -74,6 +74,55 @@ void fpt_host_adam_step_f32(float *p, const float *m, const float *v, uint64_t n
     for (uint64_t i = 0; i < n; i++) p[i] = fpt_adam_step_elem(p[i], m[i], v[i], inv_sqrt_bc2, eps, step_size);
 }
 
+void fpt_host_norm_fwd_f32(const float *x, const float *w, const float *b, float *y, uint64_t rows, int64_t d,
+                           float eps, int32_t centered) {
+    float inv_d = 1.0f / (float)d;
+    for (uint64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * d;
+        float part[LANES];
+        float mean = 0.0f;
+        if (centered) {
+            for (int l = 0; l < LANES; l++) part[l] = fpt_norm_lane_sum(xr, d, l, LANES);
+            butterfly_sum(part);
+            mean = part[0] * inv_d;
+        }
+        for (int l = 0; l < LANES; l++) part[l] = fpt_norm_lane_sqdev(xr, d, mean, l, LANES);
+        butterfly_sum(part);
+        float rstd = 1.0f / sqrtf(part[0] * inv_d + eps);
+        for (int l = 0; l < LANES; l++) fpt_norm_lane_write(xr, w, b, y + r * d, d, mean, rstd, l, LANES);
+    }
+}
+
+void fpt_host_norm_bwd_f32(const float *x, const float *w, const float *dy, float *dx, float *dyxhat, uint64_t rows,
+                           int64_t d, float eps, int32_t centered) {
+    float inv_d = 1.0f / (float)d;
+    for (uint64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * d;
+        const float *gr = dy + r * d;
+        float part[LANES], part2[LANES];
+        float mean = 0.0f;
+        if (centered) {
+            for (int l = 0; l < LANES; l++) part[l] = fpt_norm_lane_sum(xr, d, l, LANES);
+            butterfly_sum(part);
+            mean = part[0] * inv_d;
+        }
+        for (int l = 0; l < LANES; l++) part[l] = fpt_norm_lane_sqdev(xr, d, mean, l, LANES);
+        butterfly_sum(part);
+        float rstd = 1.0f / sqrtf(part[0] * inv_d + eps);
+        for (int l = 0; l < LANES; l++) fpt_norm_lane_dots(xr, w, gr, d, mean, rstd, l, LANES, &part[l], &part2[l]);
+        butterfly_sum(part);
+        butterfly_sum(part2);
+        float mg = centered ? part[0] * inv_d : 0.0f;
+        float mgx = part2[0] * inv_d;
+        for (int l = 0; l < LANES; l++)
+            fpt_norm_lane_grad(xr, w, gr, dx + r * d, dyxhat + r * d, d, mean, rstd, mg, mgx, l, LANES);
+    }
+}
+
+void fpt_host_gelu_f32(const float *x, float *y, float *dydx, uint64_t n, int32_t kind) {
+    for (uint64_t i = 0; i < n; i++) fpt_gelu(kind, x[i], &y[i], &dydx[i]);
+}
+
 /* The key of block `index` of a mask seeded by `seed`, for the known-answer tests. */
 uint32_t fpt_host_block_key(uint64_t seed, uint64_t index) { return fpt_block_key(seed, index); }
 

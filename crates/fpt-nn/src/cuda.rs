@@ -53,8 +53,11 @@ fn per_row(rows: usize) -> LaunchConfig {
     }
 }
 
-fn func(dev: &CudaDevice, name: &str) -> Result<candle_core::cuda_backend::CudaFunc> {
-    dev.get_or_load_custom_func(name, MODULE, PTX)
+/// The kernel `name` of fpt's module, loaded into `dev` at its first use.
+macro_rules! func {
+    ($dev:expr, $name:expr) => {
+        $dev.get_or_load_custom_func($name, MODULE, PTX)
+    };
 }
 
 /// Uninitialised device memory for `n` f32 results (every kernel writes all of them).
@@ -77,7 +80,7 @@ pub(crate) fn dropout_mul(x: &CudaStorage, l: &Layout, p: f64, seed: u64, block:
     let n = l.shape().elem_count();
     let out = output(&dev, n)?;
     let (thr, keep) = mask_params(p);
-    let f = func(&dev, "fpt_dropout_mul_f32")?;
+    let f = func!(dev, "fpt_dropout_mul_f32")?;
     let mut b = f.builder();
     let (n64, block64) = (n as u64, block as u64);
     b.arg(&xs)
@@ -105,7 +108,7 @@ pub(crate) fn dropout_add(
     let n = a.1.shape().elem_count();
     let out = output(&dev, n)?;
     let (thr, keep) = mask_params(p);
-    let f = func(&dev, "fpt_dropout_add_f32")?;
+    let f = func!(dev, "fpt_dropout_add_f32")?;
     let mut b = f.builder();
     let (n64, block64) = (n as u64, block as u64);
     b.arg(&av)
@@ -137,7 +140,7 @@ pub(crate) fn softmax_fwd(
     let n = l.shape().elem_count();
     let rows = n / tk.max(1);
     let out = output(&dev, n)?;
-    let f = func(&dev, "fpt_softmax_fwd_f32")?;
+    let f = func!(dev, "fpt_softmax_fwd_f32")?;
     let mut b = f.builder();
     let (rows64, tq64, tk64, scale32, band64) = (rows as u64, tq as i64, tk as i64, scale as f32, band as i64);
     b.arg(&sv)
@@ -164,7 +167,7 @@ pub(crate) fn softmax_bwd(y: (&CudaStorage, &Layout), dy: (&CudaStorage, &Layout
     let n = y.1.shape().elem_count();
     let rows = n / tk;
     let out = output(&dev, n)?;
-    let f = func(&dev, "fpt_softmax_bwd_f32")?;
+    let f = func!(dev, "fpt_softmax_bwd_f32")?;
     let mut b = f.builder();
     let (rows64, tk64, scale32) = (rows as u64, tk as i64, scale as f32);
     b.arg(&yv).arg(&gv).arg(&out).arg(&rows64).arg(&tk64).arg(&scale32);
@@ -197,7 +200,7 @@ pub(crate) fn moment(
     if xs.len() != n {
         candle_core::bail!("adam_update: {} moment values for {n} gradient values", xs.len())
     }
-    let f = func(&dev, "fpt_moment_f32")?;
+    let f = func!(dev, "fpt_moment_f32")?;
     let mut b = f.builder();
     let (n64, sq) = (n as u64, i32::from(square));
     b.arg(xs).arg(&gv).arg(&n64).arg(&decay).arg(&rest).arg(&sq);
@@ -222,7 +225,7 @@ pub(crate) fn adam_step(
     if ps.len() != n || v.1.shape().elem_count() != n {
         candle_core::bail!("adam_update: moments of {n} values for {}", ps.len())
     }
-    let f = func(&dev, "fpt_adam_step_f32")?;
+    let f = func!(dev, "fpt_adam_step_f32")?;
     let mut b = f.builder();
     let n64 = n as u64;
     b.arg(ps)
@@ -235,4 +238,108 @@ pub(crate) fn adam_step(
     // SAFETY: p, m and v hold n elements each.
     unsafe { b.launch(elementwise(n)) }.w()?;
     Ok(())
+}
+
+/// LayerNorm (`b` given) or RMSNorm (`b` none) over rows of `w`'s length.
+pub(crate) fn norm_fwd(
+    x: (&CudaStorage, &Layout),
+    w: (&CudaStorage, &Layout),
+    b: Option<(&CudaStorage, &Layout)>,
+    eps: f64,
+) -> Result<CudaStorage> {
+    let dev = x.0.device().clone();
+    let op = if b.is_some() { "layer_norm" } else { "rms_norm" };
+    let (xv, wv) = (f32_view(x.0, x.1, op)?, f32_view(w.0, w.1, op)?);
+    let bv = b.map(|(s, l)| f32_view(s, l, op)).transpose()?;
+    let d = w.1.shape().elem_count().max(1);
+    let n = x.1.shape().elem_count();
+    let rows = n / d;
+    let out = output(&dev, n)?;
+    let f = func!(dev, "fpt_norm_fwd_f32")?;
+    let mut builder = f.builder();
+    let (rows64, d64, eps32, centered) = (rows as u64, d as i64, eps as f32, i32::from(b.is_some()));
+    // RMSNorm passes a null bias: the kernel's `b ? ... : ...`.
+    let null: u64 = 0;
+    builder.arg(&xv).arg(&wv);
+    match &bv {
+        Some(bv) => builder.arg(bv),
+        None => builder.arg(&null),
+    };
+    builder.arg(&out).arg(&rows64).arg(&d64).arg(&eps32).arg(&centered);
+    // SAFETY: x and out hold rows * d elements, w and b d each.
+    unsafe { builder.launch(per_row(rows)) }.w()?;
+    Ok(CudaStorage::wrap_cuda_slice(out, dev))
+}
+
+/// The norms' backward: `[dx, dy * xhat]` stacked (`2 * n` elements).
+pub(crate) fn norm_bwd(
+    x: (&CudaStorage, &Layout),
+    w: (&CudaStorage, &Layout),
+    dy: (&CudaStorage, &Layout),
+    eps: f64,
+    centered: bool,
+) -> Result<CudaStorage> {
+    let dev = x.0.device().clone();
+    let op = "norm backward";
+    let (xv, wv, gv) = (
+        f32_view(x.0, x.1, op)?,
+        f32_view(w.0, w.1, op)?,
+        f32_view(dy.0, dy.1, op)?,
+    );
+    let d = w.1.shape().elem_count().max(1);
+    let n = x.1.shape().elem_count();
+    let rows = n / d;
+    let mut out = output(&dev, 2 * n)?;
+    {
+        let (mut dx, mut dyxhat) = out.split_at_mut(n);
+        let f = func!(dev, "fpt_norm_bwd_f32")?;
+        let mut builder = f.builder();
+        let (rows64, d64, eps32, c) = (rows as u64, d as i64, eps as f32, i32::from(centered));
+        builder
+            .arg(&xv)
+            .arg(&wv)
+            .arg(&gv)
+            .arg(&mut dx)
+            .arg(&mut dyxhat)
+            .arg(&rows64)
+            .arg(&d64)
+            .arg(&eps32)
+            .arg(&c);
+        // SAFETY: x, dy, dx and dyxhat hold rows * d elements, w d.
+        unsafe { builder.launch(per_row(rows)) }.w()?;
+    }
+    Ok(CudaStorage::wrap_cuda_slice(out, dev))
+}
+
+/// GELU (`kind` 0: tanh form, 1: erf form) forward.
+pub(crate) fn gelu_fwd(x: &CudaStorage, l: &Layout, kind: i32) -> Result<CudaStorage> {
+    let dev = x.device().clone();
+    let xv = f32_view(x, l, "gelu")?;
+    let n = l.shape().elem_count();
+    let out = output(&dev, n)?;
+    let f = func!(dev, "fpt_gelu_fwd_f32")?;
+    let mut b = f.builder();
+    let n64 = n as u64;
+    b.arg(&xv).arg(&out).arg(&n64).arg(&kind);
+    // SAFETY: x and out hold n elements.
+    unsafe { b.launch(elementwise(n)) }.w()?;
+    Ok(CudaStorage::wrap_cuda_slice(out, dev))
+}
+
+/// GELU backward: `dy * gelu'(x)`.
+pub(crate) fn gelu_bwd(x: (&CudaStorage, &Layout), dy: (&CudaStorage, &Layout), kind: i32) -> Result<CudaStorage> {
+    let dev = x.0.device().clone();
+    let (xv, gv) = (
+        f32_view(x.0, x.1, "gelu backward")?,
+        f32_view(dy.0, dy.1, "gelu backward")?,
+    );
+    let n = x.1.shape().elem_count();
+    let out = output(&dev, n)?;
+    let f = func!(dev, "fpt_gelu_bwd_f32")?;
+    let mut b = f.builder();
+    let n64 = n as u64;
+    b.arg(&xv).arg(&gv).arg(&out).arg(&n64).arg(&kind);
+    // SAFETY: x, dy and out hold n elements.
+    unsafe { b.launch(elementwise(n)) }.w()?;
+    Ok(CudaStorage::wrap_cuda_slice(out, dev))
 }

@@ -41,6 +41,28 @@ extern "C" {
         eps: f32,
         step: f32,
     );
+    fn fpt_host_norm_fwd_f32(
+        x: *const f32,
+        w: *const f32,
+        b: *const f32,
+        y: *mut f32,
+        rows: u64,
+        d: i64,
+        eps: f32,
+        centered: i32,
+    );
+    fn fpt_host_norm_bwd_f32(
+        x: *const f32,
+        w: *const f32,
+        dy: *const f32,
+        dx: *mut f32,
+        dyxhat: *mut f32,
+        rows: u64,
+        d: i64,
+        eps: f32,
+        centered: i32,
+    );
+    fn fpt_host_gelu_f32(x: *const f32, y: *mut f32, dydx: *mut f32, n: u64, kind: i32);
     fn fpt_host_block_key(seed: u64, index: u64) -> u32;
     fn fpt_host_splitmix_mix(state: u64) -> u64;
 }
@@ -261,5 +283,108 @@ fn adam_kernels_equal_the_cpu_update() -> Result<()> {
     assert_eq!(bits(&m), bits(&mt.to_vec1::<f32>()?));
     assert_eq!(bits(&v), bits(&vt.to_vec1::<f32>()?));
     assert_eq!(bits(&p), bits(&pv.as_tensor().to_vec1::<f32>()?));
+    Ok(())
+}
+
+/// The norm kernels (LayerNorm and RMSNorm, one warp per row) against the CPU ops: the
+/// output and the gradients of x, the scale and (LayerNorm) the shift, the scale's summed
+/// over rows from the kernel's `dy * xhat` as the GPU path sums it.
+#[test]
+fn norm_kernels_equal_the_cpu_ops() -> Result<()> {
+    let dev = Device::Cpu;
+    for (rows, d) in [(6usize, 48usize), (3, 7), (4, 385)] {
+        for centered in [true, false] {
+            let n = rows * d;
+            let (x, g, w, b) = (randn(n, 41), randn(n, 42), randn(d, 43), randn(d, 44));
+            let eps = 1e-5f64;
+            let mut y = poisoned(n);
+            let bp = if centered { b.as_ptr() } else { std::ptr::null() };
+            // SAFETY: x and y hold rows * d elements, w and b d; b may be null (RMSNorm).
+            unsafe {
+                fpt_host_norm_fwd_f32(
+                    x.as_ptr(),
+                    w.as_ptr(),
+                    bp,
+                    y.as_mut_ptr(),
+                    rows as u64,
+                    d as i64,
+                    eps as f32,
+                    i32::from(centered),
+                )
+            };
+            let (mut dx, mut dyxhat) = (poisoned(n), poisoned(n));
+            // SAFETY: as above, dx and dyxhat hold rows * d elements.
+            unsafe {
+                fpt_host_norm_bwd_f32(
+                    x.as_ptr(),
+                    w.as_ptr(),
+                    g.as_ptr(),
+                    dx.as_mut_ptr(),
+                    dyxhat.as_mut_ptr(),
+                    rows as u64,
+                    d as i64,
+                    eps as f32,
+                    i32::from(centered),
+                )
+            };
+            let xv = candle_core::Var::from_tensor(&Tensor::from_vec(x, (rows, d), &dev)?)?;
+            let wv = candle_core::Var::from_tensor(&Tensor::from_vec(w, d, &dev)?)?;
+            let bv = candle_core::Var::from_tensor(&Tensor::from_vec(b, d, &dev)?)?;
+            let cpu = if centered {
+                ops::layer_norm(xv.as_tensor(), wv.as_tensor(), bv.as_tensor(), eps)?
+            } else {
+                ops::rms_norm(xv.as_tensor(), wv.as_tensor(), eps)?
+            };
+            let what = if centered { "layer_norm" } else { "rms_norm" };
+            let e = max_rel(&y, &cpu.flatten_all()?.to_vec1::<f32>()?);
+            assert!(e < 2e-5, "{what} forward {rows}x{d}: {e}");
+            let grads = (cpu * Tensor::from_vec(g.clone(), (rows, d), &dev)?)?
+                .sum_all()?
+                .backward()?;
+            let want = |v: &candle_core::Var| {
+                grads
+                    .get(v.as_tensor())
+                    .expect("a gradient")
+                    .flatten_all()?
+                    .to_vec1::<f32>()
+            };
+            let e = max_rel(&dx, &want(&xv)?);
+            assert!(e < 5e-5, "{what} dx {rows}x{d}: {e}");
+            let dw: Vec<f32> = (0..d).map(|j| (0..rows).map(|r| dyxhat[r * d + j]).sum()).collect();
+            let e = max_rel(&dw, &want(&wv)?);
+            assert!(e < 5e-5, "{what} dgamma {rows}x{d}: {e}");
+            if centered {
+                let db: Vec<f32> = (0..d).map(|j| (0..rows).map(|r| g[r * d + j]).sum()).collect();
+                let e = max_rel(&db, &want(&bv)?);
+                assert!(e < 5e-5, "{what} dbeta {rows}x{d}: {e}");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The GELU kernels (both forms) against the CPU ops and their gradients.
+#[test]
+fn gelu_kernels_equal_the_cpu_ops() -> Result<()> {
+    let dev = Device::Cpu;
+    let n = 2001;
+    let x: Vec<f32> = randn(n, 51).iter().map(|v| v * 4.0).collect();
+    for kind in [0, 1] {
+        let (mut y, mut d) = (poisoned(n), poisoned(n));
+        // SAFETY: the buffers hold n elements.
+        unsafe { fpt_host_gelu_f32(x.as_ptr(), y.as_mut_ptr(), d.as_mut_ptr(), n as u64, kind) };
+        let xv = candle_core::Var::from_tensor(&Tensor::from_vec(x.clone(), n, &dev)?)?;
+        let cpu = if kind == 0 {
+            ops::gelu_new(xv.as_tensor())?
+        } else {
+            ops::gelu_erf(xv.as_tensor())?
+        };
+        let e = max_rel(&y, &cpu.to_vec1::<f32>()?);
+        assert!(e < 1e-5, "gelu kind {kind} forward: {e}");
+        let grads = cpu.sum_all()?.backward()?;
+        let want = grads.get(xv.as_tensor()).expect("a gradient").to_vec1::<f32>()?;
+        let e = max_rel(&d, &want);
+        assert!(e < 1e-5, "gelu kind {kind} derivative: {e}");
+    }
     Ok(())
 }

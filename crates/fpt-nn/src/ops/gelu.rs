@@ -24,6 +24,9 @@ const CHUNK: usize = 16_384;
 /// An elementwise activation: its value and derivative.
 trait Activation: Send + Sync + 'static {
     const NAME: &'static str;
+    /// The kernels' name for it (`FPT_GELU_NEW`, `FPT_GELU_ERF` in `kernels/fpt_ops.h`).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    const KIND: i32;
     fn f<T: Float>(x: T) -> T;
     fn df<T: Float>(x: T) -> T;
     /// `y = f(x)` over f32 slices (a vectorized version where there is one).
@@ -50,6 +53,7 @@ fn tanh<T: Float>(u: T) -> T {
 struct New;
 impl Activation for New {
     const NAME: &'static str = "gelu_new";
+    const KIND: i32 = 0;
     #[inline]
     fn f<T: Float>(x: T) -> T {
         let (c, a, half) = (T::from(C).unwrap(), T::from(A).unwrap(), T::from(0.5).unwrap());
@@ -73,6 +77,7 @@ impl Activation for New {
 struct Erf;
 impl Activation for Erf {
     const NAME: &'static str = "gelu_erf";
+    const KIND: i32 = 1;
     #[inline]
     fn f<T: Float>(x: T) -> T {
         let v: f64 = num_traits::ToPrimitive::to_f64(&x).unwrap_or(f64::NAN);
@@ -225,7 +230,18 @@ impl<A: Activation> CustomOp1 for ActOp<A> {
         Ok((out, l.shape().clone()))
     }
 
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(&self, s: &candle_core::CudaStorage, l: &Layout) -> Result<(candle_core::CudaStorage, Shape)> {
+        Ok((crate::cuda::gelu_fwd(s, l, A::KIND)?, l.shape().clone()))
+    }
+
     fn bwd(&self, x: &Tensor, _res: &Tensor, dy: &Tensor) -> Result<Option<Tensor>> {
+        if !x.device().is_cpu() {
+            let dx = x
+                .contiguous()?
+                .apply_op2_no_bwd(&dy.contiguous()?, &GeluBackward::<A>(PhantomData))?;
+            return Ok(Some(dx));
+        }
         fn run<A: Activation, T: Float>(x: &Tensor, dy: &Tensor) -> Result<Tensor> {
             let v = with_cpu_slice::<T, _>(x, A::NAME, |xs| {
                 with_cpu_slice::<T, _>(dy, A::NAME, |g| Ok(bwd_kernel::<A, T>(xs, g)))
@@ -240,9 +256,37 @@ impl<A: Activation> CustomOp1 for ActOp<A> {
     }
 }
 
-/// `gelu_new` (tanh-approximated GELU, GPT-2's activation). Fused on CPU.
+/// A GELU's backward on a GPU, `dy * gelu'(x)` (a kernel); never differentiated.
+struct GeluBackward<A>(PhantomData<A>);
+
+impl<A: Activation> candle_core::CustomOp2 for GeluBackward<A> {
+    fn name(&self) -> &'static str {
+        "fpt-gelu-backward"
+    }
+
+    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
+        candle_core::bail!(
+            "{}: the backward op is for GPUs (the CPU's is in the forward op)",
+            A::NAME
+        )
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        x: &candle_core::CudaStorage,
+        lx: &Layout,
+        dy: &candle_core::CudaStorage,
+        ldy: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        Ok((crate::cuda::gelu_bwd((x, lx), (dy, ldy), A::KIND)?, lx.shape().clone()))
+    }
+}
+
+/// `gelu_new` (tanh-approximated GELU, GPT-2's activation). Fused on the CPU and on a GPU
+/// (f32), composed of candle ops otherwise.
 pub fn gelu_new(x: &Tensor) -> Result<Tensor> {
-    if !x.device().is_cpu() {
+    if !super::fused_here(x) {
         return gelu_new_composed(x);
     }
     x.contiguous()?.apply_op1(ActOp::<New>(PhantomData))
@@ -254,9 +298,10 @@ pub fn gelu_new_composed(x: &Tensor) -> Result<Tensor> {
     x.affine(0.5, 0.0)? * (inner.tanh()? + 1.0)?
 }
 
-/// Exact (erf) GELU, BERT's `gelu`. Fused on CPU.
+/// Exact (erf) GELU, BERT's `gelu`. Fused on the CPU and on a GPU (f32), composed of
+/// candle ops otherwise.
 pub fn gelu_erf(x: &Tensor) -> Result<Tensor> {
-    if !x.device().is_cpu() {
+    if !super::fused_here(x) {
         return gelu_erf_composed(x);
     }
     x.contiguous()?.apply_op1(ActOp::<Erf>(PhantomData))

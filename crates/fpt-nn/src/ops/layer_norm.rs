@@ -162,7 +162,24 @@ impl super::ThreeOperands for LayerNormOp {
         Ok((out, l1.shape().clone()))
     }
 
+    #[cfg(feature = "cuda")]
+    fn forward_cuda(
+        &self,
+        [x, w, b]: [(&candle_core::CudaStorage, &Layout); 3],
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        Ok((crate::cuda::norm_fwd(x, w, Some(b), self.eps)?, x.1.shape().clone()))
+    }
+
     fn gradients(&self, [x, g, b]: [&Tensor; 3], _res: &Tensor, dy: &Tensor) -> Result<[Option<Tensor>; 3]> {
+        if !x.device().is_cpu() {
+            let (dx, dg) = device_norm_grads(x, g, dy, self.eps, true)?;
+            let db = if tracks(b) {
+                Some(sum_rows(dy, g.elem_count())?)
+            } else {
+                None
+            };
+            return Ok([tracks(x).then_some(dx), tracks(g).then_some(dg), db]);
+        }
         fn run<T: Float>(op: &LayerNormOp, x: &Tensor, g: &Tensor, dy: &Tensor) -> Result<(Vec<T>, Vec<T>, Vec<T>)> {
             with_cpu_slice::<T, _>(x, "layer_norm", |xs| {
                 with_cpu_slice::<T, _>(g, "layer_norm", |gs| {
@@ -198,10 +215,72 @@ impl super::ThreeOperands for LayerNormOp {
     }
 }
 
+/// `dy` summed over every row of `d` values: `[d]`.
+fn sum_rows(dy: &Tensor, d: usize) -> Result<Tensor> {
+    dy.reshape(((), d))?.sum(0)
+}
+
+/// The norms' gradients on a GPU (one kernel: `dx` and `dy * xhat`, the latter summed over
+/// rows for the scale's gradient): `(dx, dgamma)`.
+fn device_norm_grads(x: &Tensor, g: &Tensor, dy: &Tensor, eps: f64, centered: bool) -> Result<(Tensor, Tensor)> {
+    let both =
+        x.contiguous()?
+            .apply_op3_no_bwd(&g.contiguous()?, &dy.contiguous()?, &NormBackward { eps, centered })?;
+    let dx = both.get(0)?;
+    let dg = sum_rows(&both.get(1)?, g.elem_count())?;
+    Ok((dx, dg))
+}
+
+/// The norms' backward on a GPU: `[dx, dy * xhat]` stacked; never differentiated.
+struct NormBackward {
+    // Read by the kernel launch, in builds with the `cuda` feature.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    eps: f64,
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    centered: bool,
+}
+
+impl candle_core::CustomOp3 for NormBackward {
+    fn name(&self) -> &'static str {
+        "fpt-norm-backward"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        candle_core::bail!("the norms' backward op is for GPUs (the CPU's is fused in the forward op)")
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        x: &candle_core::CudaStorage,
+        lx: &Layout,
+        w: &candle_core::CudaStorage,
+        lw: &Layout,
+        dy: &candle_core::CudaStorage,
+        ldy: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let mut dims = vec![2];
+        dims.extend_from_slice(lx.dims());
+        Ok((
+            crate::cuda::norm_bwd((x, lx), (w, lw), (dy, ldy), self.eps, self.centered)?,
+            Shape::from(dims),
+        ))
+    }
+}
+
 /// LayerNorm over the last dimension; `gamma` and `beta` have shape `[d]`. Fused with a
-/// hand-written backward on CPU, composed of candle ops elsewhere.
+/// hand-written backward on the CPU (f32, f64) and on a GPU (f32: a kernel each way),
+/// composed of candle ops otherwise.
 pub fn layer_norm(x: &Tensor, gamma: &Tensor, beta: &Tensor, eps: f64) -> Result<Tensor> {
-    if !x.device().is_cpu() {
+    if !super::fused_here(x) {
         return layer_norm_composed(x, gamma, beta, eps);
     }
     let x = x.contiguous()?;
@@ -318,7 +397,25 @@ impl CustomOp2 for RmsNormOp {
         Ok((out, l1.shape().clone()))
     }
 
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        Ok((
+            crate::cuda::norm_fwd((s1, l1), (s2, l2), None, self.eps)?,
+            l1.shape().clone(),
+        ))
+    }
+
     fn bwd(&self, x: &Tensor, g: &Tensor, _res: &Tensor, dy: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        if !x.device().is_cpu() {
+            let (dx, dg) = device_norm_grads(x, g, dy, self.eps, false)?;
+            return Ok((tracks(x).then_some(dx), tracks(g).then_some(dg)));
+        }
         fn run<T: Float>(op: &RmsNormOp, x: &Tensor, g: &Tensor, dy: &Tensor) -> Result<(Vec<T>, Vec<T>)> {
             with_cpu_slice::<T, _>(x, "rms_norm", |xs| {
                 with_cpu_slice::<T, _>(g, "rms_norm", |gs| {
@@ -349,10 +446,10 @@ impl CustomOp2 for RmsNormOp {
 }
 
 /// RMSNorm over the last dimension (T5's and Llama's norm): `x / sqrt(mean(x^2) + eps) *
-/// gamma`, `gamma: [d]`. Fused with a hand-written backward on CPU, composed of candle ops
-/// elsewhere.
+/// gamma`, `gamma: [d]`. Fused with a hand-written backward on the CPU (f32, f64) and on a
+/// GPU (f32), composed of candle ops otherwise.
 pub fn rms_norm(x: &Tensor, gamma: &Tensor, eps: f64) -> Result<Tensor> {
-    if !x.device().is_cpu() || !matches!(x.dtype(), DType::F32 | DType::F64) {
+    if !super::fused_here(x) {
         return rms_norm_composed(x, gamma, eps);
     }
     x.contiguous()?.apply_op2(&gamma.contiguous()?, RmsNormOp { eps })

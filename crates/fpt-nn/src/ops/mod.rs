@@ -177,6 +177,17 @@ impl<T: ThreeOperands> CustomOp3 for Three<T> {
     }
 }
 
+/// Whether an op's fused version runs for `x`: f32 or f64 on the CPU (the fused CPU
+/// kernels), f32 on a GPU (fpt's CUDA kernels, with the `cuda` feature); otherwise the op's
+/// `*_composed` twin runs.
+pub(crate) fn fused_here(x: &Tensor) -> bool {
+    if x.device().is_cpu() {
+        matches!(x.dtype(), DType::F32 | DType::F64)
+    } else {
+        cfg!(feature = "cuda") && x.device().is_cuda() && x.dtype() == DType::F32
+    }
+}
+
 /// Whether `t` takes part in backprop (a `Var` or computed from one). Custom-op backward
 /// passes return `None` for arguments that do not, so no gradient of a frozen tensor is
 /// ever computed or stored.

@@ -220,7 +220,7 @@ impl candle_core::CustomOp2 for SoftmaxBackward {
 /// (f32, f64) and on a GPU (f32: a kernel each way); composed of candle ops for other
 /// dtypes on a GPU.
 pub fn masked_softmax(s: &Tensor, scale: f64, mask: Mask) -> Result<Tensor> {
-    if !s.device().is_cpu() && s.dtype() != DType::F32 {
+    if !super::fused_here(s) {
         return masked_softmax_composed(s, scale, mask);
     }
     s.contiguous()?.apply_op1(SoftmaxOp { scale, mask })

@@ -1,21 +1,25 @@
-//! Two parts of `fpt gpu-check` that need no reference outside fpt: its kernels on the
+//! Two parts of `fpt gpu-check` that need no reference outside fpt: fpt's kernels on the
 //! device against its CPU ops (the same dropout masks bit for bit, the softmax each way
 //! and Adam within rounding), and every trained tensor of each backbone family getting a
 //! finite, nonzero gradient on the device (candle's own fast CUDA ops have no backward and
 //! would cut it silently; fpt never uses them, and this shows it).
 
-use anyhow::Result;
 use candle_core::{Device, Tensor, Var};
 use fpt_nn::ops::{self, AttentionSpec, Mask};
 use fpt_nn::Rng;
+use crate::Result;
 use serde::Serialize;
 
 /// One kernel's agreement with the CPU.
 #[derive(Debug, Serialize)]
 pub struct KernelCheck {
+    /// The op and its shape.
     pub name: String,
+    /// The largest relative difference from the CPU.
     pub max_diff: f64,
+    /// The largest allowed.
     pub allowed: f64,
+    /// Whether it is within.
     pub passed: bool,
 }
 
@@ -32,7 +36,9 @@ fn randn(shape: &[usize], seed: u64, device: &Device) -> Result<Tensor> {
 fn max_diff(a: &Tensor, b: &Tensor) -> Result<f64> {
     let a = fpt_nn::transfer::download_vec::<f32>(a)?;
     let b = fpt_nn::transfer::download_vec::<f32>(b)?;
-    anyhow::ensure!(a.len() == b.len(), "{} values against {}", a.len(), b.len());
+    if a.len() != b.len() {
+        return Err(candle_core::Error::Msg(format!("{} values against {}", a.len(), b.len())).into());
+    }
     Ok(a.iter().zip(&b).fold(0f64, |m, (&x, &y)| {
         if !x.is_finite() || !y.is_finite() {
             f64::INFINITY
@@ -50,6 +56,50 @@ fn check(out: &mut Vec<KernelCheck>, name: String, dev: &Tensor, cpu: &Tensor, a
         max_diff: d,
         allowed,
     });
+    Ok(())
+}
+
+/// `f` of fresh random inputs of `shapes` on `device` and on the CPU: the outputs, and every
+/// input's gradient under a random upstream gradient, within 1e-5 (relative).
+fn op_check(
+    out: &mut Vec<KernelCheck>,
+    device: &Device,
+    name: &str,
+    shapes: &[&[usize]],
+    f: impl Fn(&[&Tensor]) -> candle_core::Result<Tensor>,
+) -> Result<()> {
+    let cpu = Device::Cpu;
+    let xs: Vec<Tensor> = shapes
+        .iter()
+        .enumerate()
+        .map(|(i, s)| randn(s, 100 + i as u64, &cpu))
+        .collect::<Result<_>>()?;
+    let run = |d: &Device| -> Result<(Tensor, Vec<Option<Tensor>>)> {
+        let vars: Vec<Var> = xs
+            .iter()
+            .map(|x| Var::from_tensor(&fpt_nn::transfer::to_device(x, d)?))
+            .collect::<candle_core::Result<_>>()?;
+        let ts: Vec<&Tensor> = vars.iter().map(|v| v.as_tensor()).collect();
+        let y = f(&ts)?;
+        let up = fpt_nn::transfer::to_device(&randn(y.dims(), 99, &cpu)?, d)?;
+        let grads = (&y * up)?.sum_all()?.backward()?;
+        let gs = vars.iter().map(|v| grads.get(v.as_tensor()).cloned()).collect();
+        Ok((y, gs))
+    };
+    let (yd, gd) = run(device)?;
+    let (yc, gc) = run(&cpu)?;
+    check(out, name.to_string(), &yd, &yc, 1e-5)?;
+    for (i, (d, c)) in gd.iter().zip(&gc).enumerate() {
+        match (d, c) {
+            (Some(d), Some(c)) => check(out, format!("{name} gradient of input {i}"), d, c, 1e-5)?,
+            _ => out.push(KernelCheck {
+                name: format!("{name} gradient of input {i}: missing"),
+                max_diff: f64::INFINITY,
+                allowed: 1e-5,
+                passed: false,
+            }),
+        }
+    }
     Ok(())
 }
 
@@ -83,34 +133,33 @@ pub fn agreement(device: &Device) -> Result<Vec<KernelCheck>> {
         (1, 200, Mask::Causal),
         (100, 100, Mask::Band(7)),
     ] {
-        let s = randn(&[2, 3, tq, tk], 3, &cpu)?;
-        let g = randn(&[2, 3, tq, tk], 4, &cpu)?;
-        let (vc, vd) = (
-            Var::from_tensor(&s)?,
-            Var::from_tensor(&fpt_nn::transfer::to_device(&s, device)?)?,
-        );
-        let yc = ops::masked_softmax(vc.as_tensor(), 0.125, mask)?;
-        let yd = ops::masked_softmax(vd.as_tensor(), 0.125, mask)?;
-        check(&mut out, format!("masked_softmax {tq}x{tk} {mask:?}"), &yd, &yc, 1e-5)?;
-        let gc = (yc * &g)?.sum_all()?.backward()?;
-        let gd = (yd * fpt_nn::transfer::to_device(&g, device)?)?.sum_all()?.backward()?;
-        let (dc, dd) = (gc.get(vc.as_tensor()), gd.get(vd.as_tensor()));
-        match (dd, dc) {
-            (Some(dd), Some(dc)) => check(
-                &mut out,
-                format!("masked_softmax backward {tq}x{tk} {mask:?}"),
-                dd,
-                dc,
-                1e-5,
-            )?,
-            _ => out.push(KernelCheck {
-                name: format!("masked_softmax backward {tq}x{tk} {mask:?}: no gradient"),
-                max_diff: f64::INFINITY,
-                allowed: 1e-5,
-                passed: false,
-            }),
-        }
+        op_check(
+            &mut out,
+            device,
+            &format!("masked_softmax {tq}x{tk} {mask:?}"),
+            &[&[2, 3, tq, tk]],
+            |x| ops::masked_softmax(x[0], 0.125, mask),
+        )?;
     }
+    // The norms and the GELUs, forward and backward.
+    for (rows, d) in [(64usize, 768usize), (10, 37)] {
+        op_check(
+            &mut out,
+            device,
+            &format!("layer_norm {rows}x{d}"),
+            &[&[rows, d], &[d], &[d]],
+            |x| ops::layer_norm(x[0], x[1], x[2], 1e-5),
+        )?;
+        op_check(
+            &mut out,
+            device,
+            &format!("rms_norm {rows}x{d}"),
+            &[&[rows, d], &[d]],
+            |x| ops::rms_norm(x[0], x[1], 1e-6),
+        )?;
+    }
+    op_check(&mut out, device, "gelu_new", &[&[4096]], |x| ops::gelu_new(x[0]))?;
+    op_check(&mut out, device, "gelu_erf", &[&[4096]], |x| ops::gelu_erf(x[0]))?;
     // Attention with dropout (the device's composed op against the CPU's fused one): the
     // same mask, so the outputs agree to rounding.
     for (t, mask) in [(33usize, Mask::Causal), (64, Mask::None)] {
@@ -162,9 +211,13 @@ pub fn agreement(device: &Device) -> Result<Vec<KernelCheck>> {
 /// One backbone family's gradients on the device.
 #[derive(Debug, Serialize)]
 pub struct GradientCheck {
+    /// The backbone (a small random one of its family).
     pub backbone: String,
+    /// How many tensors train.
     pub trained: usize,
+    /// Those without a finite, nonzero gradient.
     pub missing: Vec<String>,
+    /// Whether none is missing.
     pub passed: bool,
 }
 
@@ -217,7 +270,7 @@ pub fn gradients_flow(device: &Device) -> Result<Vec<GradientCheck>> {
                 },
             )
         };
-        let mut tr = fpt_train::Trainer::new(&spec, device)?;
+        let mut tr = crate::Trainer::new(&spec, device)?;
         let (_, grads) = tr.micro_batch_grads()?;
         let mut missing = Vec::new();
         let trained = tr.model().trainable();
