@@ -11,6 +11,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-$(mktemp -d)}"
+mkdir -p "$OUT"
 start=$(date +%s)
 
 gz=target/cuda/fpt-cuda.gz
