@@ -10,7 +10,13 @@
 //!   itself about failure (`about_failure`);
 //! - `not run`: no pair of cells has numbers.
 //!
-//! A pair with a cell at baseline is left out of the comparison and named. Every verdict
+//! A pair is left out of the comparison, and named, when a cell is at its trivial baseline;
+//! when the cell that must not be beaten (`b` in "a beats b"; either in "comparable") did
+//! not reach its plateau (a still-rising `b` could close the gap; a still-rising `a` only
+//! widens it), or its convergence was not recorded; when both cells sit at the task's
+//! ceiling (100% within their noise: the pair says nothing about the difference); and when
+//! both ran one seed and no seed spread was measured for a cell's backbone and task (the
+//! spread of another backbone is never borrowed). Every verdict
 //! names the pairs it used, its estimate and its interval: a paired, stratified bootstrap
 //! over the held-out examples and seeds of the runs ([`crate::bootstrap`]) where every cell
 //! recorded its per-example outcomes, else a normal interval from each cell's standard
@@ -42,6 +48,18 @@ pub struct ClaimReport {
     pub paper: Verdict,
 }
 
+/// Whether a cell's runs reached their plateau (`result.json`'s `converged`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Convergence {
+    /// On a plateau (or a number that is not a training outcome, such as the paper's).
+    #[default]
+    Reached,
+    /// At least one run ended at its cap still rising: the number is a lower bound.
+    Rising,
+    /// Not recorded (a run from before fpt recorded it).
+    Unknown,
+}
+
 /// One cell's numbers as a claim sees them.
 #[derive(Debug, Clone, Default)]
 pub struct CellValue<'a> {
@@ -53,8 +71,18 @@ pub struct CellValue<'a> {
     pub at_baseline: Option<String>,
     /// The per-example outcomes of each of its runs (seed order); empty where not recorded.
     pub runs: &'a [Outcomes],
-    /// The task's measured seed spread at the scale (points; 0 when unknown).
+    /// The task's measured seed spread at the scale for the cell's backbone (points; 0
+    /// when unknown).
     pub seed_sd: f64,
+    /// Whether the cell's runs reached their plateau.
+    pub convergence: Convergence,
+    /// Whether the number is at the task's ceiling (100% within its noise).
+    pub at_ceiling: bool,
+    /// Seeds the number averages (0: not a run of ours, e.g. the paper's number).
+    pub seeds: usize,
+    /// Whether a seed spread was measured for the cell's backbone and task (the rule for
+    /// single-seed pairs).
+    pub spread_known: bool,
 }
 
 impl CellValue<'_> {
@@ -130,6 +158,22 @@ fn name(s: &Select) -> String {
     }
 }
 
+/// Why a pair is left out (the words of the verdicts).
+const AT_BASELINE: &str = "at their trivial baseline";
+const RISING: &str =
+    "still rising at the cap (the number a lower bound; it must have reached its plateau to be beaten)";
+const UNKNOWN_CONVERGENCE: &str = "convergence not recorded (a run from before fpt recorded it)";
+const AT_CEILING: &str = "both at the task's ceiling";
+const NO_SPREAD: &str = "one seed each and no seed spread measured for the backbone and task";
+
+/// A pair's name, or the cell's where it is compared with a number.
+fn pair_name_or(table: &TableSpec, pa: (usize, usize), pb: &Option<(usize, usize)>) -> String {
+    match pb {
+        Some(pb) => pair_name(table, pa, *pb),
+        None => format!("{} / {}", table.rows[pa.0].label, table.cols[pa.1].label),
+    }
+}
+
 /// How a pair of cells is named: the part in which the two selections agree.
 fn pair_name(table: &TableSpec, (ra, ca): (usize, usize), (rb, cb): (usize, usize)) -> String {
     let row = |r: usize| table.rows[r].label.as_str();
@@ -173,7 +217,8 @@ fn compare<'v>(
     };
     let label = |(r, c): (usize, usize)| format!("{} / {}", table.rows[r].label, table.cols[c].label);
     let mut kept: Vec<(String, CellValue, CellValue)> = Vec::new();
-    let mut excluded = Vec::new();
+    // (why, cell) of every cell whose pair is left out.
+    let mut excluded: Vec<(&'static str, String)> = Vec::new();
     for (&pa, pb) in sa.iter().zip(&sb) {
         let y = match (pb, &b) {
             (Some(pb), _) => value(pb.0, pb.1),
@@ -183,15 +228,40 @@ fn compare<'v>(
         let (Some(x), Some(y)) = (value(pa.0, pa.1), y) else {
             continue;
         };
-        let mut at = Vec::new();
-        if x.at_baseline.is_some() {
-            at.push(label(pa));
+        let lb = pb.map(label);
+        let mut out: Vec<(&'static str, String)> = Vec::new();
+        if !claim.about_failure {
+            if x.at_baseline.is_some() {
+                out.push((AT_BASELINE, label(pa)));
+            }
+            if let (Some(lb), Some(_)) = (&lb, &y.at_baseline) {
+                out.push((AT_BASELINE, lb.clone()));
+            }
         }
-        if let (Some(pb), Some(_)) = (pb, &y.at_baseline) {
-            at.push(label(*pb));
+        // The side that must not be beaten has to have reached its plateau; "comparable"
+        // needs both.
+        let mut must_converge = vec![(&y, lb.clone())];
+        if claim.kind == ClaimKind::Comparable {
+            must_converge.push((&x, Some(label(pa))));
         }
-        if !at.is_empty() && !claim.about_failure {
-            excluded.extend(at);
+        for (v, l) in must_converge {
+            if let Some(l) = l {
+                match v.convergence {
+                    Convergence::Rising => out.push((RISING, l)),
+                    Convergence::Unknown => out.push((UNKNOWN_CONVERGENCE, l)),
+                    Convergence::Reached => {}
+                }
+            }
+        }
+        if x.at_ceiling && y.at_ceiling {
+            out.push((AT_CEILING, pair_name_or(table, pa, pb)));
+        }
+        let one_seed = x.seeds == 1 && y.seeds == 1;
+        if one_seed && (!x.spread_known || !y.spread_known) {
+            out.push((NO_SPREAD, pair_name_or(table, pa, pb)));
+        }
+        if !out.is_empty() {
+            excluded.extend(out);
             continue;
         }
         let pair = match pb {
@@ -203,8 +273,19 @@ fn compare<'v>(
     let left_out = if excluded.is_empty() {
         String::new()
     } else {
-        excluded.dedup();
-        format!("; left out, at their trivial baseline: {}", excluded.join(", "))
+        let mut parts = Vec::new();
+        for why in [AT_BASELINE, RISING, UNKNOWN_CONVERGENCE, AT_CEILING, NO_SPREAD] {
+            let mut who: Vec<&str> = excluded
+                .iter()
+                .filter(|(w, _)| *w == why)
+                .map(|(_, c)| c.as_str())
+                .collect();
+            who.dedup();
+            if !who.is_empty() {
+                parts.push(format!("{why}: {}", who.join(", ")));
+            }
+        }
+        format!("; left out, {}", parts.join("; "))
     };
     let with_numbers = kept.len() + excluded.len();
     if with_numbers == 0 {
@@ -216,7 +297,7 @@ fn compare<'v>(
     if kept.is_empty() {
         return Comparison {
             verdict: Some("undecided"),
-            detail: format!("{head}: no pair of cells both off their trivial baseline{left_out}"),
+            detail: format!("{head}: no pair of cells that can decide it{left_out}"),
         };
     }
     let k = kept.len() as f64;
@@ -237,7 +318,9 @@ fn compare<'v>(
         let var: f64 = kept
             .iter()
             .map(|(_, x, y)| {
-                let seeds = x.runs.len().min(y.runs.len());
+                // Seeds the numbers average (a cell of several seeds without per-example
+                // outcomes averages them all the same: no seed spread to add).
+                let seeds = x.seeds.min(y.seeds);
                 let spread = if seeds <= 1 {
                     2.0 * x.seed_sd.max(y.seed_sd).powi(2)
                 } else {

@@ -244,7 +244,9 @@ pub fn describe(plan: &Plan) -> String {
                     "at most {} steps x batch {}, stopping after {p} evaluations without improvement{}",
                     t.steps,
                     t.batch_size,
-                    if t.early_stop_within_noise {
+                    if t.stop_on_plateau {
+                        " (a plateau by the paired test; never while at its trivial baseline)"
+                    } else if t.early_stop_within_noise {
                         " beyond their noise (never while at its trivial baseline)"
                     } else {
                         ""
@@ -328,7 +330,16 @@ pub(crate) fn expand_with(
             let seeds = seeds_for(&s, &sc);
             let differs = paper_differences(&s, metric, &plan, paper_sc.as_ref(), seeds);
             let replicas = replicas_of(&plan, seeds);
-            let seed_sd = s.task.as_deref().and_then(|t| sc.seed_spread.get(t)).map(|x| x.sd);
+            // The task's seed spread, where it was measured on this cell's backbone.
+            let seed_sd = match &plan {
+                Plan::Run { spec, .. } => s
+                    .task
+                    .as_deref()
+                    .and_then(|t| sc.seed_spread.get(t))
+                    .filter(|x| x.backbone == spec.backbone.source)
+                    .map(|x| x.sd),
+                _ => None,
+            };
             if !replicas.is_empty() {
                 notes.push(format!(
                     "{} seeds per cell: the mean and spread over them (the paper prints one number per cell)",
@@ -516,6 +527,7 @@ pub(crate) fn plan_at(
         early_stop_patience: o.early_stop_patience,
         checkpoint_every: o.checkpoint_every,
         early_stop_within_noise: o.early_stop_within_noise.unwrap_or(false),
+        stop_on_plateau: o.stop_on_plateau.unwrap_or(false),
         ..TrainSpec::default()
     };
     let spec = RunSpec {

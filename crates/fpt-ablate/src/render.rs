@@ -36,7 +36,12 @@ impl Report {
         let dagger = if c.diverged.is_some() { " [†]" } else { "" };
         let spread = c.seeds.as_ref().map_or(String::new(), |s| format!(" [{}]", s.label()));
         let base = if c.at_baseline.is_some() { " [at baseline]" } else { "" };
-        format!("{ours}{spread}{dagger}{base} ({})", c.paper_text)
+        // Still rising at the cap: the number is a lower bound of where the run would end.
+        let (ge, rising) = match (c.converged, c.ours.is_some(), c.metric) {
+            (Some(false), true, Metric::TestAccuracy | Metric::TrainAccuracy) => ("≥", " [rising]"),
+            _ => ("", ""),
+        };
+        format!("{ge}{ours}{spread}{dagger}{base}{rising} ({})", c.paper_text)
     }
 
     /// The report as Markdown.
@@ -60,7 +65,7 @@ impl Report {
                 if *n == 1 { "" } else { "s" }
             ));
         }
-        s.push_str("\nEach cell: **ours** (paper). `n/a`: cannot run here (see below); `·`: the paper's number only; `-`: not run in the paper; `pending`: not run yet; `n/c`: did not converge; `invalid`: its run failed its self-check; `[†]`: training diverged, the number is the best before divergence; `[at baseline]`: its runs did not leave the task's trivial baseline (chance, the majority class of the evaluated split, Bit Memory's copy of the visible bits: see the cell's row below), so it is no evidence that the model learned, and no claim rests on it.\n\n");
+        s.push_str("\nEach cell: **ours** (paper). `n/a`: cannot run here (see below); `·`: the paper's number only; `-`: not run in the paper; `pending`: not run yet; `n/c`: did not converge; `invalid`: its run failed its self-check; `[†]`: training diverged, the number is the best before divergence; `[at baseline]`: its runs did not leave the task's trivial baseline (chance, the majority class of the evaluated split, Bit Memory's copy of the visible bits: see the cell's row below), so it is no evidence that the model learned, and no claim rests on it; `≥ ... [rising]`: a run ended at its step cap still rising (the paired test over its last evaluations: see the cell's row below), so the number is a lower bound, and no claim that it is beaten rests on it.\n\n");
         let ran = self.cells.iter().filter(|c| c.status == "ran").count();
         let at = self.cells.iter().filter(|c| c.at_baseline.is_some()).count();
         if ran > 0 {
@@ -85,7 +90,7 @@ impl Report {
             s.push_str(&format!("| {row} | {} |\n", cells.join(" | ")));
         }
         if !self.claims.is_empty() {
-            s.push_str("\n## The paper's claims\n\nVerdict on our numbers, and on the paper's. `holds` / `fails`: the 95% interval of the comparison lies wholly on one side of what the claim needs; `inconclusive`: it straddles it (more examples, evaluations or seeds would be needed); `undecided`: every pair of cells has a cell at its trivial baseline; `not run`: no pair has numbers. A pair with a cell at its baseline is left out and named. The interval is a paired bootstrap over the held-out examples and seeds where every run kept its per-example outcomes (else a normal interval from each cell's binomial error, or its seeds' spread), widened by the task's measured seed spread where a pair ran one seed each.\n\n| claim | ours | decided by | paper |\n|---|---|---|---|\n");
+            s.push_str("\n## The paper's claims\n\nVerdict on our numbers, and on the paper's. `holds` / `fails`: the 95% interval of the comparison lies wholly on one side of what the claim needs; `inconclusive`: it straddles it (more examples, evaluations or seeds would be needed); `undecided`: no pair of cells can decide it; `not run`: no pair has numbers. A pair is left out and named when a cell is at its trivial baseline, when the cell to be beaten (either, for `comparable`) is still rising at its cap or has no convergence record, when both cells are at the task's ceiling, or when both ran one seed and no seed spread was measured for the backbone and task. The interval is a paired bootstrap over the held-out examples and seeds where every run kept its per-example outcomes (else a normal interval from each cell's binomial error, or its seeds' spread), widened by the task's measured seed spread where a pair ran one seed each.\n\n| claim | ours | decided by | paper |\n|---|---|---|---|\n");
             for c in &self.claims {
                 s.push_str(&format!(
                     "| {} | **{}** | {} | {} ({}) |\n",

@@ -69,9 +69,15 @@ pub struct CellReport {
     /// absent when it left it or its baseline is not known. No claim rests on such a cell.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub at_baseline: Option<String>,
-    /// The task's measured accuracy spread across seeds at the scale (points), where known.
+    /// The task's measured accuracy spread across seeds at the scale (points), where known
+    /// for the cell's backbone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seed_sd: Option<f64>,
+    /// Whether the cell's runs ended on a plateau of their held-out accuracy (the paired test
+    /// of `result.json`'s `converged`): `false` when one ended at its cap still rising (the
+    /// number is then a lower bound), absent where not recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub converged: Option<bool>,
     /// The per-example outcomes of the cell's runs, seed order (all of them, or none where a
     /// run did not record them): what the claims resample. Not written to `report.json`.
     #[serde(skip)]
@@ -189,10 +195,31 @@ impl Seeds {
 fn metric_of(res: &fpt_train::RunResult, metric: Metric) -> Option<f64> {
     match metric {
         Metric::TrainAccuracy => res.train_accuracy.map(|a| 100.0 * a),
+        // A run that ended at its cap still rising did not converge, whatever its curve's
+        // last evaluations looked like: its steps to convergence are "more than it ran".
+        Metric::StepsToConvergence if res.converged == Some(false) => None,
         Metric::StepsToConvergence => res.converged_step.map(|s| s as f64),
         Metric::Speedup => res.cached.as_ref().map(|c| c.speedup),
         _ => Some(100.0 * res.test_accuracy),
     }
+}
+
+/// The plateau test of a run in words (a cell's `curve`).
+pub fn plateau_words(p: &fpt_train::outcomes::Plateau) -> String {
+    let what = if p.rising {
+        "still rising at its cap (the number is a lower bound)"
+    } else {
+        "converged (on a plateau)"
+    };
+    format!(
+        "{what}: {:+.1} points from step {} to step {} ({} evaluations; 95% interval {:+.1} to {:+.1}, paired over the held-out examples)",
+        100.0 * p.gain,
+        p.from_step,
+        p.to_step,
+        p.window,
+        100.0 * p.interval.0,
+        100.0 * p.interval.1
+    )
 }
 
 /// How the last two evaluations of a run compare, measured against the standard error of
@@ -397,6 +424,7 @@ impl Report {
                 baseline_kind: None,
                 at_baseline: None,
                 seed_sd: None,
+                converged: None,
                 outcomes: Vec::new(),
             };
             match &c.plan {
@@ -467,11 +495,19 @@ impl Report {
                                     res.best_step
                                 ));
                             }
-                            r.curve = curve_state(&rec.evals, res.eval_examples, rec.outcomes.as_ref());
+                            r.curve = match &res.plateau {
+                                Some(p) => Some(plateau_words(p)),
+                                None => curve_state(&rec.evals, res.eval_examples, rec.outcomes.as_ref())
+                                    .map(|c| format!("{c}; convergence not recorded")),
+                            };
                             r.eval_examples = Some(res.eval_examples);
                             r.ours = metric_of(res, c.metric);
                             if c.metric == Metric::StepsToConvergence && r.ours.is_none() {
-                                r.why = Some(format!("did not converge in {} steps", res.steps));
+                                r.why = Some(if res.converged == Some(false) {
+                                    format!("> {} steps: still rising at its cap", res.steps)
+                                } else {
+                                    format!("did not converge in {} steps", res.steps)
+                                });
                             }
                             // Every run of the cell: its own, then the other seeds'.
                             let mut runs = vec![(rec.clone(), (**spec).clone())];
@@ -529,6 +565,18 @@ impl Report {
                                     });
                                 }
                             }
+                            // Converged only when every seed's run did.
+                            let conv: Vec<Option<bool>> = runs
+                                .iter()
+                                .map(|(o, _)| o.result.as_ref().and_then(|r| r.converged))
+                                .collect();
+                            r.converged = if conv.contains(&Some(false)) {
+                                Some(false)
+                            } else if conv.iter().all(|c| *c == Some(true)) {
+                                Some(true)
+                            } else {
+                                None
+                            };
                             if runs.iter().all(|(o, _)| o.outcomes.is_some()) {
                                 r.outcomes = runs.into_iter().filter_map(|(o, _)| o.outcomes).collect();
                             }
@@ -552,6 +600,7 @@ impl Report {
                     let cell = &reports[r * ncols + c];
                     let v = cell.ours?;
                     let accuracy = matches!(cell.metric, Metric::TestAccuracy | Metric::TrainAccuracy);
+                    let learned = accuracy || cell.metric == Metric::StepsToConvergence;
                     let se = match (accuracy, cell.metric, cell.eval_examples) {
                         (true, _, Some(n)) if n > 0 => {
                             // The binomial error, with one success and one failure added so
@@ -563,6 +612,8 @@ impl Report {
                         (_, Metric::StepsToConvergence, _) => cell.eval_every.map_or(0.0, |e| e as f64 / 2.0),
                         _ => 0.0,
                     };
+                    // At the ceiling: 100% within one evaluation's noise.
+                    let at_ceiling = accuracy && v + 1.96 * se >= 100.0;
                     // Over several seeds: the standard error of their mean, from the larger
                     // of their spread and one evaluation's own noise (three seeds' spread
                     // alone can be small by chance).
@@ -581,6 +632,19 @@ impl Report {
                             &[]
                         },
                         seed_sd: if accuracy { cell.seed_sd.unwrap_or(0.0) } else { 0.0 },
+                        // Whether the runs reached their plateau matters for what they learned.
+                        convergence: match (learned, cell.converged) {
+                            (false, _) | (true, Some(true)) => crate::claims::Convergence::Reached,
+                            (true, Some(false)) => crate::claims::Convergence::Rising,
+                            (true, None) => crate::claims::Convergence::Unknown,
+                        },
+                        at_ceiling,
+                        seeds: if accuracy {
+                            cell.seeds.as_ref().map_or(1, |s| s.values.len().max(1))
+                        } else {
+                            0
+                        },
+                        spread_known: cell.seed_sd.is_some(),
                     })
                 });
                 // Where ours ran on some pairs only, the paper's verdict on the same cells too.

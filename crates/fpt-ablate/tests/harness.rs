@@ -220,13 +220,18 @@ fn a_table_runs_reports_skips_finished_cells_and_shards() {
         std::fs::read_to_string(dir.join("report.csv")).unwrap().lines().count(),
         7
     );
-    // Every run says whether its curve had flattened (6 steps, evaluations at 3 and 6).
+    // Every run says whether it reached its plateau, by the paired test between its
+    // evaluations (6 steps, evaluations at 3 and 6), and the cell carries it.
     for c in &ran {
         let k = c.curve.as_deref().unwrap();
         assert!(
-            ["flat:", "rising:", "falling:"].iter().any(|p| k.starts_with(p)) && k.contains("at step 3 ->"),
+            ["converged (on a plateau):", "still rising at its cap"]
+                .iter()
+                .any(|p| k.starts_with(p))
+                && k.contains("from step 3 to step 6"),
             "{k}"
         );
+        assert_eq!(c.converged, Some(k.starts_with("converged")), "{k}");
     }
 
     // A diverged run: the report marks the cell with the paper's dagger and says where.

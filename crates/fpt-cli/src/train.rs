@@ -83,6 +83,11 @@ pub(crate) struct TrainArgs {
     /// a run still at its task's trivial baseline is never stopped early.
     #[arg(long)]
     pub(crate) early_stop_within_noise: bool,
+    /// With --early-stop-patience N: stop only on a plateau, where the paired test over the
+    /// held-out examples finds no gain above its noise across the last N evaluations (never
+    /// while the run is at its task's trivial baseline); a run still climbing is never stopped.
+    #[arg(long)]
+    pub(crate) stop_on_plateau: bool,
     /// The model trained: `fpt` (the paper's method), `output-only` (the output layer alone
     /// on the frozen model's features, computed once: paper Table 10; needs `--train out` and
     /// `--cached-epochs`; reports the per-epoch speedup over FPT training) or `linear` (a
@@ -210,7 +215,8 @@ pub(crate) fn spec_from_args(a: &TrainArgs, given: &dyn Fn(&str) -> bool, base: 
         convergence_tolerance,
         cached_epochs,
         early_stop_patience,
-        early_stop_within_noise
+        early_stop_within_noise,
+        stop_on_plateau
     );
     if set("model") {
         s.model = a.model;

@@ -163,6 +163,14 @@ pub struct TrainSpec {
     /// Not written to spec.json when off, so existing run hashes stand.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub early_stop_within_noise: bool,
+    /// With `early_stop_patience = W`: stop only on a plateau, as `result.json`'s
+    /// `converged` judges one: the paired per-example test between this evaluation and the
+    /// one W evaluations before it finds no gain above the evaluation's noise, and the run
+    /// has left its task's trivial baseline. A run still climbing is never stopped, however
+    /// little each evaluation adds. Supersedes `early_stop_within_noise`. Not written to
+    /// spec.json when off, so existing run hashes stand.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stop_on_plateau: bool,
     /// Output-only training on cached features (paper Table 10, reservoir computing): the
     /// frozen model's read-out features are computed once for the training set, then the
     /// output layer is trained on them for this many epochs (`steps` is then ignored).
@@ -196,6 +204,7 @@ impl Default for TrainSpec {
             convergence_tolerance: 0.01,
             early_stop_patience: None,
             early_stop_within_noise: false,
+            stop_on_plateau: false,
             cached_epochs: None,
             divergence_factor: DEFAULT_DIVERGENCE_FACTOR,
         }

@@ -377,6 +377,8 @@ optional_settings! {
         /// Improvement counted only beyond the evaluation's noise, and never stopping a run
         /// still at its trivial baseline (`TrainSpec::early_stop_within_noise`).
         early_stop_within_noise: bool,
+        /// Stop only on a plateau by the paired test (`TrainSpec::stop_on_plateau`).
+        stop_on_plateau: bool,
     }
 }
 
@@ -419,6 +421,9 @@ pub struct SeedSpread {
     pub sd: f64,
     /// Where it was measured (report, cells, seeds).
     pub source: String,
+    /// The backbone (its source, as a run spec names it) the seeds ran on: the spread
+    /// widens only that backbone's cells, never another's.
+    pub backbone: String,
 }
 
 impl ScaleSettings {

@@ -4,10 +4,10 @@
 //! finite, nonzero gradient on the device (candle's own fast CUDA ops have no backward and
 //! would cut it silently; fpt never uses them, and this shows it).
 
+use crate::Result;
 use candle_core::{Device, Tensor, Var};
 use fpt_nn::ops::{self, AttentionSpec, Mask};
 use fpt_nn::Rng;
-use crate::Result;
 use serde::Serialize;
 
 /// One kernel's agreement with the CPU.

@@ -199,6 +199,16 @@ pub struct RunResult {
     pub diverged_reason: Option<String>,
     /// True when early stopping ended the run before `steps`.
     pub stopped_early: bool,
+    /// Whether the run ended on a plateau of its held-out accuracy: the paired test over its
+    /// last evaluations ([`outcomes::plateau`]) found no gain above the noise. False for a
+    /// run that ended at its cap while still rising (its accuracy is then a lower bound of
+    /// where it would end), that diverged, or that evaluated once; absent in results
+    /// written before fpt recorded it and for the linear baseline and output-only runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub converged: Option<bool>,
+    /// The plateau test behind `converged`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plateau: Option<outcomes::Plateau>,
     /// The trivial baseline's accuracy on the evaluated examples (see `baseline`).
     pub baseline_accuracy: Option<f64>,
     /// The task's trivial baseline and whether this run left it (absent in results written
@@ -210,7 +220,7 @@ pub struct RunResult {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cached: Option<output_only::CachedStats>,
     /// The build, kernel path, CPU and self-check behind these numbers (absent in results
-    /// written before fpt recorded it).
+    /// written before fpt recorded it and for the linear baseline and output-only runs..
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provenance: Option<selfcheck::Provenance>,
 }

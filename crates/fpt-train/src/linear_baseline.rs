@@ -213,6 +213,9 @@ impl Linear {
             diverged_at_step: None,
             diverged_reason: None,
             stopped_early: false,
+            // Not judged for this kind of run (no per-evaluation outcomes kept).
+            converged: None,
+            plateau: None,
             baseline_accuracy: Some(baseline.accuracy),
             baseline: Some(baseline),
             cached: None,

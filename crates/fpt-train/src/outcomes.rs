@@ -150,6 +150,81 @@ pub fn mean_interval(d: &[f64]) -> (f64, (f64, f64)) {
     (mean, (mean - half, mean + half))
 }
 
+/// One evaluation's per-example scores, kept for the plateau test ([`plateau`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EvalScores {
+    /// The step evaluated.
+    pub step: usize,
+    /// Labels per example.
+    pub labels_per_example: usize,
+    /// Right labels per example, in the split's order.
+    pub correct: Vec<u32>,
+}
+
+impl EvalScores {
+    /// From a finished tally.
+    pub fn new(step: usize, labels_per_example: usize, tally: &Tally) -> Self {
+        EvalScores {
+            step,
+            labels_per_example,
+            correct: tally.correct.clone(),
+        }
+    }
+
+    fn scores(&self) -> impl Iterator<Item = f64> + '_ {
+        let l = self.labels_per_example.max(1) as f64;
+        self.correct.iter().map(move |&c| c as f64 / l)
+    }
+}
+
+/// Whether a run reached its plateau, by a paired test over a window of evaluations
+/// (`result.json`'s `plateau`): the same held-out examples scored at `from_step` and at
+/// `to_step`, `window` evaluations apart; per-example differences, their mean (the gain)
+/// and its 95% normal interval. The run is **still rising** when the interval lies above
+/// 0: the gain over the window is more than the evaluation's noise. Paired differences
+/// count only the examples that changed, so the test sees a climb of a point or two per
+/// evaluation that two unpaired accuracies (each with its own binomial noise) would not.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Plateau {
+    /// The earlier evaluation's step.
+    pub from_step: usize,
+    /// The later (last) evaluation's step.
+    pub to_step: usize,
+    /// Evaluations between them.
+    pub window: usize,
+    /// Accuracy gained from the one to the other (0..1).
+    pub gain: f64,
+    /// Its 95% interval, paired over the examples.
+    pub interval: (f64, f64),
+    /// True when the interval lies above 0.
+    pub rising: bool,
+}
+
+/// The plateau test between the last of `evals` and the one `window` evaluations before it
+/// (the first, where fewer were made); `None` with fewer than two evaluations or where the
+/// two did not score the same examples.
+pub fn plateau(evals: &[EvalScores], window: usize) -> Option<Plateau> {
+    let last = evals.last()?;
+    let back = window.max(1).min(evals.len() - 1);
+    if back == 0 {
+        return None;
+    }
+    let first = &evals[evals.len() - 1 - back];
+    if first.correct.len() != last.correct.len() || first.correct.is_empty() {
+        return None;
+    }
+    let d: Vec<f64> = last.scores().zip(first.scores()).map(|(b, a)| b - a).collect();
+    let (gain, interval) = mean_interval(&d);
+    Some(Plateau {
+        from_step: first.step,
+        to_step: last.step,
+        window: back,
+        gain,
+        interval,
+        rising: interval.0 > 0.0,
+    })
+}
+
 /// The share of predictions above which a run counts as collapsed onto one class.
 pub const COLLAPSE_SHARE: f64 = 0.95;
 

@@ -250,6 +250,9 @@ pub(crate) fn run(
         diverged_at_step: None,
         diverged_reason: None,
         stopped_early: false,
+        // Not judged for this kind of run (no per-evaluation outcomes kept).
+        converged: None,
+        plateau: None,
         baseline_accuracy: Some(baseline.accuracy),
         baseline: Some(baseline),
         cached: Some(CachedStats {

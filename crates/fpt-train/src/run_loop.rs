@@ -27,6 +27,15 @@ pub struct RunState {
     pub first_loss: Option<f64>,
     /// Gradient norm of the last step.
     pub last_grad_norm: f64,
+    /// The per-example scores of the last evaluations (as many as the plateau test's window
+    /// needs): what decides `converged` and stops a run on a plateau.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub recent: Vec<outcomes::EvalScores>,
+}
+
+/// Evaluations the plateau test spans: `early_stop_patience`, else 3.
+pub fn plateau_window(t: &fpt_spec::TrainSpec) -> usize {
+    t.early_stop_patience.unwrap_or(3).max(1)
 }
 
 impl RunState {
@@ -87,6 +96,15 @@ pub(crate) fn evaluate_now(
     run.window_loss = 0.0;
     run.window_steps = 0;
     run.evals.push(rec.clone());
+    run.recent.push(outcomes::EvalScores::new(
+        rec.step,
+        tr.task().dims().labels_per_example,
+        &tally,
+    ));
+    let keep = plateau_window(&tr.spec().train) + 1;
+    if run.recent.len() > keep {
+        run.recent.drain(..run.recent.len() - keep);
+    }
     Ok((rec, tally))
 }
 
@@ -169,7 +187,8 @@ pub(crate) fn run_loop(
                         .collect::<candle_core::Result<_>>()?,
                 );
             }
-            let (tolerance, at_baseline) = if t.early_stop_within_noise && t.early_stop_patience.is_some() {
+            let judged = (t.stop_on_plateau || t.early_stop_within_noise) && t.early_stop_patience.is_some();
+            let (tolerance, at_baseline) = if judged {
                 let tally = &last_tally.as_ref().expect("just evaluated").1;
                 let base = match &stop_baseline {
                     Some(b) => b,
@@ -185,14 +204,29 @@ pub(crate) fn run_loop(
             } else {
                 (t.convergence_tolerance, false)
             };
-            match before {
-                _ if at_baseline => run.stale_evals = 0,
-                Some(b) if rec.test_accuracy <= b + tolerance => run.stale_evals += 1,
-                _ => run.stale_evals = 0,
-            }
-            if t.early_stop_patience.is_some_and(|p| run.stale_evals >= p) && step < t.steps {
-                stopped_early = true;
-                on_event(&Event::StoppedEarly(step));
+            if t.stop_on_plateau {
+                // A full window of evaluations, off the baseline, and no gain above the
+                // paired noise across it.
+                let window = plateau_window(t);
+                let flat =
+                    run.evals.len() > window && outcomes::plateau(&run.recent, window).is_some_and(|p| !p.rising);
+                if let Some(p) = t.early_stop_patience {
+                    if flat && !at_baseline && step < t.steps {
+                        run.stale_evals = p;
+                        stopped_early = true;
+                        on_event(&Event::StoppedEarly(step));
+                    }
+                }
+            } else {
+                match before {
+                    _ if at_baseline => run.stale_evals = 0,
+                    Some(b) if rec.test_accuracy <= b + tolerance => run.stale_evals += 1,
+                    _ => run.stale_evals = 0,
+                }
+                if t.early_stop_patience.is_some_and(|p| run.stale_evals >= p) && step < t.steps {
+                    stopped_early = true;
+                    on_event(&Event::StoppedEarly(step));
+                }
             }
         }
         if t.checkpoint_every.is_some_and(|c| step.is_multiple_of(c)) && step < t.steps && !stopped_early {
@@ -222,7 +256,11 @@ pub(crate) fn run_loop(
     let last = if need_final || (with_train && run.evals.last().and_then(|e| e.train_accuracy).is_none()) {
         if !need_final {
             // Re-evaluate in place of the last record, now with train accuracy.
-            run.evals.pop();
+            if let Some(popped) = run.evals.pop() {
+                if run.recent.last().is_some_and(|r| r.step == popped.step) {
+                    run.recent.pop();
+                }
+            }
             run.metrics_lines -= 1;
             metrics_truncate(&metrics, run.metrics_lines)?;
         }
@@ -269,6 +307,13 @@ pub(crate) fn run_loop(
     let mut snapshot = run.clone();
     snapshot.elapsed_s += started.elapsed().as_secs_f64();
     let best = run.best().cloned().expect("an evaluation exists");
+    // Converged: the last evaluation is on a plateau by the paired test (a diverged run, or
+    // one with a single evaluation, did not show one).
+    let plateau = match diverged {
+        None => outcomes::plateau(&run.recent, plateau_window(t)).filter(|p| p.to_step == last.step),
+        Some(_) => None,
+    };
+    let converged = Some(plateau.as_ref().is_some_and(|p| !p.rising));
     let result = RunResult {
         task: spec.task.name.to_string(),
         backbone: spec.backbone.source.clone(),
@@ -295,6 +340,8 @@ pub(crate) fn run_loop(
         diverged_at_step: diverged.as_ref().map(|d| d.0),
         diverged_reason: diverged.as_ref().map(|d| d.1.clone()),
         stopped_early,
+        converged,
+        plateau,
         baseline_accuracy: baseline.as_ref().map(|b| b.accuracy),
         baseline,
         cached: None,
