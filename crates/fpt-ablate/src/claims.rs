@@ -16,7 +16,8 @@
 //! widens it), or its convergence was not recorded; when both cells sit at the task's
 //! ceiling (100% within their noise: the pair says nothing about the difference); and when
 //! both ran one seed and no seed spread was measured for a cell's backbone and task (the
-//! spread of another backbone is never borrowed). Every verdict
+//! spread of another backbone is never borrowed); and when a cell's model is not what its
+//! row names (a Bit backbone that did not learn Bit Memory). Every verdict
 //! names the pairs it used, its estimate and its interval: a paired, stratified bootstrap
 //! over the held-out examples and seeds of the runs ([`crate::bootstrap`]) where every cell
 //! recorded its per-example outcomes, else a normal interval from each cell's standard
@@ -83,6 +84,9 @@ pub struct CellValue<'a> {
     /// Whether a seed spread was measured for the cell's backbone and task (the rule for
     /// single-seed pairs).
     pub spread_known: bool,
+    /// Why the cell's model is not what its row claims (a Bit backbone that did not learn
+    /// Bit Memory): its pairs are left out.
+    pub unfit: Option<String>,
 }
 
 impl CellValue<'_> {
@@ -164,6 +168,8 @@ const RISING: &str =
     "still rising at the cap (the number a lower bound; it must have reached its plateau to be beaten)";
 const UNKNOWN_CONVERGENCE: &str = "convergence not recorded (a run from before fpt recorded it)";
 const AT_CEILING: &str = "both at the task's ceiling";
+const UNFIT: &str =
+    "not the model its row names (a Bit backbone that did not learn Bit Memory, or whose pretraining was not recorded)";
 const NO_SPREAD: &str = "one seed each and no seed spread measured for the backbone and task";
 
 /// A pair's name, or the cell's where it is compared with a number.
@@ -253,6 +259,12 @@ fn compare<'v>(
                 }
             }
         }
+        if x.unfit.is_some() {
+            out.push((UNFIT, label(pa)));
+        }
+        if let (Some(lb), Some(_)) = (&lb, &y.unfit) {
+            out.push((UNFIT, lb.clone()));
+        }
         if x.at_ceiling && y.at_ceiling {
             out.push((AT_CEILING, pair_name_or(table, pa, pb)));
         }
@@ -274,7 +286,7 @@ fn compare<'v>(
         String::new()
     } else {
         let mut parts = Vec::new();
-        for why in [AT_BASELINE, RISING, UNKNOWN_CONVERGENCE, AT_CEILING, NO_SPREAD] {
+        for why in [AT_BASELINE, UNFIT, RISING, UNKNOWN_CONVERGENCE, AT_CEILING, NO_SPREAD] {
             let mut who: Vec<&str> = excluded
                 .iter()
                 .filter(|(w, _)| *w == why)

@@ -93,16 +93,40 @@ pub fn spec_key(spec: &RunSpec) -> String {
 
 /// The scale settings for `table` at `scale`: `scales.toml`, then the table's overrides.
 pub fn scale_of(table: &TableSpec, scales: &BTreeMap<String, ScaleSettings>, scale: &str) -> Result<ScaleSettings> {
-    let base = scales.get(scale).ok_or_else(|| AblateError::Spec {
+    scale_with_bases(table, scales, scale, 0)
+}
+
+/// [`scale_of`], following `base` (at most 4 deep: a cycle is an error).
+fn scale_with_bases(
+    table: &TableSpec,
+    scales: &BTreeMap<String, ScaleSettings>,
+    scale: &str,
+    depth: usize,
+) -> Result<ScaleSettings> {
+    let err = |msg: String| AblateError::Spec {
         path: PathBuf::from("scales.toml"),
-        msg: format!(
+        msg,
+    };
+    let own = scales.get(scale).ok_or_else(|| {
+        err(format!(
             "no scale `{scale}` (known: {})",
             scales.keys().cloned().collect::<Vec<_>>().join(", ")
-        ),
+        ))
     })?;
+    let resolved = match &own.base {
+        Some(_) if depth >= 4 => {
+            return Err(err(format!(
+                "scale `{scale}`: its `base` chain is a cycle or deeper than 4"
+            )))
+        }
+        // The base as this table runs it (with the table's overrides for it), then this
+        // scale's settings over it.
+        Some(b) => scale_with_bases(table, scales, b, depth + 1)?.merged(own),
+        None => own.clone(),
+    };
     Ok(match table.scales.get(scale) {
-        Some(over) => base.merged(over),
-        None => base.clone(),
+        Some(over) => resolved.merged(over),
+        None => resolved,
     })
 }
 
@@ -117,9 +141,11 @@ pub fn at_scale(table: &TableSpec, scales: &BTreeMap<String, ScaleSettings>, sca
     }
     let sc = scale_of(table, scales, scale)?;
     with_alternates(table, |alt| {
-        sc.backbones
-            .get(&alt.stands_in_for)
-            .is_some_and(|sub| sub.source != "none")
+        (alt.scales.is_empty() || alt.scales.iter().any(|s| s == scale))
+            && sc
+                .backbones
+                .get(&alt.stands_in_for)
+                .is_some_and(|sub| sub.source != "none")
     })
     .map_err(|msg| AblateError::Spec {
         path: PathBuf::from(format!("{}.toml", table.id)),
@@ -240,13 +266,15 @@ pub fn describe(plan: &Plan) -> String {
             let t = &spec.train;
             parts.push(format!("train {}", spec.train_groups));
             parts.push(match t.early_stop_patience {
+                Some(p) if t.stop_on_plateau => format!(
+                    "at most {} steps x batch {}, stopping on a plateau (no gain above the noise across {p} evaluations, paired over the held-out examples; never while at its trivial baseline)",
+                    t.steps, t.batch_size
+                ),
                 Some(p) => format!(
                     "at most {} steps x batch {}, stopping after {p} evaluations without improvement{}",
                     t.steps,
                     t.batch_size,
-                    if t.stop_on_plateau {
-                        " (a plateau by the paired test; never while at its trivial baseline)"
-                    } else if t.early_stop_within_noise {
+                    if t.early_stop_within_noise {
                         " beyond their noise (never while at its trivial baseline)"
                     } else {
                         ""
@@ -391,6 +419,11 @@ pub(crate) fn plan_at(
     };
     if lstm && init != Init::Random {
         return Plan::Unavailable(format!("an LSTM has no `{init}` weights (random init only)"));
+    }
+    if init == Init::BitPretrained && sc.bit_pretrain.is_none() {
+        return Plan::Unavailable(
+            "this scale has no budget to pretrain the Bit backbone until it solves Bit Memory (its `bit_pretrain`); the `cpu-full` scale does".into(),
+        );
     }
     let mut groups: TrainGroups = match s.train.as_deref().unwrap_or("fpt").parse() {
         Ok(g) => g,

@@ -36,12 +36,13 @@ impl Report {
         let dagger = if c.diverged.is_some() { " [†]" } else { "" };
         let spread = c.seeds.as_ref().map_or(String::new(), |s| format!(" [{}]", s.label()));
         let base = if c.at_baseline.is_some() { " [at baseline]" } else { "" };
+        let unfit = if c.unfit.is_some() { " [unfit]" } else { "" };
         // Still rising at the cap: the number is a lower bound of where the run would end.
         let (ge, rising) = match (c.converged, c.ours.is_some(), c.metric) {
             (Some(false), true, Metric::TestAccuracy | Metric::TrainAccuracy) => ("≥", " [rising]"),
             _ => ("", ""),
         };
-        format!("{ge}{ours}{spread}{dagger}{base}{rising} ({})", c.paper_text)
+        format!("{ge}{ours}{spread}{dagger}{base}{unfit}{rising} ({})", c.paper_text)
     }
 
     /// The report as Markdown.
@@ -65,7 +66,7 @@ impl Report {
                 if *n == 1 { "" } else { "s" }
             ));
         }
-        s.push_str("\nEach cell: **ours** (paper). `n/a`: cannot run here (see below); `·`: the paper's number only; `-`: not run in the paper; `pending`: not run yet; `n/c`: did not converge; `invalid`: its run failed its self-check; `[†]`: training diverged, the number is the best before divergence; `[at baseline]`: its runs did not leave the task's trivial baseline (chance, the majority class of the evaluated split, Bit Memory's copy of the visible bits: see the cell's row below), so it is no evidence that the model learned, and no claim rests on it; `≥ ... [rising]`: a run ended at its step cap still rising (the paired test over its last evaluations: see the cell's row below), so the number is a lower bound, and no claim that it is beaten rests on it.\n\n");
+        s.push_str("\nEach cell: **ours** (paper). `n/a`: cannot run here (see below); `·`: the paper's number only; `-`: not run in the paper; `pending`: not run yet; `n/c`: did not converge; `invalid`: its run failed its self-check; `[†]`: training diverged, the number is the best before divergence; `[at baseline]`: its runs did not leave the task's trivial baseline (chance, the majority class of the evaluated split, Bit Memory's copy of the visible bits: see the cell's row below), so it is no evidence that the model learned, and no claim rests on it; `≥ ... [rising]`: a run ended at its step cap still rising (the paired test over its last evaluations: see the cell's row below), so the number is a lower bound, and no claim that it is beaten rests on it; `[unfit]`: the cell's model is not what its row names (a Bit backbone that did not learn Bit Memory), so no claim rests on it.\n\n");
         let ran = self.cells.iter().filter(|c| c.status == "ran").count();
         let at = self.cells.iter().filter(|c| c.at_baseline.is_some()).count();
         if ran > 0 {
@@ -153,6 +154,7 @@ impl Report {
                 [
                     c.why.clone(),
                     c.at_baseline.as_ref().map(|b| format!("at baseline: {b}")),
+                    c.unfit.clone(),
                     c.diverged.clone(),
                     c.curve.clone().map(|k| format!("curve {k}")),
                     c.run.clone(),

@@ -78,6 +78,10 @@ pub struct CellReport {
     /// number is then a lower bound), absent where not recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub converged: Option<bool>,
+    /// Why the cell's model is not what its row claims (a Bit backbone that did not learn
+    /// Bit Memory, or whose pretraining was not recorded): no claim rests on it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unfit: Option<String>,
     /// The per-example outcomes of the cell's runs, seed order (all of them, or none where a
     /// run did not record them): what the claims resample. Not written to `report.json`.
     #[serde(skip)]
@@ -425,6 +429,7 @@ impl Report {
                 at_baseline: None,
                 seed_sd: None,
                 converged: None,
+                unfit: None,
                 outcomes: Vec::new(),
             };
             match &c.plan {
@@ -565,6 +570,29 @@ impl Report {
                                     });
                                 }
                             }
+                            // A Bit backbone says how its pretraining ended; one that did not
+                            // learn Bit Memory is not the paper's Bit backbone.
+                            if spec.backbone.init == fpt_spec::Init::BitPretrained {
+                                match &res.bit_backbone {
+                                    Some(b) => {
+                                        r.notes.push(b.describe());
+                                        if !b.solved {
+                                            r.unfit = Some(format!(
+                                                "its Bit backbone did not learn Bit Memory ({:.1}% after {} steps, {:.0}% needed)",
+                                                100.0 * b.bit_accuracy,
+                                                b.steps,
+                                                100.0 * b.target
+                                            ));
+                                        }
+                                    }
+                                    None => {
+                                        r.unfit = Some(
+                                            "its Bit backbone's pretraining was not recorded (a run from before fpt recorded it)"
+                                                .into(),
+                                        )
+                                    }
+                                }
+                            }
                             // Converged only when every seed's run did.
                             let conv: Vec<Option<bool>> = runs
                                 .iter()
@@ -639,6 +667,7 @@ impl Report {
                             (true, None) => crate::claims::Convergence::Unknown,
                         },
                         at_ceiling,
+                        unfit: cell.unfit.clone(),
                         seeds: if accuracy {
                             cell.seeds.as_ref().map_or(1, |s| s.values.len().max(1))
                         } else {

@@ -16,7 +16,11 @@ fn every_table_and_figure_of_the_paper_has_a_spec_that_expands_at_every_scale() 
     want.extend(["fig1", "fig3", "fig4", "fig5", "fig6"].map(String::from));
     assert_eq!(ids, want);
     let scales = load_scales(&dir).unwrap();
-    assert_eq!(scales.keys().cloned().collect::<Vec<_>>(), ["cpu", "paper", "smoke"]);
+    assert_eq!(
+        scales.keys().cloned().collect::<Vec<_>>(),
+        ["cpu", "cpu-full", "paper", "smoke"]
+    );
+    assert_eq!(scales["cpu-full"].base.as_deref(), Some("cpu"), "cpu-full extends cpu");
     for id in &ids {
         let t = load_table(&dir, id).unwrap();
         if t.rows.is_empty() {
@@ -335,17 +339,25 @@ fn lstm_bit_pretrained_last_attention_and_output_only_cells_become_runs() {
     assert_eq!(spec.backbone.shape.lstm_positions, Some(true));
     assert_eq!(spec.backbone.shape.hidden, Some(32), "the smoke scale's substitution");
     assert_eq!(spec.train.lr, 3e-4, "the paper's LSTM learning rate");
-    // Table 2, row Bit: the stand-in backbone, Bit Memory pretraining at the scale's budget.
-    let Plan::Run { spec, .. } = cell_spec("table2", "cpu", 2, 0) else {
-        panic!("Bit runs")
+    // Table 2, row Bit: the stand-in backbone pretrained on Bit Memory until it solves it, at
+    // most the scale's budget: at cpu-full; the main job's cpu scale has no budget for it and
+    // says so.
+    let Plan::Run { spec, .. } = cell_spec("table2", "cpu-full", 2, 0) else {
+        panic!("Bit runs at cpu-full")
     };
     assert_eq!(spec.backbone.init, Init::BitPretrained);
-    assert_eq!(spec.backbone.bit_pretrain.unwrap().steps, 200);
+    let bp = spec.backbone.bit_pretrain.unwrap();
+    assert_eq!((bp.steps, bp.until_accuracy), (3000, Some(0.99)));
     assert_eq!(
         spec.train.train_eval,
         fpt_spec::TrainEval::Never,
-        "the cpu scale skips train-split evaluation"
+        "cpu-full inherits the cpu scale's settings"
     );
+    assert!(spec.train.stop_on_plateau, "and table2's cpu protocol");
+    let Plan::Unavailable(why) = cell_spec("table2", "cpu", 2, 0) else {
+        panic!("no Bit row at the cpu scale")
+    };
+    assert!(why.contains("cpu-full"), "{why}");
     // Table 14, the last-attention column trains ff and the last block's attention (it
     // runs where CIFAR-10 is present; otherwise it waits for the data, not for code).
     let t14 = load_table(&root().join("data/tables"), "table14").unwrap();

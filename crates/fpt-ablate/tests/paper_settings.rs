@@ -425,7 +425,8 @@ fn figures_3_and_5_draw_table2s_bit_xor_runs() {
 }
 
 /// What the main job fetches: what Table 2's cells read at the cpu scale, nothing else
-/// (no Fashion-MNIST), whether it is on this machine or not.
+/// (no Fashion-MNIST, no SmolLM2: its rows run at cpu-full), whether it is on this machine or
+/// not; cpu-full adds SmolLM2.
 #[test]
 fn table2_needs_exactly_its_cells_assets() {
     let tables = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/tables");
@@ -441,9 +442,10 @@ fn table2_needs_exactly_its_cells_assets() {
             "listops",
             "minilm",
             "mnist",
-            "smollm2"
         ]
     );
+    let full = fpt_ablate::assets(&expand_unchecked(&t, &scales, "cpu-full").unwrap());
+    assert!(full.contains(&"smollm2".to_string()), "{full:?}");
     let paper = fpt_ablate::assets(&expand_unchecked(&t, &scales, "paper").unwrap());
     assert!(
         paper.contains(&"gpt2".to_string()) && !paper.contains(&"minilm".to_string()),
@@ -451,14 +453,15 @@ fn table2_needs_exactly_its_cells_assets() {
     );
 }
 
-/// Where GPT-2 is substituted (smoke, cpu), Table 2 carries SmolLM2 rows beside GPT-2's
-/// numbers and their claim; at the paper scale (GPT-2 itself) neither.
+/// Where GPT-2 is substituted and the scale has the budget (smoke, cpu-full; not the main
+/// job's cpu scale), Table 2 carries SmolLM2 rows beside GPT-2's numbers and their claim; at
+/// the paper scale (GPT-2 itself) neither.
 #[test]
 fn table2_carries_smollm2_rows_only_where_gpt2_is_substituted() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/tables");
     let scales = load_scales(&dir).unwrap();
     let t = load_table(&dir, "table2").unwrap();
-    for (scale, alternates) in [("smoke", true), ("cpu", true), ("paper", false)] {
+    for (scale, alternates) in [("smoke", true), ("cpu", false), ("cpu-full", true), ("paper", false)] {
         let at = fpt_ablate::at_scale(&t, &scales, scale).unwrap();
         let labels: Vec<&str> = at.rows.iter().map(|r| r.label.as_str()).collect();
         let smollm2 = labels.iter().position(|l| *l == "FPT (SmolLM2)");

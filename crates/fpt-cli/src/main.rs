@@ -86,6 +86,11 @@ pub(crate) fn parse_device(s: &str) -> Result<Device> {
 fn main() {
     fpt_nn::tune_allocator();
     fpt_nn::quiet_candle_pool();
+    // The self-check every result records runs once per build and machine, not in every
+    // process (FPT_SELFCHECK_CACHE=off: in every process).
+    if std::env::var("FPT_SELFCHECK_CACHE").as_deref() != Ok("off") {
+        fpt_train::selfcheck::keep_on_disk(fpt_tasks::paths::home().join("selfcheck"));
+    }
     // candle re-reads /proc/cpuinfo on every matmul to count threads unless this is set.
     if std::env::var_os("RAYON_NUM_THREADS").is_none() {
         std::env::set_var("RAYON_NUM_THREADS", fpt_nn::num_threads().to_string());

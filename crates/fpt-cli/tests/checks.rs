@@ -284,3 +284,46 @@ fn run_cell_refuses_a_bad_spec_clearly() {
     assert!(out.starts_with("fpt-error <stdin>: not a run spec"), "{out}");
     assert!(!dir.exists());
 }
+
+/// The self-check a result records runs once per binary and machine: the first `fpt train`
+/// writes it under `$FPT_HOME/selfcheck`, later ones read it (the same summary in their
+/// `result.json`), a process with the test-only fault switch gets its own (failed) one, and
+/// `FPT_SELFCHECK_CACHE=off` keeps nothing.
+#[test]
+fn the_self_check_is_kept_per_binary_and_machine() {
+    let home = tempfile::tempdir().unwrap();
+    let runs = tempfile::tempdir().unwrap();
+    let train = |name: &str, fault: bool, cache: bool| {
+        let out = runs.path().join(name);
+        let mut c = Command::new(env!("CARGO_BIN_EXE_fpt"));
+        c.args(["train", "--task", "bit-xor", "--backbone", "gpt2", "--init", "random"])
+            .args([
+                "--layers", "1", "--hidden", "16", "--heads", "2", "--steps", "2", "--out",
+            ])
+            .arg(&out)
+            .env("HF_HUB_OFFLINE", "1")
+            .env("HF_HUB_CACHE", home.path().join("hub"))
+            .env("FPT_HOME", home.path());
+        if fault {
+            c.env("FPT_TEST_FAULT", "drop-bias");
+        }
+        if !cache {
+            c.env("FPT_SELFCHECK_CACHE", "off");
+        }
+        let o = c.output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let r: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("result.json")).unwrap()).unwrap();
+        r["provenance"]["selfcheck"].clone()
+    };
+    let kept = || std::fs::read_dir(home.path().join("selfcheck")).map_or(0, |d| d.count());
+    let first = train("a", false, false);
+    assert_eq!(kept(), 0, "FPT_SELFCHECK_CACHE=off keeps nothing");
+    assert_eq!(train("b", false, true), first);
+    assert_eq!(kept(), 1);
+    assert_eq!(train("c", false, true), first);
+    assert_eq!(kept(), 1, "read back, not run again");
+    let faulty = train("d", true, true);
+    assert_eq!(faulty["passed"], false, "{faulty}");
+    assert_eq!(kept(), 2, "the fault switch is part of the key");
+    assert_eq!(first["passed"], true, "{first}");
+}

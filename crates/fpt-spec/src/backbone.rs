@@ -172,7 +172,16 @@ pub struct BitPretrainSpec {
     pub lr: f64,
     /// Seed of the pretraining run (independent of the downstream run's seed).
     pub seed: u64,
+    /// Train until the held-out bit accuracy reaches this (`steps` is then the cap): the
+    /// paper's Bit backbone solves Bit Memory. The backbone counts as having learned its task
+    /// only when it got there ([`BIT_SOLVED`] when unset). Not written when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until_accuracy: Option<f64>,
 }
+
+/// The bit accuracy at which a Bit backbone counts as having solved Bit Memory, where its
+/// spec names no target.
+pub const BIT_SOLVED: f64 = 0.99;
 
 impl Default for BitPretrainSpec {
     fn default() -> Self {
@@ -181,6 +190,7 @@ impl Default for BitPretrainSpec {
             batch_size: 8,
             lr: 1e-3,
             seed: 0,
+            until_accuracy: None,
         }
     }
 }

@@ -171,6 +171,10 @@ pub struct TrainSpec {
     /// spec.json when off, so existing run hashes stand.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub stop_on_plateau: bool,
+    /// Stop once the held-out accuracy reaches this (0..1; `steps` is then a cap): what a
+    /// task is pretrained until it is solved (the Bit backbone). Not written when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_at_accuracy: Option<f64>,
     /// Output-only training on cached features (paper Table 10, reservoir computing): the
     /// frozen model's read-out features are computed once for the training set, then the
     /// output layer is trained on them for this many epochs (`steps` is then ignored).
@@ -205,6 +209,7 @@ impl Default for TrainSpec {
             early_stop_patience: None,
             early_stop_within_noise: false,
             stop_on_plateau: false,
+            stop_at_accuracy: None,
             cached_epochs: None,
             divergence_factor: DEFAULT_DIVERGENCE_FACTOR,
         }

@@ -258,6 +258,10 @@ pub struct Alternate {
     /// The frozen weights' number format for the row's runs (`f32` unless set).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub precision: Option<crate::Precision>,
+    /// The scales the row runs at (empty: every scale that substitutes `stands_in_for`):
+    /// a row too slow for a scale's budget runs at a longer one of its own.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub scales: Vec<String>,
 }
 
 /// Cells of a table: every cell of `row`, of `col`, or the one at both.
@@ -386,6 +390,10 @@ optional_settings! {
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ScaleSettings {
+    /// The scale this one extends: its settings (and each table's overrides for it) first,
+    /// these over them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base: Option<String>,
     /// One line on what the scale is for.
     #[serde(default)]
     pub description: String,
@@ -437,6 +445,7 @@ impl ScaleSettings {
         let mut backbones = self.backbones.clone();
         backbones.extend(over.backbones.clone());
         ScaleSettings {
+            base: None,
             description: if over.description.is_empty() {
                 self.description.clone()
             } else {

@@ -209,6 +209,9 @@ pub struct RunResult {
     /// The plateau test behind `converged`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plateau: Option<outcomes::Plateau>,
+    /// On a Bit backbone: how its pretraining on Bit Memory ended (did it learn its task?).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bit_backbone: Option<pretrain::BitBackbone>,
     /// The trivial baseline's accuracy on the evaluated examples (see `baseline`).
     pub baseline_accuracy: Option<f64>,
     /// The task's trivial baseline and whether this run left it (absent in results written

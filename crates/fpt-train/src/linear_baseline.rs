@@ -215,6 +215,7 @@ impl Linear {
             stopped_early: false,
             // Not judged for this kind of run (no per-evaluation outcomes kept).
             converged: None,
+            bit_backbone: None,
             plateau: None,
             baseline_accuracy: Some(baseline.accuracy),
             baseline: Some(baseline),

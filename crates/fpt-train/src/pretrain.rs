@@ -9,6 +9,7 @@
 use crate::{Event, Result, TrainError};
 use candle_core::{Device, Tensor};
 use fpt_spec::{BackboneSpec, BitPretrainSpec, Init, RunSpec, TaskName, TaskSpec, TrainGroups, TrainSpec};
+use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -36,10 +37,57 @@ pub fn bit_memory_run(spec: &BackboneSpec, bp: &BitPretrainSpec) -> RunSpec {
             lr: bp.lr,
             eval_every: bp.steps.div_ceil(4).max(1),
             seed: bp.seed,
+            stop_at_accuracy: bp.until_accuracy,
             ..TrainSpec::default()
         },
         ..RunSpec::new(task, backbone)
     }
+}
+
+/// How a Bit backbone's pretraining ended (`bit_pretrain.json` beside the cached backbone,
+/// and every run on it records it in `result.json`): whether it learned its task.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BitBackbone {
+    /// Steps the pretraining ran.
+    pub steps: usize,
+    /// Its final held-out bit accuracy (0..1).
+    pub bit_accuracy: f64,
+    /// Bit Memory's copy baseline on the same examples (copy the visible bits, guess the
+    /// masked ones).
+    pub copy_baseline: Option<f64>,
+    /// The accuracy at which it counts as having solved Bit Memory.
+    pub target: f64,
+    /// Whether it got there: a Bit backbone that did not is no evidence about Bit pretraining.
+    pub solved: bool,
+}
+
+impl BitBackbone {
+    /// The backbone in words, for a report's cells.
+    pub fn describe(&self) -> String {
+        format!(
+            "the Bit backbone's own Bit Memory accuracy: {:.1}% after {} steps of pretraining{} ({}: {:.0}% needed)",
+            100.0 * self.bit_accuracy,
+            self.steps,
+            self.copy_baseline
+                .map_or(String::new(), |b| format!(", the copy baseline {:.1}%", 100.0 * b)),
+            if self.solved {
+                "it solved Bit Memory"
+            } else {
+                "it did NOT learn Bit Memory"
+            },
+            100.0 * self.target
+        )
+    }
+}
+
+/// The file beside a cached Bit backbone that records its pretraining.
+const BIT_RECORD: &str = "bit_pretrain.json";
+
+/// How the Bit backbone of `spec` was pretrained, once it is built; `None` for another
+/// init or a backbone cached before fpt recorded it.
+pub fn bit_backbone(spec: &BackboneSpec) -> Option<BitBackbone> {
+    let dir = self_built_dir(spec)?;
+    serde_json::from_slice(&std::fs::read(dir.join(BIT_RECORD)).ok()?).ok()
 }
 
 /// Serialises the building of self-trained backbones within a process (`--jobs` runs
@@ -150,6 +198,39 @@ pub fn resolve_backbone(spec: &BackboneSpec, device: &Device) -> Result<Backbone
             run_dir.display()
         );
         export_backbone(&run_dir, &dir, false, &card)?;
+        // What the pretraining reached, beside the backbone.
+        let done = match result {
+            Some(r) => r,
+            None => serde_json::from_slice::<crate::RunResult>(&std::fs::read(run_dir.join("result.json")).map_err(
+                |e| TrainError::RunDir {
+                    path: run_dir.clone(),
+                    msg: format!("result.json: {e}"),
+                },
+            )?)
+            .map_err(|e| TrainError::RunDir {
+                path: run_dir.clone(),
+                msg: format!("result.json: {e}"),
+            })?,
+        };
+        let target = bp.until_accuracy.unwrap_or(fpt_spec::BIT_SOLVED);
+        let record = BitBackbone {
+            steps: done.steps,
+            bit_accuracy: done.test_accuracy,
+            copy_baseline: done.baseline_accuracy,
+            target,
+            solved: done.test_accuracy >= target,
+        };
+        if !record.solved {
+            tracing::warn!("bit-pretrained backbone: {}", record.describe());
+        }
+        let text = serde_json::to_vec_pretty(&record).map_err(|e| TrainError::RunDir {
+            path: dir.clone(),
+            msg: e.to_string(),
+        })?;
+        fpt_spec::files::write_atomic(&dir.join(BIT_RECORD), &text).map_err(|e| TrainError::RunDir {
+            path: dir.join(BIT_RECORD),
+            msg: e.to_string(),
+        })?;
     }
     Ok(BackboneSpec {
         source: dir.display().to_string(),
@@ -322,6 +403,7 @@ impl PretrainRequest {
                     batch_size: self.batch_size,
                     lr: self.lr,
                     seed: self.seed,
+                    until_accuracy: None,
                 },
             );
             s.train.eval_every = self.eval_every;

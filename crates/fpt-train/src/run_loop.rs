@@ -204,7 +204,11 @@ pub(crate) fn run_loop(
             } else {
                 (t.convergence_tolerance, false)
             };
-            if t.stop_on_plateau {
+            if t.stop_at_accuracy.is_some_and(|a| rec.test_accuracy >= a) && step < t.steps {
+                // The target reached (a task pretrained until solved).
+                stopped_early = true;
+                on_event(&Event::StoppedEarly(step));
+            } else if t.stop_on_plateau {
                 // A full window of evaluations, off the baseline, and no gain above the
                 // paired noise across it.
                 let window = plateau_window(t);
@@ -342,6 +346,7 @@ pub(crate) fn run_loop(
         stopped_early,
         converged,
         plateau,
+        bit_backbone: tr.bit_backbone.clone(),
         baseline_accuracy: baseline.as_ref().map(|b| b.accuracy),
         baseline,
         cached: None,

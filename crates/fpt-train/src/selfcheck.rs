@@ -15,6 +15,7 @@ use candle_core::Device;
 use fpt_nn::KernelPath;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 /// Largest difference a golden check allows on the CPU (absolute, on values of order 1).
@@ -456,7 +457,57 @@ pub fn run(device: &Device) -> SelfCheck {
     }
 }
 
-/// [`run`] on the CPU, once per kernel path per process.
+/// Where [`cached`] keeps its results across processes, once [`keep_on_disk`] names it.
+static DISK: Mutex<Option<PathBuf>> = Mutex::new(None);
+
+/// Keeps [`cached`]'s results in `dir` (the `fpt` binary: `$FPT_HOME/selfcheck`), one file
+/// per binary, CPU and kernel path, and what the checks read: a self-check then runs once
+/// per build and machine, not in every process (every table cell is a process, and the
+/// MiniLM and SmolLM2 checks load their weights: seconds and hundreds of MB each).
+pub fn keep_on_disk(dir: PathBuf) {
+    *DISK.lock().unwrap_or_else(|e| e.into_inner()) = Some(dir);
+}
+
+/// The file a self-check of `path` is kept in under `dir`: named by the SHA-256 of this
+/// binary's bytes, the CPU, the kernel path, the test-only fault switch, and the size and
+/// time of the MiniLM and SmolLM2 files the checks load (a check skipped for want of them
+/// runs again once they are fetched). `None` where the binary cannot be read.
+fn disk_file(dir: &Path, path: KernelPath) -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let binary = fpt_spec::files::sha256_file(&exe).ok()?;
+    let stamp = |p: &Path| -> String {
+        std::fs::metadata(p)
+            .map(|m| format!("{}:{}:{:?}", p.display(), m.len(), m.modified().ok()))
+            .unwrap_or_else(|_| format!("{}:absent", p.display()))
+    };
+    let mut assets = Vec::new();
+    match fpt_backbones::hub::resolves_offline(MINILM, true) {
+        Ok(f) => {
+            assets.push(stamp(&f.config));
+            if let Some(w) = &f.weights {
+                assets.push(stamp(w));
+            }
+        }
+        Err(_) => assets.push("minilm:absent".into()),
+    }
+    match fpt_backbones::hub::smollm2_gguf() {
+        Ok(g) => assets.push(stamp(&g)),
+        Err(_) => assets.push("smollm2:absent".into()),
+    }
+    let key = format!(
+        "{binary}|{}|{}|{}|{}",
+        fpt_nn::kernels::cpu_model(),
+        path.name(),
+        std::env::var("FPT_TEST_FAULT").unwrap_or_default(),
+        assets.join("|")
+    );
+    let name = &fpt_spec::files::sha256_hex(key.as_bytes())[..16];
+    Some(dir.join(format!("{name}.json")))
+}
+
+/// [`run`] on the CPU, once per kernel path per process, and (where [`keep_on_disk`] was
+/// called) once per binary and machine: a result written by an earlier process of the same
+/// binary on the same CPU, kernel path and weights is read back.
 pub fn cached() -> SelfCheck {
     static DONE: Mutex<Option<HashMap<KernelPath, SelfCheck>>> = Mutex::new(None);
     let path = KernelPath::active();
@@ -468,7 +519,30 @@ pub fn cached() -> SelfCheck {
     {
         return c.clone();
     }
-    let c = run(&Device::Cpu);
+    let dir = DISK.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let file = dir.as_deref().and_then(|d| disk_file(d, path));
+    let kept = file
+        .as_ref()
+        .and_then(|f| std::fs::read(f).ok())
+        .and_then(|b| serde_json::from_slice::<SelfCheck>(&b).ok());
+    let c = match kept {
+        Some(c) => c,
+        None => {
+            let c = run(&Device::Cpu);
+            if let (Some(f), Ok(text)) = (&file, serde_json::to_vec_pretty(&c)) {
+                // Best effort: a cache that cannot be written only costs the next process
+                // another self-check.
+                let written = f
+                    .parent()
+                    .map_or(Ok(()), std::fs::create_dir_all)
+                    .and_then(|_| fpt_spec::files::write_atomic(f, &text));
+                if let Err(e) = written {
+                    tracing::debug!("self-check not kept in {}: {e}", f.display());
+                }
+            }
+            c
+        }
+    };
     DONE.lock()
         .unwrap_or_else(|e| e.into_inner())
         .get_or_insert_with(HashMap::new)

@@ -16,6 +16,8 @@ pub struct Trainer {
     pub(crate) ctx: Ctx,
     pub(crate) weights: String,
     pub(crate) step: usize,
+    /// How a Bit backbone's pretraining ended (a `bit-pretrained` spec).
+    pub(crate) bit_backbone: Option<pretrain::BitBackbone>,
 }
 
 /// What one optimizer step did.
@@ -73,6 +75,7 @@ impl Trainer {
             memory::check(&estimate).map_err(TrainError::TooBig)?;
         }
         let source = pretrain::resolve_backbone(&spec.backbone, device)?;
+        let bit_backbone = pretrain::bit_backbone(&spec.backbone);
         let mut backbone = fpt_backbones::load(&source, &spec.train_groups, device, &mut init_rng)?;
         backbone.set_dropout(spec.backbone_dropout);
         let weights = backbone.origin().to_string();
@@ -107,6 +110,7 @@ impl Trainer {
             },
             weights,
             step: 0,
+            bit_backbone,
         })
     }
 

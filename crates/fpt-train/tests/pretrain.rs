@@ -79,6 +79,7 @@ fn bit_pretrained_backbones_are_trained_once_cached_and_loaded_frozen() {
         batch_size: 4,
         lr: 1e-3,
         seed: 0,
+        until_accuracy: None,
     });
     let resolved = pretrain::resolve_backbone(&bb, &Device::Cpu).unwrap();
     assert_eq!(resolved.init, Init::Pretrained);
