@@ -178,13 +178,27 @@ pub(crate) fn with_alternates(
                 alt.label, alt.like
             ));
         };
+        // bf16 frozen weights are a table's choice for speed: only where the CPU multiplies
+        // bf16 natively (AVX512_BF16); elsewhere its bf16 products are widened to f32 and no
+        // faster, so the row keeps f32 and says so. (`--precision bf16` asks for bf16 anyway.)
+        let native = fpt_nn::KernelPath::detected() == fpt_nn::KernelPath::Avx512Bf16;
+        let (precision, note) = match alt.precision {
+            Some(p) if !p.is_f32() && !native => (
+                Some(fpt_spec::Precision::F32),
+                format!(
+                    "{}; this CPU has no AVX512_BF16 (its bf16 products would be widened to f32, no faster), so these runs keep f32",
+                    alt.note
+                ),
+            ),
+            p => (p, alt.note.clone()),
+        };
         let set = table.rows[like].set.merged(&CellSettings {
             substitute: Some(fpt_spec::table::Substitute {
                 source: alt.source.clone(),
                 shape: Default::default(),
-                note: alt.note.clone(),
+                note,
             }),
-            precision: alt.precision,
+            precision,
             ..Default::default()
         });
         t.rows.push(fpt_spec::table::Axis {
