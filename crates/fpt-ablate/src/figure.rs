@@ -312,7 +312,10 @@ fn attention_report(
             }
             null.sort_by(|x, y| x.total_cmp(y));
             let null_mean = null.iter().sum::<f32>() / null.len().max(1) as f32;
-            let null_p95 = null.get(((null.len() as f32 * 0.95) as usize).min(null.len().saturating_sub(1))).copied().unwrap_or(0.0);
+            let null_p95 = null
+                .get(((null.len() as f32 * 0.95) as usize).min(null.len().saturating_sub(1)))
+                .copied()
+                .unwrap_or(0.0);
             md.push_str(&format!(
                 "| {q} | {:.3} | {best:.3} | {uniform:.3} | {null_mean:.3} / {null_p95:.3} |\n",
                 mean[q][j] + mean[q][q]
@@ -325,7 +328,10 @@ fn attention_report(
             masses.iter().sum::<f64>() / masses.len().max(1) as f64,
             uniforms.iter().sum::<f64>() / uniforms.len().max(1) as f64,
         );
-        let above = rows.iter().filter(|r| r["above_null_p95"].as_bool() == Some(true)).count();
+        let above = rows
+            .iter()
+            .filter(|r| r["above_null_p95"].as_bool() == Some(true))
+            .count();
         let null_means: Vec<f64> = rows.iter().filter_map(|r| r["null_mean"].as_f64()).collect();
         let nm = null_means.iter().sum::<f64>() / null_means.len().max(1) as f64;
         md.push_str(&format!(
