@@ -108,20 +108,25 @@ pub(crate) struct TrainArgs {
     /// Print only the final line.
     #[arg(long, short)]
     pub(crate) quiet: bool,
-    /// Take every setting from this run-spec JSON file (the format of a run's spec.json);
-    /// the ablation harness runs cells this way.
+    /// Take the settings from this run-spec JSON file (the format of a run's spec.json; the
+    /// ablation harness runs cells this way); flags given beside it override its fields
+    /// (`--spec S --seed 1`).
     #[arg(long, value_name = "FILE", conflicts_with = "resume")]
     pub(crate) spec: Option<PathBuf>,
 }
 
-/// The run spec the flags describe. With `base` (a resumed run's saved spec), only flags
-/// given on the command line replace its values.
+/// The run spec the flags describe. With `base` (a resumed run's saved spec, or the spec
+/// `--spec` names), only flags given on the command line replace its values: `fpt train
+/// --spec S --seed 1` is S with seed 1 (and its own run key).
 pub(crate) fn spec_from_args(a: &TrainArgs, given: &dyn Fn(&str) -> bool, base: Option<RunSpec>) -> Result<RunSpec> {
     if let (Some(file), None) = (&a.spec, &base) {
         let text = std::fs::read_to_string(file).with_context(|| format!("reading --spec {}", file.display()))?;
         let spec: RunSpec =
             serde_json::from_str(&text).with_context(|| format!("{}: not a valid run spec", file.display()))?;
         spec.validate().with_context(|| format!("{}", file.display()))?;
+        let spec = spec_from_args(a, given, Some(spec))?;
+        spec.validate()
+            .with_context(|| format!("{} with the flags given over it", file.display()))?;
         return Ok(spec);
     }
     let fresh = base.is_none();
@@ -312,7 +317,9 @@ impl Progress {
             Event::Diverged(step) => self.line(format!(
                 "fpt: diverged at step {step} (non-finite loss or gradient); reporting the last finite parameters"
             )),
-            Event::StoppedEarly(step) => self.line(format!("fpt: early stop at step {step} (no improvement)")),
+            Event::StoppedEarly(step) => self.line(format!(
+                "fpt: early stop at step {step} (the held-out accuracy stopped improving, by the run's rule)"
+            )),
         }
     }
 }
@@ -321,19 +328,6 @@ pub(crate) fn train(a: TrainArgs, m: &clap::ArgMatches) -> Result<()> {
     let given = |id: &str| {
         m.try_get_raw(id).ok().flatten().is_some() && m.value_source(id) == Some(clap::parser::ValueSource::CommandLine)
     };
-    if a.spec.is_some() {
-        let extra: Vec<String> = m
-            .ids()
-            .map(|id| id.as_str().to_string())
-            .filter(|id| !["spec", "out", "quiet", "device"].contains(&id.as_str()) && given(id))
-            .collect();
-        if !extra.is_empty() {
-            bail!(
-                "--spec gives every setting; these flags would be ignored: --{}",
-                extra.join(", --").replace('_', "-")
-            );
-        }
-    }
     let device = parse_device(&a.device)?;
     let check = fpt_train::selfcheck::cached();
     if !check.passed {
