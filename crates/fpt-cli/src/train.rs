@@ -2,7 +2,7 @@
 
 use crate::args::{BackboneArgs, TaskArgs};
 use crate::parse_device;
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use clap::Args;
 use fpt_spec::{LrSchedule, RunSpec, TrainEval, TrainSpec};
 use std::io::IsTerminal;
