@@ -165,7 +165,7 @@ fn name(s: &Select) -> String {
 /// Why a pair is left out (the words of the verdicts).
 const AT_BASELINE: &str = "at their trivial baseline";
 const RISING: &str =
-    "still rising at the cap (the number a lower bound; it must have reached its plateau to be beaten)";
+    "not on a plateau (still rising at the cap, or evaluated once; it must have reached its plateau to be beaten)";
 const UNKNOWN_CONVERGENCE: &str = "convergence not recorded (a run from before fpt recorded it)";
 const AT_CEILING: &str = "both at the task's ceiling";
 const UNFIT: &str =
