@@ -1,0 +1,72 @@
+//! `fpt train --spec S` with flags beside it: the spec is the base, the flags override its
+//! fields.
+
+mod common;
+use common::*;
+
+/// `fpt train --spec S --seed 1` runs S with seed 1: the flags given beside `--spec` override
+/// its fields (and the run's spec.json, hence its key, says so); the rest is S's.
+#[test]
+fn flags_beside_a_spec_override_its_fields() {
+    let tmp = tempfile::tempdir().unwrap();
+    let first = tmp.path().join("a");
+    let out = fpt(&[
+        "train",
+        "--task",
+        "bit-xor",
+        "--backbone",
+        "gpt2",
+        "--init",
+        "random",
+        "--layers",
+        "1",
+        "--hidden",
+        "16",
+        "--heads",
+        "2",
+        "--steps",
+        "2",
+        "--lr",
+        "3e-4",
+        "-q",
+        "--out",
+        first.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let spec = first.join("spec.json");
+    let second = tmp.path().join("b");
+    let out = fpt(&[
+        "train",
+        "--spec",
+        spec.to_str().unwrap(),
+        "--seed",
+        "1",
+        "--steps",
+        "3",
+        "-q",
+        "--out",
+        second.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let read = |p: &std::path::Path| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(p.join("spec.json")).unwrap()).unwrap()
+    };
+    let (a, b) = (read(&first), read(&second));
+    assert_eq!(b["train"]["seed"], 1);
+    assert_eq!(b["train"]["steps"], 3);
+    assert_eq!(b["train"]["lr"], a["train"]["lr"], "not given: the spec's");
+    assert_eq!(b["backbone"], a["backbone"]);
+    assert_eq!(b["task"], a["task"]);
+    // A flag that makes the spec invalid is refused, naming the file.
+    let out = fpt(&[
+        "train",
+        "--spec",
+        spec.to_str().unwrap(),
+        "--batch-size",
+        "0",
+        "--out",
+        tmp.path().join("c").to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("spec.json"), "{}", stderr(&out));
+}
