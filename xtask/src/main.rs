@@ -103,6 +103,9 @@ struct ReproduceArgs {
     /// Only shard I of N (`I/N`, 0-based): every N-th run by hash order
     #[arg(long, value_name = "I/N")]
     shard: Option<String>,
+    /// Train only these rows (labels, comma-separated, e.g. `Bit`); the report shows every cell
+    #[arg(long)]
+    rows: Option<String>,
     /// Device: cpu, or cuda / cuda:N with a CUDA build (FPT_CUDA=1)
     #[arg(long)]
     device: Option<String>,
@@ -141,6 +144,7 @@ fn reproduce(a: &ReproduceArgs) -> Result<()> {
     for (flag, v) in [
         ("--jobs", &a.jobs),
         ("--shard", &a.shard),
+        ("--rows", &a.rows),
         ("--device", &a.device),
         ("--precision", &a.precision),
     ] {
@@ -311,6 +315,7 @@ fn merge(a: &MergeArgs) -> Result<()> {
         scale: a.scale.clone(),
         jobs: None,
         shard: None,
+        rows: None,
         device: None,
         precision: None,
         out: Some(a.out.clone()),

@@ -242,7 +242,34 @@ pub fn reproduce(req: &Request, on: &mut (dyn FnMut(Progress) + Send)) -> Result
             id,
             line: &format!("at scale {label} ({} cells)", cells.len()),
         });
-        let trained = run(&cells, &req.out, &req.opts, &mut |line| on(Progress::Line { id, line }))?;
+        // `--rows`: train only the cells of the rows named (the report shows them all).
+        let unknown: Vec<&String> = req
+            .opts
+            .rows
+            .iter()
+            .filter(|r| !table.rows.iter().any(|t| &t.label == *r))
+            .collect();
+        if !unknown.is_empty() {
+            return Err(bad(format!(
+                "{id} at scale {}: no row {:?} (its rows: {})",
+                req.scale,
+                unknown,
+                table
+                    .rows
+                    .iter()
+                    .map(|r| r.label.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
+        let to_train: Vec<_> = cells
+            .iter()
+            .filter(|c| req.opts.rows.is_empty() || req.opts.rows.contains(&table.rows[c.row].label))
+            .cloned()
+            .collect();
+        let trained = run(&to_train, &req.out, &req.opts, &mut |line| {
+            on(Progress::Line { id, line })
+        })?;
         let dir = Report::from_runs(&table, &label, &cells, &req.out, sources).write(&req.out)?;
         if !req.precision.is_f32() {
             crate::precision::compare(&table, &cells, &req.out, &dir)?;

@@ -11,6 +11,9 @@ pub struct RunOptions {
     pub force: bool,
     /// Run only shard `i` of `n` (`(i, n)`): every `n`-th runnable run, by key order.
     pub shard: Option<(usize, usize)>,
+    /// Train only the cells of these rows (by label; empty: every row). The reports still
+    /// show every cell: the others from the runs already there, or pending.
+    pub rows: Vec<String>,
     /// Runs trained at once: in threads of this process, or with `workers` in child
     /// processes.
     pub jobs: usize,

@@ -619,6 +619,21 @@ fn reproduce_is_one_library_call_and_refuses_unknown_tables_and_scales() {
     assert!(dir.join("report.md").is_file() && dir.ends_with("table1/mini"));
     assert_eq!(written.len(), 1);
     assert!(lines.iter().any(|l| l.starts_with("table1: [4/4] run ")), "{lines:?}");
+    // `rows`: only the FPT row's two runs train (in a fresh results directory); the report
+    // still has every cell, Random's pending; an unknown row is an error naming the rows.
+    let mut only = req(&["table1"], "mini");
+    only.out = d.path().join("rows");
+    only.opts.rows = vec!["FPT".into()];
+    let done = reproduce(&only, &mut |_| {}).unwrap();
+    let [Done::Table { dir, trained, .. }] = done.as_slice() else {
+        panic!("{done:?}")
+    };
+    assert_eq!(trained.count, 2);
+    let json = std::fs::read_to_string(dir.join("report.json")).unwrap();
+    assert_eq!(json.matches("\"status\": \"pending\"").count(), 2, "{json}");
+    only.opts.rows = vec!["Nope".into()];
+    let e = reproduce(&only, &mut |_| {}).unwrap_err().to_string();
+    assert!(e.contains("no row") && e.contains("FPT, Random"), "{e}");
     // In bf16: the two FPT-group runs become their bf16 twins (trained anew, reported under
     // mini-bf16 beside their f32 runs); the full fine-tunes have no frozen weight and keep
     // their f32 runs.

@@ -27,6 +27,10 @@ pub struct RunTableArgs {
     /// Run only shard I of N (`I/N`, 0-based): every N-th run by hash order.
     #[arg(long)]
     shard: Option<String>,
+    /// Train only the cells of these rows (labels, comma-separated, e.g. `--rows Bit`); the
+    /// report still shows every cell (the others from runs already there, or pending).
+    #[arg(long, value_delimiter = ',')]
+    rows: Vec<String>,
     /// Rerun cells that already have a result.
     #[arg(long)]
     force: bool,
@@ -110,6 +114,7 @@ pub fn run_table(a: RunTableArgs) -> Result<()> {
     opts.force = a.force;
     opts.report_only = a.report_only;
     opts.shard = a.shard.as_deref().map(parse_shard).transpose()?;
+    opts.rows = a.rows;
     let req = reproduce::Request {
         tables: a.tables,
         ids,
