@@ -35,7 +35,11 @@ pub fn bit_memory_run(spec: &BackboneSpec, bp: &BitPretrainSpec) -> RunSpec {
             batch_size: bp.batch_size,
             micro_batch_size: bp.batch_size,
             lr: bp.lr,
-            eval_every: bp.steps.div_ceil(4).max(1),
+            // Pretrained until solved: evaluated every 100 steps, so it stops soon after.
+            eval_every: match bp.until_accuracy {
+                Some(_) => bp.steps.div_ceil(4).clamp(1, 100),
+                None => bp.steps.div_ceil(4).max(1),
+            },
             seed: bp.seed,
             stop_at_accuracy: bp.until_accuracy,
             ..TrainSpec::default()
