@@ -46,6 +46,7 @@ pub mod pretrain;
 mod run_dir;
 mod run_loop;
 pub mod selfcheck;
+pub mod tensorboard;
 mod trainer;
 pub mod trajectory;
 

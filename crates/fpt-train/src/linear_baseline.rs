@@ -222,6 +222,7 @@ impl Linear {
             cached: None,
             provenance: Some(selfcheck::provenance()),
         };
+        crate::tensorboard::close(out_dir)?;
         write_result(out_dir, &result)?;
         Ok(result)
     }

@@ -267,6 +267,7 @@ pub(crate) fn run(
         }),
         provenance: Some(crate::selfcheck::provenance()),
     };
+    crate::tensorboard::close(out_dir)?;
     crate::write_result(out_dir, &result)?;
     Ok(result)
 }

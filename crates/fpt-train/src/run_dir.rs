@@ -24,7 +24,12 @@ pub(crate) fn metrics_append(path: &Path, rec: &EvalRecord) -> Result<()> {
         .open(path)
         .map_err(io)?;
     writeln!(f, "{}", serde_json::to_string(rec).expect("record serialises")).map_err(io)?;
-    f.flush().map_err(io)
+    f.flush().map_err(io)?;
+    // The same evaluation in the run's TensorBoard event file.
+    match path.parent() {
+        Some(dir) => crate::tensorboard::log_eval(dir, rec),
+        None => Ok(()),
+    }
 }
 
 /// Keeps the first `lines` lines of `metrics.jsonl` (those a checkpoint accounts for).

@@ -172,6 +172,16 @@ pub(crate) fn run_loop(
         run.last_lr = out.lr;
         run.last_grad_norm = out.grad_norm;
         on_event(&Event::Step { step, loss: out.loss });
+        crate::tensorboard::log(
+            out_dir,
+            step,
+            &[
+                ("train/loss", out.loss),
+                ("train/lr", out.lr),
+                ("train/grad_norm", out.grad_norm),
+            ],
+            false,
+        )?;
         if step.is_multiple_of(t.eval_every) || step == t.steps {
             let before = run.best().map(|b| b.test_accuracy);
             let with_train = every_train || (step == t.steps && t.train_eval == TrainEval::Final);
@@ -352,6 +362,7 @@ pub(crate) fn run_loop(
         cached: None,
         provenance: Some(selfcheck::provenance()),
     };
+    crate::tensorboard::close(out_dir)?;
     // The result first: a run that trained to the end keeps its numbers even when its last
     // checkpoint cannot be written (a full disk); the error is still reported.
     write_result(out_dir, &result)?;
