@@ -89,10 +89,10 @@ fn max_rel(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// SplitMix64's published outputs (Vigna's reference `splitmix64.c`, seed 1234567: the
-/// sequence quoted with it and in every port), and xoshiro256++'s first output on the
-/// state the reference's authors use in their tests (1, 2, 3, 4), which the kernel's
-/// shortcut (words 0 and 3 only) must reproduce: the generator under the mask, checked
-/// against outside values, then the kernel's block key against fpt's `Rng`.
+/// sequence quoted with it and in every port): the seeding under the mask, checked against
+/// outside values. Then the kernel's block key (its xoshiro256++ shortcut, words 0 and 3
+/// only) against fpt's `Rng` (the full generator) over seeds and block indices; the
+/// xoshiro256++ step itself has no outside known answer here.
 #[test]
 fn mask_generator_known_answers() {
     let mut state = 1_234_567u64;
@@ -108,8 +108,6 @@ fn mask_generator_known_answers() {
         // SAFETY: a pure function of its argument.
         assert_eq!(unsafe { fpt_host_splitmix_mix(state) }, w);
     }
-    // xoshiro256++ on (1, 2, 3, 4): rotl(1 + 4, 23) + 1.
-    assert_eq!(((1u64 + 4).rotate_left(23)).wrapping_add(1), 41_943_041);
     for seed in [0u64, 1, 42, u64::MAX, 0x0123_4567_89ab_cdef] {
         for index in [0u64, 1, 2, 1000, 1 << 40] {
             let want = (Rng::stream(seed, index).next_u64() >> 32) as u32;

@@ -115,7 +115,8 @@ pub fn clip_grad_norm_in_place(grads: &mut [Tensor], max_norm: Option<f64>) -> R
     Ok(norm)
 }
 
-/// Global L2 norm of `grads`.
+/// Global L2 norm of `grads`, read back per tensor (the CPU baselines' loops; the trainer
+/// uses [`clip_grad_norm_in_place`], which reads nothing back).
 pub fn grad_norm(grads: &[Tensor]) -> Result<f64> {
     let mut sq = 0f64;
     for g in grads {
@@ -123,7 +124,7 @@ pub fn grad_norm(grads: &[Tensor]) -> Result<f64> {
             .sqr()?
             .sum_all()?
             .to_dtype(candle_core::DType::F64)?
-            .to_scalar::<f64>()?; // host: the baselines' CPU loops; the trainer uses clip_grad_norm_in_place
+            .to_scalar::<f64>()?;
     }
     Ok(sq.sqrt())
 }
