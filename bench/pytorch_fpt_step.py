@@ -169,7 +169,7 @@ def sync(device):
         torch.cuda.synchronize(device)
 
 
-def time_steps(s, full, warmup, steps, device, nn_lstm=False, autocast=None):
+def time_steps(s, full, warmup, steps, device, nn_lstm=False, autocast=None, profile=None):
     """Median step time (ms); `autocast="bf16"`: the forward and loss under
     torch.autocast(dtype=torch.bfloat16), PyTorch's mixed precision (its weights stay f32
     and are cast at each use; linear layers and matmuls run in bf16)."""
@@ -199,6 +199,24 @@ def time_steps(s, full, warmup, steps, device, nn_lstm=False, autocast=None):
         sync(device)
         if i >= warmup:
             ms.append((time.perf_counter() - t0) * 1e3)
+    if profile:
+        # One more step under the profiler: its kernels, grouped by name, by device time.
+        from torch.profiler import ProfilerActivity, profile as torch_profile
+        with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            sync(device)
+        with open(profile, "w") as f:
+            try:
+                events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+                f.write(f"{len(events)} device kernels/copies in one step; "
+                        f"{sum(getattr(e, 'device_time', 0.0) for e in events) / 1e3:.2f} ms of device time\n")
+            except Exception as e:  # the table below is what matters
+                f.write(f"(kernel count unavailable: {e})\n")
+            f.write(prof.key_averages().table(sort_by="device_time_total", row_limit=30))
     return statistics.median(ms)
 
 
@@ -213,6 +231,7 @@ def main():
     ap.add_argument("--no-full", action="store_true")
     ap.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     ap.add_argument("--autocast", choices=["bf16"], help="time the step under torch.autocast(bfloat16) (no full step)")
+    ap.add_argument("--profile", help="write one FPT step's device kernels (torch.profiler) to this file")
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -221,7 +240,7 @@ def main():
         ap.error(f"unknown --shape {a.shape} (known: {', '.join(sorted(known))})")
     s = known[a.shape]
     device = torch.device(a.device)
-    fpt_ms = time_steps(s, False, a.warmup, a.steps, device, autocast=a.autocast)
+    fpt_ms = time_steps(s, False, a.warmup, a.steps, device, autocast=a.autocast, profile=a.profile)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     full_ms = None if a.no_full or a.autocast else time_steps(s, True, a.warmup, a.steps, device)
     out = {"shape": a.shape, "backbone": s["arch"], "pytorch_ms": fpt_ms, "pytorch_full_ms": full_ms,

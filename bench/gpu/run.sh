@@ -34,11 +34,12 @@ fi
     nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv 2>&1
     "$py" -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)' 2>&1
     nproc
+    uname -r
 } > "$OUT/machine.txt"
 cat "$OUT/machine.txt"
 
 # FPT_GPU_DEVICE=cpu tries the whole command on a machine without a GPU.
-FPT_PYTHON="$py" timeout 560 /tmp/fpt-cuda gpu-check --device "${FPT_GPU_DEVICE:-cuda:0}" --out "$OUT/gpu-check.json" "$@" 2>&1 | tee "$OUT/gpu-check.log"
+FPT_PYTHON="$py" timeout "${FPT_GPU_CHECK_TIMEOUT:-560}" /tmp/fpt-cuda gpu-check --device "${FPT_GPU_DEVICE:-cuda:0}" --out "$OUT/gpu-check.json" "$@" 2>&1 | tee "$OUT/gpu-check.log"
 rc=${PIPESTATUS[0]}
 echo "bench/gpu/run.sh: fpt gpu-check exited $rc after $(( $(date +%s) - start )) s"
 exit "$rc"

@@ -68,6 +68,18 @@ pub fn gpu_check(a: GpuCheckArgs) -> Result<()> {
     let device = fpt_nn::device::parse(&a.device)?;
     let t0 = std::time::Instant::now();
     let mut failed = Vec::new();
+    // The JSON is rewritten after every section with `"complete": false`, so that a run cut
+    // off by the lease, or a crash, keeps what it measured.
+    let (commit, profile) = fpt_train::selfcheck::build_info();
+    let mut result = serde_json::json!({
+        "device": a.device,
+        "build": { "commit": commit, "profile": profile, "cuda_feature": cfg!(feature = "cuda") },
+        "complete": false,
+    });
+    let save = |result: &serde_json::Value| -> Result<()> {
+        fpt_spec::files::write_atomic(&a.out, serde_json::to_string_pretty(result)?.as_bytes())
+            .with_context(|| format!("writing {}", a.out.display()))
+    };
     eprintln!("fpt gpu-check: self-check on {}", a.device);
     let sc = fpt_train::selfcheck::run(&device);
     for c in &sc.checks {
@@ -82,6 +94,8 @@ pub fn gpu_check(a: GpuCheckArgs) -> Result<()> {
     if !sc.passed {
         failed.push("selfcheck".to_string());
     }
+    result["selfcheck"] = serde_json::to_value(&sc)?;
+    save(&result)?;
 
     eprintln!(
         "fpt gpu-check: a {}-step training run on {} and on the CPU",
@@ -134,6 +148,9 @@ pub fn gpu_check(a: GpuCheckArgs) -> Result<()> {
         }),
     );
 
+    result["training"] = serde_json::Value::Object(runs);
+    save(&result)?;
+
     eprintln!("fpt gpu-check: fpt's kernels on {} against the CPU ops", a.device);
     let kernels = fpt_train::device_check::agreement(&device)?;
     for k in &kernels {
@@ -148,6 +165,8 @@ pub fn gpu_check(a: GpuCheckArgs) -> Result<()> {
     if kernels.iter().any(|k| !k.passed) {
         failed.push("kernels".to_string());
     }
+    result["kernels"] = serde_json::to_value(&kernels)?;
+    save(&result)?;
 
     eprintln!("fpt gpu-check: every trained tensor gets a gradient on {}", a.device);
     let gradients = fpt_train::device_check::gradients_flow(&device)?;
@@ -167,6 +186,8 @@ pub fn gpu_check(a: GpuCheckArgs) -> Result<()> {
     if gradients.iter().any(|g| !g.passed) {
         failed.push("gradients".to_string());
     }
+    result["gradients"] = serde_json::to_value(&gradients)?;
+    save(&result)?;
 
     let shapes: Vec<String> = if a.shapes.is_empty() {
         fpt_train::bench::SHAPES
@@ -263,6 +284,8 @@ pub fn gpu_check(a: GpuCheckArgs) -> Result<()> {
                 r.copies.download_bytes,
             ));
             bench.insert(format!("{name}/{precision}"), row);
+            result["bench"] = serde_json::Value::Object(bench.clone());
+            save(&result)?;
         }
     }
     eprintln!("\n| shape | precision | fpt ms | PyTorch ms | ratio | bytes up a step | bytes down a step |");
@@ -271,21 +294,12 @@ pub fn gpu_check(a: GpuCheckArgs) -> Result<()> {
         eprintln!("{l}");
     }
 
-    let (commit, profile) = fpt_train::selfcheck::build_info();
-    let result = serde_json::json!({
-        "device": a.device,
-        "build": { "commit": commit, "profile": profile, "cuda_feature": cfg!(feature = "cuda") },
-        "passed": failed.is_empty(),
-        "failed": failed,
-        "selfcheck": sc,
-        "kernels": kernels,
-        "gradients": gradients,
-        "training": runs,
-        "bench": bench,
-        "seconds": t0.elapsed().as_secs_f64(),
-    });
-    fpt_spec::files::write_atomic(&a.out, serde_json::to_string_pretty(&result)?.as_bytes())
-        .with_context(|| format!("writing {}", a.out.display()))?;
+    result["bench"] = serde_json::Value::Object(bench);
+    result["passed"] = serde_json::json!(failed.is_empty());
+    result["failed"] = serde_json::json!(failed);
+    result["seconds"] = serde_json::json!(t0.elapsed().as_secs_f64());
+    result["complete"] = serde_json::json!(true);
+    save(&result)?;
     println!(
         "fpt gpu-check: {} ({})",
         if failed.is_empty() { "passed" } else { "FAILED" },

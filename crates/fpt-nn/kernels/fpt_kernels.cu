@@ -32,7 +32,8 @@ extern "C" __global__ void fpt_dropout_mul_f32(const float *x, float *y, uint64_
 // out = a + b * mask: the residual branch x + dropout(y).
 extern "C" __global__ void fpt_dropout_add_f32(const float *a, const float *b, float *out, uint64_t n, uint64_t seed,
                                                uint64_t block, int32_t thr, float keep) {
-    FPT_FOR_EACH(i, n) { out[i] = a[i] + b[i] * fpt_dropout_mult(seed, block, i, thr, keep); }
+    // Rounded as the CPU rounds (product, then sum): nvcc would otherwise fuse them into an FMA.
+    FPT_FOR_EACH(i, n) { out[i] = __fadd_rn(a[i], __fmul_rn(b[i], fpt_dropout_mult(seed, block, i, thr, keep))); }
 }
 
 // Masked, scaled softmax over rows of tk keys: one warp per row, the lanes' partial

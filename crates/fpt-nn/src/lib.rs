@@ -99,8 +99,39 @@ pub fn quiet_candle_pool() {
     }
 }
 
-/// Runs `f` on a worker thread of rayon's pool (in place when already on one, or when
-/// there is one thread) and returns what it returns; a panic in `f` propagates.
+/// The stack of each [`pool`] worker: 256 MiB of address space, touched only as deep as a
+/// graph goes. candle walks (and drops) the autograd graph recursively, and an unfused
+/// recurrence nests it tens of thousands of nodes deep: the LSTM's composed twin, which a
+/// GPU runs, at three layers of 512 steps overflowed rayon's default 2 MiB stacks on an
+/// H200 (2026-11-26; `tests/blocks.rs` runs that depth here).
+pub const WORKER_STACK_BYTES: usize = 256 << 20;
+
+/// fpt's rayon pool, where [`on_pool`] runs every training step and evaluation: one worker
+/// per [`num_threads`], each with a [`WORKER_STACK_BYTES`] stack. Its own pool rather than
+/// rayon's global one, which whatever runs first (a candle op, a test) may have built with
+/// other stacks. Built at the first call; `None` where the OS refused the threads (then
+/// [`on_pool`] runs in place, and says so once).
+pub fn pool() -> Option<&'static rayon::ThreadPool> {
+    static POOL: std::sync::OnceLock<Option<rayon::ThreadPool>> = std::sync::OnceLock::new();
+    POOL.get_or_init(|| {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(num_threads())
+            .stack_size(WORKER_STACK_BYTES)
+            .thread_name(|i| format!("fpt-worker-{i}"))
+            .build()
+            .map_err(|e| {
+                eprintln!(
+                    "warning: fpt cannot start {} worker threads ({e}); steps run on the calling thread",
+                    num_threads()
+                )
+            })
+            .ok()
+    })
+    .as_ref()
+}
+
+/// Runs `f` on a worker thread of fpt's [`pool`] (in place when already on a rayon worker)
+/// and returns what it returns; a panic in `f` propagates.
 ///
 /// fpt's CPU kernels split their work with rayon. Called from a thread outside the pool,
 /// every split hands a job to the pool and puts the caller to sleep until it is done: two
@@ -113,12 +144,12 @@ pub fn quiet_candle_pool() {
 /// What this thread set for itself goes along: [`no_grad`] and [`kernels::with_path`] hold
 /// inside `f` as they do here.
 pub fn on_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
-    if rayon::current_thread_index().is_some() || num_threads() <= 1 {
+    let Some(pool) = pool().filter(|_| rayon::current_thread_index().is_none()) else {
         return f();
-    }
+    };
     let path = kernels::overridden();
     let detached = grad_disabled();
-    rayon::scope(move |_| kernels::with_override(path, || param::with_grad_disabled(detached, f)))
+    pool.install(move || kernels::with_override(path, || param::with_grad_disabled(detached, f)))
 }
 
 /// Forward-pass context: training mode (dropout on) and the random stream dropout draws
@@ -197,7 +228,7 @@ mod tests {
                 on_pool(|| std::thread::current().id()) == me,
             )
         });
-        assert_eq!(worker.is_some(), num_threads() > 1);
+        assert!(worker.is_some(), "the step ran on a pool worker");
         assert!(nested_same_thread);
         assert!(!on_pool(grad_disabled));
         assert!(no_grad(|| on_pool(grad_disabled)));
@@ -224,7 +255,8 @@ mod tests {
             return;
         }
         let (inside, done) = (AtomicUsize::new(0), AtomicBool::new(false));
-        let workers = rayon::current_num_threads();
+        let pool = pool().expect("the pool starts");
+        let workers = pool.current_num_threads();
         std::thread::scope(|s| {
             let caller = s.spawn(|| {
                 while inside.load(Ordering::Acquire) < workers {
@@ -234,7 +266,7 @@ mod tests {
                 done.store(true, Ordering::Release);
                 seen
             });
-            rayon::broadcast(|_| {
+            pool.broadcast(|_| {
                 no_grad(|| {
                     inside.fetch_add(1, Ordering::AcqRel);
                     while !done.load(Ordering::Acquire) {

@@ -276,3 +276,39 @@ fn fused_ln_lstm_through_a_long_sequence_on_one_path() -> Result<()> {
     }
     Ok(())
 }
+
+/// Backprop through an unfused recurrence (the LSTM's composed twin, which a GPU runs: three
+/// layers of 512 steps, about 20 ops a step) walks and drops a graph tens of thousands of
+/// nodes deep, recursively; a training step runs on rayon's pool, whose threads get a stack
+/// large enough for it (an H200 run overflowed 2 MiB ones at `lstm-listops`, 2026-11-26).
+#[test]
+fn a_deep_unfused_recurrence_backprops_on_the_pool() -> Result<()> {
+    let (b, t, h, layers) = (2, 512, 4, 3);
+    let (h0, c0) = (randn(&[b, h], 5, DType::F32)?, randn(&[b, h], 6, DType::F32)?);
+    let shapes: [&[usize]; 7] = [&[b, t, 4 * h], &[4 * h, h], &[4 * h], &[4 * h], &[4 * h], &[h], &[h]];
+    let tensors: Vec<Tensor> = shapes
+        .iter()
+        .enumerate()
+        .map(|(i, s)| randn(s, 80 + i as u64, DType::F32))
+        .collect::<Result<_>>()?;
+    let w_ih = randn(&[4 * h, h], 90, DType::F32)?;
+    let xi = Var::from_tensor(&tensors[0])?;
+    let p = ops::LnLstmParams {
+        b_hh: &tensors[2],
+        ln_h2h: (&tensors[3], &tensors[4]),
+        ln_cell: (&tensors[5], &tensors[6]),
+        eps: 1e-6,
+    };
+    let grad = fpt_nn::on_pool(|| -> Result<Tensor> {
+        let mut x = xi.as_tensor().clone();
+        for _ in 0..layers {
+            let y = ops::ln_lstm_composed(&x, &tensors[1], &p, &h0, &c0, None)?;
+            x = y.broadcast_matmul(&w_ih.t()?)?;
+        }
+        let g = loss(&x, 7)?.backward()?;
+        Ok(g.get(&xi).expect("xi gets a gradient").clone())
+    })?;
+    let first = grad.narrow(1, 0, 1)?.abs()?.sum_all()?.to_scalar::<f32>()?;
+    assert!(first.is_finite(), "the first step's gradient is {first}");
+    Ok(())
+}

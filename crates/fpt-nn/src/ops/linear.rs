@@ -240,6 +240,8 @@ impl LinearOp {
         let (n, k) = self.check(l1, l2)?;
         let path = KernelPath::active();
         let out = match (s1.dtype(), s2.dtype()) {
+            // bf16 by bf16 (the GPU's autocast product, run here in the tests): candle's.
+            (DType::BF16, DType::BF16) => return self.generic(s1, l1, s2, l2, b),
             (DType::F32, w) if self.packed.as_ref().is_some_and(|p| pack_runs(p, k, n, w, path)) => {
                 let p = self.packed.as_ref().expect("checked");
                 let bias = b.map(|(s, l)| cpu_slice::<f32>(s, l, "linear")).transpose()?;
@@ -314,7 +316,7 @@ impl LinearOp {
     /// is rounded to bf16 too (bf16 operands, f32 sums; `ops/bf16.rs`).
     fn grad_input(&self, x: &Tensor, w: &Tensor, dy: &Tensor) -> Result<Tensor> {
         let (n, k) = w.dims2()?;
-        if !dy.device().is_cpu() {
+        if !dy.device().is_cpu() || dy.dtype() == DType::BF16 {
             return dy.reshape(((), n))?.matmul(w)?.reshape(x.shape());
         }
         if w.dtype() == DType::BF16 {
@@ -456,15 +458,37 @@ pub(crate) fn linear_prepacked(
     packed_t: Option<std::sync::Arc<super::sgemm::PackedB>>,
 ) -> Result<Tensor> {
     if w.dtype() == DType::BF16 && !x.device().is_cpu() {
-        if x.dtype() != DType::F32 {
-            candle_core::bail!("linear: a bf16 weight takes an f32 input, not {:?}", x.dtype())
-        }
-        let y = linear_prepacked(&x.to_dtype(DType::BF16)?, w, None, None, None)?.to_dtype(DType::F32)?;
-        return match b {
-            Some(b) => y.broadcast_add(b),
-            None => Ok(y),
-        };
+        return linear_autocast_bf16(x, w, b);
     }
+    apply_linear(x, w, b, packed, packed_t)
+}
+
+/// The GPU's product for a bf16 `w`: `x` (f32) rounded to bf16, the backend's bf16 product
+/// (cuBLAS: f32 sums, the result rounded to bf16, as PyTorch's autocast does), widened back
+/// to f32 before the bias is added. Its backward is the same bf16 product with `W`; `x`'s
+/// gradient comes back in f32 through the casts. Any device runs it (the CPU in the tests).
+pub(crate) fn linear_autocast_bf16(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
+    if x.dtype() != DType::F32 || w.dtype() != DType::BF16 {
+        candle_core::bail!(
+            "linear: the bf16 product takes an f32 input and a bf16 weight, not {:?} and {:?}",
+            x.dtype(),
+            w.dtype()
+        )
+    }
+    let y = apply_linear(&x.to_dtype(DType::BF16)?, w, None, None, None)?.to_dtype(DType::F32)?;
+    match b {
+        Some(b) => y.broadcast_add(b),
+        None => Ok(y),
+    }
+}
+
+fn apply_linear(
+    x: &Tensor,
+    w: &Tensor,
+    b: Option<&Tensor>,
+    packed: Option<std::sync::Arc<super::sgemm::PackedB>>,
+    packed_t: Option<std::sync::Arc<super::sgemm::PackedB>>,
+) -> Result<Tensor> {
     let x = x.contiguous()?;
     let w = w.contiguous()?;
     let lead = x.dims()[..x.rank().saturating_sub(1)].to_vec();
@@ -482,5 +506,62 @@ pub fn linear_composed(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Ten
     match b {
         Some(b) => y.broadcast_add(b),
         None => Ok(y),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{Device, Var};
+
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        (0..n)
+            .map(|i| {
+                let h = (i as u32 ^ seed).wrapping_mul(2_654_435_761).rotate_left(13);
+                (h % 2001) as f32 / 1000.0 - 1.0
+            })
+            .collect()
+    }
+
+    /// The GPU's bf16 product (run here on the CPU): the forward is the bf16-rounded product of
+    /// bf16-rounded operands plus the bias, and `x` gets an f32 gradient through the casts
+    /// (the first GPU run of this path failed on a dtype check, 2026-11-26).
+    #[test]
+    fn autocast_bf16_product_and_its_input_gradient() -> Result<()> {
+        let (m, n, k) = (5, 7, 24);
+        let dev = Device::Cpu;
+        let x = Var::from_vec(values(m * k, 1), (m, k), &dev)?;
+        let w = Tensor::from_vec(values(n * k, 2), (n, k), &dev)?.to_dtype(DType::BF16)?;
+        let b = Tensor::from_vec(values(n, 3), n, &dev)?;
+        let g = Tensor::from_vec(values(m * n, 4), (m, n), &dev)?;
+        let y = linear_autocast_bf16(x.as_tensor(), &w, Some(&b))?;
+        assert_eq!(y.dtype(), DType::F32);
+        let dx = (&y * &g)?.sum_all()?.backward()?.get(x.as_tensor()).cloned();
+        let dx = dx.expect("x gets a gradient");
+        assert_eq!(dx.dtype(), DType::F32);
+
+        let r = |v: f32| half::bf16::from_f32(v).to_f32() as f64;
+        let xs: Vec<f64> = x.as_tensor().flatten_all()?.to_vec1::<f32>()?.into_iter().map(r).collect();
+        let ws: Vec<f64> = w.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?.into_iter().map(f64::from).collect();
+        let bs = b.to_vec1::<f32>()?;
+        let gs: Vec<f64> = g.flatten_all()?.to_vec1::<f32>()?.into_iter().map(r).collect();
+        let ys = y.flatten_all()?.to_vec1::<f32>()?;
+        for i in 0..m {
+            for j in 0..n {
+                let p: f64 = (0..k).map(|t| xs[i * k + t] * ws[j * k + t]).sum();
+                let want = r(p as f32) + bs[j] as f64;
+                let got = ys[i * n + j] as f64;
+                assert!((got - want).abs() <= 1e-5 + 4e-3 * p.abs(), "y[{i},{j}] {got} vs {want}");
+            }
+        }
+        let dxs = dx.flatten_all()?.to_vec1::<f32>()?;
+        for i in 0..m {
+            for t in 0..k {
+                let want: f64 = (0..n).map(|j| gs[i * n + j] * ws[j * k + t]).sum();
+                let got = dxs[i * k + t] as f64;
+                assert!((got - want).abs() <= 1e-5 + 8e-3 * want.abs().max(0.1), "dx[{i},{t}] {got} vs {want}");
+            }
+        }
+        Ok(())
     }
 }
