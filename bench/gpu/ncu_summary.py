@@ -30,7 +30,7 @@ def main():
         name = name if len(name) <= 90 else name[:87] + "..."
         unit = r.get("Metric Unit", "nsecond")
         v = float(r["Metric Value"].replace(",", ""))
-        scale = {"nsecond": 1e-6, "usecond": 1e-3, "msecond": 1.0, "second": 1e3}.get(unit, 1e-6)
+        scale = {"ns": 1e-6, "nsecond": 1e-6, "us": 1e-3, "usecond": 1e-3, "ms": 1.0, "msecond": 1.0, "s": 1e3, "second": 1e3}[unit]
         total[name] += v * scale
         count[name] += 1
     all_ms = sum(total.values())
