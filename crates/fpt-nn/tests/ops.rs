@@ -554,3 +554,77 @@ fn frozen_linear_layer_reuses_its_packed_weight_exactly_on_one_path() -> Result<
     assert!(max_abs_diff(&got, &ops::linear(x.as_tensor(), &w, None)?)? < 1e-4);
     Ok(())
 }
+
+/// Attention as one recomputing node (the GPU's path, run here on the CPU) against the
+/// composed ops it replaces: the same forward values bit for bit, gradients within rounding
+/// in f32 and f64, with each mask, with and without dropout, for the split and packed forms,
+/// and with only some of Q, K, V tracked (the others get no gradient); then against finite
+/// differences in f64.
+#[test]
+fn recomputed_attention_matches_the_composed_ops() -> Result<()> {
+    let (b, t, heads, d) = (2, 9, 3, 4);
+    let c = heads * d;
+    for dtype in [DType::F32, DType::F64] {
+        let tol = if dtype == DType::F32 { 1e-5 } else { 1e-12 };
+        for mask in [ops::Mask::None, ops::Mask::Causal, ops::Mask::Band(2)] {
+            for dropout in [None, Some((0.3, 42u64))] {
+                let spec = ops::AttentionSpec {
+                    heads,
+                    scale: 0.4,
+                    mask,
+                    dropout,
+                };
+                let what = format!("{dtype:?} {mask:?} dropout {dropout:?}");
+                let qkv = Var::from_tensor(&randn(&[b, t, 3 * c], 1, dtype)?)?;
+                let x = qkv.as_tensor();
+                let parts: Vec<Var> = (0..3)
+                    .map(|i| Var::from_tensor(&x.narrow(2, i * c, c)?.contiguous()?))
+                    .collect::<Result<_>>()?;
+                let (q, k, v) = (parts[0].as_tensor(), parts[1].as_tensor(), parts[2].as_tensor());
+                let reference = ops::attention_composed(q, k, v, spec)?;
+                let split = ops::attention_recomputed(q, k, v, spec)?;
+                let packed = ops::attention_packed_recomputed(x, spec)?;
+                assert_eq!(max_abs_diff(&split, &reference)?, 0.0, "{what}: values");
+                assert_eq!(max_abs_diff(&packed, &reference)?, 0.0, "{what}: packed values");
+                let gr = loss(&reference, 3)?.backward()?;
+                let gs = loss(&split, 3)?.backward()?;
+                let gp = loss(&packed, 3)?.backward()?;
+                let gpacked = gp.get(&qkv).expect("packed gradient");
+                for (i, p) in parts.iter().enumerate() {
+                    let want = gr.get(p).expect("reference gradient");
+                    let got = gs.get(p).expect("recomputed gradient");
+                    assert!(max_abs_diff(got, want)? < tol, "{what}: gradient {i}");
+                    let got = gpacked.narrow(2, i * c, c)?;
+                    assert!(max_abs_diff(&got, want)? < tol, "{what}: packed gradient {i}");
+                }
+                // Only V tracked, then only Q and K: the others get no gradient.
+                let frozen = |i: usize| parts[i].as_tensor().detach();
+                let gv = loss(&ops::attention_recomputed(&frozen(0), &frozen(1), v, spec)?, 3)?.backward()?;
+                assert!(max_abs_diff(gv.get(v).expect("v's gradient"), gr.get(v).expect("ref"))? < tol);
+                let gqk = loss(&ops::attention_recomputed(q, k, &frozen(2), spec)?, 3)?.backward()?;
+                assert!(gqk.get(v).is_none(), "{what}: an untracked V got a gradient");
+                for p in [q, k] {
+                    assert!(max_abs_diff(gqk.get(p).expect("q/k gradient"), gr.get(p).expect("ref"))? < tol);
+                }
+                if dtype == DType::F64 {
+                    // Central differences on the packed op.
+                    let g = gpacked.flatten_all()?.to_vec1::<f64>()?;
+                    let base = x.flatten_all()?.to_vec1::<f64>()?;
+                    let h = 1e-6;
+                    for j in (0..base.len()).step_by(13) {
+                        let eval = |delta: f64| -> Result<f64> {
+                            let mut p = base.clone();
+                            p[j] += delta;
+                            let xi = Tensor::from_vec(p, x.shape(), &Device::Cpu)?;
+                            loss(&ops::attention_packed_recomputed(&xi, spec)?, 3)?.to_scalar::<f64>()
+                        };
+                        let num = (eval(h)? - eval(-h)?) / (2.0 * h);
+                        let err = (num - g[j]).abs() / (1.0 + num.abs());
+                        assert!(err < 1e-6, "{what}: elem {j}: analytic {} numeric {num}", g[j]);
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}

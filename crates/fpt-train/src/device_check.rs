@@ -162,6 +162,8 @@ pub fn agreement(device: &Device) -> Result<Vec<KernelCheck>> {
     op_check(&mut out, device, "gelu_erf", &[&[4096]], |x| ops::gelu_erf(x[0]))?;
     // Attention with dropout (the device's composed op against the CPU's fused one): the
     // same mask, so the outputs agree to rounding.
+    // Attention (on a GPU one recomputing node, on the CPU the fused op), split and packed,
+    // with dropout: values and every input's gradient.
     for (t, mask) in [(33usize, Mask::Causal), (64, Mask::None)] {
         let spec = AttentionSpec {
             heads: 4,
@@ -169,22 +171,20 @@ pub fn agreement(device: &Device) -> Result<Vec<KernelCheck>> {
             mask,
             dropout: Some((0.1, 9)),
         };
-        let qkv: Vec<Tensor> = (0..3)
-            .map(|i| randn(&[2, t, 32], 10 + i, &cpu))
-            .collect::<Result<_>>()?;
-        let on = |d: &Device| -> Result<Tensor> {
-            let q: Vec<Tensor> = qkv
-                .iter()
-                .map(|x| fpt_nn::transfer::to_device(x, d))
-                .collect::<candle_core::Result<_>>()?;
-            Ok(ops::attention(&q[0], &q[1], &q[2], spec)?)
-        };
-        check(
+        let c = 32;
+        op_check(
             &mut out,
-            format!("attention t={t} {mask:?} with dropout"),
-            &on(device)?,
-            &on(&cpu)?,
-            1e-5,
+            device,
+            &format!("attention t={t} {mask:?} with dropout"),
+            &[&[2, t, c], &[2, t, c], &[2, t, c]],
+            |x| ops::attention(x[0], x[1], x[2], spec),
+        )?;
+        op_check(
+            &mut out,
+            device,
+            &format!("attention_packed t={t} {mask:?} with dropout"),
+            &[&[2, t, 3 * c]],
+            |x| ops::attention_packed(x[0], spec),
         )?;
     }
     // Adam: in place, the CPU's roundings.

@@ -593,9 +593,13 @@ fn fused_ok(t: &Tensor) -> bool {
 }
 
 /// Multi-head self-attention of `q`, `k`, `v` (`[b, t, c]` each), heads merged back to
-/// `[b, t, c]`. Fused on CPU for f32 (see the module docs); composed of candle ops
-/// elsewhere ([`attention_composed`], with the same dropout mask).
+/// `[b, t, c]`. Fused on CPU for f32 (see the module docs); on a GPU one node of the graph
+/// whose backward recomputes the probabilities ([`super::attention_recomputed`]); composed of
+/// candle ops otherwise ([`attention_composed`]). The same dropout mask everywhere.
 pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, spec: AttentionSpec) -> Result<Tensor> {
+    if !q.device().is_cpu() {
+        return super::attention_recomputed(q, k, v, spec);
+    }
     if !fused_ok(q) {
         return attention_composed(q, k, v, spec);
     }
@@ -606,6 +610,9 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, spec: AttentionSpec) -> Res
 /// [`attention`] on Q, K and V packed side by side in `[b, t, 3c]` (GPT-2's `c_attn`
 /// output): the gradient comes back as one `[b, t, 3c]` tensor.
 pub fn attention_packed(qkv: &Tensor, spec: AttentionSpec) -> Result<Tensor> {
+    if !qkv.device().is_cpu() {
+        return super::attention_packed_recomputed(qkv, spec);
+    }
     if !fused_ok(qkv) {
         let c = qkv.dim(D::Minus1)? / 3;
         return attention_composed(

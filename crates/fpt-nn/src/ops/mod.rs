@@ -9,6 +9,7 @@
 
 mod adam;
 mod attention;
+mod attention_recomputed;
 pub mod bf16;
 pub(crate) mod dropout;
 pub(crate) mod fastmath;
@@ -29,6 +30,7 @@ pub use attention::{
     attention, attention_composed, attention_packed, attention_packed_last, attention_probs,
     dropout_mask as attention_dropout_mask, AttentionSpec,
 };
+pub use attention_recomputed::{attention_packed_recomputed, attention_recomputed};
 pub use dropout::{dropout, dropout_add, dropout_mask_values};
 pub use gelu::{gelu_erf, gelu_erf_composed, gelu_new, gelu_new_composed};
 pub use layer_norm::{layer_norm, layer_norm_composed, rms_norm, rms_norm_composed};

@@ -153,18 +153,31 @@ impl CustomOp1 for SoftmaxOp {
     }
 
     fn bwd(&self, _arg: &Tensor, res: &Tensor, dy: &Tensor) -> Result<Option<Tensor>> {
-        if !res.device().is_cpu() {
-            let ds = res
-                .contiguous()?
-                .apply_op2_no_bwd(&dy.contiguous()?, &SoftmaxBackward { scale: self.scale })?;
-            return Ok(Some(ds));
-        }
+        masked_softmax_backward(res, dy, self.scale, self.mask).map(Some)
+    }
+}
+
+/// The gradient of [`masked_softmax`]'s input from its output `y` and the output's gradient
+/// `dy`: `scale * y * (dy - sum(dy * y))` per row, zero where the mask hides a key. A kernel
+/// where [`masked_softmax`] is one op (the CPU's f32/f64, a GPU's f32), composed otherwise.
+pub(crate) fn masked_softmax_backward(res: &Tensor, dy: &Tensor, scale: f64, mask: Mask) -> Result<Tensor> {
+    if !super::fused_here(res) {
+        // Hidden keys have y = 0, so their gradient is 0 without the mask.
+        let dot = (dy * res)?.sum_keepdim(D::Minus1)?;
+        return (res * dy.broadcast_sub(&dot)?)?.affine(scale, 0.0);
+    }
+    if !res.device().is_cpu() {
+        return res
+            .contiguous()?
+            .apply_op2_no_bwd(&dy.contiguous()?, &SoftmaxBackward { scale });
+    }
+    {
         let (tq, tk) = dims(res.shape())?;
         let ds = match res.dtype() {
             DType::F32 => {
                 let v = with_cpu_slice::<f32, _>(res, "masked_softmax", |y| {
                     with_cpu_slice::<f32, _>(dy, "masked_softmax", |g| {
-                        Ok(bwd_kernel(y, g, tq, tk, self.scale, self.mask))
+                        Ok(bwd_kernel(y, g, tq, tk, scale, mask))
                     })
                 })?;
                 Tensor::from_vec(v, res.shape(), res.device())?
@@ -172,14 +185,14 @@ impl CustomOp1 for SoftmaxOp {
             DType::F64 => {
                 let v = with_cpu_slice::<f64, _>(res, "masked_softmax", |y| {
                     with_cpu_slice::<f64, _>(dy, "masked_softmax", |g| {
-                        Ok(bwd_kernel(y, g, tq, tk, self.scale, self.mask))
+                        Ok(bwd_kernel(y, g, tq, tk, scale, mask))
                     })
                 })?;
                 Tensor::from_vec(v, res.shape(), res.device())?
             }
             dt => return Err(unsupported("masked_softmax", dt)),
         };
-        Ok(Some(ds))
+        Ok(ds)
     }
 }
 

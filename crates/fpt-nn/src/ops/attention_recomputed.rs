@@ -1,0 +1,201 @@
+//! Attention as one node of the autograd graph on any device: the GPU's path (the CPU's
+//! f32 path is the fused op of `attention.rs`).
+//!
+//! Composed of candle ops, attention leaves `[batch, heads, t, t]` intermediates in the
+//! graph (the scores, the probabilities, the dropped probabilities), and candle's backprop
+//! starts each of their gradients as zeros and adds into it: at lra's 2 x 1024 tokens that
+//! is 36 passes over 25 M values a step, and 36 more over the packed `qkv` for the three
+//! `narrow`s' gradients (bench/README.md, "The GPU step measured"). Here the forward runs
+//! the composed ops on detached inputs, so none of that stays in the graph, and the op's
+//! backward recomputes the probabilities (the same dropout mask, redrawn from its seed) and
+//! returns only the gradients of Q, K and V (or of the packed `qkv`, in one tensor). Its
+//! values are the composed ops' to the last bit in the forward, and within rounding in the
+//! backward (the same products in the same order; `tests/ops.rs` checks both).
+//!
+//! Gradients, for P = softmax(S), P' = P * M (M: dropout's 0 or 1/(1-p)), O = P' V:
+//! dV = P'^T dO; dP = (dO V^T) * M; dS = softmax's backward of dP; dQ = dS K; dK = dS^T Q.
+
+use super::attention::{attention_composed, AttentionSpec};
+use super::dropout::DropoutMul;
+use super::{tracks, Three, ThreeOperands};
+use candle_core::backend::BackendStorage;
+use candle_core::{CpuStorage, CudaStorage, CustomOp1, Layout, Result, Shape, Storage, Tensor, D};
+use std::sync::Mutex;
+
+/// The forward's result, computed before the op is applied and handed over once.
+struct Computed(Mutex<Option<Tensor>>);
+
+impl Computed {
+    fn new(t: Tensor) -> Self {
+        Computed(Mutex::new(Some(t)))
+    }
+
+    /// The result's storage (a copy: `[b, t, c]`, small beside the scores), for the op's
+    /// forward; the op keeps nothing after.
+    fn take<S: BackendStorage>(&self, get: impl Fn(&Storage) -> Option<&S>) -> Result<(S, Shape)> {
+        let t = self
+            .0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+            .ok_or_else(|| candle_core::Error::Msg("attention: the op's forward ran twice".into()))?;
+        let t = t.contiguous()?;
+        let (storage, layout) = t.storage_and_layout();
+        let s = get(&storage)
+            .ok_or_else(|| candle_core::Error::Msg("attention: the result is on another device than the op".into()))?;
+        if layout.start_offset() != 0 {
+            candle_core::bail!("attention: the result does not start its storage")
+        }
+        Ok((s.try_clone(layout)?, t.shape().clone()))
+    }
+}
+
+fn cpu(s: &Storage) -> Option<&CpuStorage> {
+    match s {
+        Storage::Cpu(c) => Some(c),
+        _ => None,
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn cuda(s: &Storage) -> Option<&CudaStorage> {
+    match s {
+        Storage::Cuda(c) => Some(c),
+        _ => None,
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda(_: &Storage) -> Option<&CudaStorage> {
+    None
+}
+
+/// dQ, dK, dV (each `[b, t, c]`, `None` where `want` says no) from the forward's inputs and
+/// the output's gradient, the probabilities recomputed.
+fn gradients(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    dout: &Tensor,
+    spec: &AttentionSpec,
+    want: [bool; 3],
+) -> Result<[Option<Tensor>; 3]> {
+    let (b, t, c) = q.dims3()?;
+    let h = spec.heads;
+    let split = |x: &Tensor| x.detach().reshape((b, t, h, c / h))?.transpose(1, 2)?.contiguous();
+    let merge = |x: Tensor| x.transpose(1, 2)?.reshape((b, t, c));
+    let (qh, kh, vh, doh) = (split(q)?, split(k)?, split(v)?, split(dout)?);
+    let probs = super::masked_softmax(&qh.matmul(&kh.t()?)?, spec.scale, spec.mask)?;
+    let drop = |x: &Tensor| match spec.dropout {
+        // The forward's mask: one block per (example, head) matrix, from the same seed.
+        Some((p, seed)) => DropoutMul { p, seed, block: t * t }.apply(x),
+        None => Ok(x.clone()),
+    };
+    let dv = match want[2] {
+        true => Some(merge(drop(&probs)?.t()?.matmul(&doh)?)?),
+        false => None,
+    };
+    if !want[0] && !want[1] {
+        return Ok([None, None, dv]);
+    }
+    let dp = drop(&doh.matmul(&vh.t()?)?)?;
+    let ds = super::softmax::masked_softmax_backward(&probs, &dp, spec.scale, spec.mask)?;
+    let dq = match want[0] {
+        true => Some(merge(ds.matmul(&kh)?)?),
+        false => None,
+    };
+    let dk = match want[1] {
+        true => Some(merge(ds.t()?.matmul(&qh)?)?),
+        false => None,
+    };
+    Ok([dq, dk, dv])
+}
+
+struct Split {
+    spec: AttentionSpec,
+    out: Computed,
+}
+
+impl ThreeOperands for Split {
+    fn name(&self) -> &'static str {
+        "fpt-attention-recomputed"
+    }
+
+    fn forward_cpu(&self, _: [(&CpuStorage, &Layout); 3]) -> Result<(CpuStorage, Shape)> {
+        self.out.take(cpu)
+    }
+
+    fn forward_cuda(&self, _: [(&CudaStorage, &Layout); 3]) -> Result<(CudaStorage, Shape)> {
+        self.out.take(cuda)
+    }
+
+    fn gradients(&self, [q, k, v]: [&Tensor; 3], _res: &Tensor, dy: &Tensor) -> Result<[Option<Tensor>; 3]> {
+        gradients(q, k, v, dy, &self.spec, [tracks(q), tracks(k), tracks(v)])
+    }
+}
+
+struct Packed {
+    spec: AttentionSpec,
+    out: Computed,
+}
+
+/// Q, K and V: the three `[b, t, c]` thirds of `qkv`.
+fn thirds(qkv: &Tensor) -> Result<[Tensor; 3]> {
+    let c = qkv.dim(D::Minus1)? / 3;
+    Ok([qkv.narrow(2, 0, c)?, qkv.narrow(2, c, c)?, qkv.narrow(2, 2 * c, c)?])
+}
+
+impl CustomOp1 for Packed {
+    fn name(&self) -> &'static str {
+        "fpt-attention-packed-recomputed"
+    }
+
+    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
+        self.out.take(cpu)
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(&self, _: &CudaStorage, _: &Layout) -> Result<(CudaStorage, Shape)> {
+        self.out.take(cuda)
+    }
+
+    fn bwd(&self, qkv: &Tensor, _res: &Tensor, dy: &Tensor) -> Result<Option<Tensor>> {
+        if !tracks(qkv) {
+            return Ok(None);
+        }
+        let [q, k, v] = thirds(&qkv.detach())?;
+        let [dq, dk, dv] = gradients(&q, &k, &v, dy, &self.spec, [true; 3])?;
+        let missing = || candle_core::Error::Msg("attention: a wanted gradient was not computed".into());
+        Ok(Some(Tensor::cat(
+            &[dq.ok_or_else(missing)?, dk.ok_or_else(missing)?, dv.ok_or_else(missing)?],
+            2,
+        )?))
+    }
+}
+
+/// Multi-head self-attention of `q, k, v: [b, t, c]` as one node of the graph, on any device
+/// and dtype the composed ops take: the values of [`attention_composed`], with a backward
+/// that recomputes the probabilities instead of keeping them (see the module docs).
+/// [`super::attention`] takes it on a GPU.
+pub fn attention_recomputed(q: &Tensor, k: &Tensor, v: &Tensor, spec: AttentionSpec) -> Result<Tensor> {
+    let out = attention_composed(&q.detach(), &k.detach(), &v.detach(), spec)?;
+    q.apply_op3(
+        k,
+        v,
+        Three(Split {
+            spec,
+            out: Computed::new(out),
+        }),
+    )
+}
+
+/// [`attention_recomputed`] of Q, K and V packed side by side in `qkv: [b, t, 3c]`: one node,
+/// whose gradient is one `[b, t, 3c]` tensor.
+pub fn attention_packed_recomputed(qkv: &Tensor, spec: AttentionSpec) -> Result<Tensor> {
+    let [q, k, v] = thirds(&qkv.detach())?;
+    let out = attention_composed(&q, &k, &v, spec)?;
+    qkv.apply_op1(Packed {
+        spec,
+        out: Computed::new(out),
+    })
+}
