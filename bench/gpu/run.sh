@@ -8,6 +8,7 @@
 # The device tool's call (one call, 10 minutes at most):
 #   run(command="bash bench/gpu/run.sh", carry=["target/cuda/fpt-cuda.gz"], timeout_s=600)
 # Then commit $OUT's files as bench/gpu/<date>T<time>Z-<card>-gpu-check.{json,log}.
+# The build's commit is gpu-check.json's "build" (the device copy's git metadata may be stale).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-$(mktemp -d)}"
@@ -30,7 +31,6 @@ fi
 
 {
     date -u +%Y-%m-%dT%H:%MZ
-    git log -1 --format='commit %H' 2>/dev/null || true
     nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv 2>&1
     "$py" -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)' 2>&1
     nproc
