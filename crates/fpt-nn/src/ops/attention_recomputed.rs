@@ -167,7 +167,11 @@ impl CustomOp1 for Packed {
         let [dq, dk, dv] = gradients(&q, &k, &v, dy, &self.spec, [true; 3])?;
         let missing = || candle_core::Error::Msg("attention: a wanted gradient was not computed".into());
         Ok(Some(Tensor::cat(
-            &[dq.ok_or_else(missing)?, dk.ok_or_else(missing)?, dv.ok_or_else(missing)?],
+            &[
+                dq.ok_or_else(missing)?,
+                dk.ok_or_else(missing)?,
+                dv.ok_or_else(missing)?,
+            ],
             2,
         )?))
     }

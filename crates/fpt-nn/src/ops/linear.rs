@@ -541,8 +541,20 @@ mod tests {
         assert_eq!(dx.dtype(), DType::F32);
 
         let r = |v: f32| half::bf16::from_f32(v).to_f32() as f64;
-        let xs: Vec<f64> = x.as_tensor().flatten_all()?.to_vec1::<f32>()?.into_iter().map(r).collect();
-        let ws: Vec<f64> = w.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?.into_iter().map(f64::from).collect();
+        let xs: Vec<f64> = x
+            .as_tensor()
+            .flatten_all()?
+            .to_vec1::<f32>()?
+            .into_iter()
+            .map(r)
+            .collect();
+        let ws: Vec<f64> = w
+            .to_dtype(DType::F32)?
+            .flatten_all()?
+            .to_vec1::<f32>()?
+            .into_iter()
+            .map(f64::from)
+            .collect();
         let bs = b.to_vec1::<f32>()?;
         let gs: Vec<f64> = g.flatten_all()?.to_vec1::<f32>()?.into_iter().map(r).collect();
         let ys = y.flatten_all()?.to_vec1::<f32>()?;
@@ -551,7 +563,10 @@ mod tests {
                 let p: f64 = (0..k).map(|t| xs[i * k + t] * ws[j * k + t]).sum();
                 let want = r(p as f32) + bs[j] as f64;
                 let got = ys[i * n + j] as f64;
-                assert!((got - want).abs() <= 1e-5 + 4e-3 * p.abs(), "y[{i},{j}] {got} vs {want}");
+                assert!(
+                    (got - want).abs() <= 1e-5 + 4e-3 * p.abs(),
+                    "y[{i},{j}] {got} vs {want}"
+                );
             }
         }
         let dxs = dx.flatten_all()?.to_vec1::<f32>()?;
@@ -559,7 +574,10 @@ mod tests {
             for t in 0..k {
                 let want: f64 = (0..n).map(|j| gs[i * n + j] * ws[j * k + t]).sum();
                 let got = dxs[i * k + t] as f64;
-                assert!((got - want).abs() <= 1e-5 + 8e-3 * want.abs().max(0.1), "dx[{i},{t}] {got} vs {want}");
+                assert!(
+                    (got - want).abs() <= 1e-5 + 8e-3 * want.abs().max(0.1),
+                    "dx[{i},{t}] {got} vs {want}"
+                );
             }
         }
         Ok(())

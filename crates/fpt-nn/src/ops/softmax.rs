@@ -176,17 +176,13 @@ pub(crate) fn masked_softmax_backward(res: &Tensor, dy: &Tensor, scale: f64, mas
         let ds = match res.dtype() {
             DType::F32 => {
                 let v = with_cpu_slice::<f32, _>(res, "masked_softmax", |y| {
-                    with_cpu_slice::<f32, _>(dy, "masked_softmax", |g| {
-                        Ok(bwd_kernel(y, g, tq, tk, scale, mask))
-                    })
+                    with_cpu_slice::<f32, _>(dy, "masked_softmax", |g| Ok(bwd_kernel(y, g, tq, tk, scale, mask)))
                 })?;
                 Tensor::from_vec(v, res.shape(), res.device())?
             }
             DType::F64 => {
                 let v = with_cpu_slice::<f64, _>(res, "masked_softmax", |y| {
-                    with_cpu_slice::<f64, _>(dy, "masked_softmax", |g| {
-                        Ok(bwd_kernel(y, g, tq, tk, scale, mask))
-                    })
+                    with_cpu_slice::<f64, _>(dy, "masked_softmax", |g| Ok(bwd_kernel(y, g, tq, tk, scale, mask)))
                 })?;
                 Tensor::from_vec(v, res.shape(), res.device())?
             }
