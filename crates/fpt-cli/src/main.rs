@@ -3,6 +3,7 @@
 //! - `fpt train --task bit-xor --backbone gpt2 --init random --layers 4 --hidden 128 --heads 4 --steps 4000 --out DIR`
 //! - `fpt train --resume DIR` continues a run from its latest checkpoint
 //! - `fpt eval DIR` evaluates a run's latest checkpoint again
+//! - `fpt predict DIR --inputs FILE --out FILE` predicts on new examples
 //! - `fpt inspect --backbone gpt2 --task bit-xor [--json]`
 //! - `fpt fetch minilm` puts all-MiniLM-L6-v2 into the Hugging Face cache
 
@@ -13,6 +14,7 @@ mod fetch;
 mod forward;
 mod gpu_check;
 mod inspect;
+mod predict;
 mod pretrain;
 mod selfcheck;
 mod site;
@@ -42,6 +44,9 @@ enum Command {
     Inspect(Box<inspect::InspectArgs>),
     /// Evaluate a run's latest checkpoint again (test and training splits).
     Eval(train::EvalArgs),
+    /// Predict with a run's latest checkpoint on new examples (JSON Lines in the custom
+    /// task's format): each example's class and probabilities, as JSONL or CSV.
+    Predict(predict::PredictArgs),
     /// Time one training step (FPT and full fine-tune) at named shapes: tiny, c10, lra, listops.
     Bench(bench::BenchArgs),
     /// Run the paper's tables (data/tables/*.toml) at a scale and report them beside the
@@ -116,6 +121,7 @@ fn main() {
         Command::Train(a) => train::train(*a, matches.subcommand_matches("train").expect("train subcommand")),
         Command::Inspect(a) => inspect::inspect(*a),
         Command::Eval(a) => train::eval(a),
+        Command::Predict(a) => predict::predict(a),
         Command::Fetch(a) => fetch::fetch(a),
         Command::Pretrain(a) => pretrain::pretrain(*a),
         Command::Bench(a) => bench::bench(a),

@@ -41,7 +41,8 @@ struct Rows {
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Record {
-    label: serde_json::Value,
+    #[serde(default)]
+    label: Option<serde_json::Value>,
     #[serde(default)]
     tokens: Option<serde_json::Value>,
     #[serde(default)]
@@ -53,7 +54,9 @@ struct Record {
 /// The split names a record may give (`val` is read as `valid`).
 const SPLITS: [&str; 4] = ["train", "test", "valid", "val"];
 
-fn parse_line(path: &Path, line_no: usize, line: &str) -> Result<(Seq, u32, Option<String>)> {
+/// One record: its sequence, its label (`None` where it has none: only
+/// [`read_for_prediction`] accepts that), its split.
+fn parse_line(path: &Path, line_no: usize, line: &str) -> Result<(Seq, Option<u32>, Option<String>)> {
     let at = |msg: String| TaskError::data(path, format!("line {line_no}: {msg}"));
     let v: serde_json::Value = serde_json::from_str(line).map_err(|e| at(format!("not a JSON object: {e}")))?;
     if !v.is_object() {
@@ -65,16 +68,20 @@ fn parse_line(path: &Path, line_no: usize, line: &str) -> Result<(Seq, u32, Opti
         ))
     })?;
     let max_label = fpt_spec::limits::MAX_CLASSES as u64 - 1;
-    let label = r
-        .label
-        .as_u64()
-        .ok_or_else(|| at(format!("field `label`: `{}` is not a non-negative integer", r.label)))?;
-    if label > max_label {
-        return Err(at(format!(
-            "field `label`: {label} is above fpt's limit of {max_label} (labels are class ids 0, 1, ...)"
-        )));
-    }
-    let label = label as u32;
+    let label = match &r.label {
+        None => None,
+        Some(l) => {
+            let label = l
+                .as_u64()
+                .ok_or_else(|| at(format!("field `label`: `{l}` is not a non-negative integer")))?;
+            if label > max_label {
+                return Err(at(format!(
+                    "field `label`: {label} is above fpt's limit of {max_label} (labels are class ids 0, 1, ...)"
+                )));
+            }
+            Some(label as u32)
+        }
+    };
     let split = match &r.split {
         None => None,
         Some(serde_json::Value::String(s)) if SPLITS.contains(&s.as_str()) => Some(s.clone()),
@@ -178,6 +185,15 @@ fn parse_records(r: impl BufRead, path: &Path, default: Option<&str>) -> Result<
             continue;
         }
         let (seq, label, split) = parse_line(path, n + 1, &line)?;
+        let label = label.ok_or_else(|| {
+            TaskError::data(
+                path,
+                format!(
+                    "line {}: field `label` is missing (training data needs a class id per record)",
+                    n + 1
+                ),
+            )
+        })?;
         let split = match (split, default) {
             (Some(s), _) => s,
             (None, Some(d)) => d.to_string(),
@@ -294,6 +310,60 @@ pub fn read(path: &Path) -> Result<BTreeMap<String, Dataset>> {
         );
     }
     Ok(out)
+}
+
+/// Examples to predict (`fpt predict --inputs`): one JSONL file of records in the custom
+/// format, each with `tokens` or `features` (one kind and width for the file), a `label`
+/// optional (scored where given) and any `split` ignored. Returns the examples (label 0
+/// where none was given) and the labels as written.
+pub fn read_for_prediction(path: &Path) -> Result<(Dataset, Vec<Option<u32>>)> {
+    let f = std::fs::File::open(path).map_err(TaskError::io(path))?;
+    let mut kind: Option<(bool, usize)> = None;
+    let (mut tokens, mut feats, mut lengths, mut labels) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for (n, line) in std::io::BufReader::new(f).lines().enumerate() {
+        let line = line.map_err(|e| crate::line_error(path, n + 1, e))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let (seq, label, _) = parse_line(path, n + 1, &line)?;
+        let this = match &seq {
+            Seq::Tokens(_) => (true, 0),
+            Seq::Features(w, _) => (false, *w),
+        };
+        if *kind.get_or_insert(this) != this {
+            return Err(TaskError::data(
+                path,
+                format!(
+                    "line {}: {} where the file's first record has {} (one kind and width per file)",
+                    n + 1,
+                    describe(this),
+                    describe(kind.expect("set"))
+                ),
+            ));
+        }
+        match seq {
+            Seq::Tokens(t) => {
+                lengths.push(t.len() as u32);
+                tokens.push(t)
+            }
+            Seq::Features(w, f) => {
+                lengths.push((f.len() / w) as u32);
+                feats.push(f)
+            }
+        }
+        labels.push(label);
+    }
+    let examples = match kind {
+        None => return Err(TaskError::data(path, "has no records")),
+        Some((false, width)) => Examples::Features { width, seqs: feats },
+        Some((true, _)) => Examples::Tokens(tokens),
+    };
+    let data = Dataset {
+        examples,
+        labels: labels.iter().map(|l| l.unwrap_or(0)).collect(),
+        lengths,
+    };
+    Ok((data, labels))
 }
 
 fn describe((tokens, width): (bool, usize)) -> String {

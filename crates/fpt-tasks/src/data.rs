@@ -541,6 +541,69 @@ impl Task for DatasetTask {
     fn splits(&self) -> Vec<(&'static str, &Dataset)> {
         vec![("train", &self.train), ("eval", &self.test)]
     }
+    fn check_external(&self, data: &Dataset) -> Result<()> {
+        let bad = |msg: String| {
+            Err(TaskError::Invalid {
+                task: "predict",
+                msg: format!("{}: {msg}", self.name),
+            })
+        };
+        match (&self.train.examples, &data.examples, self.dims.input) {
+            (Examples::Tokens(_), Examples::Tokens(seqs), InputKind::Tokens { vocab }) => {
+                for (i, s) in seqs.iter().enumerate() {
+                    if let Some(id) = s.iter().find(|&&id| id as usize >= vocab) {
+                        return bad(format!(
+                            "example {i}: token id {id} is beyond the run's vocabulary of {vocab} ids (padding included)"
+                        ));
+                    }
+                }
+                Ok(())
+            }
+            (Examples::Features { width: want, .. }, Examples::Features { width, .. }, _) if want == width => Ok(()),
+            (
+                Examples::Images {
+                    height,
+                    width,
+                    channels,
+                    ..
+                },
+                Examples::Images {
+                    height: h,
+                    width: w,
+                    channels: c,
+                    ..
+                },
+                _,
+            ) if (height, width, channels) == (h, w, c) => Ok(()),
+            (want, got, _) => bad(format!(
+                "the run was trained on {}, the inputs are {}",
+                describe_examples(want),
+                describe_examples(got)
+            )),
+        }
+    }
+    fn encode_external(&self, data: &Dataset, start: usize, n: usize, device: &Device) -> Result<Batch> {
+        let start = start.min(data.len());
+        let idx: Vec<usize> = (start..(start + n).min(data.len())).collect();
+        // As evaluation: no augmentation, so this stream is never drawn from.
+        let mut unused = Rng::new(0);
+        self.encoding.batch(data, &idx, false, &mut unused, device)
+    }
+}
+
+/// What examples are, for errors: "token ids", "feature vectors of width 3", "28x28 images
+/// of 1 channel".
+fn describe_examples(e: &Examples) -> String {
+    match e {
+        Examples::Tokens(_) => "token ids".into(),
+        Examples::Features { width, .. } => format!("feature vectors of width {width}"),
+        Examples::Images {
+            height,
+            width,
+            channels,
+            ..
+        } => format!("{height}x{width} images of {channels} channel(s)"),
+    }
 }
 
 /// Counts and length statistics of one split, for `fpt inspect --task`.

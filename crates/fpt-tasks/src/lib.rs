@@ -212,6 +212,29 @@ pub trait Task: Send {
     fn splits(&self) -> Vec<(&'static str, &Dataset)> {
         Vec::new()
     }
+    /// Checks that `data`, examples from outside the task (`fpt predict`), fit what the
+    /// task feeds its model (their kind, width, image size, token ids): an error naming the
+    /// first that does not. Tasks that generate their examples take none.
+    fn check_external(&self, data: &Dataset) -> Result<()> {
+        let _ = data;
+        Err(TaskError::Invalid {
+            task: "predict",
+            msg: format!(
+                "{} generates its examples: predictions on new inputs take runs of dataset tasks (custom:, images, ListOps, ...)",
+                self.name()
+            ),
+        })
+    }
+    /// The model-input batch of examples `start..start + n` (clamped) of `data`, checked by
+    /// [`Task::check_external`], encoded as the task encodes its evaluation split.
+    fn encode_external(&self, data: &Dataset, start: usize, n: usize, device: &Device) -> Result<Batch> {
+        let _ = (start, n, device);
+        self.check_external(data)?;
+        Err(TaskError::Invalid {
+            task: "predict",
+            msg: "this task encodes no outside examples".into(),
+        })
+    }
 }
 
 /// Builds the task a spec names. Named forks of the run's `root` generator (the one

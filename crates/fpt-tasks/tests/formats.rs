@@ -603,7 +603,7 @@ fn custom_tokens_and_features_from_a_directory_or_one_file() {
 #[test]
 fn bad_custom_records_are_named_errors() {
     let cases = [
-        ("{\"tokens\": [1], \"split\": \"train\"}", "line 1: missing field `label`"),
+        ("{\"tokens\": [1], \"split\": \"train\"}", "line 1: field `label` is missing"),
         ("{\"tokens\": [1], \"lable\": 0, \"split\": \"train\"}", "line 1: unknown field `lable`"),
         ("{\"tokens\": [1], \"label\": 0, \"label\": 1, \"split\": \"train\"}", "line 1: duplicate field `label`"),
         ("{\"tokens\": [1], \"label\": 0, \"split\": \"tset\"}", "line 1: field `split`: `tset` is not a split name"),
@@ -630,6 +630,39 @@ fn bad_custom_records_are_named_errors() {
         ));
         assert!(e.contains(want), "{e} (wanted {want})");
         assert!(e.contains("data.jsonl"), "{e}");
+    }
+}
+
+/// Examples to predict on: labels optional (kept as written), `split` ignored, one kind
+/// and width per file, and the same named errors as the task's records.
+#[test]
+fn examples_to_predict_take_records_without_labels() {
+    let d = tempfile::tempdir().unwrap();
+    let f = d.path().join("new.jsonl");
+    std::fs::write(
+        &f,
+        "{\"features\": [[1, 2], [3, 4]]}\n\n{\"features\": [[5, 6]], \"label\": 3, \"split\": \"test\"}\n",
+    )
+    .unwrap();
+    let (data, labels) = fpt_tasks::custom::read_for_prediction(&f).unwrap();
+    assert_eq!(labels, vec![None, Some(3)]);
+    assert_eq!(data.lengths, vec![2, 1]);
+    match &data.examples {
+        fpt_tasks::Examples::Features { width, seqs } => {
+            assert_eq!(*width, 2);
+            assert_eq!(seqs, &vec![vec![1.0, 2.0, 3.0, 4.0], vec![5.0, 6.0]]);
+        }
+        _ => panic!("features expected"),
+    }
+    for (text, want) in [
+        ("{\"features\": [[1, 2]]}\n{\"tokens\": [1]}", "line 2: token ids where the file's first record has feature vectors of width 2"),
+        ("{\"features\": [[1, 2]]}\n{\"features\": [[1]]}", "line 2: feature vectors of width 1"),
+        ("\n", "has no records"),
+        ("{\"tokens\": [1], \"lable\": 0}", "line 1: unknown field `lable`"),
+    ] {
+        std::fs::write(&f, text).unwrap();
+        let e = fpt_tasks::custom::read_for_prediction(&f).err().expect("an error").to_string();
+        assert!(e.contains(want) && e.contains("new.jsonl"), "{e} (wanted {want})");
     }
 }
 

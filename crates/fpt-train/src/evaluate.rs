@@ -62,3 +62,65 @@ pub fn device_name(device: &Device) -> String {
         candle_core::DeviceLocation::Metal { gpu_id } => format!("metal:{gpu_id}"),
     }
 }
+
+/// A trained run's predictions on examples from outside its task ([`predict_run`]).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Predictions {
+    /// The checkpoint's step.
+    pub step: usize,
+    /// Each example's class: the arg-max of its logits, as evaluation scores it.
+    pub classes: Vec<u32>,
+    /// Each example's class probabilities (the softmax of its logits).
+    pub probabilities: Vec<Vec<f32>>,
+}
+
+/// The predictions of the run in `out_dir` (its latest checkpoint) on `data`, examples in
+/// the form its task stores them (`fpt_tasks::custom::read_for_prediction` reads them from
+/// JSONL), encoded as its evaluation split is and run in its evaluation batches.
+pub fn predict_run(out_dir: &Path, data: &fpt_tasks::Dataset, device: &Device) -> Result<Predictions> {
+    let spec = saved_spec(out_dir)?;
+    let mut tr = Trainer::new(&spec, device)?;
+    let dir = checkpoint::latest(out_dir)?
+        .ok_or_else(|| run_dir::run_dir_err(out_dir, "has no checkpoint to predict with"))?;
+    let loaded = checkpoint::load(&dir, device)?;
+    tr.restore(&loaded, &dir)?;
+    let task = tr.task();
+    task.check_external(data)?;
+    if task.dims().labels_per_example != 1 {
+        return Err(run_dir::run_dir_err(
+            out_dir,
+            "predicts several labels per example: predictions take single-label tasks",
+        ));
+    }
+    let model = tr.model();
+    let mut ctx = Ctx::eval();
+    let (mut classes, mut probabilities) = (Vec::new(), Vec::new());
+    let bs = tr.eval_batch_size().max(1);
+    fpt_nn::no_grad(|| -> Result<()> {
+        let mut start = 0;
+        while start < data.len() {
+            let batch = task.encode_external(data, start, bs, device)?;
+            let logits = fpt_nn::on_pool(|| model.forward(&batch.inputs, &mut ctx))?;
+            let k = logits.dim(candle_core::D::Minus1)?;
+            let logits = logits.reshape(((), k))?;
+            classes.extend(fpt_nn::transfer::download_vec::<u32>(
+                &logits.argmax(candle_core::D::Minus1)?,
+            )?);
+            let host = fpt_nn::transfer::download_vec::<f32>(&logits.to_dtype(candle_core::DType::F32)?)?;
+            for row in host.chunks(k.max(1)) {
+                // In f64, from the largest logit down: no overflow, sums exact enough.
+                let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+                let e: Vec<f64> = row.iter().map(|&x| (x as f64 - m).exp()).collect();
+                let z: f64 = e.iter().sum();
+                probabilities.push(e.iter().map(|v| (v / z) as f32).collect());
+            }
+            start += bs;
+        }
+        Ok(())
+    })?;
+    Ok(Predictions {
+        step: tr.steps_done(),
+        classes,
+        probabilities,
+    })
+}

@@ -1,0 +1,168 @@
+//! `fpt predict`: a trained run on new examples.
+
+mod common;
+use common::*;
+use std::fmt::Write as _;
+
+/// Records of a small learnable custom task: 3 vectors of width 2, class 1 when the last
+/// vector's first number is positive (a hash spreads the values).
+fn records(n: usize, salt: u64, labels: bool) -> (String, Vec<u32>) {
+    let mut text = String::new();
+    let mut ys = Vec::new();
+    for i in 0..n as u64 {
+        let v = |j: u64| {
+            let h = (i * 7919 + j * 104_729 + salt).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40;
+            (h % 2001) as f64 / 1000.0 - 1.0
+        };
+        let feats = [[v(0), v(1)], [v(2), v(3)], [v(4), v(5)]];
+        let y = u32::from(feats[2][0] > 0.0);
+        ys.push(y);
+        let f = serde_json::json!(feats);
+        if labels {
+            let _ = writeln!(text, "{{\"features\": {f}, \"label\": {y}}}");
+        } else {
+            let _ = writeln!(text, "{{\"features\": {f}}}");
+        }
+    }
+    (text, ys)
+}
+
+/// The run's test examples with their labels removed: `fpt predict`'s classes, scored
+/// against the removed labels, give the test accuracy `fpt eval` and result.json report; the
+/// CSV form says the same; inputs that do not fit the run are refused, naming why, and no
+/// output is left behind.
+#[test]
+fn predictions_on_the_test_split_reproduce_the_runs_accuracy() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(data.join("train.jsonl"), records(96, 1, true).0).unwrap();
+    let (test, truth) = records(48, 2, true);
+    std::fs::write(data.join("test.jsonl"), test).unwrap();
+    let run = tmp.path().join("run");
+    let task = format!("custom:{}", data.display());
+    let out = fpt(&[
+        "train",
+        "--task",
+        &task,
+        "--backbone",
+        "gpt2",
+        "--init",
+        "random",
+        "--layers",
+        "1",
+        "--hidden",
+        "16",
+        "--heads",
+        "2",
+        "--steps",
+        "300",
+        "--lr",
+        "3e-3",
+        "-q",
+        "--out",
+        run.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let result: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("result.json")).unwrap()).unwrap();
+    let eval = fpt(&["eval", run.to_str().unwrap()]);
+    assert!(eval.status.success(), "{}", stderr(&eval));
+    let scored = json(&eval)["test_accuracy"].as_f64().unwrap();
+
+    let inputs = tmp.path().join("unlabelled.jsonl");
+    std::fs::write(&inputs, records(48, 2, false).0).unwrap();
+    let preds = tmp.path().join("preds.jsonl");
+    let out = fpt(&[
+        "predict",
+        run.to_str().unwrap(),
+        "--inputs",
+        inputs.to_str().unwrap(),
+        "--out",
+        preds.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&preds)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), truth.len());
+    let mut right = 0;
+    for (i, (l, y)) in lines.iter().zip(&truth).enumerate() {
+        assert_eq!(l["index"], i);
+        let probs: Vec<f64> = l["probabilities"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p.as_f64().unwrap())
+            .collect();
+        assert_eq!(probs.len(), 2, "two classes");
+        assert!(
+            (probs.iter().sum::<f64>() - 1.0).abs() < 1e-5,
+            "line {i}: probabilities sum to 1"
+        );
+        let class = l["class"].as_u64().unwrap() as usize;
+        assert!(
+            probs[class] >= probs[1 - class],
+            "line {i}: the class is the likelier one"
+        );
+        assert!(l.get("label").is_none(), "no label was given");
+        right += usize::from(class as u32 == *y);
+    }
+    let accuracy = right as f64 / truth.len() as f64;
+    assert!((accuracy - scored).abs() < 1e-12, "predict {accuracy} vs eval {scored}");
+    assert!(
+        (accuracy - result["test_accuracy"].as_f64().unwrap()).abs() < 1e-12,
+        "predict {accuracy} vs result.json {}",
+        result["test_accuracy"]
+    );
+    // The run learned something: its accuracy is above the majority class's.
+    let ones = truth.iter().filter(|&&y| y == 1).count();
+    let majority = ones.max(truth.len() - ones) as f64 / truth.len() as f64;
+    assert!(
+        accuracy > majority,
+        "accuracy {accuracy} vs majority {majority}: the run learned nothing"
+    );
+
+    // CSV, with the labels given: the same classes, and the accuracy printed.
+    let csv = tmp.path().join("preds.csv");
+    let out = fpt(&[
+        "predict",
+        run.to_str().unwrap(),
+        "--inputs",
+        data.join("test.jsonl").to_str().unwrap(),
+        "--out",
+        csv.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains(&format!("accuracy {accuracy:.4} on the 48 labelled")),
+        "{}",
+        stderr(&out)
+    );
+    let text = std::fs::read_to_string(&csv).unwrap();
+    let mut rows = text.lines();
+    assert_eq!(rows.next(), Some("index,class,p0,p1,label"));
+    for (row, l) in rows.zip(&lines) {
+        let cells: Vec<&str> = row.split(',').collect();
+        assert_eq!(cells[1], l["class"].to_string());
+    }
+
+    // Inputs of another width: refused with the reason, nothing written.
+    let wrong = tmp.path().join("wrong.jsonl");
+    std::fs::write(&wrong, "{\"features\": [[1, 2, 3]]}\n").unwrap();
+    let none = tmp.path().join("none.jsonl");
+    let out = fpt(&[
+        "predict",
+        run.to_str().unwrap(),
+        "--inputs",
+        wrong.to_str().unwrap(),
+        "--out",
+        none.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("width 2") && err.contains("width 3"), "{err}");
+    assert!(!none.exists(), "no output for refused inputs");
+}
