@@ -18,6 +18,7 @@
 pub mod bootstrap;
 pub mod chart;
 pub mod claims;
+pub mod compare;
 mod expand;
 pub mod figure;
 pub mod paper;

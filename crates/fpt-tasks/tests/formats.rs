@@ -655,13 +655,22 @@ fn examples_to_predict_take_records_without_labels() {
         _ => panic!("features expected"),
     }
     for (text, want) in [
-        ("{\"features\": [[1, 2]]}\n{\"tokens\": [1]}", "line 2: token ids where the file's first record has feature vectors of width 2"),
-        ("{\"features\": [[1, 2]]}\n{\"features\": [[1]]}", "line 2: feature vectors of width 1"),
+        (
+            "{\"features\": [[1, 2]]}\n{\"tokens\": [1]}",
+            "line 2: token ids where the file's first record has feature vectors of width 2",
+        ),
+        (
+            "{\"features\": [[1, 2]]}\n{\"features\": [[1]]}",
+            "line 2: feature vectors of width 1",
+        ),
         ("\n", "has no records"),
         ("{\"tokens\": [1], \"lable\": 0}", "line 1: unknown field `lable`"),
     ] {
         std::fs::write(&f, text).unwrap();
-        let e = fpt_tasks::custom::read_for_prediction(&f).err().expect("an error").to_string();
+        let e = fpt_tasks::custom::read_for_prediction(&f)
+            .err()
+            .expect("an error")
+            .to_string();
         assert!(e.contains(want) && e.contains("new.jsonl"), "{e} (wanted {want})");
     }
 }
