@@ -74,53 +74,87 @@ pub struct Predictions {
     pub probabilities: Vec<Vec<f32>>,
 }
 
-/// The predictions of the run in `out_dir` (its latest checkpoint) on `data`, examples in
-/// the form its task stores them (`fpt_tasks::custom::read_for_prediction` reads them from
-/// JSONL), encoded as its evaluation split is and run in its evaluation batches.
-pub fn predict_run(out_dir: &Path, data: &fpt_tasks::Dataset, device: &Device) -> Result<Predictions> {
-    let spec = saved_spec(out_dir)?;
-    let mut tr = Trainer::new(&spec, device)?;
-    let dir = checkpoint::latest(out_dir)?
-        .ok_or_else(|| run_dir::run_dir_err(out_dir, "has no checkpoint to predict with"))?;
-    let loaded = checkpoint::load(&dir, device)?;
-    tr.restore(&loaded, &dir)?;
-    let task = tr.task();
-    task.check_external(data)?;
-    if task.dims().labels_per_example != 1 {
-        return Err(run_dir::run_dir_err(
-            out_dir,
-            "predicts several labels per example: predictions take single-label tasks",
-        ));
-    }
-    let model = tr.model();
-    let mut ctx = Ctx::eval();
-    let (mut classes, mut probabilities) = (Vec::new(), Vec::new());
-    let bs = tr.eval_batch_size().max(1);
-    fpt_nn::no_grad(|| -> Result<()> {
-        let mut start = 0;
-        while start < data.len() {
-            let batch = task.encode_external(data, start, bs, device)?;
-            let logits = fpt_nn::on_pool(|| model.forward(&batch.inputs, &mut ctx))?;
-            let k = logits.dim(candle_core::D::Minus1)?;
-            let logits = logits.reshape(((), k))?;
-            classes.extend(fpt_nn::transfer::download_vec::<u32>(
-                &logits.argmax(candle_core::D::Minus1)?,
-            )?);
-            let host = fpt_nn::transfer::download_vec::<f32>(&logits.to_dtype(candle_core::DType::F32)?)?;
-            for row in host.chunks(k.max(1)) {
-                // In f64, from the largest logit down: no overflow, sums exact enough.
-                let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-                let e: Vec<f64> = row.iter().map(|&x| (x as f64 - m).exp()).collect();
-                let z: f64 = e.iter().sum();
-                probabilities.push(e.iter().map(|v| (v / z) as f32).collect());
-            }
-            start += bs;
+/// A trained run opened for predictions: its latest checkpoint's tensors over the frozen
+/// backbone, and its task to encode examples with.
+pub struct Predictor {
+    tr: Trainer,
+    trained: std::collections::HashMap<String, Tensor>,
+}
+
+impl Predictor {
+    /// Opens the run in `out_dir` (its spec and latest checkpoint) on `device`.
+    pub fn open(out_dir: &Path, device: &Device) -> Result<Self> {
+        let spec = saved_spec(out_dir)?;
+        let mut tr = Trainer::new(&spec, device)?;
+        let dir = checkpoint::latest(out_dir)?
+            .ok_or_else(|| run_dir::run_dir_err(out_dir, "has no checkpoint to predict with"))?;
+        let loaded = checkpoint::load(&dir, device)?;
+        tr.restore(&loaded, &dir)?;
+        if tr.task().dims().labels_per_example != 1 {
+            return Err(run_dir::run_dir_err(
+                out_dir,
+                "predicts several labels per example: predictions take single-label tasks",
+            ));
         }
-        Ok(())
-    })?;
-    Ok(Predictions {
-        step: tr.steps_done(),
-        classes,
-        probabilities,
-    })
+        Ok(Predictor {
+            tr,
+            trained: loaded.trainable,
+        })
+    }
+
+    /// The checkpoint's trained tensors, by name.
+    pub fn trained(&self) -> &std::collections::HashMap<String, Tensor> {
+        &self.trained
+    }
+
+    /// The shapes of the run's task (its input kind and width, its classes).
+    pub fn dims(&self) -> fpt_tasks::TaskDims {
+        self.tr.task().dims()
+    }
+
+    /// Predictions on `data`, examples in the form the run's task stores them
+    /// (`fpt_tasks::custom::read_for_prediction` reads them from JSONL), checked against the
+    /// task, encoded as its evaluation split is and run in its evaluation batches.
+    pub fn predict(&self, data: &fpt_tasks::Dataset) -> Result<Predictions> {
+        let task = self.tr.task();
+        task.check_external(data)?;
+        let model = self.tr.model();
+        let device = &self.tr.device;
+        let mut ctx = Ctx::eval();
+        let (mut classes, mut probabilities) = (Vec::new(), Vec::new());
+        let bs = self.tr.eval_batch_size().max(1);
+        fpt_nn::no_grad(|| -> Result<()> {
+            let mut start = 0;
+            while start < data.len() {
+                let batch = task.encode_external(data, start, bs, device)?;
+                let logits = fpt_nn::on_pool(|| model.forward(&batch.inputs, &mut ctx))?;
+                let k = logits.dim(candle_core::D::Minus1)?;
+                let logits = logits.reshape(((), k))?;
+                classes.extend(fpt_nn::transfer::download_vec::<u32>(
+                    &logits.argmax(candle_core::D::Minus1)?,
+                )?);
+                let host = fpt_nn::transfer::download_vec::<f32>(&logits.to_dtype(candle_core::DType::F32)?)?;
+                for row in host.chunks(k.max(1)) {
+                    // In f64, from the largest logit down: no overflow, sums exact enough.
+                    let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+                    let e: Vec<f64> = row.iter().map(|&x| (x as f64 - m).exp()).collect();
+                    let z: f64 = e.iter().sum();
+                    probabilities.push(e.iter().map(|v| (v / z) as f32).collect());
+                }
+                start += bs;
+            }
+            Ok(())
+        })?;
+        Ok(Predictions {
+            step: self.tr.steps_done(),
+            classes,
+            probabilities,
+        })
+    }
+}
+
+/// The predictions of the run in `out_dir` (its latest checkpoint) on `data`
+/// ([`Predictor::predict`]).
+pub fn predict_run(out_dir: &Path, data: &fpt_tasks::Dataset, device: &Device) -> Result<Predictions> {
+    Predictor::open(out_dir, device)?.predict(data)
 }

@@ -1,0 +1,110 @@
+"""fpt from Python: the same engine as the `fpt` binary (Rust, on candle).
+
+    import fpt
+    result = fpt.train(spec, "runs/a")          # spec: a dict in spec.json's shape, or a path
+    model = fpt.load("runs/a")
+    probs = model.predict(x)                    # numpy in, class probabilities out
+    fpt.compare(["runs/a"], vs=["runs/b"])      # the paired bootstrap, as a dict
+    fpt.run_table("table1", scale="smoke", out="results")
+
+Errors are raised as `fpt.FptError` with fpt's message (a malformed spec as `ValueError`).
+Training and table runs release the GIL and print progress to stderr.
+"""
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from . import _native
+from ._native import FptError
+
+__all__ = ["train", "load", "compare", "run_table", "Model", "FptError"]
+
+
+def _spec_json(spec):
+    if isinstance(spec, (str, os.PathLike)):
+        path = Path(spec)
+        try:
+            return path.read_text()
+        except OSError as e:
+            raise FptError(f"{path}: {e}") from None
+    if isinstance(spec, dict):
+        return json.dumps(spec)
+    raise TypeError(f"spec must be a dict in spec.json's shape or a path to one, not {type(spec).__name__}")
+
+
+def train(spec, out, device="cpu", progress=True):
+    """Train the run `spec` describes (a dict in the shape of a run's `spec.json`, or the
+    path of such a file, e.g. one `fpt train` wrote) into the new directory `out`; returns
+    its `result.json` as a dict (`test_accuracy`, `converged`, ...). `device`: "cpu" or
+    "cuda:N" with a CUDA build. Progress lines go to stderr unless `progress=False`."""
+    text = _native.train(_spec_json(spec), os.fspath(out), device, progress)
+    return json.loads(text)
+
+
+class Model:
+    """A trained run, opened by `fpt.load`."""
+
+    def __init__(self, native):
+        self._native = native
+
+    @property
+    def input_kind(self):
+        """"tokens" (predict takes int ids [examples, tokens]) or "features" (float
+        vectors [examples, tokens, width])."""
+        return self._native.input_kind
+
+    @property
+    def classes(self):
+        """The number of classes."""
+        return self._native.classes
+
+    def predict(self, x):
+        """Class probabilities, a float32 array [examples, classes], for `x`: token ids
+        [examples, tokens] or feature vectors [examples, tokens, width] as the run's task
+        feeds its model (padded at the start, as the custom task pads). Their argmax is the
+        class evaluation scores."""
+        if self.input_kind == "tokens":
+            a = np.ascontiguousarray(x, dtype=np.int64)
+            return self._native.predict_tokens(a)
+        a = np.ascontiguousarray(x, dtype=np.float32)
+        return self._native.predict_features(a)
+
+    def tensors(self):
+        """The trained tensors (input and output layers, LayerNorms, positions, ...) by
+        name, as float32 arrays."""
+        return dict(self._native.tensors())
+
+
+def load(run_dir, device="cpu"):
+    """Open the run in `run_dir` (its latest checkpoint over the frozen backbone)."""
+    return Model(_native.load(os.fspath(run_dir), device))
+
+
+def compare(runs, vs, seed_sd=0.0):
+    """Compare finished runs (one per seed) with others, paired in order: each accuracy,
+    the mean difference in points with its 95% paired bootstrap interval over examples and
+    seeds, and the verdict ("ahead", "behind", "within the uncertainty"). As `fpt compare
+    --json`."""
+    if isinstance(runs, (str, os.PathLike)):
+        runs = [runs]
+    if isinstance(vs, (str, os.PathLike)):
+        vs = [vs]
+    text = _native.compare([os.fspath(r) for r in runs], [os.fspath(v) for v in vs], float(seed_sd))
+    return json.loads(text)
+
+
+def run_table(ids, scale="cpu", out="results", tables=None, jobs=1, progress=True):
+    """Run tables or figures of the paper (ids like "table1", or "all") at a scale ("smoke",
+    "cpu", ...) into `out`, as `fpt run-table`; returns the report directories written.
+    `tables`: the directory of table specs (default: `data/tables` of the checkout the
+    package was built from, else of the working directory)."""
+    if isinstance(ids, str):
+        ids = [ids]
+    if tables is None:
+        tables = Path(_native.CHECKOUT_TABLES)
+        if not tables.is_dir():
+            tables = Path("data/tables")
+    return _native.run_table(list(ids), scale, os.fspath(out), os.fspath(tables), int(jobs), progress)

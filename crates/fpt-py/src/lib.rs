@@ -1,0 +1,272 @@
+//! The native half of the `fpt` Python package (`fpt._native`); `python/fpt/__init__.py`
+//! is the API users call, with its docs. Everything here calls the same library functions
+//! as the `fpt` binary: `fpt_train::train`, `fpt_train::Predictor`,
+//! `fpt_ablate::compare::compare_runs` and `fpt_ablate::reproduce::reproduce`. Errors come
+//! back as `fpt.FptError` carrying fpt's message (a bad spec as `ValueError`); training and
+//! table runs release the GIL.
+
+use numpy::{IntoPyArray, PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn, PyUntypedArrayMethods};
+use pyo3::exceptions::{PyException, PyValueError};
+use pyo3::prelude::*;
+use std::path::PathBuf;
+
+pyo3::create_exception!(
+    _native,
+    FptError,
+    PyException,
+    "An fpt run, load, prediction or comparison failed; the message is fpt's."
+);
+
+/// An error and its causes, on one line, as the `fpt` binary prints them.
+fn fpt_err(e: &dyn std::error::Error) -> PyErr {
+    let mut msg = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let t = c.to_string();
+        if !msg.contains(&t) {
+            msg.push_str(": ");
+            msg.push_str(&t);
+        }
+        cause = c.source();
+    }
+    FptError::new_err(msg)
+}
+
+fn device(name: &str) -> PyResult<candle_core::Device> {
+    fpt_nn::device::parse(name).map_err(|e| fpt_err(&e))
+}
+
+/// Reads a run spec from JSON text (a run's `spec.json` format) and validates it.
+fn spec_of(json: &str) -> PyResult<fpt_spec::RunSpec> {
+    let spec: fpt_spec::RunSpec =
+        serde_json::from_str(json).map_err(|e| PyValueError::new_err(format!("not a valid run spec: {e}")))?;
+    spec.validate().map_err(|e| PyValueError::new_err(e.to_string()))?;
+    Ok(spec)
+}
+
+/// Trains the run `spec_json` describes into `out`; returns its `result.json` text.
+#[pyfunction]
+#[pyo3(signature = (spec_json, out, device_name = "cpu", progress = true))]
+fn train(py: Python<'_>, spec_json: &str, out: PathBuf, device_name: &str, progress: bool) -> PyResult<String> {
+    let spec = spec_of(spec_json)?;
+    let dev = device(device_name)?;
+    let out_dir = out.clone();
+    py.allow_threads(move || {
+        let mut on_event = |e: &fpt_train::Event| {
+            if !progress {
+                return;
+            }
+            match e {
+                fpt_train::Event::Started {
+                    trainable,
+                    total,
+                    steps,
+                    ..
+                } => {
+                    eprintln!("fpt: training {trainable} of {total} parameters for {steps} steps")
+                }
+                fpt_train::Event::Eval(r) => eprintln!(
+                    "fpt: step {}: test_accuracy {:.4}, train_loss {:.4}",
+                    r.step, r.test_accuracy, r.train_loss
+                ),
+                fpt_train::Event::Diverged(s) => eprintln!("fpt: diverged at step {s}"),
+                fpt_train::Event::StoppedEarly(s) => eprintln!("fpt: stopped early at step {s}"),
+                _ => {}
+            }
+        };
+        fpt_train::train(&spec, &out_dir, &dev, &mut on_event).map_err(|e| fpt_err(&e))
+    })?;
+    let path = out.join("result.json");
+    std::fs::read_to_string(&path).map_err(|e| FptError::new_err(format!("{}: {e}", path.display())))
+}
+
+/// A trained run opened for predictions (`fpt.load`).
+#[pyclass(unsendable)]
+struct Model {
+    inner: fpt_train::Predictor,
+}
+
+#[pymethods]
+impl Model {
+    /// Class probabilities `[n, classes]` (float32) for token ids `[n, tokens]` (int64) or
+    /// feature vectors `[n, tokens, width]` (float32).
+    fn predict_tokens<'py>(
+        &self,
+        py: Python<'py>,
+        x: PyReadonlyArrayDyn<'py, i64>,
+    ) -> PyResult<Bound<'py, PyArrayDyn<f32>>> {
+        let shape = x.shape().to_vec();
+        if shape.len() != 2 {
+            return Err(PyValueError::new_err(format!(
+                "token ids must be a 2-d array [examples, tokens], not of shape {shape:?}"
+            )));
+        }
+        let flat = x.as_slice().map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let mut seqs = Vec::with_capacity(shape[0]);
+        for (i, row) in flat.chunks(shape[1].max(1)).take(shape[0]).enumerate() {
+            let ids = row
+                .iter()
+                .map(|&v| {
+                    u32::try_from(v).map_err(|_| {
+                        PyValueError::new_err(format!("example {i}: token id {v} is negative or too large"))
+                    })
+                })
+                .collect::<PyResult<Vec<u32>>>()?;
+            seqs.push(ids);
+        }
+        let n = seqs.len();
+        let data = fpt_tasks::Dataset {
+            lengths: vec![shape[1] as u32; n],
+            labels: vec![0; n],
+            examples: fpt_tasks::Examples::Tokens(seqs),
+        };
+        self.run(py, &data)
+    }
+
+    /// As `predict_tokens`, for feature vectors `[n, tokens, width]` (float32).
+    fn predict_features<'py>(
+        &self,
+        py: Python<'py>,
+        x: PyReadonlyArrayDyn<'py, f32>,
+    ) -> PyResult<Bound<'py, PyArrayDyn<f32>>> {
+        let shape = x.shape().to_vec();
+        if shape.len() != 3 {
+            return Err(PyValueError::new_err(format!(
+                "features must be a 3-d array [examples, tokens, width], not of shape {shape:?}"
+            )));
+        }
+        let flat = x.as_slice().map_err(|e| PyValueError::new_err(e.to_string()))?;
+        if let Some(i) = flat.iter().position(|v| !v.is_finite()) {
+            return Err(PyValueError::new_err(format!(
+                "features: value {i} (flat) is not finite"
+            )));
+        }
+        let per = shape[1] * shape[2];
+        let seqs: Vec<Vec<f32>> = (0..shape[0]).map(|i| flat[i * per..(i + 1) * per].to_vec()).collect();
+        let n = seqs.len();
+        let data = fpt_tasks::Dataset {
+            lengths: vec![shape[1] as u32; n],
+            labels: vec![0; n],
+            examples: fpt_tasks::Examples::Features { width: shape[2], seqs },
+        };
+        self.run(py, &data)
+    }
+
+    /// `"tokens"` or `"features"`: what `predict` takes for this run.
+    #[getter]
+    fn input_kind(&self) -> &'static str {
+        match self.inner.dims().input {
+            fpt_tasks::InputKind::Tokens { .. } => "tokens",
+            fpt_tasks::InputKind::Vectors { .. } => "features",
+        }
+    }
+
+    /// The number of classes.
+    #[getter]
+    fn classes(&self) -> usize {
+        self.inner.dims().classes
+    }
+
+    /// The checkpoint's trained tensors by name, as float32 arrays.
+    fn tensors<'py>(&self, py: Python<'py>) -> PyResult<Vec<(String, Bound<'py, PyArrayDyn<f32>>)>> {
+        let mut names: Vec<&String> = self.inner.trained().keys().collect();
+        names.sort();
+        names
+            .into_iter()
+            .map(|name| {
+                let t = &self.inner.trained()[name];
+                let dims = t.dims().to_vec();
+                let v = t
+                    .to_dtype(candle_core::DType::F32)
+                    .and_then(|t| fpt_nn::transfer::download_vec::<f32>(&t))
+                    .map_err(|e| fpt_err(&e))?;
+                let a = v.into_pyarray(py).reshape(dims)?;
+                Ok((name.clone(), a))
+            })
+            .collect()
+    }
+}
+
+impl Model {
+    fn run<'py>(&self, py: Python<'py>, data: &fpt_tasks::Dataset) -> PyResult<Bound<'py, PyArrayDyn<f32>>> {
+        let p = self.inner.predict(data).map_err(|e| fpt_err(&e))?;
+        let k = self.inner.dims().classes;
+        let flat: Vec<f32> = p.probabilities.into_iter().flatten().collect();
+        let n = flat.len() / k.max(1);
+        flat.into_pyarray(py).reshape(vec![n, k])
+    }
+}
+
+/// Opens the run in `run_dir` (its latest checkpoint) for predictions.
+#[pyfunction]
+#[pyo3(signature = (run_dir, device_name = "cpu"))]
+fn load(run_dir: PathBuf, device_name: &str) -> PyResult<Model> {
+    let dev = device(device_name)?;
+    let inner = fpt_train::Predictor::open(&run_dir, &dev).map_err(|e| fpt_err(&e))?;
+    Ok(Model { inner })
+}
+
+/// The paired comparison of `runs` with `vs`, as JSON text.
+#[pyfunction]
+#[pyo3(signature = (runs, vs, seed_sd = 0.0))]
+fn compare(runs: Vec<PathBuf>, vs: Vec<PathBuf>, seed_sd: f64) -> PyResult<String> {
+    let c = fpt_ablate::compare::compare_runs(&runs, &vs, seed_sd).map_err(|e| fpt_err(&e))?;
+    serde_json::to_string(&c).map_err(|e| FptError::new_err(e.to_string()))
+}
+
+/// Runs tables of the paper at a scale (as `fpt run-table`): the report directories made.
+#[pyfunction]
+#[pyo3(signature = (ids, scale, out, tables, jobs = 1, progress = true))]
+fn run_table(
+    py: Python<'_>,
+    ids: Vec<String>,
+    scale: String,
+    out: PathBuf,
+    tables: PathBuf,
+    jobs: usize,
+    progress: bool,
+) -> PyResult<Vec<String>> {
+    let req = fpt_ablate::reproduce::Request {
+        tables,
+        ids,
+        scale,
+        out,
+        opts: fpt_ablate::RunOptions {
+            jobs: jobs.max(1),
+            ..Default::default()
+        },
+        precision: fpt_spec::Precision::F32,
+    };
+    let done = py.allow_threads(move || {
+        let mut on = |p: fpt_ablate::reproduce::Progress| {
+            if let (true, fpt_ablate::reproduce::Progress::Line { id, line }) = (progress, p) {
+                eprintln!("fpt {id}: {line}");
+            }
+        };
+        fpt_ablate::reproduce::reproduce(&req, &mut on).map_err(|e| fpt_err(&e))
+    })?;
+    Ok(done
+        .iter()
+        .map(|d| match d {
+            fpt_ablate::reproduce::Done::Table { dir, .. } => dir.display().to_string(),
+            fpt_ablate::reproduce::Done::Figure { dir, .. } => dir.display().to_string(),
+        })
+        .collect())
+}
+
+/// The module `fpt._native`.
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    fpt_nn::quiet_candle_pool();
+    m.add("FptError", m.py().get_type::<FptError>())?;
+    m.add(
+        "CHECKOUT_TABLES",
+        concat!(env!("CARGO_MANIFEST_DIR"), "/../../data/tables"),
+    )?;
+    m.add_function(wrap_pyfunction!(train, m)?)?;
+    m.add_function(wrap_pyfunction!(load, m)?)?;
+    m.add_function(wrap_pyfunction!(compare, m)?)?;
+    m.add_function(wrap_pyfunction!(run_table, m)?)?;
+    m.add_class::<Model>()?;
+    Ok(())
+}

@@ -1,0 +1,117 @@
+"""The fpt Python package against the installed wheel (CI: `pip install ./crates/fpt-py`,
+then `pytest crates/fpt-py/tests`). Needs the `fpt` binary for the spec it writes:
+$FPT_BIN, else target/release/fpt of this checkout."""
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import fpt
+
+ROOT = Path(__file__).resolve().parents[3]
+FPT_BIN = os.environ.get("FPT_BIN", str(ROOT / "target" / "release" / "fpt"))
+
+
+def records(n, salt):
+    """A small learnable task: 3 vectors of width 2; class 1 when the last vector's first
+    number is positive."""
+    rng = np.random.default_rng(salt)
+    x = rng.uniform(-1, 1, size=(n, 3, 2)).astype(np.float32)
+    y = (x[:, 2, 0] > 0).astype(int)
+    return x, y
+
+
+def write_jsonl(path, x, y):
+    with open(path, "w") as f:
+        for xi, yi in zip(x, y):
+            f.write(json.dumps({"features": xi.tolist(), "label": int(yi)}) + "\n")
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A spec written by `fpt train` (a 1-layer random GPT-2 on a custom JSONL task), then
+    trained again from Python."""
+    tmp = tmp_path_factory.mktemp("fpt")
+    data = tmp / "data"
+    data.mkdir()
+    xtr, ytr = records(96, 1)
+    xte, yte = records(48, 2)
+    write_jsonl(data / "train.jsonl", xtr, ytr)
+    write_jsonl(data / "test.jsonl", xte, yte)
+    cli_run = tmp / "cli"
+    subprocess.run(
+        [FPT_BIN, "train", "--task", f"custom:{data}", "--backbone", "gpt2", "--init", "random",
+         "--layers", "1", "--hidden", "16", "--heads", "2", "--steps", "300", "--lr", "3e-3",
+         "-q", "--out", str(cli_run)],
+        check=True,
+    )
+    spec = cli_run / "spec.json"
+    out = tmp / "py"
+    result = fpt.train(spec, out, progress=False)
+    return {"tmp": tmp, "spec": spec, "out": out, "result": result, "cli": cli_run,
+            "xte": xte, "yte": yte, "data": data}
+
+
+def test_train_returns_the_result_and_matches_the_cli(trained):
+    r = trained["result"]
+    assert 0.0 <= r["test_accuracy"] <= 1.0
+    on_disk = json.loads((trained["out"] / "result.json").read_text())
+    assert on_disk["test_accuracy"] == r["test_accuracy"]
+    # The same spec and seed on the same CPU: the same numbers as the binary's run.
+    cli = json.loads((trained["cli"] / "result.json").read_text())
+    assert cli["test_accuracy"] == r["test_accuracy"]
+    # It learned: above the majority class of the test split.
+    y = trained["yte"]
+    assert r["test_accuracy"] > max(y.mean(), 1 - y.mean())
+
+
+def test_predict_reproduces_the_test_accuracy(trained):
+    model = fpt.load(trained["out"])
+    assert model.input_kind == "features"
+    assert model.classes == 2
+    probs = model.predict(trained["xte"])
+    assert probs.shape == (48, 2) and probs.dtype == np.float32
+    assert np.allclose(probs.sum(axis=1), 1.0, atol=1e-5)
+    accuracy = float((probs.argmax(axis=1) == trained["yte"]).mean())
+    assert accuracy == trained["result"]["test_accuracy"]
+    # float64 and lists are converted.
+    assert np.array_equal(model.predict(trained["xte"].astype(np.float64).tolist()), probs)
+
+
+def test_tensors_are_the_trained_ones_by_name(trained):
+    t = fpt.load(trained["out"]).tensors()
+    assert t, "no trained tensors"
+    assert all(isinstance(v, np.ndarray) and v.dtype == np.float32 for v in t.values())
+    assert any("wpe" in k or "position" in k for k in t), sorted(t)
+
+
+def test_compare_is_the_paired_bootstrap(trained):
+    c = fpt.compare([trained["out"]], vs=[trained["cli"]])
+    assert c["difference"] == 0.0
+    lo, hi = c["interval"]
+    assert lo <= 0.0 <= hi
+    assert c["verdict"] == "within the uncertainty"
+    assert c["runs"][0]["examples"] == 48
+
+
+def test_errors_carry_fpts_messages(trained, tmp_path):
+    model = fpt.load(trained["out"])
+    with pytest.raises(fpt.FptError, match="width 2.*width 3|width 3.*width 2"):
+        model.predict(np.zeros((2, 3, 3), dtype=np.float32))
+    with pytest.raises(ValueError, match="3-d"):
+        model.predict(np.zeros((2, 3), dtype=np.float32))
+    with pytest.raises(fpt.FptError, match="spec.json"):
+        fpt.load(tmp_path / "nothing")
+    with pytest.raises(ValueError, match="not a valid run spec"):
+        fpt.train({"task": "nonsense"}, tmp_path / "bad", progress=False)
+    with pytest.raises(fpt.FptError, match="outcomes"):
+        fpt.compare([tmp_path], vs=[tmp_path])
+    with pytest.raises(fpt.FptError, match="tablex"):
+        fpt.run_table("tablex", scale="smoke", out=tmp_path / "results")
+    # An existing run directory is not overwritten.
+    with pytest.raises(fpt.FptError):
+        fpt.train(trained["spec"], trained["out"], progress=False)
