@@ -668,8 +668,7 @@ fn examples_to_predict_take_records_without_labels() {
     ] {
         std::fs::write(&f, text).unwrap();
         let e = fpt_tasks::custom::read_for_prediction(&f)
-            .err()
-            .expect("an error")
+            .expect_err("an error")
             .to_string();
         assert!(e.contains(want) && e.contains("new.jsonl"), "{e} (wanted {want})");
     }
