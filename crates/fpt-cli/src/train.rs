@@ -13,105 +13,110 @@ use std::path::PathBuf;
 pub(crate) struct TrainArgs {
     #[command(flatten)]
     pub(crate) task: TaskArgs,
-    /// Continue the run in this directory from its latest checkpoint (its spec.json gives
-    /// every setting; flags that would change it are refused).
-    #[arg(long, value_name = "DIR", conflicts_with = "out")]
-    pub(crate) resume: Option<PathBuf>,
     #[command(flatten)]
     pub(crate) backbone: BackboneArgs,
     /// Optimizer steps.
-    #[arg(long, default_value_t = TrainSpec::default().steps)]
+    #[arg(help_heading = "Training", long, default_value_t = TrainSpec::default().steps)]
     pub(crate) steps: usize,
     /// Examples per optimizer step.
-    #[arg(long, default_value_t = TrainSpec::default().batch_size)]
+    #[arg(help_heading = "Training", long, default_value_t = TrainSpec::default().batch_size)]
     pub(crate) batch_size: usize,
     /// Examples per forward/backward pass (gradient accumulation when smaller than
     /// --batch-size); defaults to --batch-size.
-    #[arg(long)]
+    #[arg(help_heading = "Training", long)]
     pub(crate) micro_batch_size: Option<usize>,
     /// Adam learning rate (constant; no weight decay).
-    #[arg(long, default_value_t = TrainSpec::default().lr)]
+    #[arg(help_heading = "Training", long, default_value_t = TrainSpec::default().lr)]
     pub(crate) lr: f64,
     /// Gradient-norm clipping threshold; 0 turns clipping off.
-    #[arg(long, default_value_t = TrainSpec::default().clip_norm.unwrap_or(0.0))]
+    #[arg(help_heading = "Training", long, default_value_t = TrainSpec::default().clip_norm.unwrap_or(0.0))]
     pub(crate) clip: f64,
     /// A loss above this many times the first step's (or a non-finite one) marks the run
     /// diverged: it stops, keeping its best evaluation and that evaluation's parameters.
-    #[arg(long, default_value_t = fpt_spec::DEFAULT_DIVERGENCE_FACTOR)]
+    #[arg(help_heading = "Training", long, default_value_t = fpt_spec::DEFAULT_DIVERGENCE_FACTOR)]
     pub(crate) divergence_factor: f64,
     /// Evaluate on the held-out set every N steps (and at the end).
-    #[arg(long, default_value_t = TrainSpec::default().eval_every)]
+    #[arg(help_heading = "Evaluation", long, default_value_t = TrainSpec::default().eval_every)]
     pub(crate) eval_every: usize,
     /// Held-out examples: bit tasks draw this many once per seed (default 512); datasets
     /// evaluate a fixed seeded sample of this many (default 0 = the whole split).
-    #[arg(long)]
+    #[arg(help_heading = "Evaluation", long)]
     pub(crate) eval_examples: Option<usize>,
     /// Bits per string for the bit tasks (paper: XOR 5, Memory 1000).
-    #[arg(long)]
+    #[arg(help_heading = "Task", long)]
     pub(crate) n_bits: Option<usize>,
     /// Bits per token for the bit tasks (paper: XOR 1, Memory 50).
-    #[arg(long)]
+    #[arg(help_heading = "Task", long)]
     pub(crate) patch: Option<usize>,
     /// Dropout after the input layer.
-    #[arg(long, default_value_t = fpt_spec::DEFAULT_INPUT_DROPOUT)]
+    #[arg(help_heading = "Training", long, default_value_t = fpt_spec::DEFAULT_INPUT_DROPOUT)]
     pub(crate) input_dropout: f64,
     /// Gain of the orthogonal init of the input layer.
-    #[arg(long, default_value_t = fpt_spec::DEFAULT_ORTH_GAIN)]
+    #[arg(help_heading = "Training", long, default_value_t = fpt_spec::DEFAULT_ORTH_GAIN)]
     pub(crate) orth_gain: f64,
     /// Turn the backbone's own dropouts off during training (the reference keeps them on).
-    #[arg(long)]
+    #[arg(help_heading = "Training", long)]
     pub(crate) no_backbone_dropout: bool,
     /// Seed of every random number in the run.
-    #[arg(long, default_value_t = TrainSpec::default().seed)]
+    #[arg(help_heading = "Training", long, default_value_t = TrainSpec::default().seed)]
     pub(crate) seed: u64,
+    /// Run once per seed (`--seeds 0,1,2`), each into `OUT/seed-N`, then print each run's
+    /// accuracy, their mean with its 95% interval over seeds and held-out examples, and the
+    /// seeds' spread (the bootstrap `fpt compare` uses).
+    #[arg(help_heading = "Training", long, value_delimiter = ',', num_args = 1.., conflicts_with_all = ["seed", "resume"])]
+    pub(crate) seeds: Vec<u64>,
     /// Learning-rate schedule: constant, linear:WARMUP or cosine:WARMUP.
-    #[arg(long, default_value = "constant")]
+    #[arg(help_heading = "Training", long, default_value = "constant")]
     pub(crate) lr_schedule: LrSchedule,
     /// Accuracy on the training split: never, final or every (evaluation).
-    #[arg(long, default_value = "final")]
+    #[arg(help_heading = "Evaluation", long, default_value = "final")]
     pub(crate) train_eval: TrainEval,
     /// Write a checkpoint every N steps (one is always written at the end).
-    #[arg(long)]
+    #[arg(help_heading = "Output", long)]
     pub(crate) checkpoint_every: Option<usize>,
     /// Tolerance (absolute accuracy) for steps to convergence and early stopping.
-    #[arg(long, default_value_t = TrainSpec::default().convergence_tolerance)]
+    #[arg(help_heading = "Evaluation", long, default_value_t = TrainSpec::default().convergence_tolerance)]
     pub(crate) convergence_tolerance: f64,
     /// Stop after N evaluations without improvement.
-    #[arg(long)]
+    #[arg(help_heading = "Evaluation", long)]
     pub(crate) early_stop_patience: Option<usize>,
     /// With --early-stop-patience: an improvement must exceed the evaluation's own noise, and
     /// a run still at its task's trivial baseline is never stopped early.
-    #[arg(long)]
+    #[arg(help_heading = "Evaluation", long)]
     pub(crate) early_stop_within_noise: bool,
     /// With --early-stop-patience N: stop only on a plateau, where the paired test over the
     /// held-out examples finds no gain above its noise across the last N evaluations (never
     /// while the run is at its task's trivial baseline); a run still climbing is never stopped.
-    #[arg(long)]
+    #[arg(help_heading = "Evaluation", long)]
     pub(crate) stop_on_plateau: bool,
     /// The model trained: `fpt` (the paper's method), `output-only` (the output layer alone
     /// on the frozen model's features, computed once: paper Table 10; needs `--train out` and
     /// `--cached-epochs`; reports the per-epoch speedup over FPT training) or `linear` (a
     /// linear classifier on the flattened input, token ids one-hot: same data, optimizer,
     /// steps and evaluation; the floor a transformer has to beat).
-    #[arg(long, value_name = "KIND", default_value_t = fpt_spec::ModelKind::default())]
+    #[arg(help_heading = "Training", long, value_name = "KIND", default_value_t = fpt_spec::ModelKind::default())]
     pub(crate) model: fpt_spec::ModelKind,
     /// With `--model output-only` (which this flag implies): epochs of training on the cached
     /// features.
-    #[arg(long, value_name = "N")]
+    #[arg(help_heading = "Training", long, value_name = "N")]
     pub(crate) cached_epochs: Option<usize>,
     /// Device: `cpu`, or `cuda` / `cuda:N` when built with `--features cuda`.
-    #[arg(long, default_value = "cpu")]
+    #[arg(help_heading = "Output", long, default_value = "cpu")]
     pub(crate) device: String,
+    /// Continue the run in this directory from its latest checkpoint (its spec.json gives
+    /// every setting; flags that would change it are refused).
+    #[arg(help_heading = "Output", long, value_name = "DIR", conflicts_with = "out")]
+    pub(crate) resume: Option<PathBuf>,
     /// Run directory for spec.json, metrics.jsonl, checkpoints/ and result.json.
-    #[arg(long, required_unless_present = "resume")]
+    #[arg(help_heading = "Output", long, required_unless_present = "resume")]
     pub(crate) out: Option<PathBuf>,
     /// Print only the final line.
-    #[arg(long, short)]
+    #[arg(help_heading = "Output", long, short)]
     pub(crate) quiet: bool,
     /// Take the settings from this run-spec JSON file (the format of a run's spec.json; the
     /// ablation harness runs cells this way); flags given beside it override its fields
     /// (`--spec S --seed 1`).
-    #[arg(long, value_name = "FILE", conflicts_with = "resume")]
+    #[arg(help_heading = "Output", long, value_name = "FILE", conflicts_with = "resume")]
     pub(crate) spec: Option<PathBuf>,
 }
 
@@ -342,6 +347,9 @@ pub(crate) fn train(a: TrainArgs, m: &clap::ArgMatches) -> Result<()> {
         steps: 0,
         last_acc: None,
     };
+    if !a.seeds.is_empty() {
+        return train_seeds(&a, &given, &device, &mut progress);
+    }
     let mut on_event = |e: &fpt_train::Event| progress.on(e);
     let (r, out) = match &a.resume {
         Some(dir) => {
@@ -372,6 +380,49 @@ pub(crate) fn train(a: TrainArgs, m: &clap::ArgMatches) -> Result<()> {
     if let Some(b) = &progress.bar {
         b.finish_and_clear();
     }
+    print_result(&r, &out);
+    Ok(())
+}
+
+/// `--seeds`: the spec once per seed into `OUT/seed-N`, then the set's summary.
+fn train_seeds(
+    a: &TrainArgs,
+    given: &dyn Fn(&str) -> bool,
+    device: &candle_core::Device,
+    progress: &mut Progress,
+) -> Result<()> {
+    let mut seen = std::collections::BTreeSet::new();
+    if let Some(s) = a.seeds.iter().find(|s| !seen.insert(**s)) {
+        anyhow::bail!("--seeds names seed {s} twice");
+    }
+    let base = a.out.clone().context("--out is required")?;
+    let spec = spec_from_args(a, given, None)?;
+    let mut dirs = Vec::new();
+    for &seed in &a.seeds {
+        let mut spec = spec.clone();
+        spec.train.seed = seed;
+        let out = base.join(format!("seed-{seed}"));
+        let r = fpt_train::train(&spec, &out, device, &mut |e| progress.on(e))?;
+        if let Some(b) = progress.bar.take() {
+            b.finish_and_clear();
+        }
+        print_result(&r, &out);
+        dirs.push(out);
+    }
+    let set = fpt_ablate::compare::summarize_seeds(&dirs)?;
+    println!(
+        "{} seeds: mean test accuracy {:.1}%, 95% interval {:.1} to {:.1} (bootstrap over seeds and held-out examples); seed-to-seed sd {:.1} points",
+        set.runs.len(),
+        set.mean,
+        set.interval[0],
+        set.interval[1],
+        set.seed_sd
+    );
+    Ok(())
+}
+
+/// The one line a finished run prints.
+fn print_result(r: &fpt_train::RunResult, out: &std::path::Path) {
     let train_acc = r
         .train_accuracy
         .map(|a| format!(", train_accuracy {a:.4}"))
@@ -390,7 +441,6 @@ pub(crate) fn train(a: TrainArgs, m: &clap::ArgMatches) -> Result<()> {
         r.wall_seconds,
         out.join("result.json").display()
     );
-    Ok(())
 }
 
 #[derive(Args)]

@@ -70,3 +70,56 @@ fn flags_beside_a_spec_override_its_fields() {
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(stderr(&out).contains("spec.json"), "{}", stderr(&out));
 }
+
+/// `--seeds 0,1` runs the spec once per seed into OUT/seed-N (each spec.json with its seed)
+/// and prints the set's mean with its interval and the seeds' spread; a seed named twice,
+/// or `--seeds` beside `--seed`, is refused.
+#[test]
+fn seeds_run_one_spec_per_seed_and_summarize_them() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out_dir = tmp.path().join("set");
+    let args = |seeds: &str, out: &std::path::Path| {
+        vec![
+            "train".to_string(),
+            "--task".into(),
+            "bit-xor".into(),
+            "--backbone".into(),
+            "gpt2".into(),
+            "--init".into(),
+            "random".into(),
+            "--layers".into(),
+            "1".into(),
+            "--hidden".into(),
+            "16".into(),
+            "--heads".into(),
+            "2".into(),
+            "--steps".into(),
+            "3".into(),
+            "-q".into(),
+            "--seeds".into(),
+            seeds.into(),
+            "--out".into(),
+            out.to_str().unwrap().into(),
+        ]
+    };
+    let run = |v: Vec<String>| fpt(&v.iter().map(String::as_str).collect::<Vec<_>>());
+    let out = run(args("0,1", &out_dir));
+    assert!(out.status.success(), "{}", stderr(&out));
+    for seed in [0, 1] {
+        let spec: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(out_dir.join(format!("seed-{seed}")).join("spec.json")).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(spec["train"]["seed"], seed);
+    }
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(text.contains("2 seeds: mean test accuracy"), "{text}");
+    assert!(text.contains("seed-to-seed sd"), "{text}");
+    let out = run(args("3,3", &tmp.path().join("twice")));
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("seed 3 twice"), "{}", stderr(&out));
+    let mut both = args("4", &tmp.path().join("both"));
+    both.extend(["--seed".to_string(), "5".to_string()]);
+    let out = run(both);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+}
