@@ -11,7 +11,7 @@ use pyo3::prelude::*;
 use std::path::PathBuf;
 
 pyo3::create_exception!(
-    _native,
+    fpt,
     FptError,
     PyException,
     "An fpt run, load, prediction or comparison failed; the message is fpt's."

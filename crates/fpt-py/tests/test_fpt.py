@@ -115,3 +115,16 @@ def test_errors_carry_fpts_messages(trained, tmp_path):
     # An existing run directory is not overwritten.
     with pytest.raises(fpt.FptError):
         fpt.train(trained["spec"], trained["out"], progress=False)
+
+
+def test_a_generated_task_loads_but_predicts_on_nothing_from_outside(tmp_path):
+    run = tmp_path / "xor"
+    subprocess.run(
+        [FPT_BIN, "train", "--task", "bit-xor", "--backbone", "gpt2", "--init", "random", "--layers", "1",
+         "--hidden", "16", "--heads", "2", "--steps", "2", "-q", "--out", str(run)],
+        check=True,
+    )
+    model = fpt.load(run)
+    assert model.tensors(), "its trained tensors are readable"
+    with pytest.raises(fpt.FptError, match="generates its examples"):
+        model.predict(np.zeros((1, 10, 1), dtype=np.float32))

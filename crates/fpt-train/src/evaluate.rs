@@ -90,12 +90,6 @@ impl Predictor {
             .ok_or_else(|| run_dir::run_dir_err(out_dir, "has no checkpoint to predict with"))?;
         let loaded = checkpoint::load(&dir, device)?;
         tr.restore(&loaded, &dir)?;
-        if tr.task().dims().labels_per_example != 1 {
-            return Err(run_dir::run_dir_err(
-                out_dir,
-                "predicts several labels per example: predictions take single-label tasks",
-            ));
-        }
         Ok(Predictor {
             tr,
             trained: loaded.trainable,
@@ -118,6 +112,16 @@ impl Predictor {
     pub fn predict(&self, data: &fpt_tasks::Dataset) -> Result<Predictions> {
         let task = self.tr.task();
         task.check_external(data)?;
+        if task.dims().labels_per_example != 1 {
+            return Err(TrainError::Task(fpt_tasks::TaskError::Invalid {
+                task: "predict",
+                msg: format!(
+                    "{} has {} labels per example: predictions take single-label tasks",
+                    task.name(),
+                    task.dims().labels_per_example
+                ),
+            }));
+        }
         let model = self.tr.model();
         let device = &self.tr.device;
         let mut ctx = Ctx::eval();
