@@ -264,42 +264,27 @@ pub fn read(path: &Path) -> Result<BTreeMap<String, Dataset>> {
     }
     // One kind (and one width) across every split.
     let first = &files[0].0;
-    let mut kind: Option<(bool, usize)> = None;
+    let mut kind: Option<Kind> = None;
     let mut out = BTreeMap::new();
     for (name, rows) in splits {
-        let mut tokens = Vec::new();
-        let mut feats = Vec::new();
-        let mut lengths = Vec::new();
-        for (i, s) in rows.seqs.into_iter().enumerate() {
-            let this = match &s {
-                Seq::Tokens(_) => (true, 0),
-                Seq::Features(w, _) => (false, *w),
-            };
-            if *kind.get_or_insert(this) != this {
-                return Err(TaskError::data(
+        let mut g = Gather {
+            kind,
+            ..Gather::default()
+        };
+        for (i, seq) in rows.seqs.into_iter().enumerate() {
+            g.push(seq).map_err(|(this, before)| {
+                TaskError::data(
                     first,
                     format!(
                         "split `{name}`, record {i}: mixes {} with the dataset's {} (one kind and width per dataset)",
                         describe(this),
-                        describe(kind.expect("set"))
+                        describe(before)
                     ),
-                ));
-            }
-            match s {
-                Seq::Tokens(t) => {
-                    lengths.push(t.len() as u32);
-                    tokens.push(t)
-                }
-                Seq::Features(w, f) => {
-                    lengths.push((f.len() / w) as u32);
-                    feats.push(f)
-                }
-            }
+                )
+            })?;
         }
-        let examples = match kind {
-            Some((false, width)) => Examples::Features { width, seqs: feats },
-            _ => Examples::Tokens(tokens),
-        };
+        kind = g.kind;
+        let (examples, lengths) = g.finish().unwrap_or((Examples::Tokens(Vec::new()), Vec::new()));
         out.insert(
             name,
             Dataset {
@@ -318,46 +303,27 @@ pub fn read(path: &Path) -> Result<BTreeMap<String, Dataset>> {
 /// where none was given) and the labels as written.
 pub fn read_for_prediction(path: &Path) -> Result<(Dataset, Vec<Option<u32>>)> {
     let f = std::fs::File::open(path).map_err(TaskError::io(path))?;
-    let mut kind: Option<(bool, usize)> = None;
-    let (mut tokens, mut feats, mut lengths, mut labels) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut g, mut labels) = (Gather::default(), Vec::new());
     for (n, line) in std::io::BufReader::new(f).lines().enumerate() {
         let line = line.map_err(|e| crate::line_error(path, n + 1, e))?;
         if line.trim().is_empty() {
             continue;
         }
         let (seq, label, _) = parse_line(path, n + 1, &line)?;
-        let this = match &seq {
-            Seq::Tokens(_) => (true, 0),
-            Seq::Features(w, _) => (false, *w),
-        };
-        if *kind.get_or_insert(this) != this {
-            return Err(TaskError::data(
+        g.push(seq).map_err(|(this, before)| {
+            TaskError::data(
                 path,
                 format!(
                     "line {}: {} where the file's first record has {} (one kind and width per file)",
                     n + 1,
                     describe(this),
-                    describe(kind.expect("set"))
+                    describe(before)
                 ),
-            ));
-        }
-        match seq {
-            Seq::Tokens(t) => {
-                lengths.push(t.len() as u32);
-                tokens.push(t)
-            }
-            Seq::Features(w, f) => {
-                lengths.push((f.len() / w) as u32);
-                feats.push(f)
-            }
-        }
+            )
+        })?;
         labels.push(label);
     }
-    let examples = match kind {
-        None => return Err(TaskError::data(path, "has no records")),
-        Some((false, width)) => Examples::Features { width, seqs: feats },
-        Some((true, _)) => Examples::Tokens(tokens),
-    };
+    let (examples, lengths) = g.finish().ok_or_else(|| TaskError::data(path, "has no records"))?;
     let data = Dataset {
         examples,
         labels: labels.iter().map(|l| l.unwrap_or(0)).collect(),
@@ -366,7 +332,56 @@ pub fn read_for_prediction(path: &Path) -> Result<(Dataset, Vec<Option<u32>>)> {
     Ok((data, labels))
 }
 
-fn describe((tokens, width): (bool, usize)) -> String {
+/// A sequence kind: token ids `(true, 0)`, or feature vectors of a width `(false, width)`.
+type Kind = (bool, usize);
+
+/// Sequences gathered into one dataset's examples: one kind (and width) for all.
+#[derive(Default)]
+struct Gather {
+    kind: Option<Kind>,
+    tokens: Vec<Vec<u32>>,
+    feats: Vec<Vec<f32>>,
+    lengths: Vec<u32>,
+}
+
+impl Gather {
+    /// Adds `s`; `Err((its kind, the kind before))` when it differs from the ones before.
+    fn push(&mut self, s: Seq) -> std::result::Result<(), (Kind, Kind)> {
+        let this = match &s {
+            Seq::Tokens(_) => (true, 0),
+            Seq::Features(w, _) => (false, *w),
+        };
+        let kind = *self.kind.get_or_insert(this);
+        if kind != this {
+            return Err((this, kind));
+        }
+        match s {
+            Seq::Tokens(t) => {
+                self.lengths.push(t.len() as u32);
+                self.tokens.push(t)
+            }
+            Seq::Features(w, f) => {
+                self.lengths.push((f.len() / w) as u32);
+                self.feats.push(f)
+            }
+        }
+        Ok(())
+    }
+
+    /// The examples and their lengths (`None` when nothing was added).
+    fn finish(self) -> Option<(Examples, Vec<u32>)> {
+        let examples = match self.kind? {
+            (false, width) => Examples::Features {
+                width,
+                seqs: self.feats,
+            },
+            (true, _) => Examples::Tokens(self.tokens),
+        };
+        Some((examples, self.lengths))
+    }
+}
+
+fn describe((tokens, width): Kind) -> String {
     if tokens {
         "token ids".into()
     } else {
