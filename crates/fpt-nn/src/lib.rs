@@ -53,7 +53,7 @@ pub fn num_threads() -> usize {
 /// mmap threshold keeps that memory in the heap, and trimming is switched off: a step frees
 /// its activations at the end, and with any finite threshold a large step (GPT-2 base on
 /// c10 frees over 1 GB) hands the top of the heap back to the kernel, so the next step
-/// faults every page in again (the measurements are in `bench/README.md`). The process
+/// faults every page in again (the measurements are in `bench/HISTORY.md`). The process
 /// keeps its peak, which it reaches every step anyway.
 /// Call once at start-up, before threads are spawned; a no-op off glibc.
 pub fn tune_allocator() {
@@ -90,7 +90,7 @@ pub const CANDLE_SPIN_ENV: &str = "CANDLE_BARRIER_POOL_SPIN_LIMIT";
 /// candle 0.11 splits element-wise ops over 64k elements across a pool of its own whose
 /// idle workers spin 25,000 rounds before parking. The next op is usually a matrix product
 /// on the rayon threads, and on a 2-core machine the spinning worker takes one of their two
-/// cores (the measured effect is in `bench/README.md`). A value the user set is kept. Call
+/// cores (the measured effect is in `bench/HISTORY.md`). A value the user set is kept. Call
 /// once at start-up, before any thread is
 /// spawned (it sets an environment variable; the `fpt` binary does).
 pub fn quiet_candle_pool() {
@@ -138,7 +138,7 @@ pub fn pool() -> Option<&'static rayon::ThreadPool> {
 /// cross-thread wake-ups per kernel, and a step of a small model runs hundreds of kernels.
 /// Called from a pool worker, a split is a `join`: the caller starts on its half at once
 /// and the other worker steals the rest, which makes small models' steps measurably faster
-/// (`bench/README.md`, "Steps on a pool worker"). `fpt_train::Trainer` runs each step and
+/// (`bench/HISTORY.md`, "Steps on a pool worker"). `fpt_train::Trainer` runs each step and
 /// evaluation through it.
 ///
 /// What this thread set for itself goes along: [`no_grad`] and [`kernels::with_path`] hold

@@ -5,7 +5,7 @@
 //! graph (the scores, the probabilities, the dropped probabilities), and candle's backprop
 //! starts each of their gradients as zeros and adds into it: at lra's 2 x 1024 tokens that
 //! is 36 passes over 25 M values a step, and 36 more over the packed `qkv` for the three
-//! `narrow`s' gradients (bench/README.md, "The GPU step measured"). Here the forward runs
+//! `narrow`s' gradients (bench/HISTORY.md, "The GPU step measured"). Here the forward runs
 //! the composed ops on detached inputs, so none of that stays in the graph, and the op's
 //! backward recomputes the probabilities (the same dropout mask, redrawn from its seed) and
 //! returns only the gradients of Q, K and V (or of the packed `qkv`, in one tensor). Its

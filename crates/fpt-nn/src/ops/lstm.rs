@@ -276,7 +276,7 @@ const TINY: f32 = f32::from_bits((127 - 100) << 23); // 2^-100: biased exponent 
 /// shrink geometrically and pass through the subnormal range (below 2^-126) for many steps
 /// on their way to zero. On Intel CPUs every vector instruction with a subnormal operand or
 /// result takes a microcode assist of a hundred cycles or more (most AMD cores handle them
-/// in hardware; the measurements on an Intel Xeon are in `bench/README.md`). The CPU's
+/// in hardware; the measurements on an Intel Xeon are in `bench/HISTORY.md`). The CPU's
 /// flush-to-zero and denormals-are-zero modes would do it for the process, but Rust declares
 /// them undefined behaviour; flushing only subnormals is not enough (products and sums of
 /// the small normal values that are left still land in the subnormal range), hence a
