@@ -128,3 +128,30 @@ def test_a_generated_task_loads_but_predicts_on_nothing_from_outside(tmp_path):
     assert model.tensors(), "its trained tensors are readable"
     with pytest.raises(fpt.FptError, match="generates its examples"):
         model.predict(np.zeros((1, 10, 1), dtype=np.float32))
+
+
+def test_training_releases_the_gil(trained, tmp_path):
+    """While fpt.train runs in a thread, this thread keeps running Python: ticks land all
+    through the middle of the training."""
+    import threading
+    import time
+
+    times = {}
+    done = threading.Event()
+
+    def work():
+        times["start"] = time.perf_counter()
+        fpt.train(trained["spec"], tmp_path / "again", progress=False)
+        times["end"] = time.perf_counter()
+        done.set()
+
+    t = threading.Thread(target=work)
+    t.start()
+    ticks = []
+    while not done.is_set():
+        ticks.append(time.perf_counter())
+    t.join()
+    span = times["end"] - times["start"]
+    middle = [x for x in ticks if times["start"] + 0.25 * span < x < times["end"] - 0.25 * span]
+    assert span > 0.05, f"training took {span:.3f} s: too short to tell"
+    assert len(middle) > 1000, f"{len(middle)} ticks in the middle half of {span:.2f} s of training"
