@@ -12,11 +12,15 @@ pub(crate) struct PredictArgs {
     /// The run directory (its latest checkpoint predicts).
     pub(crate) dir: PathBuf,
     /// The examples: JSON Lines in the custom task's format (`tokens` or `features` per
-    /// record; a `label` is optional and scored where given; `split` is ignored). For a run
-    /// of a built-in task, the records hold what its model reads (token ids, or feature
-    /// vectors of its input width).
+    /// record; a `label` is optional and scored where given; `split` is ignored), or, for
+    /// runs of MNIST and Fashion-MNIST, an IDX file of images (`[n, rows, cols]` bytes, plain
+    /// or gzip'd, as `t10k-images-idx3-ubyte`). For a run of a built-in token task, the
+    /// records hold what its model reads (token ids).
     #[arg(long)]
     pub(crate) inputs: PathBuf,
+    /// With IDX images: their labels, an IDX file `[n]` (scored).
+    #[arg(long, value_name = "FILE")]
+    pub(crate) labels: Option<PathBuf>,
     /// Where to write the predictions: one line per example, JSONL (`{"index", "class",
     /// "probabilities"[, "label"]}`), or CSV (`index,class,p0,p1,..[,label]`) when the name
     /// ends in `.csv`. Written whole or not at all.
@@ -29,7 +33,17 @@ pub(crate) struct PredictArgs {
 
 pub(crate) fn predict(a: PredictArgs) -> Result<()> {
     let device = parse_device(&a.device)?;
-    let (data, labels) = fpt_tasks::custom::read_for_prediction(&a.inputs)?;
+    let (data, labels) = if is_idx(&a.inputs) {
+        fpt_tasks::images::read_idx_for_prediction(&a.inputs, a.labels.as_deref())?
+    } else {
+        if let Some(l) = &a.labels {
+            anyhow::bail!(
+                "--labels {}: only IDX images take a labels file (JSONL records carry their own `label`)",
+                l.display()
+            );
+        }
+        fpt_tasks::custom::read_for_prediction(&a.inputs)?
+    };
     let p = fpt_train::predict_run(&a.dir, &data, &device)?;
     let csv = a.out.extension().is_some_and(|e| e.eq_ignore_ascii_case("csv"));
     let k = p.probabilities.first().map_or(0, Vec::len);
@@ -84,4 +98,14 @@ pub(crate) fn predict(a: PredictArgs) -> Result<()> {
         a.out.display()
     );
     Ok(())
+}
+
+/// Whether `path` starts as an IDX file does (`00 00 08`: unsigned bytes) or is gzip'd
+/// (JSON Lines inputs are read plain).
+fn is_idx(path: &std::path::Path) -> bool {
+    use std::io::Read;
+    let mut head = [0u8; 3];
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut head))
+        .is_ok_and(|_| head == [0, 0, 8] || head[..2] == [0x1f, 0x8b])
 }

@@ -166,3 +166,113 @@ fn predictions_on_the_test_split_reproduce_the_runs_accuracy() {
     assert!(err.contains("width 2") && err.contains("width 3"), "{err}");
     assert!(!none.exists(), "no output for refused inputs");
 }
+
+/// MNIST-format IDX images: a run of the mnist task predicts on its test images (IDX, with
+/// the labels file) and scores the accuracy `fpt eval` reports; images of another size are
+/// refused.
+#[test]
+fn idx_images_predict_with_the_runs_accuracy() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path().join("mnist");
+    std::fs::create_dir_all(&d).unwrap();
+    // Class 1 where the image's top half is bright: learnable in a few steps.
+    let write = |prefix: &str, n: usize, salt: usize| -> Vec<u8> {
+        let mut px = Vec::with_capacity(n * 28 * 28);
+        let mut labels = Vec::with_capacity(n);
+        for i in 0..n {
+            let y = ((i * 7 + salt) % 2) as u8;
+            labels.push(y);
+            for r in 0..28 {
+                for c in 0..28 {
+                    let noise = ((i * 131 + r * 17 + c * 29 + salt) % 64) as u8;
+                    px.push(if (r < 14) == (y == 1) { 160 + noise } else { noise });
+                }
+            }
+        }
+        std::fs::write(
+            d.join(format!("{prefix}-images-idx3-ubyte")),
+            fpt_tasks::idx::encode(&[n, 28, 28], &px),
+        )
+        .unwrap();
+        std::fs::write(
+            d.join(format!("{prefix}-labels-idx1-ubyte")),
+            fpt_tasks::idx::encode(&[n], &labels),
+        )
+        .unwrap();
+        labels
+    };
+    write("train", 64, 1);
+    write("t10k", 40, 2);
+    let run = tmp.path().join("run");
+    let out = fpt(&[
+        "train",
+        "--task",
+        "mnist",
+        "--data-dir",
+        d.to_str().unwrap(),
+        "--backbone",
+        "gpt2",
+        "--init",
+        "random",
+        "--layers",
+        "1",
+        "--hidden",
+        "16",
+        "--heads",
+        "2",
+        "--steps",
+        "60",
+        "--lr",
+        "3e-3",
+        "-q",
+        "--out",
+        run.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let eval = fpt(&["eval", run.to_str().unwrap()]);
+    assert!(eval.status.success(), "{}", stderr(&eval));
+    let scored = json(&eval)["test_accuracy"].as_f64().unwrap();
+    let preds = tmp.path().join("preds.csv");
+    let out = fpt(&[
+        "predict",
+        run.to_str().unwrap(),
+        "--inputs",
+        d.join("t10k-images-idx3-ubyte").to_str().unwrap(),
+        "--labels",
+        d.join("t10k-labels-idx1-ubyte").to_str().unwrap(),
+        "--out",
+        preds.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains(&format!("accuracy {scored:.4} on the 40 labelled")),
+        "eval {scored}: {}",
+        stderr(&out)
+    );
+    let rows = std::fs::read_to_string(&preds).unwrap();
+    assert_eq!(
+        rows.lines().next(),
+        Some("index,class,p0,p1,p2,p3,p4,p5,p6,p7,p8,p9,label")
+    );
+    assert_eq!(rows.lines().count(), 41);
+
+    // 20x20 images for a run trained on 28x28 ones: refused, naming both.
+    let small = tmp.path().join("small-idx3-ubyte");
+    std::fs::write(&small, fpt_tasks::idx::encode(&[2, 20, 20], &[0u8; 800])).unwrap();
+    let none = tmp.path().join("none.csv");
+    let out = fpt(&[
+        "predict",
+        run.to_str().unwrap(),
+        "--inputs",
+        small.to_str().unwrap(),
+        "--out",
+        none.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("28x28") && stderr(&out).contains("20x20"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!none.exists());
+}

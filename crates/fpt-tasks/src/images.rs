@@ -242,3 +242,48 @@ pub fn cifar_task(dir: &Path, spec: &TaskSpec, root: &Rng) -> Result<DatasetTask
     };
     task_from_spec(spec, train, test, encoding, 10, 0, root)
 }
+
+/// Images to predict on (`fpt predict --inputs`), from an IDX file of unsigned bytes `[n,
+/// rows, cols]` (MNIST's and Fashion-MNIST's format, plain or gzip'd), with their labels from
+/// an IDX file `[n]` where given (scored); one channel.
+pub fn read_idx_for_prediction(images: &Path, labels: Option<&Path>) -> Result<(Dataset, Vec<Option<u32>>)> {
+    let im = idx::read(images)?;
+    if im.dims.len() != 3 || im.dims[0] == 0 {
+        return Err(TaskError::data(
+            images,
+            format!(
+                "images must have 3 dimensions [n, rows, cols] with n > 0, the header says {:?}",
+                im.dims
+            ),
+        ));
+    }
+    let n = im.dims[0];
+    let given = match labels {
+        None => vec![None; n],
+        Some(lp) => {
+            let l = idx::read(lp)?;
+            if l.dims != [n] {
+                return Err(TaskError::data(
+                    lp,
+                    format!(
+                        "labels must be [n] = [{n}] for {}, the header says {:?}",
+                        images.display(),
+                        l.dims
+                    ),
+                ));
+            }
+            l.data.iter().map(|&v| Some(v as u32)).collect()
+        }
+    };
+    let d = Dataset {
+        examples: Examples::Images {
+            height: im.dims[1],
+            width: im.dims[2],
+            channels: 1,
+            pixels: im.data,
+        },
+        labels: given.iter().map(|l| l.unwrap_or(0)).collect(),
+        lengths: Vec::new(),
+    };
+    Ok((d, given))
+}
