@@ -27,6 +27,37 @@ fn records(n: usize, salt: u64, labels: bool) -> (String, Vec<u32>) {
     (text, ys)
 }
 
+/// Trains a 1-layer random GPT-2 (hidden 16) on `task` into `run` for `steps` steps; returns
+/// the test accuracy `fpt eval` gives its latest checkpoint.
+fn train_and_eval(task: &[&str], steps: &str, run: &std::path::Path) -> f64 {
+    let mut args = vec!["train"];
+    args.extend_from_slice(task);
+    args.extend([
+        "--backbone",
+        "gpt2",
+        "--init",
+        "random",
+        "--layers",
+        "1",
+        "--hidden",
+        "16",
+        "--heads",
+        "2",
+        "--steps",
+        steps,
+        "--lr",
+        "3e-3",
+        "-q",
+        "--out",
+        run.to_str().unwrap(),
+    ]);
+    let out = fpt(&args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let eval = fpt(&["eval", run.to_str().unwrap()]);
+    assert!(eval.status.success(), "{}", stderr(&eval));
+    json(&eval)["test_accuracy"].as_f64().unwrap()
+}
+
 /// The run's test examples with their labels removed: `fpt predict`'s classes, scored
 /// against the removed labels, give the test accuracy `fpt eval` and result.json report; the
 /// CSV form says the same; inputs that do not fit the run are refused, naming why, and no
@@ -41,34 +72,10 @@ fn predictions_on_the_test_split_reproduce_the_runs_accuracy() {
     std::fs::write(data.join("test.jsonl"), test).unwrap();
     let run = tmp.path().join("run");
     let task = format!("custom:{}", data.display());
-    let out = fpt(&[
-        "train",
-        "--task",
-        &task,
-        "--backbone",
-        "gpt2",
-        "--init",
-        "random",
-        "--layers",
-        "1",
-        "--hidden",
-        "16",
-        "--heads",
-        "2",
-        "--steps",
-        "300",
-        "--lr",
-        "3e-3",
-        "-q",
-        "--out",
-        run.to_str().unwrap(),
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
+    let scored = train_and_eval(&["--task", &task], "300", &run);
     let result: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(run.join("result.json")).unwrap()).unwrap();
     let eval = fpt(&["eval", run.to_str().unwrap()]);
-    assert!(eval.status.success(), "{}", stderr(&eval));
-    let scored = json(&eval)["test_accuracy"].as_f64().unwrap();
 
     let inputs = tmp.path().join("unlabelled.jsonl");
     std::fs::write(&inputs, records(48, 2, false).0).unwrap();
@@ -204,34 +211,7 @@ fn idx_images_predict_with_the_runs_accuracy() {
     write("train", 64, 1);
     write("t10k", 40, 2);
     let run = tmp.path().join("run");
-    let out = fpt(&[
-        "train",
-        "--task",
-        "mnist",
-        "--data-dir",
-        d.to_str().unwrap(),
-        "--backbone",
-        "gpt2",
-        "--init",
-        "random",
-        "--layers",
-        "1",
-        "--hidden",
-        "16",
-        "--heads",
-        "2",
-        "--steps",
-        "60",
-        "--lr",
-        "3e-3",
-        "-q",
-        "--out",
-        run.to_str().unwrap(),
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let eval = fpt(&["eval", run.to_str().unwrap()]);
-    assert!(eval.status.success(), "{}", stderr(&eval));
-    let scored = json(&eval)["test_accuracy"].as_f64().unwrap();
+    let scored = train_and_eval(&["--task", "mnist", "--data-dir", d.to_str().unwrap()], "60", &run);
     let preds = tmp.path().join("preds.csv");
     let out = fpt(&[
         "predict",
