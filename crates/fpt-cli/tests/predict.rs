@@ -75,7 +75,6 @@ fn predictions_on_the_test_split_reproduce_the_runs_accuracy() {
     let scored = train_and_eval(&["--task", &task], "300", &run);
     let result: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(run.join("result.json")).unwrap()).unwrap();
-    let eval = fpt(&["eval", run.to_str().unwrap()]);
 
     let inputs = tmp.path().join("unlabelled.jsonl");
     std::fs::write(&inputs, records(48, 2, false).0).unwrap();
