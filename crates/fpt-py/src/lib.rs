@@ -152,9 +152,39 @@ impl Model {
         self.run(py, &data)
     }
 
-    /// `"tokens"` or `"features"`: what `predict` takes for this run.
+    /// As `predict_tokens`, for images `[n, height, width]` (uint8, one channel) of the size
+    /// the run trained on (MNIST, Fashion-MNIST).
+    fn predict_images<'py>(
+        &self,
+        py: Python<'py>,
+        x: PyReadonlyArrayDyn<'py, u8>,
+    ) -> PyResult<Bound<'py, PyArrayDyn<f32>>> {
+        let shape = x.shape().to_vec();
+        if shape.len() != 3 {
+            return Err(PyValueError::new_err(format!(
+                "images must be a 3-d uint8 array [examples, height, width], not of shape {shape:?}"
+            )));
+        }
+        let pixels = x.as_slice().map_err(|e| PyValueError::new_err(e.to_string()))?.to_vec();
+        let data = fpt_tasks::Dataset {
+            lengths: Vec::new(),
+            labels: vec![0; shape[0]],
+            examples: fpt_tasks::Examples::Images {
+                height: shape[1],
+                width: shape[2],
+                channels: 1,
+                pixels,
+            },
+        };
+        self.run(py, &data)
+    }
+
+    /// `"tokens"`, `"features"` or `"images"`: what `predict` takes for this run.
     #[getter]
     fn input_kind(&self) -> &'static str {
+        if self.inner.image_size().is_some() {
+            return "images";
+        }
         match self.inner.dims().input {
             fpt_tasks::InputKind::Tokens { .. } => "tokens",
             fpt_tasks::InputKind::Vectors { .. } => "features",

@@ -155,3 +155,49 @@ def test_training_releases_the_gil(trained, tmp_path):
     middle = [x for x in ticks if times["start"] + 0.25 * span < x < times["end"] - 0.25 * span]
     assert span > 0.05, f"training took {span:.3f} s: too short to tell"
     assert len(middle) > 1000, f"{len(middle)} ticks in the middle half of {span:.2f} s of training"
+
+
+def write_idx(path, array):
+    """An IDX file of unsigned bytes (MNIST's format)."""
+    a = np.ascontiguousarray(array, dtype=np.uint8)
+    header = bytes([0, 0, 8, a.ndim]) + b"".join(int(d).to_bytes(4, "big") for d in a.shape)
+    path.write_bytes(header + a.tobytes())
+
+
+def test_an_image_run_predicts_on_uint8_images(tmp_path):
+    """A run of the mnist task (MNIST-format files: class 1 where the top half is bright)
+    predicts on its test images as a uint8 array and gets `fpt eval`'s accuracy back."""
+    rng = np.random.default_rng(3)
+
+    def images(n):
+        y = rng.integers(0, 2, n)
+        x = rng.integers(0, 64, (n, 28, 28))
+        x[y == 1, :14, :] += 160
+        x[y == 0, 14:, :] += 160
+        return x.astype(np.uint8), y.astype(np.uint8)
+
+    data = tmp_path / "mnist"
+    data.mkdir()
+    xtr, ytr = images(64)
+    xte, yte = images(40)
+    write_idx(data / "train-images-idx3-ubyte", xtr)
+    write_idx(data / "train-labels-idx1-ubyte", ytr)
+    write_idx(data / "t10k-images-idx3-ubyte", xte)
+    write_idx(data / "t10k-labels-idx1-ubyte", yte)
+    run = tmp_path / "run"
+    subprocess.run(
+        [FPT_BIN, "train", "--task", "mnist", "--data-dir", str(data), "--backbone", "gpt2", "--init", "random",
+         "--layers", "1", "--hidden", "16", "--heads", "2", "--steps", "60", "--lr", "3e-3", "-q",
+         "--out", str(run)],
+        check=True,
+    )
+    scored = json.loads(subprocess.run([FPT_BIN, "eval", str(run)], check=True, capture_output=True).stdout)
+    model = fpt.load(run)
+    assert model.input_kind == "images"
+    probs = model.predict(xte)
+    assert probs.shape == (40, 10)
+    assert float((probs.argmax(axis=1) == yte).mean()) == scored["test_accuracy"]
+    with pytest.raises(ValueError, match="uint8"):
+        model.predict(xte.astype(np.float32))
+    with pytest.raises(fpt.FptError, match="28x28"):
+        model.predict(np.zeros((2, 20, 20), dtype=np.uint8))

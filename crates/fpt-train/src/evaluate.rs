@@ -106,6 +106,24 @@ impl Predictor {
         self.tr.task().dims()
     }
 
+    /// The size of the images the run's task trained on (`(height, width, channels)`), for
+    /// image tasks; `None` otherwise.
+    pub fn image_size(&self) -> Option<(usize, usize, usize)> {
+        self.tr
+            .task()
+            .splits()
+            .into_iter()
+            .find_map(|(_, d)| match &d.examples {
+                fpt_tasks::Examples::Images {
+                    height,
+                    width,
+                    channels,
+                    ..
+                } => Some((*height, *width, *channels)),
+                _ => None,
+            })
+    }
+
     /// Predictions on `data`, examples in the form the run's task stores them
     /// (`fpt_tasks::custom::read_for_prediction` reads them from JSONL), checked against the
     /// task, encoded as its evaluation split is and run in its evaluation batches.

@@ -52,8 +52,9 @@ class Model:
 
     @property
     def input_kind(self):
-        """"tokens" (predict takes int ids [examples, tokens]) or "features" (float
-        vectors [examples, tokens, width])."""
+        """"tokens" (predict takes int ids [examples, tokens]), "features" (float vectors
+        [examples, tokens, width]) or "images" (uint8 images [examples, height, width] of
+        the size the run trained on: MNIST, Fashion-MNIST)."""
         return self._native.input_kind
 
     @property
@@ -63,12 +64,17 @@ class Model:
 
     def predict(self, x):
         """Class probabilities, a float32 array [examples, classes], for `x`: token ids
-        [examples, tokens] or feature vectors [examples, tokens, width] as the run's task
-        feeds its model (padded at the start, as the custom task pads). Their argmax is the
-        class evaluation scores."""
+        [examples, tokens], feature vectors [examples, tokens, width] as the run's task
+        feeds its model (padded at the start, as the custom task pads), or uint8 images
+        [examples, height, width]. Their argmax is the class evaluation scores."""
         if self.input_kind == "tokens":
             a = np.ascontiguousarray(x, dtype=np.int64)
             return self._native.predict_tokens(a)
+        if self.input_kind == "images":
+            a = np.asarray(x)
+            if a.dtype != np.uint8:
+                raise ValueError(f"images must be uint8 pixels, not {a.dtype}")
+            return self._native.predict_images(np.ascontiguousarray(a))
         a = np.ascontiguousarray(x, dtype=np.float32)
         return self._native.predict_features(a)
 
