@@ -23,6 +23,13 @@ pub struct RunSummary {
     pub examples: usize,
     /// Accuracy in percent.
     pub accuracy: f64,
+    /// Whether the run ended on a plateau (`result.json`'s `converged`): `false` for a run
+    /// stopped at its cap while rising, whose accuracy is a lower bound; `None` where not
+    /// recorded.
+    pub converged: Option<bool>,
+    /// Whether the run left its task's trivial baseline (`result.json`'s `baseline.left`);
+    /// `None` where not recorded.
+    pub left_baseline: Option<bool>,
 }
 
 /// The comparison of `runs` with `vs`.
@@ -64,10 +71,15 @@ fn read_run(dir: &Path) -> Result<(RunSummary, Outcomes)> {
     if outcomes.correct.is_empty() {
         return Err(bad(format!("{}: no evaluated examples", path.display())));
     }
-    let seed = std::fs::read_to_string(dir.join("spec.json"))
-        .ok()
-        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-        .and_then(|v| v["train"]["seed"].as_u64());
+    let json = |name: &str| {
+        std::fs::read_to_string(dir.join(name))
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+    };
+    let seed = json("spec.json").and_then(|v| v["train"]["seed"].as_u64());
+    let result = json("result.json");
+    let converged = result.as_ref().and_then(|v| v["converged"].as_bool());
+    let left_baseline = result.as_ref().and_then(|v| v["baseline"]["left"].as_bool());
     let l = outcomes.labels_per_example.max(1) as f64;
     let accuracy =
         100.0 * outcomes.correct.iter().map(|&c| c as f64).sum::<f64>() / (l * outcomes.correct.len() as f64);
@@ -77,6 +89,8 @@ fn read_run(dir: &Path) -> Result<(RunSummary, Outcomes)> {
         step: outcomes.step,
         examples: outcomes.correct.len(),
         accuracy,
+        converged,
+        left_baseline,
     };
     Ok((summary, outcomes))
 }

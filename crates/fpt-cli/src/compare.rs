@@ -32,12 +32,18 @@ pub fn compare(a: CompareArgs) -> Result<()> {
     }
     let line = |r: &fpt_ablate::compare::RunSummary| {
         format!(
-            "  {}{}: {:.1}% (step {}, {} examples)",
+            "  {}{}: {}{:.1}% (step {}, {} examples){}",
             r.dir.display(),
             r.seed.map_or(String::new(), |s| format!(" (seed {s})")),
+            if r.converged == Some(false) { ">=" } else { "" },
             r.accuracy,
             r.step,
-            r.examples
+            r.examples,
+            match (r.converged == Some(false), r.left_baseline == Some(false)) {
+                (_, true) => " [at its task's trivial baseline]",
+                (true, false) => " [rising at its cap: a lower bound]",
+                (false, false) => "",
+            }
         )
     };
     println!("runs:");
@@ -52,5 +58,13 @@ pub fn compare(a: CompareArgs) -> Result<()> {
         "difference: {:+.1} points, 95% interval {lo:+.1} to {hi:+.1} ({}): {}",
         c.difference, c.over, c.verdict
     );
+    if c.runs.iter().chain(&c.vs).any(|r| r.left_baseline == Some(false)) {
+        println!("note: a run at its task's trivial baseline learned nothing: the difference says the other side learned, not how two learned models compare");
+    }
+    if c.vs.iter().any(|r| r.converged == Some(false)) {
+        println!("note: a run compared against was still rising at its cap: it could close the gap with more steps");
+    } else if c.runs.iter().any(|r| r.converged == Some(false)) {
+        println!("note: a run ahead was still rising at its cap: more steps could only widen the gap");
+    }
     Ok(())
 }

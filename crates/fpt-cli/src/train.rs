@@ -410,6 +410,13 @@ fn train_seeds(
         dirs.push(out);
     }
     let set = fpt_ablate::compare::summarize_seeds(&dirs)?;
+    let rising = set.runs.iter().filter(|r| r.converged == Some(false)).count();
+    if rising > 0 {
+        println!(
+            "note: {rising} of {} runs were still rising at their cap: the mean is a lower bound",
+            set.runs.len()
+        );
+    }
     println!(
         "{} seeds: mean test accuracy {:.1}%, 95% interval {:.1} to {:.1} (bootstrap over seeds and held-out examples); seed-to-seed sd {:.1} points",
         set.runs.len(),

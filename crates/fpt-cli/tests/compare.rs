@@ -39,6 +39,34 @@ fn compare_pairs_runs_by_example_and_seed() {
     let wide = json(&fpt(&["compare", &a0, "--vs", &b0, "--seed-sd", "10", "--json"]));
     let width = |v: &serde_json::Value| v["interval"][1].as_f64().unwrap() - v["interval"][0].as_f64().unwrap();
     assert!(width(&wide) > 2.0 * width(&narrow), "{narrow} {wide}");
+    // What each run's result.json says travels along: a run stopped at its cap while
+    // rising is a lower bound, one at its trivial baseline learned nothing; both are said.
+    std::fs::write(
+        std::path::Path::new(&a0).join("result.json"),
+        r#"{"converged": false, "baseline": {"left": true}}"#,
+    )
+    .unwrap();
+    std::fs::write(
+        std::path::Path::new(&b0).join("result.json"),
+        r#"{"converged": true, "baseline": {"left": false}}"#,
+    )
+    .unwrap();
+    let v = json(&fpt(&["compare", &a0, "--vs", &b0, "--json"]));
+    assert_eq!(
+        (&v["runs"][0]["converged"], &v["vs"][0]["left_baseline"]),
+        (&false.into(), &false.into())
+    );
+    let out = fpt(&["compare", &a0, "--vs", &b0]);
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        text.contains(">=75.0%") && text.contains("[rising at its cap: a lower bound]"),
+        "{text}"
+    );
+    assert!(
+        text.contains("[at its task's trivial baseline]") && text.contains("learned nothing"),
+        "{text}"
+    );
+    assert!(text.contains("could only widen the gap"), "{text}");
     // Errors.
     let out = fpt(&["compare", &a0, &a1, "--vs", &b0]);
     assert!(!out.status.success());
