@@ -154,6 +154,8 @@ def test_training_releases_the_gil(trained, tmp_path):
     span = times["end"] - times["start"]
     middle = [x for x in ticks if times["start"] + 0.25 * span < x < times["end"] - 0.25 * span]
     assert span > 0.05, f"training took {span:.3f} s: too short to tell"
+    # A free Python loop ticks millions of times a second; 1000 in the middle half is a low
+    # bar, and a call holding the GIL leaves 0 there (tried).
     assert len(middle) > 1000, f"{len(middle)} ticks in the middle half of {span:.2f} s of training"
 
 
