@@ -281,8 +281,11 @@ pub fn describe(plan: &Plan) -> String {
             parts.push(format!("train {}", spec.train_groups));
             parts.push(match t.early_stop_patience {
                 Some(p) if t.stop_on_plateau => format!(
-                    "at most {} steps x batch {}, stopping on a plateau (no gain above the noise across {p} evaluations, paired over the held-out examples; never while at its trivial baseline)",
-                    t.steps, t.batch_size
+                    "at most {} steps x batch {}, stopping only when converged (no gain above the noise across the last half of its steps, at least {p} evaluations, paired over the held-out examples; never while at its trivial baseline{})",
+                    t.steps,
+                    t.batch_size,
+                    t.converge_floor
+                        .map_or(String::new(), |f| format!("; not before step {f}, the paper's Table 6 count"))
                 ),
                 Some(p) => format!(
                     "at most {} steps x batch {}, stopping after {p} evaluations without improvement{}",
@@ -575,6 +578,11 @@ pub(crate) fn plan_at(
         checkpoint_every: o.checkpoint_every,
         early_stop_within_noise: o.early_stop_within_noise.unwrap_or(false),
         stop_on_plateau: o.stop_on_plateau.unwrap_or(false),
+        converge_floor: if sc.apply_converge_floor {
+            s.converge_floor.as_ref().and_then(|m| m.get(task_name)).copied()
+        } else {
+            None
+        },
         ..TrainSpec::default()
     };
     let spec = RunSpec {

@@ -16,6 +16,7 @@
 //! ```
 
 pub mod bootstrap;
+pub mod campaign;
 pub mod chart;
 pub mod claims;
 pub mod compare;

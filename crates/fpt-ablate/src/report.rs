@@ -478,12 +478,31 @@ impl Report {
                             ));
                         }
                         None => {
-                            r.status = if dir.exists() { "failed" } else { "pending" }.into();
-                            r.why = Some(if dir.exists() {
-                                "the run did not finish (see its directory)".into()
-                            } else {
-                                "not run yet (or run by another shard)".into()
-                            });
+                            // A run with a checkpoint (here, or in a campaign's committed
+                            // copy) is pending at its step, never a result.
+                            let at = [dir.clone(), crate::campaign::saved_root(out).join(key)]
+                                .iter()
+                                .filter_map(|d| crate::campaign::progress(d))
+                                .filter(|p| !p.0)
+                                .map(|p| p.1)
+                                .max();
+                            match at {
+                                Some(step) => {
+                                    r.status = format!("pending (step {step})");
+                                    r.why = Some(format!(
+                                        "pending: stopped at step {step} of {} with a checkpoint; the next call resumes it",
+                                        spec.train.steps
+                                    ));
+                                }
+                                None => {
+                                    r.status = if dir.exists() { "failed" } else { "pending" }.into();
+                                    r.why = Some(if dir.exists() {
+                                        "the run did not finish (see its directory)".into()
+                                    } else {
+                                        "not run yet (or run by another shard)".into()
+                                    });
+                                }
+                            }
                         }
                         Some(rec) => {
                             let res = rec.result.as_ref().expect("loaded runs have a result");

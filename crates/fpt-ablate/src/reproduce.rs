@@ -267,9 +267,10 @@ pub fn reproduce(req: &Request, on: &mut (dyn FnMut(Progress) + Send)) -> Result
             .filter(|c| req.opts.rows.is_empty() || req.opts.rows.contains(&table.rows[c.row].label))
             .cloned()
             .collect();
-        let trained = run(&to_train, &req.out, &req.opts, &mut |line| {
-            on(Progress::Line { id, line })
-        })?;
+        // A campaign scale trains in its own order (`campaign_order`).
+        let mut opts = req.opts.clone();
+        opts.task_order = crate::scale_of(&table, &scales, &req.scale)?.campaign_order;
+        let trained = run(&to_train, &req.out, &opts, &mut |line| on(Progress::Line { id, line }))?;
         let dir = Report::from_runs(&table, &label, &cells, &req.out, sources).write(&req.out)?;
         if !req.precision.is_f32() {
             crate::precision::compare(&table, &cells, &req.out, &dir)?;

@@ -23,6 +23,14 @@ pub struct RunOptions {
     pub device: Option<candle_core::Device>,
     /// Train each run in a child process (CPU only; see [`worker`]).
     pub workers: Option<worker::Workers>,
+    /// A campaign's order (the scale's `campaign_order`, task names): when set, runs go by
+    /// seed (every cell's first seed before any replica), then row kind (pretrained and
+    /// random inits, then other rows, then the Bit row), then this task order; otherwise by
+    /// key.
+    pub task_order: Vec<String>,
+    /// Stop every running cell with a checkpoint at this time, and start none after it
+    /// (`--budget`); the next call resumes them.
+    pub deadline: Option<std::time::SystemTime>,
 }
 
 /// Where the run of `key` lives under `out`.
@@ -63,7 +71,14 @@ pub fn run(cells: &[Cell], out: &Path, opts: &RunOptions, log: &mut (dyn FnMut(&
             .collect();
     }
     todo.retain(|(key, _)| opts.force || !run_dir(out, key).join("result.json").is_file());
-    order_for_builds(&mut todo);
+    if opts.task_order.is_empty() {
+        order_for_builds(&mut todo);
+    } else {
+        order_for_campaign(&mut todo, &opts.task_order);
+    }
+    if opts.deadline.is_some() {
+        fpt_train::stop::set_deadline(opts.deadline);
+    }
     let total = todo.len();
     let on_cpu = opts.device.as_ref().is_none_or(|d| d.is_cpu());
     let workers = opts.workers.as_ref().filter(|_| on_cpu);
@@ -72,9 +87,14 @@ pub fn run(cells: &[Cell], out: &Path, opts: &RunOptions, log: &mut (dyn FnMut(&
     let log = std::sync::Mutex::new(log);
     let say = |s: String| (log.lock().expect("log lock"))(&s);
     let done = std::sync::atomic::AtomicUsize::new(0);
+    let stopped = std::sync::Mutex::new(Vec::new());
     std::thread::scope(|scope| {
         for _ in 0..opts.jobs.max(1) {
             scope.spawn(|| loop {
+                if let Some(why) = fpt_train::stop::due() {
+                    say(format!("no further run starts: {why}"));
+                    break;
+                }
                 let Some((i, (key, spec))) = queue.lock().expect("queue lock").next() else {
                     break;
                 };
@@ -123,6 +143,14 @@ pub fn run(cells: &[Cell], out: &Path, opts: &RunOptions, log: &mut (dyn FnMut(&
                 let secs = t0.elapsed().as_secs_f64();
                 let what = format!("{} {} ({})", key, spec.task.label(), spec.backbone.init);
                 times.lock().expect("times lock").push((what, secs, outcome.is_ok()));
+                if let Err(AblateError::Train(fpt_train::TrainError::Stopped { step, steps, why, .. })) = &outcome {
+                    stopped.lock().expect("stopped lock").push((key.clone(), *step, *steps));
+                    say(format!(
+                        "[{}/{total}] run {key}: stopped at step {step} of {steps} ({why}); its checkpoint is written, the next call resumes it",
+                        i + 1
+                    ));
+                    continue;
+                }
                 match outcome {
                     Ok(r) => {
                         done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -140,6 +168,7 @@ pub fn run(cells: &[Cell], out: &Path, opts: &RunOptions, log: &mut (dyn FnMut(&
     });
     Ok(Trained {
         count: done.into_inner(),
+        stopped: stopped.into_inner().expect("stopped lock"),
         times: times.into_inner().expect("times lock"),
         how: match workers {
             Some(w) => format!(
@@ -162,6 +191,9 @@ pub struct Trained {
     pub times: Vec<(String, f64, bool)>,
     /// How the runs were spread (jobs, processes, threads).
     pub how: String,
+    /// Runs stopped before their end by a deadline or an interrupt (key, step, cap): their
+    /// checkpoints are written, the next call resumes them.
+    pub stopped: Vec<(String, usize, usize)>,
 }
 
 impl Trained {
@@ -173,7 +205,13 @@ impl Trained {
         let total: f64 = self.times.iter().map(|t| t.1).sum();
         let mut lines = vec![format!("time per run ({}; {:.0} s of runs in all):", self.how, total)];
         for (what, secs, ok) in &self.times {
-            lines.push(format!("    {secs:6.0} s  {what}{}", if *ok { "" } else { "  FAILED" }));
+            let stopped = self.stopped.iter().find(|s| what.starts_with(&s.0));
+            let mark = match (ok, stopped) {
+                (true, _) => String::new(),
+                (false, Some((_, step, steps))) => format!("  stopped at step {step} of {steps}"),
+                (false, None) => "  FAILED".into(),
+            };
+            lines.push(format!("    {secs:6.0} s  {what}{mark}"));
         }
         lines
     }
@@ -203,6 +241,25 @@ pub(crate) fn order_for_builds(todo: &mut [(String, RunSpec)]) {
     for (slot, (_, r)) in todo.iter_mut().zip(ranked) {
         *slot = r;
     }
+}
+
+/// A campaign's order ([`RunOptions::task_order`]): by seed, then row kind (pretrained and
+/// random inits first, other rows next, the Bit row last), then `task_order` (tasks not in
+/// it after those in it), then key.
+pub(crate) fn order_for_campaign(todo: &mut [(String, RunSpec)], task_order: &[String]) {
+    let rank = |spec: &RunSpec| {
+        let init = match spec.backbone.init {
+            fpt_spec::Init::Pretrained | fpt_spec::Init::Random if spec.model == fpt_spec::ModelKind::Fpt => 0,
+            fpt_spec::Init::BitPretrained => 2,
+            _ => 1,
+        };
+        let task = task_order
+            .iter()
+            .position(|t| *t == spec.task.name.to_string())
+            .unwrap_or(task_order.len());
+        (spec.train.seed, init, task)
+    };
+    todo.sort_by(|a, b| rank(&a.1).cmp(&rank(&b.1)).then_with(|| a.0.cmp(&b.0)));
 }
 
 pub(crate) fn run_one(

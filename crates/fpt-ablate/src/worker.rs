@@ -41,6 +41,18 @@ pub fn auto_jobs(cores: usize) -> (usize, usize) {
 
 const EVAL: &str = "fpt-eval ";
 const ERROR: &str = "fpt-error ";
+const STOPPED: &str = "fpt-stopped ";
+
+/// A child's run that stopped before its end (a deadline or an interrupt), as it reports it.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct StoppedLine {
+    /// Steps done (its checkpoint's).
+    pub step: usize,
+    /// The run's cap.
+    pub steps: usize,
+    /// True when the deadline was the reason (else an interrupt).
+    pub deadline: bool,
+}
 
 /// One evaluation of a child's run, as it reports it.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -78,6 +90,12 @@ impl Workers {
         }
         let mut child = cmd
             .env("RAYON_NUM_THREADS", self.threads.max(1).to_string())
+            .env(
+                fpt_train::stop::DEADLINE_ENV,
+                fpt_train::stop::deadline()
+                    .map(fpt_train::stop::deadline_env_value)
+                    .unwrap_or_default(),
+            )
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::inherit())
@@ -87,12 +105,15 @@ impl Workers {
         // The child reads its spec to the end before it starts, so this cannot deadlock.
         let written = child.stdin.take().expect("piped stdin").write_all(&json);
         let mut error = None;
+        let mut stopped: Option<StoppedLine> = None;
         let mut lines = std::io::BufReader::new(child.stdout.take().expect("piped stdout")).lines();
         while let Some(Ok(line)) = lines.next() {
             if let Some(e) = line.strip_prefix(EVAL) {
                 if let Ok(e) = serde_json::from_str::<EvalLine>(e) {
                     on_eval(&e);
                 }
+            } else if let Some(e) = line.strip_prefix(STOPPED) {
+                stopped = serde_json::from_str(e).ok();
             } else if let Some(e) = line.strip_prefix(ERROR) {
                 error = Some(e.to_string());
             }
@@ -100,6 +121,19 @@ impl Workers {
         let status = child
             .wait()
             .map_err(|e| fail(format!("waiting for the run's process: {e}")))?;
+        if let Some(s) = stopped {
+            return Err(fpt_train::TrainError::Stopped {
+                path: dir.to_path_buf(),
+                step: s.step,
+                steps: s.steps,
+                why: if s.deadline {
+                    fpt_train::stop::Why::Deadline
+                } else {
+                    fpt_train::stop::Why::Requested
+                },
+            }
+            .into());
+        }
         if let Some(e) = error {
             return Err(fail(e));
         }
@@ -126,6 +160,10 @@ impl Workers {
 /// `out`, and on failure an `fpt-error` line with the reason, which is also returned.
 pub fn serve(dir: &Path, force: bool, input: &mut dyn Read, out: &mut dyn Write) -> Result<()> {
     let result = (|| {
+        // The parent's deadline (a campaign's budget), if it has one.
+        if let Some(at) = fpt_train::stop::deadline_from_env().map_err(AblateError::Request)? {
+            fpt_train::stop::set_deadline(Some(at));
+        }
         let mut text = String::new();
         input
             .read_to_string(&mut text)
@@ -148,9 +186,21 @@ pub fn serve(dir: &Path, force: bool, input: &mut dyn Read, out: &mut dyn Write)
         };
         crate::run_one(&spec, dir, force, &candle_core::Device::Cpu, &mut progress)
     })();
-    if let Err(e) = &result {
-        let _ = writeln!(out, "{ERROR}{}", e.to_string().replace('\n', " "));
-        let _ = out.flush();
+    match &result {
+        Err(AblateError::Train(fpt_train::TrainError::Stopped { step, steps, why, .. })) => {
+            let line = StoppedLine {
+                step: *step,
+                steps: *steps,
+                deadline: *why == fpt_train::stop::Why::Deadline,
+            };
+            let _ = writeln!(out, "{STOPPED}{}", serde_json::to_string(&line).expect("serialises"));
+            let _ = out.flush();
+        }
+        Err(e) => {
+            let _ = writeln!(out, "{ERROR}{}", e.to_string().replace('\n', " "));
+            let _ = out.flush();
+        }
+        Ok(_) => {}
     }
     result.map(|_| ())
 }

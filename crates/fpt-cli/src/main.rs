@@ -118,6 +118,12 @@ fn main() {
         Ok(c) => c,
         Err(e) => e.exit(),
     };
+    if matches!(
+        cli.command,
+        Command::Train(_) | Command::RunTable(_) | Command::RunCell(_)
+    ) {
+        stop_on_signals();
+    }
     let res = match cli.command {
         Command::Train(a) => train::train(*a, matches.subcommand_matches("train").expect("train subcommand")),
         Command::Inspect(a) => inspect::inspect(*a),
@@ -140,6 +146,20 @@ fn main() {
         eprintln!("error: {}{}", one_line(&e), flag_hint(&e));
         std::process::exit(exit_code(&e));
     }
+}
+
+/// SIGINT (Ctrl-C) and SIGTERM ask the runs of this process to stop at their next step with
+/// a checkpoint ([`fpt_train::stop`]), so that a resume continues from there; a second one
+/// ends the process at once, as without this.
+fn stop_on_signals() {
+    let flag = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        // Registered first, so it sees the flag before this signal sets it: a second
+        // signal, with the flag already set, ends the process (exit code 1).
+        let _ = signal_hook::flag::register_conditional_shutdown(sig, 1, flag.clone());
+        let _ = signal_hook::flag::register(sig, flag.clone());
+    }
+    fpt_train::stop::watch(flag);
 }
 
 /// For an invalid spec field, the `fpt train` flag that sets it (the library names fields;
@@ -235,6 +255,12 @@ fn exit_code(e: &anyhow::Error) -> i32 {
             R::Task(t) => task(t),
             R::Io { source, .. } => io(source),
             R::Candle(_) | R::Model(fpt_model::ModelError::Candle(_)) => 1,
+            // Stopped with a checkpoint: 130 for an interrupt (as a shell reports SIGINT),
+            // 75 (EX_TEMPFAIL: try again later) for a deadline.
+            R::Stopped { why, .. } => match why {
+                fpt_train::stop::Why::Requested => 130,
+                fpt_train::stop::Why::Deadline => 75,
+            },
             _ => 2,
         }
     }

@@ -55,11 +55,31 @@ pub struct RunTableArgs {
     /// Device: `cpu`, or `cuda` / `cuda:N` when built with `--features cuda`.
     #[arg(long, default_value = "cpu")]
     device: String,
+    /// A time budget (`2h`, `45m`, `2h30m`): at its end every running cell stops with a
+    /// checkpoint and no further cell starts; the next call (on this machine or another that
+    /// has the run directories) resumes them. The reports are written either way, the
+    /// unfinished cells as `pending (step N)`.
+    #[arg(long, value_parser = parse_budget)]
+    budget: Option<std::time::Duration>,
+    /// A campaign: first bring in the committed copies of the scale's runs
+    /// (`<out>/campaign/<key>/`) where the local run directories are missing or behind, and
+    /// at the end copy the runs back there (their files and latest checkpoint only), to be
+    /// committed so that any machine resumes them.
+    #[arg(long)]
+    campaign: bool,
+    /// Print the campaign's state at the scale (cells done, pending at step N of their cap,
+    /// steps left and the hours they take at this machine's measured pace); train nothing.
+    #[arg(long)]
+    status: bool,
     /// The frozen weights' number format: `bf16` runs each cell that can with its frozen
     /// weight matrices in bf16 (`fpt train --precision`) and reports under
     /// `<table>/<scale>-bf16/`, with `precision.md` setting each cell beside its f32 twin.
     #[arg(long, default_value = "f32")]
     precision: fpt_spec::Precision,
+}
+
+fn parse_budget(s: &str) -> Result<std::time::Duration, String> {
+    fpt_train::stop::parse_duration(s)
 }
 
 fn parse_shard(s: &str) -> Result<(usize, usize)> {
@@ -110,11 +130,41 @@ pub fn run_table(a: RunTableArgs) -> Result<()> {
         }
         return Ok(());
     }
+    if a.status {
+        for id in &ids {
+            let table = fpt_ablate::at_scale(&fpt_ablate::load_table(&a.tables, id)?, &scales, &a.scale)?;
+            // The runs this machine can train (cells it cannot are not the campaign's).
+            let cells = fpt_ablate::expand(&table, &scales, &a.scale)?;
+            let order = fpt_ablate::scale_of(&table, &scales, &a.scale)?.campaign_order;
+            let rows: Vec<String> = table.rows.iter().map(|r| r.label.clone()).collect();
+            let cols: Vec<String> = table.cols.iter().map(|c| c.label.clone()).collect();
+            let states = fpt_ablate::campaign::status(&cells, &rows, &cols, &a.out, &order);
+            let jobs = a
+                .jobs
+                .unwrap_or_else(|| fpt_ablate::worker::auto_jobs(fpt_nn::num_threads()).0);
+            println!("{id} at scale {} ({} runs):", a.scale, states.len());
+            for line in fpt_ablate::campaign::status_lines(&states, jobs) {
+                println!("  {line}");
+            }
+        }
+        return Ok(());
+    }
     let mut opts = reproduce::run_options(parse_device(&a.device)?, a.jobs, &std::env::current_exe)?;
     opts.force = a.force;
     opts.report_only = a.report_only;
     opts.shard = a.shard.as_deref().map(parse_shard).transpose()?;
     opts.rows = a.rows;
+    opts.deadline = a.budget.map(|b| std::time::SystemTime::now() + b);
+    if a.campaign {
+        for id in &ids {
+            let table = fpt_ablate::at_scale(&fpt_ablate::load_table(&a.tables, id)?, &scales, &a.scale)?;
+            let cells = fpt_ablate::expand_unchecked(&table, &scales, &a.scale)?;
+            for (key, step) in fpt_ablate::campaign::restore(&cells, &a.out)? {
+                eprintln!("fpt run-table: {id}: run {key} brought in from its committed copy (step {step})");
+            }
+        }
+    }
+    let (tables_dir, out_dir, scale, campaign_ids) = (a.tables.clone(), a.out.clone(), a.scale.clone(), ids.clone());
     let req = reproduce::Request {
         tables: a.tables,
         ids,
@@ -135,6 +185,23 @@ pub fn run_table(a: RunTableArgs) -> Result<()> {
             }
         }
     })?;
+    if a.campaign {
+        for id in &campaign_ids {
+            let table = fpt_ablate::at_scale(&fpt_ablate::load_table(&tables_dir, id)?, &scales, &scale)?;
+            let cells = fpt_ablate::expand_unchecked(&table, &scales, &scale)?;
+            let saved = fpt_ablate::campaign::save(&cells, &out_dir)?;
+            eprintln!(
+                "fpt run-table: {id}: {} run(s) copied to {} (commit it): {}",
+                saved.len(),
+                fpt_ablate::campaign::saved_root(&out_dir).display(),
+                saved
+                    .iter()
+                    .map(|(k, s)| format!("{k} at step {s}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+    }
     Ok(())
 }
 

@@ -171,6 +171,12 @@ pub struct TrainSpec {
     /// spec.json when off, so existing run hashes stand.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub stop_on_plateau: bool,
+    /// The first step at which the run may be called converged (and stopped on its
+    /// plateau): the paper's Table 6 steps to convergence for its row and task, so that a
+    /// slow learner is not called converged before the paper's own count. Not written when
+    /// unset, so existing run hashes stand.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub converge_floor: Option<usize>,
     /// Stop once the held-out accuracy reaches this (0..1; `steps` is then a cap): what a
     /// task is pretrained until it is solved (the Bit backbone). Not written when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -210,6 +216,7 @@ impl Default for TrainSpec {
             early_stop_within_noise: false,
             stop_on_plateau: false,
             stop_at_accuracy: None,
+            converge_floor: None,
             cached_epochs: None,
             divergence_factor: DEFAULT_DIVERGENCE_FACTOR,
         }

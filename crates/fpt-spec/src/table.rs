@@ -76,6 +76,11 @@ optional_settings! {
         substitute: Substitute,
         /// The frozen weights' number format (`f32` unless set).
         precision: crate::Precision,
+        /// The paper's steps to convergence for this row, by task (its Table 6): a run is
+        /// not called converged before them. Written into the run's spec
+        /// (`TrainSpec::converge_floor`) only at scales with `apply_converge_floor`; every
+        /// report applies it when it judges a cell's runs.
+        converge_floor: BTreeMap<String, usize>,
     }
 }
 
@@ -419,6 +424,14 @@ pub struct ScaleSettings {
     /// names): a single-seed comparison within it is inconclusive.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub seed_spread: BTreeMap<String, SeedSpread>,
+    /// Write each row's `converge_floor` (the paper's Table 6 count) into its runs' specs, so
+    /// they run at least that far before they may stop on a plateau.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub apply_converge_floor: bool,
+    /// A campaign's order of tasks (`fpt run-table` trains by seed, then row kind, then
+    /// this order); empty: by run key.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub campaign_order: Vec<String>,
 }
 
 /// A task's accuracy spread across seeds at a scale, as measured.
@@ -464,6 +477,12 @@ impl ScaleSettings {
                 let mut d = self.seed_spread.clone();
                 d.extend(over.seed_spread.clone());
                 d
+            },
+            apply_converge_floor: self.apply_converge_floor || over.apply_converge_floor,
+            campaign_order: if over.campaign_order.is_empty() {
+                self.campaign_order.clone()
+            } else {
+                over.campaign_order.clone()
             },
         }
     }

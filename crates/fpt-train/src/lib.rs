@@ -46,6 +46,7 @@ pub mod pretrain;
 mod run_dir;
 mod run_loop;
 pub mod selfcheck;
+pub mod stop;
 pub mod tensorboard;
 mod trainer;
 pub mod trajectory;
@@ -115,6 +116,19 @@ pub enum TrainError {
     /// An error inside candle.
     #[error(transparent)]
     Candle(#[from] candle_core::Error),
+    /// The run stopped before its end because a stop was due ([`stop`]): a deadline or an
+    /// interrupt. Its checkpoint at `step` is written; resuming continues from it.
+    #[error("{}: stopped at step {step} of {steps} ({why}); its checkpoint is written: resume continues from it", path.display())]
+    Stopped {
+        /// The run directory.
+        path: PathBuf,
+        /// Steps done.
+        step: usize,
+        /// The run's cap.
+        steps: usize,
+        /// Why.
+        why: stop::Why,
+    },
 }
 
 /// Result alias for this crate.

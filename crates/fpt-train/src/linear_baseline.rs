@@ -127,6 +127,10 @@ impl Linear {
         let (mut window_loss, mut window_steps) = (0f64, 0usize);
         let mut evals: Vec<EvalRecord> = Vec::new();
         let mut last = None;
+        // The per-example scores the convergence rule can still need (as FPT runs keep them).
+        let mut recent: Vec<outcomes::EvalScores> = Vec::new();
+        let window = crate::run_loop::plateau_window(t);
+        let labels_per_example = self.task.dims().labels_per_example;
         let mut adam = optim::Adam::new(vec![self.w.clone(), self.b.clone()], t.lr)?;
         for step in 1..=t.steps {
             let batch = self.task.train_batch(t.batch_size, &mut self.data, &self.device)?;
@@ -168,6 +172,8 @@ impl Linear {
                 metrics_append(&metrics, &rec)?;
                 on_event(&Event::Eval(&rec));
                 evals.push(rec.clone());
+                recent.push(outcomes::EvalScores::new(step, labels_per_example, &tally));
+                outcomes::keep_for_convergence(&mut recent, window);
                 last = Some((rec, tally));
             }
         }
@@ -186,7 +192,10 @@ impl Linear {
         outcomes::write(out_dir, &out)?;
         let losses: Vec<f64> = run.evals.iter().map(|e| e.train_loss).collect();
         let baseline = outcomes::judge(&base, &out, &losses);
-        let converged_step = run.converged_step(t.convergence_tolerance);
+        // The same rule as FPT runs': the last half of the run, paired over the examples.
+        let plateau = outcomes::convergence(&recent, window, t.converge_floor).filter(|p| p.to_step == last.step);
+        let converged = plateau.as_ref().is_some_and(|p| p.converged());
+        let converged_step = converged.then(|| run.converged_step(t.convergence_tolerance)).flatten();
         let result = RunResult {
             task: spec.task.name.to_string(),
             backbone: "none (linear baseline)".into(),
@@ -213,10 +222,9 @@ impl Linear {
             diverged_at_step: None,
             diverged_reason: None,
             stopped_early: false,
-            // Not judged for this kind of run (no per-evaluation outcomes kept).
-            converged: None,
+            converged: Some(converged),
             bit_backbone: None,
-            plateau: None,
+            plateau,
             baseline_accuracy: Some(baseline.accuracy),
             baseline: Some(baseline),
             cached: None,

@@ -198,15 +198,75 @@ pub struct Plateau {
     pub interval: (f64, f64),
     /// True when the interval lies above 0.
     pub rising: bool,
+    /// The run's first step at which it may be called converged (the paper's Table 6 count
+    /// for its row and task, where the spec sets one): a run that ended before it is not
+    /// converged, however flat its window. Absent in records written before fpt had it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub floor: Option<usize>,
+    /// The window's rule: `"half"` (the last half of the run's steps, at least the spec's
+    /// patience in evaluations; this rule) or absent (records written before it, whose
+    /// window was a fixed number of evaluations).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rule: Option<String>,
+}
+
+impl Plateau {
+    /// Whether the test calls the run converged: no gain above the noise across the window,
+    /// and at or past its floor.
+    pub fn converged(&self) -> bool {
+        !self.rising && self.floor.is_none_or(|f| self.to_step >= f)
+    }
+
+    /// True when the run ended before its floor.
+    pub fn before_floor(&self) -> bool {
+        self.floor.is_some_and(|f| self.to_step < f)
+    }
 }
 
 /// The plateau test between the last of `evals` and the one `window` evaluations before it
 /// (the first, where fewer were made); `None` with fewer than two evaluations or where the
-/// two did not score the same examples.
+/// two did not score the same examples. This is the fixed window of records written before
+/// [`convergence`]; runs are judged by [`convergence`].
 pub fn plateau(evals: &[EvalScores], window: usize) -> Option<Plateau> {
+    let back = window.max(1).min(evals.len().saturating_sub(1));
+    paired(evals, back)
+}
+
+/// The convergence rule (`result.json`'s `plateau` and `converged`): the paired test between
+/// the last of `evals` and the latest one at or before half the last one's step (so the
+/// window grows with the run: a learner that climbs in steps, flat for a while between
+/// them, shows its last climb), and at least `min_window` evaluations back (the spec's
+/// patience); `floor` (the paper's Table 6 count, where the spec sets one) is recorded, and a
+/// run before it is not converged ([`Plateau::converged`]). `evals` must hold that earlier
+/// evaluation: [`keep_for_convergence`] trims a run's list to what the rule can still need.
+/// `None` with fewer than two evaluations or where the two did not score the same examples.
+pub fn convergence(evals: &[EvalScores], min_window: usize, floor: Option<usize>) -> Option<Plateau> {
     let last = evals.last()?;
-    let back = window.max(1).min(evals.len() - 1);
-    if back == 0 {
+    let n = evals.len();
+    let half = last.step / 2;
+    // The latest evaluation at or before half the run (the first one where none is).
+    let at_half = evals.iter().rposition(|e| e.step <= half).unwrap_or(0);
+    let back = (n - 1 - at_half).max(min_window.max(1)).min(n - 1);
+    let mut p = paired(evals, back)?;
+    p.floor = floor;
+    p.rule = Some("half".into());
+    Some(p)
+}
+
+/// Drops from the front of `evals` what [`convergence`] can no longer need, now or at any
+/// later evaluation: everything before the latest evaluation at or before half the last
+/// step, keeping at least `min_window + 1` evaluations.
+pub fn keep_for_convergence(evals: &mut Vec<EvalScores>, min_window: usize) {
+    let Some(last) = evals.last() else { return };
+    let half = last.step / 2;
+    let at_half = evals.iter().rposition(|e| e.step <= half).unwrap_or(0);
+    let keep_from = at_half.min(evals.len().saturating_sub(min_window.max(1) + 1));
+    evals.drain(..keep_from);
+}
+
+fn paired(evals: &[EvalScores], back: usize) -> Option<Plateau> {
+    let last = evals.last()?;
+    if back == 0 || back >= evals.len() {
         return None;
     }
     let first = &evals[evals.len() - 1 - back];
@@ -222,6 +282,8 @@ pub fn plateau(evals: &[EvalScores], window: usize) -> Option<Plateau> {
         gain,
         interval,
         rising: interval.0 > 0.0,
+        floor: None,
+        rule: None,
     })
 }
 

@@ -152,6 +152,10 @@ pub(crate) fn run(
     let mut epoch_times = Vec::with_capacity(epochs);
     let mut step = 0usize;
     let mut last = None;
+    // The per-example scores the convergence rule can still need (as FPT runs keep them).
+    let mut recent: Vec<crate::outcomes::EvalScores> = Vec::new();
+    let window = crate::run_loop::plateau_window(t);
+    let labels_per_example = tr.task.dims().labels_per_example;
     for _ in 0..epochs {
         let e_start = Instant::now();
         let perm = fpt_tasks::data::permutation(n, &mut rng);
@@ -196,8 +200,15 @@ pub(crate) fn run(
         };
         metrics_append(&metrics, &rec)?;
         on_event(&Event::Eval(&rec));
+        recent.push(crate::outcomes::EvalScores::new(step, labels_per_example, &tally));
+        crate::outcomes::keep_for_convergence(&mut recent, window);
         last = Some((rec, tally));
     }
+    // The same rule as FPT runs': the last half of the run (in steps over the cached
+    // features), paired over the examples.
+    let plateau =
+        crate::outcomes::convergence(&recent, window, t.converge_floor).filter(|p| p.to_step == last_step(&last));
+    let converged = plateau.as_ref().is_some_and(|p| p.converged());
     let (last, last_tally) = last.expect("at least one epoch");
     let (_, train_accuracy) = score(&tr.model, &train_f, &train_y, chunk)?.loss_and_accuracy();
     let wall_seconds = started.elapsed().as_secs_f64();
@@ -236,7 +247,15 @@ pub(crate) fn run(
         train_accuracy: Some(train_accuracy),
         best_accuracy: best.test_accuracy,
         best_step: best.step,
-        converged_step: None,
+        converged_step: if converged {
+            crate::RunState {
+                evals: evals.clone(),
+                ..Default::default()
+            }
+            .converged_step(t.convergence_tolerance)
+        } else {
+            None
+        },
         final_train_loss: last.train_loss.is_finite().then_some(last.train_loss),
         steps: step,
         batch_size: t.batch_size,
@@ -250,10 +269,9 @@ pub(crate) fn run(
         diverged_at_step: None,
         diverged_reason: None,
         stopped_early: false,
-        // Not judged for this kind of run (no per-evaluation outcomes kept).
-        converged: None,
+        converged: Some(converged),
         bit_backbone: None,
-        plateau: None,
+        plateau,
         baseline_accuracy: Some(baseline.accuracy),
         baseline: Some(baseline),
         cached: Some(CachedStats {
@@ -270,4 +288,8 @@ pub(crate) fn run(
     crate::tensorboard::close(out_dir)?;
     crate::write_result(out_dir, &result)?;
     Ok(result)
+}
+
+fn last_step(last: &Option<(EvalRecord, crate::outcomes::Tally)>) -> usize {
+    last.as_ref().map_or(0, |(r, _)| r.step)
 }

@@ -27,13 +27,15 @@ pub struct RunState {
     pub first_loss: Option<f64>,
     /// Gradient norm of the last step.
     pub last_grad_norm: f64,
-    /// The per-example scores of the last evaluations (as many as the plateau test's window
-    /// needs): what decides `converged` and stops a run on a plateau.
+    /// The per-example scores of the evaluations the convergence rule can still need (from
+    /// the latest at or before half the run's steps, [`outcomes::keep_for_convergence`]):
+    /// what decides `converged` and stops a run on its plateau.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub recent: Vec<outcomes::EvalScores>,
 }
 
-/// Evaluations the plateau test spans: `early_stop_patience`, else 3.
+/// The fewest evaluations the convergence test spans: `early_stop_patience`, else 3 (the
+/// window is the last half of the run's steps where that holds more).
 pub fn plateau_window(t: &fpt_spec::TrainSpec) -> usize {
     t.early_stop_patience.unwrap_or(3).max(1)
 }
@@ -101,10 +103,7 @@ pub(crate) fn evaluate_now(
         tr.task().dims().labels_per_example,
         &tally,
     ));
-    let keep = plateau_window(&tr.spec().train) + 1;
-    if run.recent.len() > keep {
-        run.recent.drain(..run.recent.len() - keep);
-    }
+    outcomes::keep_for_convergence(&mut run.recent, plateau_window(&tr.spec().train));
     Ok((rec, tally))
 }
 
@@ -118,6 +117,7 @@ pub(crate) fn run_loop(
     let started = Instant::now();
     let spec = tr.spec().clone();
     let t = &spec.train;
+    let from_step = tr.steps_done();
     let counts = tr.model().param_counts();
     let weights = tr.weights().to_string();
     on_event(&Event::Started {
@@ -219,11 +219,12 @@ pub(crate) fn run_loop(
                 stopped_early = true;
                 on_event(&Event::StoppedEarly(step));
             } else if t.stop_on_plateau {
-                // A full window of evaluations, off the baseline, and no gain above the
-                // paired noise across it.
+                // Converged by the rule: a full window of evaluations (the last half of the
+                // run's steps, at least the patience), off the baseline, no gain above the
+                // paired noise across it, and at or past the spec's floor.
                 let window = plateau_window(t);
-                let flat =
-                    run.evals.len() > window && outcomes::plateau(&run.recent, window).is_some_and(|p| !p.rising);
+                let flat = run.evals.len() > window
+                    && outcomes::convergence(&run.recent, window, t.converge_floor).is_some_and(|p| p.converged());
                 if let Some(p) = t.early_stop_patience {
                     if flat && !at_baseline && step < t.steps {
                         run.stale_evals = p;
@@ -251,6 +252,24 @@ pub(crate) fn run_loop(
         }
         if stopped_early {
             break;
+        }
+        if step < t.steps {
+            if let Some(why) = crate::stop::due() {
+                // A deadline or an interrupt: a checkpoint here, and the caller is told the
+                // run stopped (not finished); resuming continues from this step.
+                let mut snapshot = run.clone();
+                snapshot.elapsed_s += started.elapsed().as_secs_f64();
+                let dir = checkpoint::save(out_dir, &tr, &snapshot)?;
+                on_event(&Event::Checkpoint(&dir));
+                crate::tensorboard::close(out_dir)?;
+                append_history(out_dir, from_step, step, &started, device, &format!("stopped: {why}"))?;
+                return Err(TrainError::Stopped {
+                    path: out_dir.to_path_buf(),
+                    step,
+                    steps: t.steps,
+                    why,
+                });
+            }
         }
     }
     if diverged.is_some() {
@@ -321,13 +340,16 @@ pub(crate) fn run_loop(
     let mut snapshot = run.clone();
     snapshot.elapsed_s += started.elapsed().as_secs_f64();
     let best = run.best().cloned().expect("an evaluation exists");
-    // Converged: the last evaluation is on a plateau by the paired test (a diverged run, or
-    // one with a single evaluation, did not show one).
+    // Converged by the rule ([`outcomes::convergence`]): the last evaluation is on a plateau
+    // over the last half of the run, at or past its floor (a diverged run, or one with a
+    // single evaluation, did not show one).
     let plateau = match diverged {
-        None => outcomes::plateau(&run.recent, plateau_window(t)).filter(|p| p.to_step == last.step),
+        None => {
+            outcomes::convergence(&run.recent, plateau_window(t), t.converge_floor).filter(|p| p.to_step == last.step)
+        }
         Some(_) => None,
     };
-    let converged = Some(plateau.as_ref().is_some_and(|p| !p.rising));
+    let converged = Some(plateau.as_ref().is_some_and(|p| p.converged()));
     let result = RunResult {
         task: spec.task.name.to_string(),
         backbone: spec.backbone.source.clone(),
@@ -340,7 +362,12 @@ pub(crate) fn run_loop(
         train_accuracy: last.train_accuracy,
         best_accuracy: best.test_accuracy,
         best_step: best.step,
-        converged_step: run.converged_step(t.convergence_tolerance),
+        // Steps to convergence only for a run that converged: one word, one meaning.
+        converged_step: if converged == Some(true) {
+            run.converged_step(t.convergence_tolerance)
+        } else {
+            None
+        },
         final_train_loss: last.train_loss.is_finite().then_some(last.train_loss),
         steps: tr.steps_done(),
         batch_size: t.batch_size,
@@ -366,6 +393,13 @@ pub(crate) fn run_loop(
     // The result first: a run that trained to the end keeps its numbers even when its last
     // checkpoint cannot be written (a full disk); the error is still reported.
     write_result(out_dir, &result)?;
+    let ended = match (&diverged, stopped_early, result.converged) {
+        (Some(_), _, _) => "diverged",
+        (None, true, _) => "ended: stopped early (converged or target reached)",
+        (None, false, Some(true)) => "ended at its cap, converged",
+        (None, false, _) => "ended at its cap, not converged",
+    };
+    append_history(out_dir, from_step, tr.steps_done(), &started, device, ended)?;
     if diverged.is_none() || best_params.is_some() || checkpoint::latest(out_dir)?.is_none() {
         let dir = checkpoint::save(out_dir, &tr, &snapshot)?;
         on_event(&Event::Checkpoint(&dir));
@@ -589,6 +623,14 @@ mod tests {
         assert!(!failed_at_start(d.path()));
     }
 
+    /// Dates as `date -u -d @SECS +%Y-%m-%dT%H:%M:%SZ` prints them.
+    #[test]
+    fn utc_dates_match_gnu_date() {
+        assert_eq!(utc_of(0), "1970-01-01T00:00:00Z");
+        assert_eq!(utc_of(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(utc_of(1_795_739_274), "2026-11-27T00:27:54Z");
+    }
+
     /// The run lock refuses a live holder and takes over a dead one's.
     #[test]
     fn the_run_lock_refuses_a_live_holder_and_takes_over_a_stale_one() {
@@ -609,4 +651,92 @@ mod tests {
             let _taken = RunLock::acquire(d.path()).unwrap();
         }
     }
+}
+
+/// One segment of a run (from a start or resume to its end or stop), as `history.jsonl` in
+/// the run directory records it: a run that crosses machines (a campaign resumed on another
+/// CPU, or on a GPU from a carried run directory) says where each stretch of it ran.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Segment {
+    /// When the segment ended (UTC, RFC 3339 to the second).
+    pub ended_utc: String,
+    /// The step it started from.
+    pub from_step: usize,
+    /// The step it reached.
+    pub to_step: usize,
+    /// Its wall-clock seconds.
+    pub seconds: f64,
+    /// The device (`cpu`, `cuda:0`).
+    pub device: String,
+    /// The machine: the CPU's model and the kernel path, or the GPU.
+    pub machine: String,
+    /// The build's commit.
+    pub commit: String,
+    /// How it ended.
+    pub how: String,
+}
+
+fn append_history(
+    out_dir: &Path,
+    from_step: usize,
+    to_step: usize,
+    started: &Instant,
+    device: &Device,
+    how: &str,
+) -> Result<()> {
+    let p = selfcheck::provenance();
+    let seg = Segment {
+        ended_utc: utc_now(),
+        from_step,
+        to_step,
+        seconds: started.elapsed().as_secs_f64(),
+        device: device_name(device),
+        machine: if device.is_cpu() {
+            format!("{} ({} path)", p.cpu, p.kernel_path)
+        } else {
+            format!("{} (host CPU {})", device_name(device), p.cpu)
+        },
+        commit: p.commit,
+        how: how.to_string(),
+    };
+    let path = out_dir.join("history.jsonl");
+    let mut line = serde_json::to_string(&seg).expect("a segment serialises");
+    line.push('\n');
+    use std::io::Write;
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .and_then(|mut f| f.write_all(line.as_bytes()))
+        .map_err(|source| TrainError::Io { path, source })
+}
+
+/// Now, UTC, as `YYYY-MM-DDTHH:MM:SSZ`.
+pub(crate) fn utc_now() -> String {
+    utc_of(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()) as i64,
+    )
+}
+
+/// Seconds since the Unix epoch as `YYYY-MM-DDTHH:MM:SSZ` (civil-from-days, proleptic
+/// Gregorian).
+fn utc_of(secs: i64) -> String {
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        (rem % 3600) / 60,
+        rem % 60
+    )
 }

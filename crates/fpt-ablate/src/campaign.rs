@@ -1,0 +1,288 @@
+//! A campaign: a table's scale whose runs take hours (Table 2's `converge` scale), trained
+//! in stretches on whatever machine is at hand and carried between them in git.
+//!
+//! Run directories stay local (`results/runs/`, ignored); a campaign keeps a copy of each of
+//! its runs under `results/campaign/<key>/` that is committed: the spec, metrics, result,
+//! outcomes, history (`history.jsonl`: where each stretch ran) and the latest checkpoint
+//! only (trained tensors, optimizer moments and the loop's state: a few MB a run).
+//! [`restore`] brings those into `runs/` where the local copy is missing or behind,
+//! `fpt run-table --budget` trains until the deadline and checkpoints, and [`save`] copies
+//! the runs back. [`status`] says what is done, what is pending and at which step, and the
+//! hours left at the pace measured.
+
+use crate::{io, run_dir, runs_of, AblateError, Cell, Result};
+use std::path::{Path, PathBuf};
+
+/// Where a campaign's committed copies live under the results directory.
+pub fn saved_root(out: &Path) -> PathBuf {
+    out.join("campaign")
+}
+
+/// The files of a run directory a campaign keeps (besides the latest checkpoint).
+const KEPT: &[&str] = &[
+    "spec.json",
+    "metrics.jsonl",
+    "result.json",
+    "outcomes.json",
+    "history.jsonl",
+];
+
+/// How far a run directory got: `(finished, step)`. `None`: nothing there.
+pub fn progress(dir: &Path) -> Option<(bool, usize)> {
+    if let Ok(text) = std::fs::read_to_string(dir.join("result.json")) {
+        if let Ok(r) = serde_json::from_str::<fpt_train::RunResult>(&text) {
+            return Some((true, r.steps));
+        }
+    }
+    let latest = fpt_train::checkpoint::latest(dir).ok().flatten()?;
+    let name = latest.file_name()?.to_string_lossy().into_owned();
+    name.strip_prefix("step-")?.parse().ok().map(|s| (false, s))
+}
+
+fn copy_file(from: &Path, to: &Path) -> Result<()> {
+    std::fs::copy(from, to).map_err(io(from))?;
+    Ok(())
+}
+
+/// Copies what a campaign keeps of run directory `from` into a new directory `to` (which
+/// must not exist): [`KEPT`] files and the latest checkpoint.
+fn copy_run(from: &Path, to: &Path) -> Result<()> {
+    std::fs::create_dir_all(to).map_err(io(to))?;
+    for f in KEPT {
+        let p = from.join(f);
+        if p.is_file() {
+            copy_file(&p, &to.join(f))?;
+        }
+    }
+    if let Some(ck) = fpt_train::checkpoint::latest(from)? {
+        let name = ck.file_name().expect("a checkpoint has a name");
+        let root = fpt_train::checkpoint::root(to);
+        let dst = root.join(name);
+        std::fs::create_dir_all(&dst).map_err(io(&dst))?;
+        for e in std::fs::read_dir(&ck).map_err(io(&ck))? {
+            let e = e.map_err(io(&ck))?;
+            if e.path().is_file() {
+                copy_file(&e.path(), &dst.join(e.file_name()))?;
+            }
+        }
+        std::fs::write(root.join("LATEST"), name.to_string_lossy().as_bytes()).map_err(io(&root))?;
+    }
+    Ok(())
+}
+
+/// Replaces directory `dst` with a copy of run `src`, through a temporary directory beside
+/// it and a rename, so that an interrupted copy never leaves half a run.
+fn replace_with_copy(src: &Path, dst: &Path) -> Result<()> {
+    let parent = dst.parent().expect("a run directory has a parent");
+    std::fs::create_dir_all(parent).map_err(io(parent))?;
+    let tmp = parent.join(format!(
+        ".{}.tmp-{}",
+        dst.file_name().expect("named").to_string_lossy(),
+        std::process::id()
+    ));
+    if tmp.exists() {
+        std::fs::remove_dir_all(&tmp).map_err(io(&tmp))?;
+    }
+    copy_run(src, &tmp)?;
+    let old = parent.join(format!(
+        ".{}.old-{}",
+        dst.file_name().expect("named").to_string_lossy(),
+        std::process::id()
+    ));
+    if dst.exists() {
+        std::fs::rename(dst, &old).map_err(io(dst))?;
+    }
+    std::fs::rename(&tmp, dst).map_err(io(dst))?;
+    if old.exists() {
+        std::fs::remove_dir_all(&old).map_err(io(&old))?;
+    }
+    Ok(())
+}
+
+/// Whether `a` is further than `b` (a finished run beats an unfinished one; then steps).
+fn ahead(a: Option<(bool, usize)>, b: Option<(bool, usize)>) -> bool {
+    match (a, b) {
+        (None, _) => false,
+        (Some(_), None) => true,
+        (Some(a), Some(b)) => a > b,
+    }
+}
+
+/// Brings the committed copies of `cells`' runs into `out/runs/` where the local directory
+/// is missing or behind (fewer steps, or unfinished where the copy finished). Returns the
+/// keys brought in, with their step.
+pub fn restore(cells: &[Cell], out: &Path) -> Result<Vec<(String, usize)>> {
+    let mut brought = Vec::new();
+    for (key, _) in runs_of(cells) {
+        let saved = saved_root(out).join(&key);
+        let local = run_dir(out, &key);
+        let (s, l) = (progress(&saved), progress(&local));
+        if ahead(s, l) {
+            if fpt_train::in_use_by(&local).is_some() {
+                continue;
+            }
+            replace_with_copy(&saved, &local)?;
+            brought.push((key, s.map_or(0, |p| p.1)));
+        }
+    }
+    Ok(brought)
+}
+
+/// Copies `cells`' runs from `out/runs/` into the committed copies where the local one is
+/// ahead. Returns the keys saved, with their step.
+pub fn save(cells: &[Cell], out: &Path) -> Result<Vec<(String, usize)>> {
+    let mut saved = Vec::new();
+    for (key, _) in runs_of(cells) {
+        let local = run_dir(out, &key);
+        let copy = saved_root(out).join(&key);
+        let (l, s) = (progress(&local), progress(&copy));
+        if ahead(l, s) {
+            replace_with_copy(&local, &copy)?;
+            saved.push((key, l.map_or(0, |p| p.1)));
+        }
+    }
+    Ok(saved)
+}
+
+/// One run of a campaign, as [`status`] sees it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct RunState {
+    /// The run's key.
+    pub key: String,
+    /// `row / column, seed N`.
+    pub what: String,
+    /// `done`, `pending` (a checkpoint) or `not started`.
+    pub state: String,
+    /// Steps done.
+    pub step: usize,
+    /// The cap.
+    pub cap: usize,
+    /// The floor (the paper's Table 6 count), if any.
+    pub floor: Option<usize>,
+    /// Seconds per step measured on this run (its metrics), if any.
+    pub secs_per_step: Option<f64>,
+    /// For a done run: its accuracy, converged or not.
+    pub outcome: Option<String>,
+}
+
+fn secs_per_step(dir: &Path) -> Option<f64> {
+    let text = std::fs::read_to_string(dir.join("metrics.jsonl")).ok()?;
+    let last: fpt_train::EvalRecord = text.lines().rev().find_map(|l| serde_json::from_str(l).ok())?;
+    (last.step > 0 && last.elapsed_s > 0.0).then(|| last.elapsed_s / last.step as f64)
+}
+
+/// Every run of `cells` (the table's row and column labels to name them) with its state,
+/// in the order the campaign trains them.
+pub fn status(cells: &[Cell], rows: &[String], cols: &[String], out: &Path, task_order: &[String]) -> Vec<RunState> {
+    let mut todo = runs_of(cells);
+    crate::runner::order_for_campaign(&mut todo, task_order);
+    let name = |key: &str| {
+        cells.iter().find_map(|c| {
+            let own = matches!(&c.plan, crate::Plan::Run { key: k, .. } if k == key);
+            (own || c.replicas.iter().any(|(k, _)| k == key)).then(|| format!("{} / {}", rows[c.row], cols[c.col]))
+        })
+    };
+    todo.into_iter()
+        .map(|(key, spec)| {
+            let local = run_dir(out, &key);
+            let saved = saved_root(out).join(&key);
+            let (dir, p) = match (progress(&local), progress(&saved)) {
+                (l, s) if ahead(s, l) => (saved, s),
+                (l, _) => (local, l),
+            };
+            let outcome = p.filter(|p| p.0).and_then(|_| {
+                let r: fpt_train::RunResult =
+                    serde_json::from_str(&std::fs::read_to_string(dir.join("result.json")).ok()?).ok()?;
+                Some(format!(
+                    "{:.1}% at step {}, {}",
+                    100.0 * r.test_accuracy,
+                    r.steps,
+                    match r.converged {
+                        Some(true) => "converged".to_string(),
+                        Some(false) => "not converged".to_string(),
+                        None => "convergence not recorded".to_string(),
+                    }
+                ))
+            });
+            RunState {
+                what: format!(
+                    "{}, seed {}",
+                    name(&key).unwrap_or_else(|| spec.task.label()),
+                    spec.train.seed
+                ),
+                key,
+                state: match p {
+                    Some((true, _)) => "done".into(),
+                    Some((false, _)) => "pending".into(),
+                    None => "not started".into(),
+                },
+                step: p.map_or(0, |p| p.1),
+                cap: spec.train.steps,
+                floor: spec.train.converge_floor,
+                secs_per_step: secs_per_step(&dir),
+                outcome,
+            }
+        })
+        .collect()
+}
+
+/// [`status`] as lines: one per run, then the totals (steps left to the caps and to the
+/// floors, and the hours those take at the measured pace with `jobs` runs at once).
+pub fn status_lines(states: &[RunState], jobs: usize) -> Vec<String> {
+    let mut lines = Vec::new();
+    let (mut done, mut pending, mut fresh) = (0, 0, 0);
+    let (mut left_cap, mut left_floor, mut secs_cap, mut secs_floor) = (0usize, 0usize, 0f64, 0f64);
+    // The pace of runs without their own: the median of the others' (else none).
+    let mut paces: Vec<f64> = states.iter().filter_map(|s| s.secs_per_step).collect();
+    paces.sort_by(f64::total_cmp);
+    let fallback = paces.get(paces.len() / 2).copied();
+    for s in states {
+        let pace = s.secs_per_step.or(fallback);
+        let line = match s.state.as_str() {
+            "done" => {
+                done += 1;
+                format!("done      {}  {}", s.what, s.outcome.as_deref().unwrap_or(""))
+            }
+            st => {
+                if st == "pending" {
+                    pending += 1;
+                } else {
+                    fresh += 1;
+                }
+                let to_cap = s.cap.saturating_sub(s.step);
+                let to_floor = s.floor.unwrap_or(0).saturating_sub(s.step);
+                left_cap += to_cap;
+                left_floor += to_floor;
+                if let Some(p) = pace {
+                    secs_cap += to_cap as f64 * p;
+                    secs_floor += to_floor as f64 * p;
+                }
+                format!(
+                    "{:<9} {}  step {} of {}{}{}",
+                    st,
+                    s.what,
+                    s.step,
+                    s.cap,
+                    s.floor.map_or(String::new(), |f| format!(" (floor {f})")),
+                    s.secs_per_step
+                        .map_or(String::new(), |p| format!(", {p:.3} s a step measured")),
+                )
+            }
+        };
+        lines.push(format!("{line}  [{}]", s.key));
+    }
+    let jobs = jobs.max(1) as f64;
+    lines.push(format!(
+        "{done} done, {pending} pending, {fresh} not started; {left_floor} steps left to the floors (the paper's Table 6 counts) and {left_cap} to the caps: {:.1} to {:.1} hours on this machine at the measured pace, {} runs at once{}",
+        secs_floor / 3600.0 / jobs,
+        secs_cap / 3600.0 / jobs,
+        jobs,
+        if fallback.is_none() { " (no pace measured yet: hours unknown)" } else { "" }
+    ));
+    lines
+}
+
+/// An error for a campaign request.
+pub fn bad(msg: impl Into<String>) -> AblateError {
+    AblateError::Request(msg.into())
+}
