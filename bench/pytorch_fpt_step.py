@@ -27,6 +27,7 @@ transformers are importable.
 """
 import argparse
 import json
+import sys
 import math
 import os
 import resource
@@ -169,36 +170,60 @@ def sync(device):
         torch.cuda.synchronize(device)
 
 
-def time_steps(s, full, warmup, steps, device, nn_lstm=False, autocast=None, profile=None):
-    """Median step time (ms); `autocast="bf16"`: the forward and loss under
-    torch.autocast(dtype=torch.bfloat16), PyTorch's mixed precision (its weights stay f32
-    and are cast at each use; linear layers and matmuls run in bf16)."""
-    torch.manual_seed(0)
-    model = Fpt(s, full, nn_lstm).train().to(device)
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.Adam(params, lr=1e-3)
-    if s["vocab"]:
-        x = torch.randint(0, s["vocab"], (s["batch"], s["tokens"]))
-    else:
-        x = torch.randn(s["batch"], s["tokens"], s["width"])
-    y = torch.randint(0, s["classes"], (s["batch"] * s["labels"],))
-    x, y = x.to(device), y.to(device)
-    ms = []
-    for i in range(warmup + steps):
-        sync(device)
-        t0 = time.perf_counter()
-        if autocast:
-            with torch.autocast(device.type, dtype=torch.bfloat16):
-                loss = torch.nn.functional.cross_entropy(model(x), y)
+class Stepper:
+    """One model, optimizer and batch at a shape, stepped on demand: `run(warmup, steps)`
+    returns each timed step's milliseconds. On a GPU each step is timed with CUDA events
+    (recorded on the stream around the step, read after a synchronize); on a CPU with the
+    wall clock. `autocast="bf16"`: the forward and loss under torch.autocast(bfloat16),
+    PyTorch's mixed precision (its weights stay f32 and are cast at each use)."""
+
+    def __init__(self, s, full, device, nn_lstm=False, autocast=None):
+        torch.manual_seed(0)
+        self.device, self.autocast = device, autocast
+        self.model = Fpt(s, full, nn_lstm).train().to(device)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.opt = torch.optim.Adam(self.params, lr=1e-3)
+        if s["vocab"]:
+            x = torch.randint(0, s["vocab"], (s["batch"], s["tokens"]))
         else:
-            loss = torch.nn.functional.cross_entropy(model(x), y)
-        opt.zero_grad(set_to_none=True)
+            x = torch.randn(s["batch"], s["tokens"], s["width"])
+        y = torch.randint(0, s["classes"], (s["batch"] * s["labels"],))
+        self.x, self.y = x.to(device), y.to(device)
+
+    def step(self):
+        if self.autocast:
+            with torch.autocast(self.device.type, dtype=torch.bfloat16):
+                loss = torch.nn.functional.cross_entropy(self.model(self.x), self.y)
+        else:
+            loss = torch.nn.functional.cross_entropy(self.model(self.x), self.y)
+        self.opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        sync(device)
-        if i >= warmup:
-            ms.append((time.perf_counter() - t0) * 1e3)
+        torch.nn.utils.clip_grad_norm_(self.params, 1.0)
+        self.opt.step()
+
+    def run(self, warmup, steps):
+        cuda = self.device.type == "cuda"
+        ms = []
+        for i in range(warmup + steps):
+            sync(self.device)
+            if cuda:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+            t0 = time.perf_counter()
+            self.step()
+            if cuda:
+                end.record()
+            sync(self.device)
+            if i >= warmup:
+                ms.append(start.elapsed_time(end) if cuda else (time.perf_counter() - t0) * 1e3)
+        return ms
+
+
+def time_steps(s, full, warmup, steps, device, nn_lstm=False, autocast=None, profile=None):
+    """Median step time (ms) of a fresh [`Stepper`]."""
+    st = Stepper(s, full, device, nn_lstm=nn_lstm, autocast=autocast)
+    model, params, opt, x, y = st.model, st.params, st.opt, st.x, st.y
+    ms = st.run(warmup, steps)
     if profile:
         # One more step under the profiler: its kernels, grouped by name, by device time.
         from torch.profiler import ProfilerActivity, profile as torch_profile
@@ -232,6 +257,10 @@ def main():
     ap.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     ap.add_argument("--autocast", choices=["bf16"], help="time the step under torch.autocast(bfloat16) (no full step)")
     ap.add_argument("--profile", help="write one FPT step's device kernels (torch.profiler) to this file")
+    ap.add_argument("--serve", action="store_true",
+                    help="build the FPT step once, then time `--warmup` + `--steps` steps for every line read on "
+                         "stdin, answering one JSON line each ({\"pytorch_ms\": median, \"steps_ms\": [...]}): "
+                         "rounds alternated with fpt's own (fpt gpu-check) without rebuilding")
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -240,6 +269,14 @@ def main():
         ap.error(f"unknown --shape {a.shape} (known: {', '.join(sorted(known))})")
     s = known[a.shape]
     device = torch.device(a.device)
+    if a.serve:
+        st = Stepper(s, False, device, autocast=a.autocast)
+        for _ in sys.stdin:
+            ms = st.run(a.warmup, a.steps)
+            print(json.dumps({"shape": a.shape, "pytorch_ms": statistics.median(ms), "steps_ms": ms,
+                              "autocast": a.autocast, "device": a.device, "torch": torch.__version__,
+                              "timer": "cuda-events" if device.type == "cuda" else "wall-clock"}), flush=True)
+        return
     fpt_ms = time_steps(s, False, a.warmup, a.steps, device, autocast=a.autocast, profile=a.profile)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     full_ms = None if a.no_full or a.autocast else time_steps(s, True, a.warmup, a.steps, device)

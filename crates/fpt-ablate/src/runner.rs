@@ -28,6 +28,9 @@ pub struct RunOptions {
     /// random inits, then other rows, then the Bit row), then this task order; otherwise by
     /// key.
     pub task_order: Vec<String>,
+    /// Train only these runs (keys; empty: every run): a lent GPU takes some of a campaign's
+    /// runs while the CPU trains others.
+    pub only: Vec<String>,
     /// Stop every running cell with a checkpoint at this time, and start none after it
     /// (`--budget`); the next call resumes them.
     pub deadline: Option<std::time::SystemTime>,
@@ -71,6 +74,9 @@ pub fn run(cells: &[Cell], out: &Path, opts: &RunOptions, log: &mut (dyn FnMut(&
             .collect();
     }
     todo.retain(|(key, _)| opts.force || !run_dir(out, key).join("result.json").is_file());
+    if !opts.only.is_empty() {
+        todo.retain(|(key, _)| opts.only.contains(key));
+    }
     if opts.task_order.is_empty() {
         order_for_builds(&mut todo);
     } else {

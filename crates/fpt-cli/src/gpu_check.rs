@@ -34,9 +34,99 @@ pub struct GpuCheckArgs {
     /// bf16, beside PyTorch's autocast-bf16 step).
     #[arg(long = "precision", default_values_t = ["f32".to_string(), "bf16".to_string()])]
     precisions: Vec<String>,
-    /// Timed steps per benchmark (after 2 warm-up steps).
-    #[arg(long, default_value_t = 5)]
+    /// Timed steps per benchmark round (after 2 warm-up steps).
+    #[arg(long, default_value_t = 20)]
     bench_steps: usize,
+    /// Benchmark rounds, fpt's and PyTorch's alternated: each side's step is the median over
+    /// rounds of each round's median, its spread (max - min) / median over rounds; a ratio
+    /// is reported only where both spreads are within `--max-spread`.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// The largest spread over rounds (a fraction) at which a ratio is reported.
+    #[arg(long, default_value_t = 0.10)]
+    max_spread: f64,
+}
+
+/// The median of `v` (not empty).
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let n = s.len();
+    if n % 2 == 1 {
+        s[n / 2]
+    } else {
+        (s[n / 2 - 1] + s[n / 2]) / 2.0
+    }
+}
+
+/// (max - min) / median of `v` (not empty).
+fn spread(v: &[f64]) -> f64 {
+    let (lo, hi) = v
+        .iter()
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), &x| (l.min(x), h.max(x)));
+    (hi - lo) / median(v)
+}
+
+/// PyTorch's FPT step at one shape, built once in a Python process (`--serve`) and timed a
+/// round at a time on request.
+struct TorchSide {
+    child: std::process::Child,
+    out: std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
+}
+
+impl TorchSide {
+    fn start(name: &str, device: &str, steps: usize, bf16: bool) -> Result<Option<TorchSide>> {
+        let script = std::path::Path::new("bench/pytorch_fpt_step.py");
+        if !script.is_file() {
+            return Ok(None);
+        }
+        let mut cmd = std::process::Command::new(std::env::var("FPT_PYTHON").unwrap_or_else(|_| "python3".into()));
+        cmd.arg(script)
+            // The script reads the shapes from `fpt bench --list`: this binary's.
+            .arg("--fpt")
+            .arg(std::env::current_exe().context("the path of this fpt binary")?)
+            .args([
+                "--shape",
+                name,
+                "--steps",
+                &steps.to_string(),
+                "--warmup",
+                "2",
+                "--serve",
+            ])
+            .args(["--device", device])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped());
+        if bf16 {
+            cmd.args(["--autocast", "bf16"]);
+        }
+        let mut child = cmd.spawn().context("starting bench/pytorch_fpt_step.py --serve")?;
+        let out = std::io::BufRead::lines(std::io::BufReader::new(child.stdout.take().expect("piped")));
+        Ok(Some(TorchSide { child, out }))
+    }
+
+    /// One round: its JSON line (`pytorch_ms`, `steps_ms`).
+    fn round(&mut self) -> Result<serde_json::Value> {
+        use std::io::Write;
+        let stdin = self.child.stdin.as_mut().context("PyTorch's process has no stdin")?;
+        stdin
+            .write_all(b"round\n")
+            .and_then(|_| stdin.flush())
+            .context("asking PyTorch's process for a round")?;
+        let line = self
+            .out
+            .next()
+            .context("PyTorch's process ended before answering (its error is above)")?
+            .context("reading PyTorch's answer")?;
+        serde_json::from_str(&line).with_context(|| format!("PyTorch's answer is not JSON: {line}"))
+    }
+}
+
+impl Drop for TorchSide {
+    fn drop(&mut self) {
+        drop(self.child.stdin.take());
+        let _ = self.child.wait();
+    }
 }
 
 fn training_spec(steps: usize) -> RunSpec {
@@ -210,76 +300,121 @@ pub fn gpu_check(a: GpuCheckArgs) -> Result<()> {
                 // The LSTM's recurrent products run in f32 only (a bf16 spec is refused).
                 continue;
             }
-            eprintln!("fpt gpu-check: step benchmark `{name}` ({precision}) on {}", a.device);
-            let r = match fpt_train::bench::run(&shape, 2, a.bench_steps, false, &device, prec) {
-                Ok(r) => r,
+            eprintln!(
+                "fpt gpu-check: step benchmark `{name}` ({precision}) on {}: {} rounds of {} steps, fpt's and PyTorch's alternated",
+                a.device, a.rounds, a.bench_steps
+            );
+            // PyTorch's step at the same shape on the same device (autocast-bf16 for the bf16
+            // row), where torch is importable and the script is at hand (the working tree).
+            let mut torch = match TorchSide::start(name, &a.device, a.bench_steps, !prec.is_f32()) {
+                Ok(t) => t,
                 Err(e) => {
-                    eprintln!("  fpt step failed: {e}");
-                    bench.insert(
-                        format!("{name}/{precision}"),
-                        serde_json::json!({ "error": e.to_string() }),
-                    );
-                    failed.push(format!("bench {name} {precision}"));
-                    continue;
+                    eprintln!("  pytorch: {e:#}");
+                    None
                 }
             };
+            let (mut ours_rounds, mut torch_rounds, mut torch_rows) = (Vec::new(), Vec::new(), Vec::new());
+            let mut first = None;
+            let mut torch_error = None;
+            let mut fpt_error = None;
+            for round in 0..a.rounds.max(1) {
+                match fpt_train::bench::run(&shape, 2, a.bench_steps, false, &device, prec) {
+                    Ok(r) => {
+                        ours_rounds.push(r.ours_ms);
+                        first.get_or_insert(r);
+                    }
+                    Err(e) => {
+                        fpt_error = Some(e.to_string());
+                        break;
+                    }
+                }
+                if let Some(t) = torch.as_mut() {
+                    match t.round() {
+                        Ok(v) => {
+                            if let Some(ms) = v.get("pytorch_ms").and_then(|m| m.as_f64()) {
+                                torch_rounds.push(ms);
+                            }
+                            torch_rows.push(v);
+                        }
+                        Err(e) => {
+                            torch_error = Some(format!("{e:#}"));
+                            torch = None;
+                        }
+                    }
+                }
+                eprintln!(
+                    "  round {}: fpt {:.2} ms{}",
+                    round + 1,
+                    ours_rounds.last().copied().unwrap_or(f64::NAN),
+                    torch_rounds
+                        .get(round)
+                        .map_or(String::new(), |m| format!(", pytorch {m:.2} ms"))
+                );
+            }
+            drop(torch);
+            let (Some(r), None) = (first, fpt_error.clone()) else {
+                let e = fpt_error.unwrap_or_else(|| "no round ran".into());
+                eprintln!("  fpt step failed: {e}");
+                bench.insert(format!("{name}/{precision}"), serde_json::json!({ "error": e }));
+                failed.push(format!("bench {name} {precision}"));
+                continue;
+            };
+            let ours_ms = median(&ours_rounds);
+            let ours_spread = spread(&ours_rounds);
             eprintln!(
-                "  fpt step {:.1} ms, {:.1} GFLOP/s; copies a step: {:.1} up ({:.0} B), {:.1} down ({:.0} B)",
-                r.ours_ms,
-                r.gflops,
+                "  fpt step {ours_ms:.2} ms (spread over rounds {:.1}%), {:.1} GFLOP/s; copies a step: {:.1} up ({:.0} B), {:.1} down ({:.0} B)",
+                100.0 * ours_spread,
+                r.gflops * r.ours_ms / ours_ms,
                 r.copies.uploads,
                 r.copies.upload_bytes,
                 r.copies.downloads,
                 r.copies.download_bytes
             );
             let mut row = serde_json::to_value(&r)?;
+            row["ours_ms"] = serde_json::json!(ours_ms);
+            row["ours_rounds_ms"] = serde_json::json!(ours_rounds);
+            row["ours_spread"] = serde_json::json!(ours_spread);
+            row["ours_timer"] =
+                serde_json::json!("wall clock around each step, the device synchronised before and after");
             let mut torch_ms = None;
-            // PyTorch's step at the same shape on the same device (autocast-bf16 for the bf16
-            // row), where torch is importable and the script is at hand (the working tree).
-            let script = std::path::Path::new("bench/pytorch_fpt_step.py");
-            if script.is_file() {
-                let mut cmd =
-                    std::process::Command::new(std::env::var("FPT_PYTHON").unwrap_or_else(|_| "python3".into()));
-                cmd.arg(script)
-                    // The script reads the shapes from `fpt bench --list`: this binary's.
-                    .arg("--fpt")
-                    .arg(std::env::current_exe().context("the path of this fpt binary")?)
-                    .args([
-                        "--shape",
-                        name,
-                        "--steps",
-                        &a.bench_steps.to_string(),
-                        "--warmup",
-                        "2",
-                        "--no-full",
-                        "--device",
-                        &a.device,
-                    ]);
-                if !prec.is_f32() {
-                    cmd.args(["--autocast", "bf16"]);
+            let mut verdict = "-".to_string();
+            if let Some(e) = torch_error {
+                row["pytorch_error"] = serde_json::json!(e);
+            }
+            if !torch_rounds.is_empty() {
+                let ms = median(&torch_rounds);
+                let sp = spread(&torch_rounds);
+                row["pytorch"] = serde_json::json!({ "pytorch_ms": ms, "rounds_ms": torch_rounds, "spread": sp, "rounds": torch_rows });
+                torch_ms = Some(ms);
+                let steady = ours_spread <= a.max_spread
+                    && sp <= a.max_spread
+                    && ours_rounds.len() >= 3
+                    && torch_rounds.len() >= 3;
+                if steady {
+                    row["ratio_vs_pytorch"] = serde_json::json!(ours_ms / ms);
+                    verdict = format!("{:.2}x", ours_ms / ms);
+                } else {
+                    row["ratio_vs_pytorch"] = serde_json::Value::Null;
+                    row["ratio_withheld"] = serde_json::json!(format!(
+                        "spreads over rounds: fpt {:.1}%, PyTorch {:.1}% (at most {:.0}% each, over at least 3 rounds, for a ratio to stand)",
+                        100.0 * ours_spread,
+                        100.0 * sp,
+                        100.0 * a.max_spread
+                    ));
+                    verdict = format!("({:.2}x, unsteady)", ours_ms / ms);
                 }
-                match cmd.output() {
-                    Ok(o) if o.status.success() => {
-                        let t: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
-                        if let Some(ms) = t.get("pytorch_ms").and_then(|v| v.as_f64()) {
-                            eprintln!("  pytorch step {ms:.1} ms: fpt/pytorch {:.2}", r.ours_ms / ms);
-                            row["pytorch"] = t;
-                            row["ratio_vs_pytorch"] = serde_json::json!(r.ours_ms / ms);
-                            torch_ms = Some(ms);
-                        }
-                    }
-                    Ok(o) => {
-                        let err = String::from_utf8_lossy(&o.stderr);
-                        row["pytorch_error"] = serde_json::json!(err.lines().last().unwrap_or("failed"));
-                    }
-                    Err(e) => row["pytorch_error"] = serde_json::json!(e.to_string()),
-                }
+                eprintln!(
+                    "  pytorch step {ms:.2} ms (spread over rounds {:.1}%): fpt/pytorch {verdict}",
+                    100.0 * sp
+                );
             }
             table.push(format!(
-                "| {name} | {precision} | {:.1} | {} | {} | {:.0} | {:.0} |",
-                r.ours_ms,
-                torch_ms.map_or("-".into(), |m| format!("{m:.1}")),
-                torch_ms.map_or("-".into(), |m| format!("{:.2}x", r.ours_ms / m)),
+                "| {name} | {precision} | {ours_ms:.2} ({:.0}%) | {} | {verdict} | {:.0} | {:.0} |",
+                100.0 * ours_spread,
+                torch_ms.map_or("-".into(), |m| format!(
+                    "{m:.2} ({:.0}%)",
+                    100.0 * row["pytorch"]["spread"].as_f64().unwrap_or(f64::NAN)
+                )),
                 r.copies.upload_bytes,
                 r.copies.download_bytes,
             ));
@@ -288,7 +423,9 @@ pub fn gpu_check(a: GpuCheckArgs) -> Result<()> {
             save(&result)?;
         }
     }
-    eprintln!("\n| shape | precision | fpt ms | PyTorch ms | ratio | bytes up a step | bytes down a step |");
+    eprintln!(
+        "\n| shape | precision | fpt ms (spread) | PyTorch ms (spread) | ratio | bytes up a step | bytes down a step |"
+    );
     eprintln!("|---|---|---|---|---|---|---|");
     for l in &table {
         eprintln!("{l}");

@@ -61,6 +61,10 @@ pub struct RunTableArgs {
     /// unfinished cells as `pending (step N)`.
     #[arg(long, value_parser = parse_budget)]
     budget: Option<std::time::Duration>,
+    /// Train only these runs (keys, as `--status` prints them, comma-separated); the report
+    /// still shows every cell.
+    #[arg(long, value_delimiter = ',')]
+    runs: Vec<String>,
     /// A campaign: first bring in the committed copies of the scale's runs
     /// (`<out>/campaign/<key>/`) where the local run directories are missing or behind, and
     /// at the end copy the runs back there (their files and latest checkpoint only), to be
@@ -154,6 +158,7 @@ pub fn run_table(a: RunTableArgs) -> Result<()> {
     opts.report_only = a.report_only;
     opts.shard = a.shard.as_deref().map(parse_shard).transpose()?;
     opts.rows = a.rows;
+    opts.only = a.runs;
     opts.deadline = a.budget.map(|b| std::time::SystemTime::now() + b);
     if a.campaign {
         for id in &ids {

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# A lent GPU's leftover minutes for the Table 2 `converge` campaign (issue 49): trains the
+# campaign runs named by key from their committed copies (results/campaign/<key>/, carried
+# with the working tree) on the device until the budget, and puts the runs it moved and the
+# report in $OUT, to be copied back into results/campaign/ here and committed.
+#   FPT_CAMPAIGN_BUDGET=300s FPT_CAMPAIGN_RUNS=key1,key2 bash bench/gpu/campaign.sh
+# Carried (ignored paths): target/cuda/fpt-cuda.gz (`cargo xtask cuda-build`) and
+# target/device-hub, a Hugging Face cache holding only the stand-in backbones' config.json
+# files (the random-init rows need no weights; the MiniLM weights, 91 MB, do not fit a
+# call): `bash bench/gpu/campaign.sh --prepare` here makes it. Data are generated on the
+# device (bit tasks; ListOps with `fpt fetch listops`, LRA's procedure, seed 0).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+if [ "${1:-}" = "--prepare" ]; then
+    src="${HF_HUB_CACHE:-${HF_HOME:-$HOME/.cache/huggingface}/hub}"
+    m=models--sentence-transformers--all-MiniLM-L6-v2
+    rm -rf target/device-hub && mkdir -p target/device-hub/$m/refs
+    cp "$src/$m/refs/main" target/device-hub/$m/refs/
+    rev=$(cat "$src/$m/refs/main")
+    mkdir -p target/device-hub/$m/snapshots/$rev
+    cp "$src/$m/snapshots/$rev/config.json" target/device-hub/$m/snapshots/$rev/
+    echo "target/device-hub: MiniLM's config.json (revision $rev)"
+    exit 0
+fi
+OUT="${OUT:-$(mktemp -d)}"
+mkdir -p "$OUT"
+bin=/tmp/fpt-cuda
+if [ ! -x "$bin" ]; then
+    gunzip -c target/cuda/fpt-cuda.gz > "$bin" && chmod +x "$bin" || exit 2
+fi
+py="${FPT_PYTHON:-python3}"
+cu13=$("$py" -c 'import os, nvidia; print(os.path.join(os.path.dirname(nvidia.__path__[0]), "nvidia", "cu13", "lib"))' 2>/dev/null || true)
+if [ -n "$cu13" ] && [ -d "$cu13" ]; then
+    export LD_LIBRARY_PATH="$cu13:${LD_LIBRARY_PATH:-}"
+fi
+export HF_HUB_CACHE="$PWD/target/device-hub" HF_HUB_OFFLINE=1
+export FPT_HOME="${FPT_HOME:-/tmp/fpt-home}"
+runs="${FPT_CAMPAIGN_RUNS:?name the runs: FPT_CAMPAIGN_RUNS=key1,key2}"
+start=$(date +%s)
+res="${FPT_CAMPAIGN_OUT:-results}"
+"$bin" fetch listops > "$OUT/campaign-fetch.log" 2>&1
+"$bin" run-table table2 --scale converge --campaign --runs "$runs" --budget "${FPT_CAMPAIGN_BUDGET:-300s}" \
+    --device "${FPT_GPU_DEVICE:-cuda:0}" --jobs "${FPT_CAMPAIGN_JOBS:-3}" --out "$res" 2>&1 | tee "$OUT/campaign.log"
+rc=${PIPESTATUS[0]}
+mkdir -p "$OUT/campaign"
+for k in ${runs//,/ }; do
+    [ -d "$res/campaign/$k" ] && cp -r "$res/campaign/$k" "$OUT/campaign/"
+done
+echo "bench/gpu/campaign.sh: exited $rc after $(( $(date +%s) - start )) s"
+exit "$rc"
