@@ -286,3 +286,76 @@ pub fn status_lines(states: &[RunState], jobs: usize) -> Vec<String> {
 pub fn bad(msg: impl Into<String>) -> AblateError {
     AblateError::Request(msg.into())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fake run directory at `step`, finished or not (a checkpoint either way).
+    fn fake_run(dir: &Path, step: usize, finished: bool) {
+        let _ = std::fs::remove_dir_all(dir);
+        let ck = fpt_train::checkpoint::root(dir).join(format!("step-{step:06}"));
+        std::fs::create_dir_all(&ck).unwrap();
+        for f in [
+            "trainable.safetensors",
+            "optimizer.safetensors",
+            "state.json",
+            "manifest.json",
+        ] {
+            std::fs::write(ck.join(f), format!("{f} at {step}")).unwrap();
+        }
+        // An older checkpoint's leftovers and tensorboard events are not carried.
+        std::fs::create_dir_all(fpt_train::checkpoint::root(dir).join("step-000001")).unwrap();
+        std::fs::write(dir.join("events.out.tfevents.1"), "x").unwrap();
+        std::fs::write(
+            fpt_train::checkpoint::root(dir).join("LATEST"),
+            format!("step-{step:06}"),
+        )
+        .unwrap();
+        std::fs::write(dir.join("spec.json"), "{}").unwrap();
+        std::fs::write(dir.join("metrics.jsonl"), format!("{{\"step\": {step}}}\n")).unwrap();
+        if finished {
+            let mut r: serde_json::Value =
+                serde_json::from_str(include_str!("../tests/data/result-template.json")).unwrap();
+            r["steps"] = serde_json::json!(step);
+            std::fs::write(dir.join("result.json"), r.to_string()).unwrap();
+        }
+    }
+
+    #[test]
+    fn progress_orders_runs_and_copies_keep_only_the_latest_checkpoint() {
+        let t = tempfile::tempdir().unwrap();
+        let (a, b) = (t.path().join("a"), t.path().join("b"));
+        assert_eq!(progress(&a), None);
+        fake_run(&a, 10, false);
+        assert_eq!(progress(&a), Some((false, 10)));
+        replace_with_copy(&a, &b).unwrap();
+        assert_eq!(progress(&b), Some((false, 10)));
+        let root = fpt_train::checkpoint::root(&b);
+        let names: Vec<String> = std::fs::read_dir(&root)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names.len(), 2, "{names:?}"); // LATEST and step-000010
+        assert!(!b.join("events.out.tfevents.1").exists());
+        assert_eq!(
+            std::fs::read_to_string(root.join("step-000010/state.json")).unwrap(),
+            "state.json at 10"
+        );
+        // Further beats behind; finished beats unfinished.
+        assert!(ahead(Some((false, 20)), Some((false, 10))));
+        assert!(!ahead(Some((false, 10)), Some((false, 20))));
+        assert!(ahead(Some((true, 5)), Some((false, 20))));
+        assert!(!ahead(None, Some((false, 1))));
+        fake_run(&a, 30, true);
+        assert_eq!(progress(&a), Some((true, 30)));
+        replace_with_copy(&a, &b).unwrap();
+        assert_eq!(progress(&b), Some((true, 30)));
+        // No temporary directory is left beside it.
+        let left: Vec<_> = std::fs::read_dir(t.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(left.len(), 2, "{left:?}");
+    }
+}

@@ -165,8 +165,9 @@ fn name(s: &Select) -> String {
 /// Why a pair is left out (the words of the verdicts).
 const AT_BASELINE: &str = "at their trivial baseline";
 const RISING: &str =
-    "not on a plateau (still rising at the cap, or evaluated once; it must have reached its plateau to be beaten)";
-const UNKNOWN_CONVERGENCE: &str = "convergence not recorded (a run from before fpt recorded it)";
+    "not converged (still rising across the last half of its steps, stopped before its row's Table 6 count, or evaluated once; only converged cells decide a claim)";
+const UNKNOWN_CONVERGENCE: &str =
+    "convergence not known by the rule (a run from before fpt recorded it the way the rule needs)";
 const AT_CEILING: &str = "both at the task's ceiling";
 const UNFIT: &str =
     "not the model its row names (a Bit backbone that did not learn Bit Memory, or whose pretraining was not recorded)";
@@ -244,12 +245,9 @@ fn compare<'v>(
                 out.push((AT_BASELINE, lb.clone()));
             }
         }
-        // The side that must not be beaten has to have reached its plateau; "comparable"
-        // needs both.
-        let mut must_converge = vec![(&y, lb.clone())];
-        if claim.kind == ClaimKind::Comparable {
-            must_converge.push((&x, Some(label(pa))));
-        }
+        // Only converged cells decide a claim, on either side: a still-rising cell is a
+        // lower bound, and one not judged by the rule says nothing of where it ends.
+        let must_converge = vec![(&y, lb.clone()), (&x, Some(label(pa)))];
         for (v, l) in must_converge {
             if let Some(l) = l {
                 match v.convergence {

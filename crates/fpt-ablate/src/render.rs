@@ -35,14 +35,19 @@ impl Report {
         };
         let dagger = if c.diverged.is_some() { " [†]" } else { "" };
         let spread = c.seeds.as_ref().map_or(String::new(), |s| format!(" [{}]", s.label()));
-        let base = if c.at_baseline.is_some() { " [at baseline]" } else { "" };
+        // Significantly below its baseline is said as such (not "at" it).
+        let base = match &c.at_baseline {
+            Some(why) if why.contains(" is below the baseline") => " [below baseline]",
+            Some(_) => " [at baseline]",
+            None => "",
+        };
         let unfit = if c.unfit.is_some() { " [unfit]" } else { "" };
         // Still rising at the cap: the number is a lower bound of where the run would end.
         // (A run that evaluated once, or diverged, showed no plateau either way.)
         let rising_at_cap = c.curve.as_deref().is_some_and(|k| k.starts_with("still rising"));
         let (ge, rising) = match (c.converged, c.ours.is_some(), c.metric) {
             (Some(false), true, Metric::TestAccuracy | Metric::TrainAccuracy) if rising_at_cap => ("≥", " [rising]"),
-            (Some(false), true, Metric::TestAccuracy | Metric::TrainAccuracy) => ("", " [no plateau]"),
+            (Some(false), true, Metric::TestAccuracy | Metric::TrainAccuracy) => ("", " [not converged]"),
             _ => ("", ""),
         };
         format!("{ge}{ours}{spread}{dagger}{base}{unfit}{rising} ({})", c.paper_text)
@@ -69,7 +74,7 @@ impl Report {
                 if *n == 1 { "" } else { "s" }
             ));
         }
-        s.push_str("\nEach cell: **ours** (paper). `n/a`: cannot run here (see below); `·`: the paper's number only; `-`: not run in the paper; `pending`: not run yet; `n/c`: did not converge; `invalid`: its run failed its self-check; `[†]`: training diverged, the number is the best before divergence; `[at baseline]`: its runs did not leave the task's trivial baseline (chance, the majority class of the evaluated split, Bit Memory's copy of the visible bits: see the cell's row below), so it is no evidence that the model learned, and no claim rests on it; `≥ ... [rising]`: a run ended at its step cap still rising (the paired test over its last evaluations: see the cell's row below), so the number is a lower bound, and no claim that it is beaten rests on it; `[no plateau]`: its run evaluated once (or diverged), so it showed no plateau, and no claim that it is beaten rests on it either; `[unfit]`: the cell's model is not what its row names (a Bit backbone that did not learn Bit Memory), so no claim rests on it.\n\n");
+        s.push_str("\nEach cell: **ours** (paper). `n/a`: cannot run here (see below); `·`: the paper's number only; `-`: not run in the paper; `pending`: not run yet; `n/c`: did not converge; `invalid`: its run failed its self-check; `[†]`: training diverged, the number is the best before divergence; `[at baseline]`: its runs did not leave the task's trivial baseline (chance, the majority class of the evaluated split, Bit Memory's copy of the visible bits: see the cell's row below), so it is no evidence that the model learned, and no claim rests on it; `[below baseline]`: the same, significantly below it; `≥ ... [rising]`: a run ended at its step cap still rising (the paired test across the last half of its steps: see the cell's row below), so the number is a lower bound; `[not converged]`: its runs are not converged by the rule (stopped before the row's Table 6 count, evaluated once, or diverged); only converged cells decide a claim; `[unfit]`: the cell's model is not what its row names (a Bit backbone that did not learn Bit Memory), so no claim rests on it.\n\n");
         let ran = self.cells.iter().filter(|c| c.status == "ran").count();
         let at = self.cells.iter().filter(|c| c.at_baseline.is_some()).count();
         if ran > 0 {

@@ -124,7 +124,15 @@ impl Baselines {
     fn check(&mut self, rec: &RunRecord, spec: &RunSpec) -> Option<fpt_train::outcomes::BaselineCheck> {
         let res = rec.result.as_ref()?;
         if let Some(b) = &res.baseline {
-            return Some(b.clone());
+            let mut b = b.clone();
+            // Results written before fpt told "below" from "within the noise": said now,
+            // from the interval they recorded.
+            if b.margin_interval.1 < 0.0 {
+                for r in &mut b.reasons {
+                    *r = r.replace("is within the uncertainty of the baseline's", "is below the baseline's");
+                }
+            }
+            return Some(b);
         }
         let key = format!(
             "{}#{}",
@@ -201,19 +209,83 @@ fn metric_of(res: &fpt_train::RunResult, metric: Metric) -> Option<f64> {
         Metric::TrainAccuracy => res.train_accuracy.map(|a| 100.0 * a),
         // A run that ended at its cap still rising did not converge, whatever its curve's
         // last evaluations looked like: its steps to convergence are "more than it ran".
-        Metric::StepsToConvergence if res.converged == Some(false) => None,
+        Metric::StepsToConvergence if res.converged != Some(true) => None,
         Metric::StepsToConvergence => res.converged_step.map(|s| s as f64),
         Metric::Speedup => res.cached.as_ref().map(|c| c.speedup),
         _ => Some(100.0 * res.test_accuracy),
     }
 }
 
+/// Whether a run is converged by fpt's rule ([`fpt_train::outcomes::convergence`]: no gain
+/// above the noise across the last half of its steps, paired over the held-out examples,
+/// and not before `floor`, its row's Table 6 count), with the reason in words. Runs judged
+/// by the rule are read as they recorded it. Older runs (a fixed window of evaluations, or
+/// none recorded) are re-derived as far as their records allow: one that stopped before
+/// its floor, or whose test said it was rising, is not converged; one whose accuracy rose
+/// across its last half by more than even the widest interval the two accuracies allow is
+/// not either; otherwise the rule cannot be applied (the per-example outcomes of its
+/// earlier evaluations were not kept): `None`.
+pub fn converged_by_rule(
+    res: &fpt_train::RunResult,
+    evals: &[fpt_train::EvalRecord],
+    floor: Option<usize>,
+) -> (Option<bool>, String) {
+    let floor = floor.or(res.plateau.as_ref().and_then(|p| p.floor));
+    if res.diverged {
+        return (Some(false), "diverged: no plateau".into());
+    }
+    if let Some(p) = res.plateau.as_ref().filter(|p| p.rule.as_deref() == Some("half")) {
+        return (Some(p.converged()), plateau_words(p));
+    }
+    // Still rising by its own test: a lower bound, whatever else is said of it.
+    if let Some(p) = res.plateau.as_ref().filter(|p| p.rising) {
+        return (Some(false), plateau_words(p));
+    }
+    if let Some(f) = floor.filter(|&f| res.steps < f) {
+        return (
+            Some(false),
+            format!(
+                "not converged: it stopped at step {}, before step {f}, the paper's Table 6 count for its row and task",
+                res.steps
+            ),
+        );
+    }
+    // The accuracies alone over the last half: rising only if even the widest interval the
+    // two allow (each example a coin with its accuracy, the two anti-correlated) says so.
+    if let Some(last) = evals.last() {
+        if let Some(first) = evals.iter().rev().find(|e| e.step <= last.step / 2) {
+            let n = res.eval_examples.max(1) as f64;
+            let sd = |p: f64| (p.clamp(0.0, 1.0) * (1.0 - p.clamp(0.0, 1.0))).sqrt();
+            let gain = last.test_accuracy - first.test_accuracy;
+            let half = 1.96 * (sd(last.test_accuracy) + sd(first.test_accuracy)) / n.sqrt();
+            if gain - half > 0.0 {
+                return (
+                    Some(false),
+                    format!(
+                        "not converged: {:+.1} points from step {} to step {} (the last half of its steps; at least {:+.1} by the widest interval the two accuracies allow)",
+                        100.0 * gain,
+                        first.step,
+                        last.step,
+                        100.0 * (gain - half)
+                    ),
+                );
+            }
+        }
+    }
+    (
+        None,
+        "convergence cannot be re-derived by the rule (last half of the run, paired over the examples): the run kept the per-example outcomes of its last evaluations only".into(),
+    )
+}
+
 /// The plateau test of a run in words (a cell's `curve`).
 pub fn plateau_words(p: &fpt_train::outcomes::Plateau) -> String {
     let what = if p.rising {
-        "still rising at its cap (the number is a lower bound)"
+        "still rising (the number is a lower bound)"
+    } else if p.before_floor() {
+        "not converged: before its row's Table 6 count"
     } else {
-        "converged (on a plateau)"
+        "converged (flat across the last half of its steps)"
     };
     format!(
         "{what}: {:+.1} points from step {} to step {} ({} evaluations; 95% interval {:+.1} to {:+.1}, paired over the held-out examples)",
@@ -519,11 +591,19 @@ impl Report {
                                     res.best_step
                                 ));
                             }
-                            r.curve = match &res.plateau {
-                                Some(p) => Some(plateau_words(p)),
+                            // The row's Table 6 count for the cell's task, where the table gives one.
+                            let floor = c
+                                .settings
+                                .converge_floor
+                                .as_ref()
+                                .and_then(|m| m.get(&spec.task.name.to_string()))
+                                .copied();
+                            let (_, words) = converged_by_rule(res, &rec.evals, floor);
+                            r.curve = Some(match &res.plateau {
+                                Some(_) => words,
                                 None => curve_state(&rec.evals, res.eval_examples, rec.outcomes.as_ref())
-                                    .map(|c| format!("{c}; convergence not recorded")),
-                            };
+                                    .map_or(words.clone(), |c| format!("{c}; {words}")),
+                            });
                             r.eval_examples = Some(res.eval_examples);
                             r.ours = metric_of(res, c.metric);
                             if c.metric == Metric::StepsToConvergence && r.ours.is_none() {
@@ -560,9 +640,13 @@ impl Report {
                             }
                             // Whether the runs learned: for the numbers that measure learning
                             // (a speedup or a count is measured whatever the model learned).
+                            // A speedup of a model that learned nothing is no evidence either.
                             let learning = matches!(
                                 c.metric,
-                                Metric::TestAccuracy | Metric::TrainAccuracy | Metric::StepsToConvergence
+                                Metric::TestAccuracy
+                                    | Metric::TrainAccuracy
+                                    | Metric::StepsToConvergence
+                                    | Metric::Speedup
                             );
                             let checks: Vec<_> = match learning {
                                 true => runs.iter().filter_map(|(o, sp)| baselines.check(o, sp)).collect(),
@@ -612,10 +696,10 @@ impl Report {
                                     }
                                 }
                             }
-                            // Converged only when every seed's run did.
+                            // Converged only when every seed's run did, by the rule.
                             let conv: Vec<Option<bool>> = runs
                                 .iter()
-                                .map(|(o, _)| o.result.as_ref().and_then(|r| r.converged))
+                                .map(|(o, _)| o.result.as_ref().and_then(|r| converged_by_rule(r, &o.evals, floor).0))
                                 .collect();
                             r.converged = if conv.contains(&Some(false)) {
                                 Some(false)
@@ -647,7 +731,7 @@ impl Report {
                     let cell = &reports[r * ncols + c];
                     let v = cell.ours?;
                     let accuracy = matches!(cell.metric, Metric::TestAccuracy | Metric::TrainAccuracy);
-                    let learned = accuracy || cell.metric == Metric::StepsToConvergence;
+                    let learned = accuracy || matches!(cell.metric, Metric::StepsToConvergence | Metric::Speedup);
                     let se = match (accuracy, cell.metric, cell.eval_examples) {
                         (true, _, Some(n)) if n > 0 => {
                             // The binomial error, with one success and one failure added so

@@ -294,8 +294,14 @@ pub const COLLAPSE_SHARE: f64 = 0.95;
 /// over the baseline does not exclude 0 from above.
 fn accuracy_reason(base: &Baseline, margin: f64, (lo, hi): (f64, f64), examples: usize, how: &str) -> Option<String> {
     (lo <= 0.0).then(|| {
+        // Below it, where even the interval's top is under 0; else within its noise.
+        let relation = if hi < 0.0 {
+            "is below"
+        } else {
+            "is within the uncertainty of"
+        };
         format!(
-            "accuracy {:.1}% is within the uncertainty of the baseline's {:.1}% ({}; difference {:+.1} points, 95% interval {:+.1} to {:+.1} over {examples} examples{how})",
+            "accuracy {:.1}% {relation} the baseline's {:.1}% ({}; difference {:+.1} points, 95% interval {:+.1} to {:+.1} over {examples} examples{how})",
             100.0 * (base.accuracy + margin),
             100.0 * base.accuracy,
             base.describe(),
@@ -407,6 +413,58 @@ pub fn read(out_dir: &std::path::Path) -> Option<Outcomes> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Evaluations every 100 steps of 400 one-label examples; `right[i]` examples right at
+    /// evaluation i (the first ones in the split's order, so gains are paired).
+    fn evals(right: &[usize]) -> Vec<EvalScores> {
+        right
+            .iter()
+            .enumerate()
+            .map(|(i, &r)| EvalScores {
+                step: 100 * (i + 1),
+                labels_per_example: 1,
+                correct: (0..400).map(|j| u32::from(j < r)).collect(),
+            })
+            .collect()
+    }
+
+    /// A learner that climbs in steps: flat at 80% for the last three evaluations, but 60%
+    /// at the run's half. A fixed window of three evaluations calls it flat; the rule (the
+    /// last half of the run) sees the climb.
+    #[test]
+    fn the_last_half_sees_a_step_that_a_short_window_misses() {
+        let e = evals(&[240, 240, 240, 240, 240, 320, 320, 320, 320, 320]);
+        let short = plateau(&e, 3).unwrap();
+        assert!(!short.rising, "{short:?}");
+        let rule = convergence(&e, 3, None).unwrap();
+        assert_eq!((rule.from_step, rule.to_step), (500, 1000), "{rule:?}");
+        assert!(rule.rising && !rule.converged(), "{rule:?}");
+        assert_eq!(rule.rule.as_deref(), Some("half"));
+        // Flat across the whole last half: converged, unless before its floor.
+        let e = evals(&[240, 320, 320, 320, 320, 320, 320, 320, 320, 320]);
+        let rule = convergence(&e, 3, None).unwrap();
+        assert!(!rule.rising && rule.converged(), "{rule:?}");
+        let floored = convergence(&e, 3, Some(2000)).unwrap();
+        assert!(
+            !floored.rising && floored.before_floor() && !floored.converged(),
+            "{floored:?}"
+        );
+        assert!(convergence(&e, 3, Some(1000)).unwrap().converged());
+    }
+
+    /// Trimming keeps what the rule needs, now and later: the same verdicts as on the whole
+    /// list, at every evaluation.
+    #[test]
+    fn trimming_keeps_what_the_rule_needs() {
+        let all = evals(&[10, 40, 90, 160, 200, 210, 300, 300, 301, 300, 302, 300, 300, 300]);
+        let mut kept: Vec<EvalScores> = Vec::new();
+        for i in 0..all.len() {
+            kept.push(all[i].clone());
+            keep_for_convergence(&mut kept, 3);
+            assert_eq!(convergence(&kept, 3, None), convergence(&all[..=i], 3, None), "at {i}");
+            assert!(kept.len() <= i / 2 + 5, "{} kept at {i}", kept.len());
+        }
+    }
 
     fn base(scores: Vec<f64>, majority_share: f64, loss: f64) -> Baseline {
         let accuracy = scores.iter().sum::<f64>() / scores.len() as f64;
