@@ -131,6 +131,73 @@ struct ReproduceArgs {
     /// Use the (optimised) dev-profile build instead of the release build
     #[arg(long)]
     dev: bool,
+    /// A time budget (`2h`, `45m`): every running cell stops with a checkpoint at its end
+    /// and the next call resumes it (`fpt run-table --budget`)
+    #[arg(long)]
+    budget: Option<String>,
+    /// Carry the scale's runs through results/campaign/ (committed) so that any machine
+    /// resumes them (`fpt run-table --campaign`)
+    #[arg(long)]
+    campaign: bool,
+}
+
+/// `cargo xtask campaign`'s flags.
+#[derive(Debug, Clone, Args)]
+struct CampaignArgs {
+    /// A time budget (`2h`, `45m`, `2h30m`): every running cell stops with a checkpoint at its
+    /// end; commit results/campaign/ afterwards
+    #[arg(long, default_value = "2h")]
+    budget: String,
+    /// Print the campaign's state (cells done, pending at step N, steps and hours left) and
+    /// train nothing
+    #[arg(long)]
+    status: bool,
+    /// Runs trained at once (`fpt run-table --jobs`)
+    #[arg(long)]
+    jobs: Option<String>,
+    /// Device: cpu, or cuda / cuda:N with a CUDA build
+    #[arg(long)]
+    device: Option<String>,
+}
+
+/// `cargo xtask campaign`: Table 2 at the `converge` scale (its FPT, Random and Bit rows),
+/// in a stretch of `--budget`, carried through results/campaign/.
+fn campaign(a: &CampaignArgs) -> Result<()> {
+    if a.status {
+        let bin = build_fpt_profile(false, false)?;
+        let tables = root().join("data").join("tables");
+        return fpt(
+            &bin,
+            &[
+                "run-table",
+                "table2",
+                "--scale",
+                "converge",
+                "--status",
+                "--tables",
+                tables.to_str().context("non-UTF-8 path")?,
+                "--out",
+                root().join("results").to_str().context("non-UTF-8 path")?,
+            ],
+        );
+    }
+    reproduce(&ReproduceArgs {
+        ids: vec!["table2".into()],
+        scale: "converge".into(),
+        jobs: a.jobs.clone(),
+        shard: None,
+        rows: Some("FPT,Random,Bit".into()),
+        device: a.device.clone(),
+        precision: None,
+        out: None,
+        force: false,
+        report_only: false,
+        list: false,
+        dry_run: false,
+        dev: false,
+        budget: Some(a.budget.clone()),
+        campaign: true,
+    })
 }
 
 /// `cargo xtask reproduce`: fetch what the tables need, run them with `fpt run-table`,
@@ -142,6 +209,7 @@ fn reproduce(a: &ReproduceArgs) -> Result<()> {
     // What goes on to `fpt run-table` as given.
     let mut pass: Vec<String> = Vec::new();
     for (flag, v) in [
+        ("--budget", &a.budget),
         ("--jobs", &a.jobs),
         ("--shard", &a.shard),
         ("--rows", &a.rows),
@@ -156,6 +224,7 @@ fn reproduce(a: &ReproduceArgs) -> Result<()> {
         ("--force", a.force),
         ("--report-only", a.report_only),
         ("--dry-run", a.dry_run),
+        ("--campaign", a.campaign),
     ] {
         if on {
             pass.push(flag.to_string());
@@ -324,6 +393,8 @@ fn merge(a: &MergeArgs) -> Result<()> {
         list: false,
         dry_run: false,
         dev: false,
+        budget: None,
+        campaign: false,
     })
 }
 
@@ -548,6 +619,10 @@ enum Task {
     /// report's grid and the time of each run and stage; reports land in
     /// results/<table>/<scale>/
     Reproduce(ReproduceArgs),
+    /// Table 2 until its models converge (the `converge` scale), a stretch at a time:
+    /// trains until `--budget`, checkpoints, copies the runs to results/campaign/ (commit
+    /// them); `--status` says what is done and what is left
+    Campaign(CampaignArgs),
     /// Gather the runs of `--shard` result directories and render every report
     Merge(MergeArgs),
     /// The static HTML site of the results (`fpt report`)
@@ -581,6 +656,7 @@ enum Task {
 fn main() -> Result<()> {
     match Cli::parse().task {
         Task::Reproduce(a) => reproduce(&a),
+        Task::Campaign(a) => campaign(&a),
         Task::Merge(a) => merge(&a),
         Task::Site(a) => site(&a),
         Task::Demo(a) => demo(&a),
