@@ -151,6 +151,8 @@ pub struct RunState {
     pub key: String,
     /// `row / column, seed N`.
     pub what: String,
+    /// The task's name.
+    pub task: String,
     /// `done`, `pending` (a checkpoint) or `not started`.
     pub state: String,
     /// Steps done.
@@ -159,13 +161,30 @@ pub struct RunState {
     pub cap: usize,
     /// The floor (the paper's Table 6 count), if any.
     pub floor: Option<usize>,
-    /// Seconds per step measured on this run (its metrics), if any.
+    /// Seconds per step measured on this run on a CPU, if any.
     pub secs_per_step: Option<f64>,
     /// For a done run: its accuracy, converged or not.
     pub outcome: Option<String>,
 }
 
+/// Seconds a step on a CPU: from the run's CPU stretches in `history.jsonl` where it has
+/// them (a stretch on a GPU says nothing of this machine's pace), else from its metrics'
+/// elapsed time where it has no history (runs made before fpt kept one); `None` for a run
+/// trained only on a GPU so far.
 fn secs_per_step(dir: &Path) -> Option<f64> {
+    if let Ok(h) = std::fs::read_to_string(dir.join("history.jsonl")) {
+        let (mut secs, mut steps) = (0f64, 0usize);
+        for seg in h
+            .lines()
+            .filter_map(|l| serde_json::from_str::<fpt_train::Segment>(l).ok())
+        {
+            if seg.device == "cpu" && seg.to_step > seg.from_step {
+                secs += seg.seconds;
+                steps += seg.to_step - seg.from_step;
+            }
+        }
+        return (steps > 0).then(|| secs / steps as f64);
+    }
     let text = std::fs::read_to_string(dir.join("metrics.jsonl")).ok()?;
     let last: fpt_train::EvalRecord = text.lines().rev().find_map(|l| serde_json::from_str(l).ok())?;
     (last.step > 0 && last.elapsed_s > 0.0).then(|| last.elapsed_s / last.step as f64)
@@ -211,6 +230,7 @@ pub fn status(cells: &[Cell], rows: &[String], cols: &[String], out: &Path, task
                     spec.train.seed
                 ),
                 key,
+                task: spec.task.name.to_string(),
                 state: match p {
                     Some((true, _)) => "done".into(),
                     Some((false, _)) => "pending".into(),
@@ -232,12 +252,24 @@ pub fn status_lines(states: &[RunState], jobs: usize) -> Vec<String> {
     let mut lines = Vec::new();
     let (mut done, mut pending, mut fresh) = (0, 0, 0);
     let (mut left_cap, mut left_floor, mut secs_cap, mut secs_floor) = (0usize, 0usize, 0f64, 0f64);
-    // The pace of runs without their own: the median of the others' (else none).
-    let mut paces: Vec<f64> = states.iter().filter_map(|s| s.secs_per_step).collect();
-    paces.sort_by(f64::total_cmp);
-    let fallback = paces.get(paces.len() / 2).copied();
+    // The pace of runs without their own: the median of the same task's runs (their steps
+    // cost the same), else of all runs; none before any was measured.
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied()
+    };
+    let fallback = median(states.iter().filter_map(|s| s.secs_per_step).collect());
+    let task_pace = |task: &str| {
+        median(
+            states
+                .iter()
+                .filter(|s| s.task == task)
+                .filter_map(|s| s.secs_per_step)
+                .collect(),
+        )
+    };
     for s in states {
-        let pace = s.secs_per_step.or(fallback);
+        let pace = s.secs_per_step.or_else(|| task_pace(&s.task)).or(fallback);
         let line = match s.state.as_str() {
             "done" => {
                 done += 1;
@@ -265,12 +297,19 @@ pub fn status_lines(states: &[RunState], jobs: usize) -> Vec<String> {
                     s.cap,
                     s.floor.map_or(String::new(), |f| format!(" (floor {f})")),
                     s.secs_per_step
-                        .map_or(String::new(), |p| format!(", {p:.3} s a step measured")),
+                        .map_or(String::new(), |p| format!(", {p:.3} s a step on a CPU")),
                 )
             }
         };
         lines.push(format!("{line}  [{}]", s.key));
     }
+    let mut unpaced: Vec<&str> = states
+        .iter()
+        .filter(|s| s.state != "done" && task_pace(&s.task).is_none())
+        .map(|s| s.task.as_str())
+        .collect();
+    unpaced.sort();
+    unpaced.dedup();
     let jobs = jobs.max(1) as f64;
     lines.push(format!(
         "{done} done, {pending} pending, {fresh} not started; {left_floor} steps left to the floors (the paper's Table 6 counts) and {left_cap} to the caps: {:.1} to {:.1} hours on this machine at the measured pace, {} runs at once{}",
@@ -279,6 +318,12 @@ pub fn status_lines(states: &[RunState], jobs: usize) -> Vec<String> {
         jobs,
         if fallback.is_none() { " (no pace measured yet: hours unknown)" } else { "" }
     ));
+    if fallback.is_some() && !unpaced.is_empty() {
+        lines.push(format!(
+            "no CPU pace measured yet for {}: their hours use the median of the other tasks' pace, an underestimate where their steps cost more",
+            unpaced.join(", ")
+        ));
+    }
     lines
 }
 

@@ -54,7 +54,7 @@ pub mod trajectory;
 pub use evaluate::{device_name, evaluate, evaluate_with, predict_run, tally_with, Predictions, Predictor};
 pub use run_dir::{in_use_by, saved_spec, write_atomic};
 pub(crate) use run_dir::{metrics_append, metrics_truncate, run_dir_err, write_result, RunLock};
-pub use run_loop::{evaluate_run, resume, resume_task, train, train_task, RunState};
+pub use run_loop::{evaluate_run, resume, resume_task, train, train_task, RunState, Segment};
 pub use trainer::{root_rng, StepOutcome, Trainer};
 
 use candle_core::{DType, Device, Tensor, Var};
