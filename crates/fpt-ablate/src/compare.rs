@@ -123,6 +123,37 @@ pub fn compare_runs(runs: &[PathBuf], vs: &[PathBuf], seed_sd: f64) -> Result<Co
         .collect::<Result<Vec<_>>>()?
         .into_iter()
         .unzip();
+    // Runs of different tasks, or pairs scored on different held-out examples, are not a
+    // comparison: refused with both named, never given a verdict.
+    let task_of = |d: &PathBuf| {
+        std::fs::read_to_string(d.join("spec.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .map(|v| serde_json::to_string(&v["task"]).unwrap_or_default())
+    };
+    let all: Vec<&PathBuf> = runs.iter().chain(vs).collect();
+    let first_task = task_of(all[0]);
+    if let Some(other) = all.iter().skip(1).find(|d| task_of(d) != first_task) {
+        return Err(bad(format!(
+            "{} and {} are runs of different tasks ({} vs {}): refused, no verdict",
+            all[0].display(),
+            other.display(),
+            first_task.unwrap_or_else(|| "no spec.json".into()),
+            task_of(other).unwrap_or_else(|| "no spec.json".into())
+        )));
+    }
+    if let Some(((a, b), _)) = ours
+        .iter()
+        .zip(&theirs)
+        .zip(oa.iter().zip(&ob))
+        .find(|(_, (x, y))| x.fingerprint != y.fingerprint || x.correct.len() != y.correct.len())
+    {
+        return Err(bad(format!(
+            "{} and {} were scored on different held-out examples (split or fingerprint differ): refused, no verdict; pair runs of the same task and seed",
+            a.dir.display(),
+            b.dir.display()
+        )));
+    }
     let unpaired = ours
         .iter()
         .zip(&theirs)

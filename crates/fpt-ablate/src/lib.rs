@@ -20,6 +20,7 @@ pub mod campaign;
 pub mod chart;
 pub mod claims;
 pub mod compare;
+pub mod convergence;
 mod expand;
 pub mod figure;
 pub mod paper;

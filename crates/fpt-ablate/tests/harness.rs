@@ -18,9 +18,14 @@ fn every_table_and_figure_of_the_paper_has_a_spec_that_expands_at_every_scale() 
     let scales = load_scales(&dir).unwrap();
     assert_eq!(
         scales.keys().cloned().collect::<Vec<_>>(),
-        ["cpu", "cpu-full", "paper", "smoke"]
+        ["converge", "cpu", "cpu-full", "paper", "smoke"]
     );
     assert_eq!(scales["cpu-full"].base.as_deref(), Some("cpu"), "cpu-full extends cpu");
+    assert_eq!(scales["converge"].base.as_deref(), Some("cpu"), "converge extends cpu");
+    assert!(
+        scales["converge"].apply_converge_floor,
+        "converge writes the Table 6 floors into its specs"
+    );
     for id in &ids {
         let t = load_table(&dir, id).unwrap();
         if t.rows.is_empty() {
@@ -229,7 +234,7 @@ fn a_table_runs_reports_skips_finished_cells_and_shards() {
     for c in &ran {
         let k = c.curve.as_deref().unwrap();
         assert!(
-            ["converged (on a plateau):", "still rising at its cap"]
+            ["converged (flat across the last half of its steps):", "still rising"]
                 .iter()
                 .any(|p| k.starts_with(p))
                 && k.contains("from step 3 to step 6"),
@@ -252,8 +257,12 @@ fn a_table_runs_reports_skips_finished_cells_and_shards() {
     let r = Report::new(&t, "mini", &cells, &out);
     let md = r.markdown(&out);
     let fpt_row = md.lines().find(|l| l.starts_with("| FPT | ")).unwrap();
-    // (These few steps leave the cell at its trivial baseline, which the grid marks too.)
-    assert!(fpt_row.contains("50.0% [†] [at baseline] (50%)"), "{fpt_row}");
+    // (These few steps leave the cell at its trivial baseline, which the grid marks too; a
+    // diverged run is not converged.)
+    assert!(
+        fpt_row.contains("50.0% [†] [at baseline] [not converged] (50%)"),
+        "{fpt_row}"
+    );
     assert!(
         md.contains("diverged at step 5 (loss 1e9 above 100 x the first step's)"),
         "{md}"

@@ -31,7 +31,34 @@ pub(crate) struct PredictArgs {
     pub(crate) device: String,
 }
 
+/// Refuses an output path that is one of the inputs (the same file, or a hard or symbolic
+/// link to it), before anything is read: predictions never replace the data they came from.
+fn refuse_output_over_inputs(out: &std::path::Path, inputs: &[&std::path::Path]) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    // The output need not exist; where it does, it is compared by device and inode (hard
+    // links, symlinks followed); where it does not, by its canonical parent and name.
+    let same = |input: &std::path::Path| -> bool {
+        match (std::fs::metadata(out), std::fs::metadata(input)) {
+            (Ok(o), Ok(i)) => o.dev() == i.dev() && o.ino() == i.ino(),
+            _ => false,
+        }
+    };
+    for input in inputs {
+        if same(input) {
+            anyhow::bail!(
+                "--out {} is the input file {} (the same file or a link to it): refused, nothing read or written; choose another output path",
+                out.display(),
+                input.display()
+            );
+        }
+    }
+    Ok(())
+}
+
 pub(crate) fn predict(a: PredictArgs) -> Result<()> {
+    let mut inputs = vec![a.inputs.as_path()];
+    inputs.extend(a.labels.as_deref());
+    refuse_output_over_inputs(&a.out, &inputs)?;
     let device = parse_device(&a.device)?;
     let (data, labels) = if is_idx(&a.inputs) {
         fpt_tasks::images::read_idx_for_prediction(&a.inputs, a.labels.as_deref())?
@@ -44,7 +71,29 @@ pub(crate) fn predict(a: PredictArgs) -> Result<()> {
         }
         fpt_tasks::custom::read_for_prediction(&a.inputs)?
     };
-    let p = fpt_train::predict_run(&a.dir, &data, &device)?;
+    let predictor = fpt_train::Predictor::open(&a.dir, &device)?;
+    let dims = predictor.dims();
+    // A label the run cannot have is refused, not scored.
+    if let Some((i, l)) = labels
+        .iter()
+        .enumerate()
+        .find_map(|(i, l)| l.filter(|&l| l as usize >= dims.classes).map(|l| (i, l)))
+    {
+        anyhow::bail!(
+            "{}: example {i} has label {l}, but the run has {} classes (0..{}): refused, nothing written",
+            a.labels.as_deref().unwrap_or(&a.inputs).display(),
+            dims.classes,
+            dims.classes - 1
+        );
+    }
+    let p = predictor.predict(&data)?;
+    let cut = (0..data.len()).filter(|&i| data.seq_len(i) > dims.seq_len).count();
+    if cut > 0 {
+        eprintln!(
+            "fpt predict: {cut} example(s) longer than the run's {} tokens were cut to {}, as the run's task cuts its own sequences",
+            dims.seq_len, dims.seq_len
+        );
+    }
     let csv = a.out.extension().is_some_and(|e| e.eq_ignore_ascii_case("csv"));
     let k = p.probabilities.first().map_or(0, Vec::len);
     let any_label = labels.iter().any(Option::is_some);

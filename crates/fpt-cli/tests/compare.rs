@@ -76,4 +76,37 @@ fn compare_pairs_runs_by_example_and_seed() {
     let out = fpt(&["compare", empty.to_str().unwrap(), "--vs", &b0]);
     assert!(!out.status.success());
     assert!(stderr(&out).contains("outcomes.json"), "{}", stderr(&out));
+
+    // Runs of different tasks, or scored on different held-out examples, are no
+    // comparison: refused with both named, no verdict, whatever their outcomes say.
+    let of_task = |name: &str, task: &str, fingerprint: &str| {
+        let d = dir.path().join(name);
+        std::fs::create_dir_all(&d).unwrap();
+        let c: Vec<u32> = (0..400).map(|i| u32::from(i % 3 == 0)).collect();
+        let o = serde_json::json!({"step": 100, "labels_per_example": 1, "correct": c,
+            "predicted": [200, 200], "fingerprint": fingerprint});
+        std::fs::write(d.join("outcomes.json"), o.to_string()).unwrap();
+        let spec = serde_json::json!({"task": {"name": task}, "train": {"seed": 0}});
+        std::fs::write(d.join("spec.json"), spec.to_string()).unwrap();
+        d.display().to_string()
+    };
+    let features = of_task("features", "custom", "f");
+    let tokens = of_task("tokens", "listops", "f");
+    for args in [
+        vec!["compare", features.as_str(), "--vs", tokens.as_str()],
+        vec!["compare", features.as_str(), "--vs", tokens.as_str(), "--json"],
+    ] {
+        let out = fpt(&args);
+        assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+        let err = stderr(&out);
+        assert!(
+            err.contains("different tasks") && err.contains("features") && err.contains("tokens"),
+            "{err}"
+        );
+        assert!(out.stdout.is_empty(), "no verdict printed");
+    }
+    let other_split = of_task("other-split", "custom", "g");
+    let out = fpt(&["compare", features.as_str(), "--vs", other_split.as_str()]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("different held-out examples"), "{}", stderr(&out));
 }

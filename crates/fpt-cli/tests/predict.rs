@@ -171,6 +171,67 @@ fn predictions_on_the_test_split_reproduce_the_runs_accuracy() {
     let err = stderr(&out);
     assert!(err.contains("width 2") && err.contains("width 3"), "{err}");
     assert!(!none.exists(), "no output for refused inputs");
+
+    // What must never be predicted: each refused with its reason (exit 2), nothing written.
+    let refused = |name: &str, text: &str, want: &[&str]| {
+        let f = tmp.path().join(name);
+        std::fs::write(&f, text).unwrap();
+        let o = tmp.path().join(format!("{name}.out"));
+        let out = fpt(&[
+            "predict",
+            run.to_str().unwrap(),
+            "--inputs",
+            f.to_str().unwrap(),
+            "--out",
+            o.to_str().unwrap(),
+        ]);
+        assert_eq!(out.status.code(), Some(2), "{name}: {}", stderr(&out));
+        let err = stderr(&out);
+        for w in want {
+            assert!(err.contains(w), "{name}: `{w}` not in {err}");
+        }
+        assert!(!o.exists(), "{name}: nothing written");
+    };
+    // Finite but huge features: the scores are not numbers.
+    refused(
+        "huge.jsonl",
+        "{\"features\": [[1, 2], [3e38, -3e38], [3e38, 3e38]]}\n",
+        &["example 0", "not finite"],
+    );
+    // A record far longer than the run's 3 time steps.
+    let long: Vec<[f64; 2]> = (0..5000).map(|i| [i as f64 * 1e-4, 0.5]).collect();
+    refused(
+        "long.jsonl",
+        &format!("{{\"features\": {}}}\n", serde_json::json!(long)),
+        &["example 0 has 5000 time steps", "at most 3"],
+    );
+    // A label the run cannot have (2 classes).
+    refused(
+        "label7.jsonl",
+        "{\"features\": [[0.1, 0.2], [0.3, 0.4], [0.5, 0.6]], \"label\": 7}\n",
+        &["example 0 has label 7", "2 classes"],
+    );
+
+    // The output path is the input (the same file, a hard link, a symlink): refused before
+    // anything is read, and the inputs are unchanged.
+    let before = std::fs::read(&inputs).unwrap();
+    let hard = tmp.path().join("hard.jsonl");
+    std::fs::hard_link(&inputs, &hard).unwrap();
+    let soft = tmp.path().join("soft.jsonl");
+    std::os::unix::fs::symlink(&inputs, &soft).unwrap();
+    for target in [&inputs, &hard, &soft] {
+        let out = fpt(&[
+            "predict",
+            run.to_str().unwrap(),
+            "--inputs",
+            inputs.to_str().unwrap(),
+            "--out",
+            target.to_str().unwrap(),
+        ]);
+        assert_ne!(out.status.code(), Some(0), "{}", stderr(&out));
+        assert!(stderr(&out).contains("is the input file"), "{}", stderr(&out));
+        assert_eq!(std::fs::read(&inputs).unwrap(), before, "the inputs are unchanged");
+    }
 }
 
 /// MNIST-format IDX images: a run of the mnist task predicts on its test images (IDX, with

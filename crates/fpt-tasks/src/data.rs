@@ -121,7 +121,7 @@ impl Dataset {
     }
 
     /// Length (tokens or vectors) of example `i` as stored.
-    fn seq_len(&self, i: usize) -> usize {
+    pub fn seq_len(&self, i: usize) -> usize {
         match &self.examples {
             Examples::Images { .. } => 0,
             Examples::Tokens(s) => s[i].len(),
@@ -548,6 +548,25 @@ impl Task for DatasetTask {
                 msg: format!("{}: {msg}", self.name),
             })
         };
+        // Longer than the run's sequences: refused (the model would read a cut it never
+        // saw), except where the run's own task cuts every sequence so (ListOps, at its
+        // `max_len`, as LRA's pipeline does).
+        let cuts = self.name == TaskName::ListOps;
+        let longest = match &data.examples {
+            Examples::Tokens(seqs) => seqs.iter().map(Vec::len).enumerate().max_by_key(|x| x.1),
+            Examples::Features { width, seqs } => seqs
+                .iter()
+                .map(|r| r.len() / (*width).max(1))
+                .enumerate()
+                .max_by_key(|x| x.1),
+            _ => None,
+        };
+        if let Some((i, len)) = longest.filter(|&(_, len)| len > self.dims.seq_len && !cuts) {
+            return bad(format!(
+                "example {i} has {len} time steps; the run was trained on sequences of at most {} (refused: it would be cut where the run never cut its own)",
+                self.dims.seq_len
+            ));
+        }
         match (&self.train.examples, &data.examples, self.dims.input) {
             (Examples::Tokens(_), Examples::Tokens(seqs), InputKind::Tokens { vocab }) => {
                 for (i, s) in seqs.iter().enumerate() {

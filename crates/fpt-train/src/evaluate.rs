@@ -156,7 +156,18 @@ impl Predictor {
                     &logits.argmax(candle_core::D::Minus1)?,
                 )?);
                 let host = fpt_nn::transfer::download_vec::<f32>(&logits.to_dtype(candle_core::DType::F32)?)?;
-                for row in host.chunks(k.max(1)) {
+                for (j, row) in host.chunks(k.max(1)).enumerate() {
+                    // A score that is not a number is no prediction: refused, with the
+                    // example named, never written as a class.
+                    if let Some(x) = row.iter().find(|x| !x.is_finite()) {
+                        return Err(TrainError::Task(fpt_tasks::TaskError::Invalid {
+                            task: "predict",
+                            msg: format!(
+                                "example {}: the run's scores for it are not finite ({x}): its inputs are outside anything the run can score (very large values?); nothing was written",
+                                start + j
+                            ),
+                        }));
+                    }
                     // In f64, from the largest logit down: no overflow, sums exact enough.
                     let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
                     let e: Vec<f64> = row.iter().map(|&x| (x as f64 - m).exp()).collect();

@@ -20,7 +20,7 @@ use super::sgemm::{sgemm, MatMut, MatRef};
 use super::{tracks, unsupported, Mask};
 use crate::kernels::KernelPath;
 use candle_core::backend::BackendStorage as _;
-use candle_core::{CpuStorage, CustomOp1, DType, Layout, Result, Shape, Tensor, D};
+use candle_core::{CpuStorage, CustomOp1, DType, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 use std::cell::RefCell;
 
@@ -588,54 +588,20 @@ impl super::ThreeOperands for Split {
     }
 }
 
-fn fused_ok(t: &Tensor) -> bool {
+pub(super) fn fused_ok(t: &Tensor) -> bool {
     t.device().is_cpu() && t.dtype() == DType::F32
 }
 
-/// Multi-head self-attention of `q`, `k`, `v` (`[b, t, c]` each), heads merged back to
-/// `[b, t, c]`. Fused on CPU for f32 (see the module docs); on a GPU one node of the graph
-/// whose backward recomputes the probabilities ([`super::attention_recomputed`]); composed of
-/// candle ops otherwise ([`attention_composed`]). The same dropout mask everywhere.
-pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, spec: AttentionSpec) -> Result<Tensor> {
-    if !q.device().is_cpu() {
-        return super::attention_recomputed(q, k, v, spec);
-    }
-    if !fused_ok(q) {
-        return attention_composed(q, k, v, spec);
-    }
+/// The fused CPU op of [`super::attention`] (f32 on a CPU: [`fused_ok`]).
+pub(super) fn attention_fused(q: &Tensor, k: &Tensor, v: &Tensor, spec: AttentionSpec) -> Result<Tensor> {
     let (q, k, v) = (q.contiguous()?, k.contiguous()?, v.contiguous()?);
     q.apply_op3(&k, &v, super::Three(Split(spec)))
 }
 
-/// [`attention`] on Q, K and V packed side by side in `[b, t, 3c]` (GPT-2's `c_attn`
-/// output): the gradient comes back as one `[b, t, 3c]` tensor.
-pub fn attention_packed(qkv: &Tensor, spec: AttentionSpec) -> Result<Tensor> {
-    if !qkv.device().is_cpu() {
-        return super::attention_packed_recomputed(qkv, spec);
-    }
-    if !fused_ok(qkv) {
-        let c = qkv.dim(D::Minus1)? / 3;
-        return attention_composed(
-            &qkv.narrow(2, 0, c)?,
-            &qkv.narrow(2, c, c)?,
-            &qkv.narrow(2, 2 * c, c)?,
-            spec,
-        );
-    }
-    qkv.contiguous()?.apply_op1(Packed(spec, None))
-}
-
-/// [`attention_packed`] for the last `last` query positions only (all positions still act
-/// as keys and values): `[b, last, c]`, equal to the last `last` rows of the full result
-/// without dropout (with dropout the mask is drawn for the `last x t` scores only). What a
-/// causal model's last block needs when only its last positions are read out.
-pub fn attention_packed_last(qkv: &Tensor, spec: AttentionSpec, last: usize) -> Result<Tensor> {
-    if !fused_ok(qkv) {
-        let full = attention_packed(qkv, spec)?;
-        let t = full.dim(1)?;
-        return full.narrow(1, t.saturating_sub(last), last.min(t));
-    }
-    qkv.contiguous()?.apply_op1(Packed(spec, Some(last)))
+/// The fused CPU op of [`super::attention_packed`] (and `_last`, for the last `last` query
+/// positions).
+pub(super) fn attention_packed_fused(qkv: &Tensor, spec: AttentionSpec, last: Option<usize>) -> Result<Tensor> {
+    qkv.contiguous()?.apply_op1(Packed(spec, last))
 }
 
 /// The probabilities `[b, heads, t, t]` (before dropout) the attention of `q` and `k` uses,
@@ -647,7 +613,7 @@ pub fn attention_probs(q: &Tensor, k: &Tensor, heads: usize, scale: f64, mask: M
     super::masked_softmax(&scores, scale, mask)
 }
 
-/// [`attention`] composed of stock candle ops (every device; the reference in tests).
+/// [`super::attention`] composed of stock candle ops (every device; the reference in tests).
 pub fn attention_composed(q: &Tensor, k: &Tensor, v: &Tensor, spec: AttentionSpec) -> Result<Tensor> {
     let (b, t, c) = q.dims3()?;
     let h = spec.heads;

@@ -9,6 +9,7 @@
 
 mod adam;
 mod attention;
+mod attention_dispatch;
 mod attention_recomputed;
 pub mod bf16;
 pub(crate) mod dropout;
@@ -26,10 +27,8 @@ mod softmax;
 mod swiglu;
 
 pub use adam::{adam_update, adam_update_composed, AdamCoefs};
-pub use attention::{
-    attention, attention_composed, attention_packed, attention_packed_last, attention_probs,
-    dropout_mask as attention_dropout_mask, AttentionSpec,
-};
+pub use attention::{attention_composed, attention_probs, dropout_mask as attention_dropout_mask, AttentionSpec};
+pub use attention_dispatch::{attention, attention_packed, attention_packed_last};
 pub use attention_recomputed::{attention_packed_recomputed, attention_recomputed};
 pub use dropout::{dropout, dropout_add, dropout_mask_values};
 pub use gelu::{gelu_erf, gelu_erf_composed, gelu_new, gelu_new_composed};

@@ -68,7 +68,17 @@ class Model:
         feeds its model (padded at the start, as the custom task pads), or uint8 images
         [examples, height, width]. Their argmax is the class evaluation scores."""
         if self.input_kind == "tokens":
-            a = np.ascontiguousarray(x, dtype=np.int64)
+            a = np.asarray(x)
+            if a.dtype.kind == "f":
+                # Ids are integers: a float that is not one is refused, never truncated.
+                if not np.all(np.isfinite(a)) or not np.all(a == np.round(a)):
+                    bad = np.argwhere(~np.isfinite(a) | (a != np.round(a)))[0]
+                    raise ValueError(
+                        f"token ids must be integers: x{list(map(int, bad))} is {a[tuple(bad)]!r}"
+                    )
+            elif a.dtype.kind not in "iub":
+                raise ValueError(f"token ids must be integers, not {a.dtype}")
+            a = np.ascontiguousarray(a, dtype=np.int64)
             return self._native.predict_tokens(a)
         if self.input_kind == "images":
             a = np.asarray(x)

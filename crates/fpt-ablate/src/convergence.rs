@@ -1,0 +1,120 @@
+//! How a report judges a run's convergence: fpt's rule, re-derived for runs recorded before
+//! it where their records allow, and the words a cell shows for it.
+
+/// Whether a run is converged by fpt's rule ([`fpt_train::outcomes::convergence`]: no gain
+/// above the noise across the last half of its steps, paired over the held-out examples,
+/// and not before `floor`, its row's Table 6 count), with the reason in words. Runs judged
+/// by the rule are read as they recorded it. Older runs (a fixed window of evaluations, or
+/// none recorded) are re-derived as far as their records allow: one that stopped before
+/// its floor, or whose test said it was rising, is not converged; one whose accuracy rose
+/// across its last half by more than even the widest interval the two accuracies allow is
+/// not either; otherwise the rule cannot be applied (the per-example outcomes of its
+/// earlier evaluations were not kept): `None`.
+pub fn converged_by_rule(
+    res: &fpt_train::RunResult,
+    evals: &[fpt_train::EvalRecord],
+    floor: Option<usize>,
+) -> (Option<bool>, String) {
+    let floor = floor.or(res.plateau.as_ref().and_then(|p| p.floor));
+    if res.diverged {
+        return (Some(false), "diverged: no plateau".into());
+    }
+    if let Some(p) = res.plateau.as_ref().filter(|p| p.rule.as_deref() == Some("half")) {
+        return (Some(p.converged()), plateau_words(p));
+    }
+    // Still rising by its own test: a lower bound, whatever else is said of it.
+    if let Some(p) = res.plateau.as_ref().filter(|p| p.rising) {
+        return (Some(false), plateau_words(p));
+    }
+    if let Some(f) = floor.filter(|&f| res.steps < f) {
+        return (
+            Some(false),
+            format!(
+                "not converged: it stopped at step {}, before step {f}, the paper's Table 6 count for its row and task",
+                res.steps
+            ),
+        );
+    }
+    // The accuracies alone over the last half: rising only if even the widest interval the
+    // two allow (each example a coin with its accuracy, the two anti-correlated) says so.
+    if let Some(last) = evals.last() {
+        if let Some(first) = evals.iter().rev().find(|e| e.step <= last.step / 2) {
+            let n = res.eval_examples.max(1) as f64;
+            let sd = |p: f64| (p.clamp(0.0, 1.0) * (1.0 - p.clamp(0.0, 1.0))).sqrt();
+            let gain = last.test_accuracy - first.test_accuracy;
+            let half = 1.96 * (sd(last.test_accuracy) + sd(first.test_accuracy)) / n.sqrt();
+            if gain - half > 0.0 {
+                return (
+                    Some(false),
+                    format!(
+                        "not converged: {:+.1} points from step {} to step {} (the last half of its steps; at least {:+.1} by the widest interval the two accuracies allow)",
+                        100.0 * gain,
+                        first.step,
+                        last.step,
+                        100.0 * (gain - half)
+                    ),
+                );
+            }
+        }
+    }
+    (
+        None,
+        "convergence cannot be re-derived by the rule (last half of the run, paired over the examples): the run kept the per-example outcomes of its last evaluations only".into(),
+    )
+}
+
+/// The plateau test of a run in words (a cell's `curve`).
+pub fn plateau_words(p: &fpt_train::outcomes::Plateau) -> String {
+    let what = if p.rising {
+        "still rising (the number is a lower bound)"
+    } else if p.before_floor() {
+        "not converged: before its row's Table 6 count"
+    } else {
+        "converged (flat across the last half of its steps)"
+    };
+    format!(
+        "{what}: {:+.1} points from step {} to step {} ({} evaluations; 95% interval {:+.1} to {:+.1}, paired over the held-out examples)",
+        100.0 * p.gain,
+        p.from_step,
+        p.to_step,
+        p.window,
+        100.0 * p.interval.0,
+        100.0 * p.interval.1
+    )
+}
+
+/// How the last two evaluations of a run compare, measured against the standard error of
+/// an accuracy: from the final evaluation's per-example outcomes where the run kept them
+/// (a bit task's string counts as one example of many bits), else the binomial error over
+/// `n` examples.
+pub fn curve_state(
+    evals: &[fpt_train::EvalRecord],
+    n: usize,
+    outcomes: Option<&fpt_train::outcomes::Outcomes>,
+) -> Option<String> {
+    let [.., a, b] = evals else {
+        return None;
+    };
+    let (p, q) = (a.test_accuracy, b.test_accuracy);
+    let m = 0.5 * (p + q);
+    let se = match outcomes {
+        Some(o) => fpt_train::outcomes::standard_error(&o.scores()),
+        None => (m * (1.0 - m) / n.max(1) as f64).sqrt(),
+    };
+    let noise = 2.0 * std::f64::consts::SQRT_2 * se;
+    let state = if (q - p).abs() <= noise {
+        "flat"
+    } else if q > p {
+        "rising"
+    } else {
+        "falling"
+    };
+    Some(format!(
+        "{state}: {:.1}% at step {} -> {:.1}% at step {} (noise +-{:.1})",
+        100.0 * p,
+        a.step,
+        100.0 * q,
+        b.step,
+        100.0 * noise
+    ))
+}

@@ -1,0 +1,53 @@
+//! Which attention runs where: the fused CPU op for f32 on a CPU ([`super::attention`]'s
+//! module), on a GPU one node whose backward recomputes the probabilities
+//! ([`super::attention_recomputed`]), the composed candle ops otherwise. The dispatch lives
+//! here so that the two implementations depend one way: the recomputed node uses the
+//! composed ops; neither knows of the other's dispatch.
+
+use super::attention::{attention_composed, attention_fused, attention_packed_fused, fused_ok, AttentionSpec};
+use candle_core::{Result, Tensor, D};
+
+/// Multi-head self-attention of `q`, `k`, `v` (`[b, t, c]` each), heads merged back to
+/// `[b, t, c]`. Fused on CPU for f32; on a GPU one node of the graph whose backward
+/// recomputes the probabilities ([`super::attention_recomputed`]); composed of candle ops
+/// otherwise ([`attention_composed`]). The same dropout mask everywhere.
+pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, spec: AttentionSpec) -> Result<Tensor> {
+    if !q.device().is_cpu() {
+        return super::attention_recomputed(q, k, v, spec);
+    }
+    if !fused_ok(q) {
+        return attention_composed(q, k, v, spec);
+    }
+    attention_fused(q, k, v, spec)
+}
+
+/// [`attention`] on Q, K and V packed side by side in `[b, t, 3c]` (GPT-2's `c_attn`
+/// output): the gradient comes back as one `[b, t, 3c]` tensor.
+pub fn attention_packed(qkv: &Tensor, spec: AttentionSpec) -> Result<Tensor> {
+    if !qkv.device().is_cpu() {
+        return super::attention_packed_recomputed(qkv, spec);
+    }
+    if !fused_ok(qkv) {
+        let c = qkv.dim(D::Minus1)? / 3;
+        return attention_composed(
+            &qkv.narrow(2, 0, c)?,
+            &qkv.narrow(2, c, c)?,
+            &qkv.narrow(2, 2 * c, c)?,
+            spec,
+        );
+    }
+    attention_packed_fused(qkv, spec, None)
+}
+
+/// [`attention_packed`] for the last `last` query positions only (all positions still act
+/// as keys and values): `[b, last, c]`, equal to the last `last` rows of the full result
+/// without dropout (with dropout the mask is drawn for the `last x t` scores only). What a
+/// causal model's last block needs when only its last positions are read out.
+pub fn attention_packed_last(qkv: &Tensor, spec: AttentionSpec, last: usize) -> Result<Tensor> {
+    if !fused_ok(qkv) {
+        let full = attention_packed(qkv, spec)?;
+        let t = full.dim(1)?;
+        return full.narrow(1, t.saturating_sub(last), last.min(t));
+    }
+    attention_packed_fused(qkv, spec, Some(last))
+}
