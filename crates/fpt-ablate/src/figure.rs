@@ -201,7 +201,34 @@ pub fn render(
                     let written = dir.join("report.md");
                     if sources == crate::report::Sources::RunDirsOrRecords && !run.is_dir() && written.is_file() {
                         // Rendering only, and the run (its checkpoint) is not here: the figure
-                        // drawn when it was keeps.
+                        // drawn when it was keeps; whether its run learned is said from the
+                        // run's record where the report does not say it yet.
+                        let text = std::fs::read_to_string(&written).map_err(crate::io(&written))?;
+                        let record = crate::record::RunRecord::load(out, key).ok().flatten();
+                        let res = record.and_then(|r| {
+                            let mut res = r.result?;
+                            if res.baseline.is_none() {
+                                // Judged now from its accuracy, as reports judge such runs.
+                                let task = fpt_tasks::build(&spec.task, &fpt_train::root_rng(spec)).ok();
+                                if let Some(base) = task.and_then(|t| t.baseline(fpt_tasks::Split::Test).ok()) {
+                                    let losses: Vec<f64> = r.evals.iter().map(|e| e.train_loss).collect();
+                                    res.baseline = Some(fpt_train::outcomes::judge_summary(
+                                        &base,
+                                        res.test_accuracy,
+                                        res.eval_examples,
+                                        &losses,
+                                    ));
+                                }
+                            }
+                            Some(res)
+                        });
+                        if let (Some(res), false) = (res, text.contains("trivial baseline")) {
+                            if let Some(at) = text.find("\n\n![") {
+                                let mut t = text.clone();
+                                t.insert_str(at + 2, &learned_words(&res));
+                                fpt_train::write_atomic(&written, t.as_bytes())?;
+                            }
+                        }
                         return Ok(dir);
                     }
                     md.push_str(&format!(
@@ -213,27 +240,9 @@ pub fn render(
                     // is no evidence for the caption.
                     let learned = std::fs::read_to_string(run.join("result.json"))
                         .ok()
-                        .and_then(|t| serde_json::from_str::<fpt_train::RunResult>(&t).ok())
-                        .map(|r| (r.test_accuracy, r.baseline));
-                    match learned {
-                        Some((acc, Some(b))) if b.left => md.push_str(&format!(
-                            "The run left its task's trivial baseline: test accuracy {:.1}% against {} ({:+.1} points, 95% interval {:+.1} to {:+.1}).\n\n",
-                            100.0 * acc,
-                            b.describe,
-                            100.0 * b.margin,
-                            100.0 * b.margin_interval.0,
-                            100.0 * b.margin_interval.1
-                        )),
-                        Some((acc, Some(b))) => md.push_str(&format!(
-                            "**The run did not leave its task's trivial baseline** (test accuracy {:.1}%: {}), so its attention is no evidence for or against the caption.\n\n",
-                            100.0 * acc,
-                            b.reasons.join("; ")
-                        )),
-                        Some((acc, None)) => md.push_str(&format!(
-                            "The run's test accuracy is {:.1}% (whether it left its trivial baseline was not recorded).\n\n",
-                            100.0 * acc
-                        )),
-                        None => {}
+                        .and_then(|t| serde_json::from_str::<fpt_train::RunResult>(&t).ok());
+                    if let Some(line) = learned.as_ref().map(learned_words) {
+                        md.push_str(&line);
                     }
                     match first_layer_attention(spec, &run) {
                         Ok(heads) => attention_report(fig, spec, &heads, &dir, md)?,
@@ -365,4 +374,28 @@ fn attention_report(
             ("report.json", serde_json::to_string_pretty(&summary).expect("json")),
         ],
     )
+}
+
+/// Whether a figure's run learned, in words: a pattern in a model that learned nothing is no
+/// evidence for the caption.
+fn learned_words(r: &fpt_train::RunResult) -> String {
+    match &r.baseline {
+        Some(b) if b.left => format!(
+            "The run left its task's trivial baseline: test accuracy {:.1}% against {} ({:+.1} points, 95% interval {:+.1} to {:+.1}).\n\n",
+            100.0 * r.test_accuracy,
+            b.describe,
+            100.0 * b.margin,
+            100.0 * b.margin_interval.0,
+            100.0 * b.margin_interval.1
+        ),
+        Some(b) => format!(
+            "**The run did not leave its task's trivial baseline** (test accuracy {:.1}%: {}), so its attention is no evidence for or against the caption.\n\n",
+            100.0 * r.test_accuracy,
+            b.reasons.join("; ")
+        ),
+        None => format!(
+            "The run's test accuracy is {:.1}% (whether it left its trivial baseline was not recorded).\n\n",
+            100.0 * r.test_accuracy
+        ),
+    }
 }

@@ -661,12 +661,15 @@ impl Report {
                         },
                         at_ceiling,
                         unfit: cell.unfit.clone(),
-                        seeds: if accuracy {
+                        // Steps to convergence vary with the seed as accuracies do: a pair of
+                        // single runs decides nothing without a measured spread (none is
+                        // measured for steps).
+                        seeds: if accuracy || cell.metric == Metric::StepsToConvergence {
                             cell.seeds.as_ref().map_or(1, |s| s.values.len().max(1))
                         } else {
                             0
                         },
-                        spread_known: cell.seed_sd.is_some(),
+                        spread_known: accuracy && cell.seed_sd.is_some(),
                     })
                 });
                 // Where ours ran on some pairs only, the paper's verdict on the same cells too.

@@ -428,6 +428,10 @@ pub struct ScaleSettings {
     /// they run at least that far before they may stop on a plateau.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub apply_converge_floor: bool,
+    /// Seed spreads only from this scale's own `seed_spread` (measured on its own cells),
+    /// never the base scale's: a spread measured at another budget is not this scale's.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub own_seed_spread_only: bool,
     /// A campaign's order of tasks (`fpt run-table` trains by seed, then row kind, then
     /// this order); empty: by run key.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -473,11 +477,14 @@ impl ScaleSettings {
                 d.extend(over.differs.clone());
                 d
             },
-            seed_spread: {
+            seed_spread: if over.own_seed_spread_only {
+                over.seed_spread.clone()
+            } else {
                 let mut d = self.seed_spread.clone();
                 d.extend(over.seed_spread.clone());
                 d
             },
+            own_seed_spread_only: self.own_seed_spread_only || over.own_seed_spread_only,
             apply_converge_floor: self.apply_converge_floor || over.apply_converge_floor,
             campaign_order: if over.campaign_order.is_empty() {
                 self.campaign_order.clone()
