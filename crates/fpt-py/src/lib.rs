@@ -44,14 +44,47 @@ fn spec_of(json: &str) -> PyResult<fpt_spec::RunSpec> {
     Ok(spec)
 }
 
-/// Trains the run `spec_json` describes into `out`; returns its `result.json` text.
+/// Runs `f` (training, which releases the GIL) on another thread while this one waits with
+/// the GIL free, checking for signals every 50 ms: Ctrl-C (SIGINT, KeyboardInterrupt) asks
+/// the run to stop at its next step with a checkpoint ([`fpt_train::stop`]), waits for it,
+/// and raises KeyboardInterrupt; the run resumes later (`fpt.resume`).
+fn interruptible<T: Send>(py: Python<'_>, f: impl FnOnce() -> PyResult<T> + Send) -> PyResult<T> {
+    std::thread::scope(|s| {
+        let handle = s.spawn(f);
+        loop {
+            if handle.is_finished() {
+                return handle
+                    .join()
+                    .unwrap_or_else(|_| Err(FptError::new_err("the run panicked (its message is above)")));
+            }
+            if let Err(interrupt) = py.check_signals() {
+                fpt_train::stop::request();
+                let _ = py.allow_threads(|| handle.join());
+                fpt_train::stop::clear_request();
+                return Err(interrupt);
+            }
+            py.allow_threads(|| std::thread::sleep(std::time::Duration::from_millis(50)));
+        }
+    })
+}
+
+/// Trains the run `spec_json` describes into `out` (or, with `resume`, continues the run in
+/// `out` from its latest checkpoint); returns its `result.json` text. Ctrl-C stops it with a
+/// checkpoint and raises KeyboardInterrupt.
 #[pyfunction]
-#[pyo3(signature = (spec_json, out, device_name = "cpu", progress = true))]
-fn train(py: Python<'_>, spec_json: &str, out: PathBuf, device_name: &str, progress: bool) -> PyResult<String> {
-    let spec = spec_of(spec_json)?;
+#[pyo3(signature = (spec_json, out, device_name = "cpu", progress = true, resume = false))]
+fn train(
+    py: Python<'_>,
+    spec_json: Option<&str>,
+    out: PathBuf,
+    device_name: &str,
+    progress: bool,
+    resume: bool,
+) -> PyResult<String> {
+    let spec = spec_json.map(spec_of).transpose()?;
     let dev = device(device_name)?;
     let out_dir = out.clone();
-    py.allow_threads(move || {
+    interruptible(py, move || {
         let mut on_event = |e: &fpt_train::Event| {
             if !progress {
                 return;
@@ -74,7 +107,16 @@ fn train(py: Python<'_>, spec_json: &str, out: PathBuf, device_name: &str, progr
                 _ => {}
             }
         };
-        fpt_train::train(&spec, &out_dir, &dev, &mut on_event).map_err(|e| fpt_err(&e))
+        match (resume, &spec) {
+            (true, _) => fpt_train::resume(&out_dir, spec.as_ref(), &dev, &mut on_event),
+            (false, Some(spec)) => fpt_train::train(spec, &out_dir, &dev, &mut on_event),
+            (false, None) => {
+                return Err(PyValueError::new_err(
+                    "a spec is needed to start a run (resume=True continues one)",
+                ))
+            }
+        }
+        .map_err(|e| fpt_err(&e))
     })?;
     let path = out.join("result.json");
     std::fs::read_to_string(&path).map_err(|e| FptError::new_err(format!("{}: {e}", path.display())))
@@ -267,7 +309,7 @@ fn run_table(
         },
         precision: fpt_spec::Precision::F32,
     };
-    let done = py.allow_threads(move || {
+    let done = interruptible(py, move || {
         let mut on = |p: fpt_ablate::reproduce::Progress| {
             if let (true, fpt_ablate::reproduce::Progress::Line { id, line }) = (progress, p) {
                 eprintln!("fpt {id}: {line}");

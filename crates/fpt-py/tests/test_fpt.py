@@ -203,3 +203,44 @@ def test_an_image_run_predicts_on_uint8_images(tmp_path):
         model.predict(xte.astype(np.float32))
     with pytest.raises(fpt.FptError, match="28x28"):
         model.predict(np.zeros((2, 20, 20), dtype=np.uint8))
+
+
+def test_ctrl_c_stops_training_and_resume_gives_the_unbroken_result(trained, tmp_path):
+    """SIGINT to a Python process inside fpt.train: it ends within 5 s with
+    KeyboardInterrupt, leaving a checkpoint and no result; fpt.resume then ends where an
+    unbroken run of the same spec ends."""
+    import signal
+    import sys
+    import time
+
+    spec = json.loads(Path(trained["spec"]).read_text())
+    spec["train"]["steps"] = 6000
+    spec["train"]["eval_every"] = 200
+    spec_path = tmp_path / "long.json"
+    spec_path.write_text(json.dumps(spec))
+    out = tmp_path / "interrupted"
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys, fpt; fpt.train(sys.argv[1], sys.argv[2], progress=False)",
+         str(spec_path), str(out)],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    metrics = out / "metrics.jsonl"
+    deadline = time.monotonic() + 120
+    while not (metrics.exists() and metrics.read_text().strip()):
+        assert child.poll() is None, f"the run ended before it could be interrupted: {child.stderr.read()}"
+        assert time.monotonic() < deadline, "no evaluation within 120 s"
+        time.sleep(0.01)
+    child.send_signal(signal.SIGINT)
+    t0 = time.monotonic()
+    _, err = child.communicate(timeout=30)
+    took = time.monotonic() - t0
+    assert took < 5, f"Ctrl-C took {took:.1f} s to stop the run"
+    assert child.returncode != 0 and "KeyboardInterrupt" in err, err
+    assert not (out / "result.json").exists(), "an interrupted run has no result"
+    assert (out / "checkpoints" / "LATEST").exists(), "an interrupted run leaves a checkpoint"
+
+    resumed = fpt.resume(out, progress=False)
+    unbroken = fpt.train(spec_path, tmp_path / "unbroken", progress=False)
+    for k in ["steps", "test_accuracy", "test_loss", "final_train_loss", "converged", "plateau"]:
+        assert resumed[k] == unbroken[k], (k, resumed[k], unbroken[k])

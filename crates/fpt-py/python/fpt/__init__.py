@@ -20,7 +20,7 @@ import numpy as np
 from . import _native
 from ._native import FptError
 
-__all__ = ["train", "load", "compare", "run_table", "Model", "FptError"]
+__all__ = ["train", "resume", "load", "compare", "run_table", "Model", "FptError"]
 
 
 def _spec_json(spec):
@@ -35,12 +35,23 @@ def _spec_json(spec):
     raise TypeError(f"spec must be a dict in spec.json's shape or a path to one, not {type(spec).__name__}")
 
 
-def train(spec, out, device="cpu", progress=True):
+def train(spec, out, device="cpu", progress=True, resume=False):
     """Train the run `spec` describes (a dict in the shape of a run's `spec.json`, or the
     path of such a file, e.g. one `fpt train` wrote) into the new directory `out`; returns
     its `result.json` as a dict (`test_accuracy`, `converged`, ...). `device`: "cpu" or
-    "cuda:N" with a CUDA build. Progress lines go to stderr unless `progress=False`."""
-    text = _native.train(_spec_json(spec), os.fspath(out), device, progress)
+    "cuda:N" with a CUDA build. Progress lines go to stderr unless `progress=False`.
+
+    Ctrl-C (KeyboardInterrupt, also in a notebook) stops the run within a step, writes a
+    checkpoint, and raises KeyboardInterrupt; `resume=True` (with the same spec) or
+    `fpt.resume(out)` continues it to the result an unbroken run gives."""
+    text = _native.train(_spec_json(spec), os.fspath(out), device, progress, resume)
+    return json.loads(text)
+
+
+def resume(out, device="cpu", progress=True):
+    """Continue the run in `out` from its latest checkpoint (a run stopped by Ctrl-C, a
+    deadline or a crash); returns its `result.json` as a dict."""
+    text = _native.train(None, os.fspath(out), device, progress, True)
     return json.loads(text)
 
 
