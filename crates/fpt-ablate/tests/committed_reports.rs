@@ -40,7 +40,7 @@ fn kept_pairs(detail: &str) -> Vec<String> {
         return Vec::new();
     };
     let rest = &detail[at + " pairs: ".len()..];
-    let end = rest.find(|c| c == ';' || c == ')').unwrap_or(rest.len());
+    let end = rest.find([';', ')']).unwrap_or(rest.len());
     rest[..end]
         .split(", ")
         .map(|s| s.split(", per pair").next().unwrap().trim().to_string())
