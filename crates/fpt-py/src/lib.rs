@@ -47,11 +47,29 @@ fn spec_of(json: &str) -> PyResult<fpt_spec::RunSpec> {
 /// Runs `f` (training, which releases the GIL) on another thread while this one waits with
 /// the GIL free, checking for signals every 50 ms: Ctrl-C (SIGINT, KeyboardInterrupt) asks
 /// the run to stop at its next step with a checkpoint ([`fpt_train::stop`]), waits for it,
-/// and raises KeyboardInterrupt; the run resumes later (`fpt.resume`).
-fn interruptible<T: Send>(py: Python<'_>, f: impl FnOnce() -> PyResult<T> + Send) -> PyResult<T> {
-    std::thread::scope(|s| {
+/// and raises KeyboardInterrupt; the run resumes later (`fpt.resume`). Progress text the run
+/// sends on `progress` is written to Python's `sys.stderr` (what a notebook shows) from this
+/// thread.
+fn interruptible<T: Send>(
+    py: Python<'_>,
+    progress: Option<std::sync::mpsc::Receiver<String>>,
+    f: impl FnOnce() -> PyResult<T> + Send,
+) -> PyResult<T> {
+    let show = |py: Python<'_>| {
+        if let Some(rx) = &progress {
+            let text: String = rx.try_iter().collect();
+            if !text.is_empty() {
+                if let Ok(err) = py.import("sys").and_then(|sys| sys.getattr("stderr")) {
+                    let _ = err.call_method1("write", (text,));
+                    let _ = err.call_method0("flush");
+                }
+            }
+        }
+    };
+    let out = std::thread::scope(|s| {
         let handle = s.spawn(f);
         loop {
+            show(py);
             if handle.is_finished() {
                 return handle
                     .join()
@@ -65,7 +83,80 @@ fn interruptible<T: Send>(py: Python<'_>, f: impl FnOnce() -> PyResult<T> + Send
             }
             py.allow_threads(|| std::thread::sleep(std::time::Duration::from_millis(50)));
         }
-    })
+    });
+    show(py);
+    out
+}
+
+/// The run's progress as one line that rewrites itself (`\r`): step, loss, the last test
+/// accuracy and the time left at the pace so far; at most five updates a second, and a
+/// newline when the run ends.
+struct ProgressLine {
+    tx: std::sync::mpsc::Sender<String>,
+    start: std::time::Instant,
+    last_sent: Option<std::time::Instant>,
+    from_step: usize,
+    steps: usize,
+    accuracy: Option<f64>,
+}
+
+impl ProgressLine {
+    fn new(tx: std::sync::mpsc::Sender<String>) -> Self {
+        ProgressLine {
+            tx,
+            start: std::time::Instant::now(),
+            last_sent: None,
+            from_step: 0,
+            steps: 0,
+            accuracy: None,
+        }
+    }
+
+    fn line(&self, step: usize, loss: f64) -> String {
+        let done = step.saturating_sub(self.from_step);
+        let secs = self.start.elapsed().as_secs_f64();
+        let left = if done > 0 {
+            let s = (self.steps.saturating_sub(step)) as f64 * secs / done as f64;
+            format!("{}:{:02} left", (s / 60.0) as u64, (s % 60.0) as u64)
+        } else {
+            "time left: -".into()
+        };
+        let acc = self
+            .accuracy
+            .map_or(String::new(), |a| format!("  test_accuracy {a:.4}"));
+        format!("\rfpt: step {step}/{}  loss {loss:.4}{acc}  {left}   ", self.steps)
+    }
+
+    fn on(&mut self, e: &fpt_train::Event) {
+        match e {
+            fpt_train::Event::Started { from_step, steps, .. } => {
+                self.from_step = *from_step;
+                self.steps = *steps;
+                self.start = std::time::Instant::now();
+            }
+            fpt_train::Event::Step { step, loss } => {
+                let due = self.last_sent.is_none_or(|t| t.elapsed().as_secs_f64() >= 0.2) || *step == self.steps;
+                if due {
+                    self.last_sent = Some(std::time::Instant::now());
+                    let _ = self.tx.send(self.line(*step, *loss));
+                }
+            }
+            fpt_train::Event::Eval(r) => {
+                self.accuracy = Some(r.test_accuracy);
+                let _ = self.tx.send(self.line(r.step, r.train_loss));
+            }
+            fpt_train::Event::Diverged(s) => {
+                let _ = self.tx.send(format!("\nfpt: diverged at step {s}\n"));
+            }
+            _ => {}
+        }
+    }
+}
+
+impl Drop for ProgressLine {
+    fn drop(&mut self) {
+        let _ = self.tx.send("\n".into());
+    }
 }
 
 /// Trains the run `spec_json` describes into `out` (or, with `resume`, continues the run in
@@ -84,27 +175,12 @@ fn train(
     let spec = spec_json.map(spec_of).transpose()?;
     let dev = device(device_name)?;
     let out_dir = out.clone();
-    interruptible(py, move || {
+    let (tx, rx) = std::sync::mpsc::channel();
+    interruptible(py, progress.then_some(rx), move || {
+        let mut line = progress.then(|| ProgressLine::new(tx));
         let mut on_event = |e: &fpt_train::Event| {
-            if !progress {
-                return;
-            }
-            match e {
-                fpt_train::Event::Started {
-                    trainable,
-                    total,
-                    steps,
-                    ..
-                } => {
-                    eprintln!("fpt: training {trainable} of {total} parameters for {steps} steps")
-                }
-                fpt_train::Event::Eval(r) => eprintln!(
-                    "fpt: step {}: test_accuracy {:.4}, train_loss {:.4}",
-                    r.step, r.test_accuracy, r.train_loss
-                ),
-                fpt_train::Event::Diverged(s) => eprintln!("fpt: diverged at step {s}"),
-                fpt_train::Event::StoppedEarly(s) => eprintln!("fpt: stopped early at step {s}"),
-                _ => {}
+            if let Some(l) = line.as_mut() {
+                l.on(e);
             }
         };
         match (resume, &spec) {
@@ -309,7 +385,7 @@ fn run_table(
         },
         precision: fpt_spec::Precision::F32,
     };
-    let done = interruptible(py, move || {
+    let done = interruptible(py, None, move || {
         let mut on = |p: fpt_ablate::reproduce::Progress| {
             if let (true, fpt_ablate::reproduce::Progress::Line { id, line }) = (progress, p) {
                 eprintln!("fpt {id}: {line}");

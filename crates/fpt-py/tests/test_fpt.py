@@ -244,3 +244,14 @@ def test_ctrl_c_stops_training_and_resume_gives_the_unbroken_result(trained, tmp
     unbroken = fpt.train(spec_path, tmp_path / "unbroken", progress=False)
     for k in ["steps", "test_accuracy", "test_loss", "final_train_loss", "converged", "plateau"]:
         assert resumed[k] == unbroken[k], (k, resumed[k], unbroken[k])
+
+
+def test_progress_is_one_updating_line_on_sys_stderr(trained, tmp_path, capsys):
+    """Progress goes to Python's sys.stderr (what a notebook shows), as one line that
+    rewrites itself: steps, loss, test accuracy and time left, then a single newline."""
+    fpt.train(trained["spec"], tmp_path / "progress", progress=True)
+    err = capsys.readouterr().err
+    assert "\rfpt: step 300/300" in err, repr(err[-300:])
+    assert "test_accuracy" in err and "left" in err, repr(err[-300:])
+    assert err.count("\n") == 1 and err.endswith("\n"), repr(err[-300:])
+    assert err.count("\r") >= 2, repr(err[-300:])

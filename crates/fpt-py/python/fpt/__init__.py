@@ -8,7 +8,8 @@
     fpt.run_table("table1", scale="smoke", out="results")
 
 Errors are raised as `fpt.FptError` with fpt's message (a malformed spec as `ValueError`).
-Training and table runs release the GIL and print progress to stderr.
+Training and table runs release the GIL; Ctrl-C stops them with a checkpoint (KeyboardInterrupt);
+training shows its progress as one updating line on sys.stderr, table runs as lines on stderr.
 """
 
 import json
@@ -39,7 +40,9 @@ def train(spec, out, device="cpu", progress=True, resume=False):
     """Train the run `spec` describes (a dict in the shape of a run's `spec.json`, or the
     path of such a file, e.g. one `fpt train` wrote) into the new directory `out`; returns
     its `result.json` as a dict (`test_accuracy`, `converged`, ...). `device`: "cpu" or
-    "cuda:N" with a CUDA build. Progress lines go to stderr unless `progress=False`.
+    "cuda:N" with a CUDA build. Progress, unless `progress=False`, is one line on
+    `sys.stderr` that rewrites itself (step, loss, test accuracy, time left), as a notebook
+    shows it.
 
     Ctrl-C (KeyboardInterrupt, also in a notebook) stops the run within a step, writes a
     checkpoint, and raises KeyboardInterrupt; `resume=True` (with the same spec) or
