@@ -47,8 +47,6 @@ pub struct Comparison {
     pub verdict: &'static str,
     /// What the interval is over.
     pub over: String,
-    /// Pairs evaluated on different examples (drawn apart, not paired).
-    pub unpaired: Vec<String>,
 }
 
 fn bad(msg: String) -> AblateError {
@@ -154,13 +152,6 @@ pub fn compare_runs(runs: &[PathBuf], vs: &[PathBuf], seed_sd: f64) -> Result<Co
             b.dir.display()
         )));
     }
-    let unpaired = ours
-        .iter()
-        .zip(&theirs)
-        .zip(oa.iter().zip(&ob))
-        .filter(|(_, (x, y))| x.fingerprint != y.fingerprint || x.correct.len() != y.correct.len())
-        .map(|((a, b), _)| format!("{} and {}", a.dir.display(), b.dir.display()))
-        .collect();
     let (difference, (lo, hi)) = mean_difference(&[Pair {
         a: &oa,
         b: &ob,
@@ -196,7 +187,6 @@ pub fn compare_runs(runs: &[PathBuf], vs: &[PathBuf], seed_sd: f64) -> Result<Co
         interval: [lo, hi],
         verdict,
         over,
-        unpaired,
     })
 }
 

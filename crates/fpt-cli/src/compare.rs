@@ -50,9 +50,6 @@ pub fn compare(a: CompareArgs) -> Result<()> {
     c.runs.iter().for_each(|r| println!("{}", line(r)));
     println!("vs:");
     c.vs.iter().for_each(|r| println!("{}", line(r)));
-    for u in &c.unpaired {
-        println!("note: {u} were evaluated on different examples: drawn apart, not paired");
-    }
     let [lo, hi] = c.interval;
     println!(
         "difference: {:+.1} points, 95% interval {lo:+.1} to {hi:+.1} ({}): {}",
