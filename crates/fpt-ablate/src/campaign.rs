@@ -27,16 +27,51 @@ const KEPT: &[&str] = &[
     "history.jsonl",
 ];
 
-/// How far a run directory got: `(finished, step)`. `None`: nothing there.
-pub fn progress(dir: &Path) -> Option<(bool, usize)> {
-    if let Ok(text) = std::fs::read_to_string(dir.join("result.json")) {
-        if let Ok(r) = serde_json::from_str::<fpt_train::RunResult>(&text) {
-            return Some((true, r.steps));
-        }
+/// How far a run directory got: `(finished, step)`. `Ok(None)`: nothing there. An error
+/// (in words, naming the file) where its checkpoint pointer is damaged: such a run is neither
+/// "not started" nor to be replaced ([`fpt_train::checkpoint::latest`]).
+pub fn progress(dir: &Path) -> std::result::Result<Option<(bool, usize)>, String> {
+    // A result an older convergence rule wrote, with a checkpoint to go on from, is not
+    // finished ([`fpt_train::reopen_reason`]).
+    if let Some(r) = fpt_train::finished_result(dir) {
+        return Ok(Some((true, r.steps)));
     }
-    let latest = fpt_train::checkpoint::latest(dir).ok().flatten()?;
-    let name = latest.file_name()?.to_string_lossy().into_owned();
-    name.strip_prefix("step-")?.parse().ok().map(|s| (false, s))
+    let Some(latest) = fpt_train::checkpoint::latest(dir).map_err(|e| e.to_string())? else {
+        return Ok(None);
+    };
+    let name = latest.file_name().unwrap_or_default().to_string_lossy().into_owned();
+    Ok(name
+        .strip_prefix("step-")
+        .and_then(|s| s.parse().ok())
+        .map(|s| (false, s)))
+}
+
+/// The stretches of a run's `history.jsonl`, one per whole line that parses (a torn or
+/// garbage line is not a stretch).
+fn stretches(dir: &Path) -> Vec<String> {
+    std::fs::read_to_string(dir.join("history.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| serde_json::from_str::<fpt_train::Segment>(l).is_ok())
+        .map(str::to_string)
+        .collect()
+}
+
+/// Why the committed copy `copy` must not be replaced by run `local`: it holds a stretch the
+/// local run lacks (another machine trained the same run from the same start, and both
+/// saved), so replacing it would lose that stretch. `None` where every stretch of the copy is
+/// in the local run's history.
+pub fn would_lose(local: &Path, copy: &Path) -> Option<String> {
+    let mine: std::collections::HashSet<String> = stretches(local).into_iter().collect();
+    let lost: Vec<String> = stretches(copy).into_iter().filter(|l| !mine.contains(l)).collect();
+    (!lost.is_empty()).then(|| {
+        format!(
+            "its committed copy {} has {} stretch(es) this run's history lacks (another machine trained it too; the first: {}): keep the copy that went further and delete the other by hand",
+            copy.display(),
+            lost.len(),
+            lost[0]
+        )
+    })
 }
 
 fn copy_file(from: &Path, to: &Path) -> Result<()> {
@@ -108,40 +143,85 @@ fn ahead(a: Option<(bool, usize)>, b: Option<(bool, usize)>) -> bool {
     }
 }
 
+/// What [`restore`] and [`save`] did: the runs moved (key, step) and the runs left alone
+/// with the reason (a damaged checkpoint pointer, a copy that would lose a stretch). A
+/// campaign with problems trains none of those runs and exits non-zero.
+#[derive(Debug, Default, Clone)]
+pub struct Moved {
+    /// Runs copied, with their step.
+    pub moved: Vec<(String, usize)>,
+    /// Runs left alone, with why.
+    pub problems: Vec<(String, String)>,
+}
+
 /// Brings the committed copies of `cells`' runs into `out/runs/` where the local directory
-/// is missing or behind (fewer steps, or unfinished where the copy finished). Returns the
-/// keys brought in, with their step.
-pub fn restore(cells: &[Cell], out: &Path) -> Result<Vec<(String, usize)>> {
-    let mut brought = Vec::new();
+/// is missing or behind (fewer steps, or unfinished where the copy finished). A run whose
+/// copy or local directory has a damaged checkpoint pointer is left alone and named.
+pub fn restore(cells: &[Cell], out: &Path) -> Result<Moved> {
+    let mut m = Moved::default();
     for (key, _) in runs_of(cells) {
         let saved = saved_root(out).join(&key);
         let local = run_dir(out, &key);
-        let (s, l) = (progress(&saved), progress(&local));
+        let (s, l) = match (progress(&saved), progress(&local)) {
+            (Err(e), _) => {
+                m.problems.push((key, format!("committed copy: {e}")));
+                continue;
+            }
+            (_, Err(e)) => {
+                m.problems.push((key, format!("local run: {e}")));
+                continue;
+            }
+            (Ok(s), Ok(l)) => (s, l),
+        };
         if ahead(s, l) {
             if fpt_train::in_use_by(&local).is_some() {
                 continue;
             }
+            if local.exists() {
+                if let Some(why) = would_lose(&saved, &local) {
+                    m.problems
+                        .push((key, format!("local run {} not replaced: {why}", local.display())));
+                    continue;
+                }
+            }
             replace_with_copy(&saved, &local)?;
-            brought.push((key, s.map_or(0, |p| p.1)));
+            m.moved.push((key, s.map_or(0, |p| p.1)));
         }
     }
-    Ok(brought)
+    Ok(m)
 }
 
 /// Copies `cells`' runs from `out/runs/` into the committed copies where the local one is
-/// ahead. Returns the keys saved, with their step.
-pub fn save(cells: &[Cell], out: &Path) -> Result<Vec<(String, usize)>> {
-    let mut saved = Vec::new();
+/// ahead. Never replaces a copy whose checkpoint pointer is damaged, or one holding a stretch
+/// the local run lacks ([`would_lose`]): those are named in the problems.
+pub fn save(cells: &[Cell], out: &Path) -> Result<Moved> {
+    let mut m = Moved::default();
     for (key, _) in runs_of(cells) {
         let local = run_dir(out, &key);
         let copy = saved_root(out).join(&key);
-        let (l, s) = (progress(&local), progress(&copy));
+        let (l, s) = match (progress(&local), progress(&copy)) {
+            (_, Err(e)) => {
+                if local.exists() {
+                    m.problems.push((key, format!("not saved: its committed copy: {e}")));
+                }
+                continue;
+            }
+            (Err(e), _) => {
+                m.problems.push((key, format!("not saved: {e}")));
+                continue;
+            }
+            (Ok(l), Ok(s)) => (l, s),
+        };
         if ahead(l, s) {
+            if let Some(why) = would_lose(&local, &copy) {
+                m.problems.push((key, format!("not saved: {why}")));
+                continue;
+            }
             replace_with_copy(&local, &copy)?;
-            saved.push((key, l.map_or(0, |p| p.1)));
+            m.moved.push((key, l.map_or(0, |p| p.1)));
         }
     }
-    Ok(saved)
+    Ok(m)
 }
 
 /// One run of a campaign, as [`status`] sees it.
@@ -205,7 +285,12 @@ pub fn status(cells: &[Cell], rows: &[String], cols: &[String], out: &Path, task
         .map(|(key, spec)| {
             let local = run_dir(out, &key);
             let saved = saved_root(out).join(&key);
-            let (dir, p) = match (progress(&local), progress(&saved)) {
+            let damaged = match (progress(&local), progress(&saved)) {
+                (Err(e), _) => Some(format!("local run: {e}")),
+                (_, Err(e)) => Some(format!("committed copy: {e}")),
+                _ => None,
+            };
+            let (dir, p) = match (progress(&local).unwrap_or(None), progress(&saved).unwrap_or(None)) {
                 (l, s) if ahead(s, l) => (saved, s),
                 (l, _) => (local, l),
             };
@@ -232,6 +317,7 @@ pub fn status(cells: &[Cell], rows: &[String], cols: &[String], out: &Path, task
                 key,
                 task: spec.task.name.to_string(),
                 state: match p {
+                    _ if damaged.is_some() => format!("DAMAGED ({})", damaged.unwrap_or_default()),
                     Some((true, _)) => "done".into(),
                     Some((false, _)) => "pending".into(),
                     None => "not started".into(),
@@ -250,7 +336,7 @@ pub fn status(cells: &[Cell], rows: &[String], cols: &[String], out: &Path, task
 /// floors, and the hours those take at the measured pace with `jobs` runs at once).
 pub fn status_lines(states: &[RunState], jobs: usize) -> Vec<String> {
     let mut lines = Vec::new();
-    let (mut done, mut pending, mut fresh) = (0, 0, 0);
+    let (mut done, mut pending, mut fresh, mut damaged) = (0, 0, 0, 0);
     let (mut left_cap, mut left_floor, mut secs_cap, mut secs_floor) = (0usize, 0usize, 0f64, 0f64);
     // The pace of runs without their own: the median of the same task's runs (their steps
     // cost the same), else of all runs; none before any was measured.
@@ -278,6 +364,8 @@ pub fn status_lines(states: &[RunState], jobs: usize) -> Vec<String> {
             st => {
                 if st == "pending" {
                     pending += 1;
+                } else if st.starts_with("DAMAGED") {
+                    damaged += 1;
                 } else {
                     fresh += 1;
                 }
@@ -311,6 +399,11 @@ pub fn status_lines(states: &[RunState], jobs: usize) -> Vec<String> {
     unpaced.sort();
     unpaced.dedup();
     let jobs = jobs.max(1) as f64;
+    if damaged > 0 {
+        lines.push(format!(
+            "{damaged} run(s) DAMAGED (named above): the campaign leaves them alone until mended (`fpt repair DIR` rebuilds a checkpoint pointer)"
+        ));
+    }
     lines.push(format!(
         "{done} done, {pending} pending, {fresh} not started; {left_floor} steps left to the floors (the paper's Table 6 counts) and {left_cap} to the caps: {:.1} to {:.1} hours on this machine at the measured pace, {} runs at once{}",
         secs_floor / 3600.0 / jobs,
@@ -371,11 +464,11 @@ mod tests {
     fn progress_orders_runs_and_copies_keep_only_the_latest_checkpoint() {
         let t = tempfile::tempdir().unwrap();
         let (a, b) = (t.path().join("a"), t.path().join("b"));
-        assert_eq!(progress(&a), None);
+        assert_eq!(progress(&a), Ok(None));
         fake_run(&a, 10, false);
-        assert_eq!(progress(&a), Some((false, 10)));
+        assert_eq!(progress(&a), Ok(Some((false, 10))));
         replace_with_copy(&a, &b).unwrap();
-        assert_eq!(progress(&b), Some((false, 10)));
+        assert_eq!(progress(&b), Ok(Some((false, 10))));
         let root = fpt_train::checkpoint::root(&b);
         let names: Vec<String> = std::fs::read_dir(&root)
             .unwrap()
@@ -393,9 +486,9 @@ mod tests {
         assert!(ahead(Some((true, 5)), Some((false, 20))));
         assert!(!ahead(None, Some((false, 1))));
         fake_run(&a, 30, true);
-        assert_eq!(progress(&a), Some((true, 30)));
+        assert_eq!(progress(&a), Ok(Some((true, 30))));
         replace_with_copy(&a, &b).unwrap();
-        assert_eq!(progress(&b), Some((true, 30)));
+        assert_eq!(progress(&b), Ok(Some((true, 30))));
         // No temporary directory is left beside it.
         let left: Vec<_> = std::fs::read_dir(t.path())
             .unwrap()

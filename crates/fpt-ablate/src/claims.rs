@@ -10,7 +10,9 @@
 //!   itself about failure (`about_failure`);
 //! - `not run`: no pair of cells has numbers.
 //!
-//! A pair is left out of the comparison, and named, when a cell is at its trivial baseline;
+//! A pair is left out of the comparison, and named, when a cell is at its trivial baseline
+//! (but for a `b` of "a beats b" that ended there: flat at it past its row's Table 6 count,
+//! the model that did not learn);
 //! when the cell that must not be beaten (`b` in "a beats b"; either in "comparable") did
 //! not reach its plateau (a still-rising `b` could close the gap; a still-rising `a` only
 //! widens it), or its convergence was not recorded; when both cells sit at the task's
@@ -70,6 +72,10 @@ pub struct CellValue<'a> {
     pub se: f64,
     /// Why the cell is at its task's trivial baseline (`None`: it left it, or has none).
     pub at_baseline: Option<String>,
+    /// Whether every run of the cell ended at its baseline (flat there past its row's Table 6
+    /// count): as the side that must be beaten (`b` of "a beats b"), such a cell decides the
+    /// claim; it is the model that did not learn.
+    pub ended_at_baseline: bool,
     /// The per-example outcomes of each of its runs (seed order); empty where not recorded.
     pub runs: &'a [Outcomes],
     /// The task's measured seed spread at the scale for the cell's backbone (points; 0
@@ -241,7 +247,10 @@ fn compare<'v>(
             if x.at_baseline.is_some() {
                 out.push((AT_BASELINE, label(pa)));
             }
-            if let (Some(lb), Some(_)) = (&lb, &y.at_baseline) {
+            // A `b` that ended at its baseline (flat there past its Table 6 count) is the side
+            // that did not learn: "a beats b" is decided on it, never "comparable".
+            let ended_b = y.ended_at_baseline && claim.kind != ClaimKind::Comparable;
+            if let (Some(lb), Some(_), false) = (&lb, &y.at_baseline, ended_b) {
                 out.push((AT_BASELINE, lb.clone()));
             }
         }

@@ -19,8 +19,18 @@ pub fn converged_by_rule(
     if res.diverged {
         return (Some(false), "diverged: no plateau".into());
     }
-    if let Some(p) = res.plateau.as_ref().filter(|p| p.rule.as_deref() == Some("half")) {
+    if let Some(p) = res.plateau.as_ref().filter(|p| p.rule.as_deref() == Some("trend")) {
         return (Some(p.converged()), plateau_words(p));
+    }
+    // Too few evaluations for any trend (the rule's window needs three).
+    if res.plateau.is_none() && evals.len() < 3 {
+        return (
+            Some(false),
+            format!(
+                "not converged: evaluated {} time(s); the trend rule needs three evaluations in the last half of a run",
+                evals.len()
+            ),
+        );
     }
     // Still rising by its own test: a lower bound, whatever else is said of it.
     if let Some(p) = res.plateau.as_ref().filter(|p| p.rising) {
@@ -34,6 +44,28 @@ pub fn converged_by_rule(
                 res.steps
             ),
         );
+    }
+    // The trend rule on the accuracies alone (every evaluation of the last half): rising
+    // when their line gains half a point or more, or its interval lies above 0.
+    if let Some(last) = evals.last() {
+        let from = evals.iter().rposition(|e| e.step <= last.step / 2).unwrap_or(0);
+        let points: Vec<(usize, f64)> = evals[from..].iter().map(|e| (e.step, e.test_accuracy)).collect();
+        if let Some((gain, (lo, hi))) = fpt_train::outcomes::accuracy_trend(&points) {
+            if gain >= fpt_train::outcomes::RISING_GAIN || lo > 0.0 {
+                return (
+                    Some(false),
+                    format!(
+                        "not converged: still rising by the trend of its last half ({:+.1} points from step {} to step {} on the line through its {} evaluations; 95% interval {:+.1} to {:+.1})",
+                        100.0 * gain,
+                        points[0].0,
+                        last.step,
+                        points.len(),
+                        100.0 * lo,
+                        100.0 * hi
+                    ),
+                );
+            }
+        }
     }
     // The accuracies alone over the last half: rising only if even the widest interval the
     // two allow (each example a coin with its accuracy, the two anti-correlated) says so.
@@ -57,10 +89,11 @@ pub fn converged_by_rule(
             }
         }
     }
-    (
-        None,
-        "convergence cannot be re-derived by the rule (last half of the run, paired over the examples): the run kept the per-example outcomes of its last evaluations only".into(),
-    )
+    let why = match res.plateau.as_ref().and_then(|p| p.rule.as_deref()) {
+        Some("half") => "called converged by the earlier rule (two evaluations, paired over the examples), which one low evaluation could make; the trend rule (every evaluation of the last half) cannot be re-derived: the run kept the per-example outcomes of its last evaluations only",
+        _ => "convergence cannot be re-derived by the rule (the trend of the last half of the run, over the examples): the run kept the per-example outcomes of its last evaluations only",
+    };
+    (None, why.into())
 }
 
 /// The plateau test of a run in words (a cell's `curve`).
@@ -69,17 +102,33 @@ pub fn plateau_words(p: &fpt_train::outcomes::Plateau) -> String {
         "still rising (the number is a lower bound)"
     } else if p.before_floor() {
         "not converged: before its row's Table 6 count"
+    } else if !p.flat() {
+        "not converged: not yet flat (the gain's interval reaches a point, or the flat call has not held)"
     } else {
         "converged (flat across the last half of its steps)"
     };
+    let how = if p.rule.as_deref() == Some("trend") {
+        format!(
+            "the line through {} evaluations; 95% interval {:+.1} to {:+.1} over the held-out examples and the evaluations' scatter; flat at {} of the {} evaluations in a row it needs",
+            p.window + 1,
+            100.0 * p.interval.0,
+            100.0 * p.interval.1,
+            p.flat_for.unwrap_or(0),
+            p.hold.unwrap_or(0)
+        )
+    } else {
+        format!(
+            "{} evaluations; 95% interval {:+.1} to {:+.1}, paired over the held-out examples",
+            p.window,
+            100.0 * p.interval.0,
+            100.0 * p.interval.1
+        )
+    };
     format!(
-        "{what}: {:+.1} points from step {} to step {} ({} evaluations; 95% interval {:+.1} to {:+.1}, paired over the held-out examples)",
+        "{what}: {:+.1} points from step {} to step {} ({how})",
         100.0 * p.gain,
         p.from_step,
         p.to_step,
-        p.window,
-        100.0 * p.interval.0,
-        100.0 * p.interval.1
     )
 }
 

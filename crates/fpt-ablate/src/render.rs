@@ -37,6 +37,7 @@ impl Report {
         let spread = c.seeds.as_ref().map_or(String::new(), |s| format!(" [{}]", s.label()));
         // Significantly below its baseline is said as such (not "at" it).
         let base = match &c.at_baseline {
+            Some(_) if c.ended_at_baseline.is_some() => " [ended at baseline]",
             Some(why) if why.contains(" is below the baseline") => " [below baseline]",
             Some(_) => " [at baseline]",
             None => "",
@@ -74,7 +75,7 @@ impl Report {
                 if *n == 1 { "" } else { "s" }
             ));
         }
-        s.push_str("\nEach cell: **ours** (paper). `n/a`: cannot run here (see below); `·`: the paper's number only; `-`: not run in the paper; `pending`: not run yet; `n/c`: did not converge; `invalid`: its run failed its self-check; `[†]`: training diverged, the number is the best before divergence; `[at baseline]`: its runs did not leave the task's trivial baseline (chance, the majority class of the evaluated split, Bit Memory's copy of the visible bits: see the cell's row below), so it is no evidence that the model learned, and no claim rests on it; `[below baseline]`: the same, significantly below it; `≥ ... [rising]`: a run ended at its step cap still rising (the paired test across the last half of its steps: see the cell's row below), so the number is a lower bound; `[not converged]`: its runs are not converged by the rule (stopped before the row's Table 6 count, evaluated once, or diverged); only converged cells decide a claim; `[unfit]`: the cell's model is not what its row names (a Bit backbone that did not learn Bit Memory), so no claim rests on it.\n\n");
+        s.push_str("\nEach cell: **ours** (paper). `n/a`: cannot run here (see below); `·`: the paper's number only; `-`: not run in the paper; `pending`: not run yet; `n/c`: did not converge; `invalid`: its run failed its self-check; `[†]`: training diverged, the number is the best before divergence; `[at baseline]`: its runs did not leave the task's trivial baseline (chance, the majority class of the evaluated split, Bit Memory's copy of the visible bits: see the cell's row below), so it is no evidence that the model learned, and no claim rests on it; `[below baseline]`: the same, significantly below it; `[ended at baseline]`: its runs ended there (flat at the baseline across the last half of their steps, past the row's Table 6 count): as the model that did not learn, it is the side to be beaten in a claim that another model beats it; `≥ ... [rising]`: a run ended at its step cap still rising (the paired test across the last half of its steps: see the cell's row below), so the number is a lower bound; `[not converged]`: its runs are not converged by the rule (stopped before the row's Table 6 count, evaluated once, or diverged); only converged cells decide a claim; `[unfit]`: the cell's model is not what its row names (a Bit backbone that did not learn Bit Memory), so no claim rests on it.\n\n");
         let ran = self.cells.iter().filter(|c| c.status == "ran").count();
         let at = self.cells.iter().filter(|c| c.at_baseline.is_some()).count();
         if ran > 0 {
@@ -162,6 +163,7 @@ impl Report {
                 [
                     c.why.clone(),
                     c.at_baseline.as_ref().map(|b| format!("at baseline: {b}")),
+                    c.ended_at_baseline.clone(),
                     c.unfit.clone(),
                     c.diverged.clone(),
                     c.curve.clone().map(|k| format!("curve {k}")),

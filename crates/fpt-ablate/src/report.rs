@@ -69,6 +69,12 @@ pub struct CellReport {
     /// absent when it left it or its baseline is not known. No claim rests on such a cell.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub at_baseline: Option<String>,
+    /// Set when every run of the cell **ended at its baseline** (`result.json`'s
+    /// `ended_at_baseline`: flat at the trivial baseline across the last half of its steps,
+    /// at or past its row's Table 6 count): the words for it. Such a cell decides a claim as
+    /// the side that did not learn.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_at_baseline: Option<String>,
     /// The task's measured accuracy spread across seeds at the scale (points), where known
     /// for the cell's backbone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -381,6 +387,7 @@ impl Report {
                 baseline: None,
                 baseline_kind: None,
                 at_baseline: None,
+                ended_at_baseline: None,
                 seed_sd: None,
                 converged: None,
                 unfit: None,
@@ -436,7 +443,7 @@ impl Report {
                             // copy) is pending at its step, never a result.
                             let at = [dir.clone(), crate::campaign::saved_root(out).join(key)]
                                 .iter()
-                                .filter_map(|d| crate::campaign::progress(d))
+                                .filter_map(|d| crate::campaign::progress(d).ok().flatten())
                                 .filter(|p| !p.0)
                                 .map(|p| p.1)
                                 .max();
@@ -559,6 +566,18 @@ impl Report {
                                     });
                                 }
                             }
+                            // Every run ended at its baseline (flat there past its floor).
+                            let ended: Vec<usize> = runs
+                                .iter()
+                                .filter_map(|(o, _)| o.result.as_ref().filter(|r| r.ended_at_baseline).map(|r| r.steps))
+                                .collect();
+                            if r.at_baseline.is_some() && !ended.is_empty() && ended.len() == runs.len() {
+                                let steps: Vec<String> = ended.iter().map(|s| s.to_string()).collect();
+                                r.ended_at_baseline = Some(format!(
+                                    "ended at baseline after {} steps (flat at the task's trivial baseline across the last half of its steps, past its row's Table 6 count)",
+                                    steps.join(", ")
+                                ));
+                            }
                             // A Bit backbone says how its pretraining ended; one that did not
                             // learn Bit Memory is not the paper's Bit backbone.
                             if spec.backbone.init == fpt_spec::Init::BitPretrained {
@@ -646,6 +665,7 @@ impl Report {
                         value: v,
                         se,
                         at_baseline: cell.at_baseline.clone(),
+                        ended_at_baseline: cell.ended_at_baseline.is_some(),
                         // Per-example outcomes are of the test split: they resample test accuracies.
                         runs: if cell.metric == Metric::TestAccuracy {
                             &cell.outcomes

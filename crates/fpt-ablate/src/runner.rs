@@ -31,6 +31,9 @@ pub struct RunOptions {
     /// Train only these runs (keys; empty: every run): a lent GPU takes some of a campaign's
     /// runs while the CPU trains others.
     pub only: Vec<String>,
+    /// Train none of these runs (keys): a campaign's runs whose committed copy or local
+    /// directory is damaged, left alone until mended.
+    pub skip: Vec<String>,
     /// Stop every running cell with a checkpoint at this time, and start none after it
     /// (`--budget`); the next call resumes them.
     pub deadline: Option<std::time::SystemTime>,
@@ -73,10 +76,13 @@ pub fn run(cells: &[Cell], out: &Path, opts: &RunOptions, log: &mut (dyn FnMut(&
             .map(|(_, r)| r)
             .collect();
     }
-    todo.retain(|(key, _)| opts.force || !run_dir(out, key).join("result.json").is_file());
+    // Finished runs stay as they are; a run an older convergence rule stopped early trains on
+    // from its checkpoint ([`fpt_train::reopen_reason`]).
+    todo.retain(|(key, _)| opts.force || fpt_train::finished_result(&run_dir(out, key)).is_none());
     if !opts.only.is_empty() {
         todo.retain(|(key, _)| opts.only.contains(key));
     }
+    todo.retain(|(key, _)| !opts.skip.contains(key));
     if opts.task_order.is_empty() {
         order_for_builds(&mut todo);
     } else {
@@ -288,13 +294,13 @@ pub(crate) fn run_one(
     // Finished since the queue was made (by another process): its result stands; resuming
     // it would train past where it stopped.
     if !force {
-        if let Ok(text) = std::fs::read_to_string(dir.join("result.json")) {
-            if let Ok(done) = serde_json::from_str::<fpt_train::RunResult>(&text) {
-                return Ok(done);
-            }
+        if let Some(done) = fpt_train::finished_result(dir) {
+            return Ok(done);
         }
     }
-    if dir.exists() && (force || fpt_train::checkpoint::latest(dir).ok().flatten().is_none()) {
+    // Started over only with --force, or where the run never wrote a checkpoint; a damaged
+    // checkpoint pointer is an error naming it (nothing removed, nothing retrained).
+    if dir.exists() && (force || fpt_train::checkpoint::latest(dir)?.is_none()) {
         std::fs::remove_dir_all(dir).map_err(io(dir))?;
     }
     if dir.exists() {

@@ -101,6 +101,23 @@ impl Workers {
             .stderr(std::process::Stdio::inherit())
             .spawn()
             .map_err(|e| fail(format!("could not start `{} run-cell`: {e}", self.exe.display())))?;
+        // A stop asked of this process (SIGINT/SIGTERM, not only a terminal's Ctrl-C, which
+        // reaches the whole process group) is passed on to the child, which then stops at
+        // its next step with a checkpoint.
+        let finished = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let forward = {
+            let finished = finished.clone();
+            let pid = child.id();
+            std::thread::spawn(move || {
+                while !finished.load(std::sync::atomic::Ordering::SeqCst) {
+                    if fpt_train::stop::due() == Some(fpt_train::stop::Why::Requested) {
+                        terminate(pid);
+                        return;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+            })
+        };
         let json = serde_json::to_vec(spec).expect("a run spec serialises");
         // The child reads its spec to the end before it starts, so this cannot deadlock.
         let written = child.stdin.take().expect("piped stdin").write_all(&json);
@@ -118,9 +135,10 @@ impl Workers {
                 error = Some(e.to_string());
             }
         }
-        let status = child
-            .wait()
-            .map_err(|e| fail(format!("waiting for the run's process: {e}")))?;
+        let status = child.wait();
+        finished.store(true, std::sync::atomic::Ordering::SeqCst);
+        let _ = forward.join();
+        let status = status.map_err(|e| fail(format!("waiting for the run's process: {e}")))?;
         if let Some(s) = stopped {
             return Err(fpt_train::TrainError::Stopped {
                 path: dir.to_path_buf(),
@@ -159,6 +177,7 @@ impl Workers {
 /// `input`, trains it into `dir` on the CPU, writes an `fpt-eval` line per evaluation to
 /// `out`, and on failure an `fpt-error` line with the reason, which is also returned.
 pub fn serve(dir: &Path, force: bool, input: &mut dyn Read, out: &mut dyn Write) -> Result<()> {
+    stop_with_parent();
     let result = (|| {
         // The parent's deadline (a campaign's budget), if it has one.
         if let Some(at) = fpt_train::stop::deadline_from_env().map_err(AblateError::Request)? {
@@ -203,4 +222,42 @@ pub fn serve(dir: &Path, force: bool, input: &mut dyn Read, out: &mut dyn Write)
         Ok(_) => {}
     }
     result.map(|_| ())
+}
+
+/// Sends SIGTERM to process `pid` (a child of this process that has not been waited for, so
+/// the id is still its own). Elsewhere than on Unix, nothing.
+fn terminate(pid: u32) {
+    #[cfg(unix)]
+    if let Ok(pid) = libc::pid_t::try_from(pid) {
+        // SAFETY: kill(2) takes plain integers and touches no memory of ours. `pid` is our
+        // child's: the caller stops calling this once `wait` has returned (the id could then
+        // be reused), so the id names that child, or at worst (the ~50 ms between the child
+        // being reaped and the flag being set) a stale id, which kill(2) rejects or which
+        // the system has not reused that soon.
+        unsafe {
+            libc::kill(pid, libc::SIGTERM);
+        }
+    }
+}
+
+/// A child that trains a run stops with its parent: on Linux the kernel sends it SIGTERM
+/// when the parent dies (killed, or ended by a second Ctrl-C), which stops its run at the
+/// next step with a checkpoint, as any stop request does. Without this, an orphan would
+/// train on unseen until its deadline and its work would never be saved to the campaign.
+fn stop_with_parent() {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: getppid(2) and prctl(2) with PR_SET_PDEATHSIG take and return plain
+        // integers; no pointer is passed.
+        let before = unsafe { libc::getppid() };
+        // SAFETY: as above (PR_SET_PDEATHSIG's second argument is the signal number).
+        unsafe {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM as libc::c_ulong, 0, 0, 0);
+        }
+        // The parent died before the call: nobody will send the signal, so stop now.
+        // SAFETY: as above.
+        if unsafe { libc::getppid() } != before {
+            fpt_train::stop::request();
+        }
+    }
 }

@@ -247,6 +247,41 @@ fn every_claim_holds_on_the_papers_numbers() {
 
 /// A claim decides on the numbers it is given: holds, fails, inconclusive within the
 /// sampling noise, undecided where every pair has a cell at its trivial baseline, or not run.
+/// A `b` that ended at its baseline (flat there past its Table 6 count) is the model that
+/// did not learn: "FPT beats Random" is decided on it. One merely at its baseline (not yet
+/// past its count, or not flat) decides nothing, as before; nor does an ended one in
+/// "comparable".
+#[test]
+fn a_side_that_ended_at_its_baseline_decides_a_beats_claim() {
+    use fpt_ablate::claims::CellValue;
+    let tables = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/tables");
+    let t = load_table(&tables, "table2").unwrap();
+    let claim = &t.claims[0]; // FPT vs Random, mean over the tasks
+    let row = |r: usize| t.rows[r].label.as_str();
+    let v = |ended: bool| {
+        fpt_ablate::claims::check(&t, claim, &|r, c| match (row(r), c) {
+            ("FPT", 0) => Some(CellValue {
+                value: 99.9,
+                se: 0.1,
+                ..CellValue::default()
+            }),
+            ("Random", 0) => Some(CellValue {
+                value: 75.1,
+                se: 0.1,
+                at_baseline: Some("accuracy within the uncertainty of the baseline".into()),
+                ended_at_baseline: ended,
+                ..CellValue::default()
+            }),
+            _ => None,
+        })
+    };
+    let ended = v(true);
+    assert_eq!(ended.verdict, "holds", "{}", ended.detail);
+    let at = v(false);
+    assert_eq!(at.verdict, "undecided", "{}", at.detail);
+    assert!(at.detail.contains("at their trivial baseline"), "{}", at.detail);
+}
+
 #[test]
 fn claim_verdicts_follow_the_numbers_and_their_noise() {
     use fpt_ablate::claims::CellValue;

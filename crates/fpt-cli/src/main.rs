@@ -80,6 +80,9 @@ enum Command {
     /// Run a backbone on input embeddings from a safetensors file, as the FPT model does
     /// (positions added, dropout off), and write `last_hidden_state`.
     Forward(Box<forward::ForwardArgs>),
+    /// Rebuild a run's checkpoint pointer (`checkpoints/LATEST`, damaged by a merge conflict
+    /// or lost) from its checkpoint directories: the newest whose files verify (sha256).
+    Repair(RepairArgs),
     /// Re-check every fetched dataset and Hugging Face cache file against the sha256 it was
     /// fetched with (hashing each in full).
     Verify(selfcheck::VerifyArgs),
@@ -141,11 +144,32 @@ fn main() {
         Command::GpuCheck(a) => gpu_check::gpu_check(a),
         Command::Forward(a) => forward::forward(*a),
         Command::Verify(a) => selfcheck::verify(a),
+        Command::Repair(a) => repair(a),
     };
     if let Err(e) = res {
         eprintln!("error: {}{}", one_line(&e), flag_hint(&e));
         std::process::exit(exit_code(&e));
     }
+}
+
+#[derive(clap::Args)]
+struct RepairArgs {
+    /// The run directory (holding `checkpoints/`).
+    dir: std::path::PathBuf,
+}
+
+/// `fpt repair DIR`: points `checkpoints/LATEST` at the newest checkpoint that verifies.
+fn repair(a: RepairArgs) -> Result<()> {
+    let (dir, passed) = fpt_train::checkpoint::repair(&a.dir)?;
+    for p in passed {
+        eprintln!("fpt repair: passed over {p}");
+    }
+    println!(
+        "{}: LATEST now points at {}",
+        fpt_train::checkpoint::root(&a.dir).display(),
+        dir.file_name().unwrap_or_default().to_string_lossy()
+    );
+    Ok(())
 }
 
 /// SIGINT (Ctrl-C) and SIGTERM ask the runs of this process to stop at their next step with

@@ -158,15 +158,25 @@ pub fn run_table(a: RunTableArgs) -> Result<()> {
     opts.report_only = a.report_only;
     opts.shard = a.shard.as_deref().map(parse_shard).transpose()?;
     opts.rows = a.rows;
+    let campaign_only = a.runs.clone();
     opts.only = a.runs;
     opts.deadline = a.budget.map(|b| std::time::SystemTime::now() + b);
+    // Runs a campaign leaves alone (a damaged checkpoint pointer, copies that would lose a
+    // stretch): named as found, and the command exits non-zero at the end.
+    let mut problems: Vec<(String, String)> = Vec::new();
     if a.campaign {
         for id in &ids {
             let table = fpt_ablate::at_scale(&fpt_ablate::load_table(&a.tables, id)?, &scales, &a.scale)?;
             let cells = fpt_ablate::expand_unchecked(&table, &scales, &a.scale)?;
-            for (key, step) in fpt_ablate::campaign::restore(&cells, &a.out)? {
+            let restored = fpt_ablate::campaign::restore(&cells, &a.out)?;
+            for (key, step) in &restored.moved {
                 eprintln!("fpt run-table: {id}: run {key} brought in from its committed copy (step {step})");
             }
+            for (key, why) in &restored.problems {
+                eprintln!("fpt run-table: {id}: run {key} left alone, not trained: {why}");
+                opts.skip.push(key.clone());
+            }
+            problems.extend(restored.problems);
         }
     }
     let (tables_dir, out_dir, scale, campaign_ids) = (a.tables.clone(), a.out.clone(), a.scale.clone(), ids.clone());
@@ -180,6 +190,8 @@ pub fn run_table(a: RunTableArgs) -> Result<()> {
     };
     // Progress on stderr; each table's report path and run times on stdout as soon as it is
     // written (`cargo xtask reproduce` reads them).
+    // Runs that failed (not those a budget or a signal stopped with a checkpoint).
+    let mut failed = 0usize;
     reproduce::reproduce(&req, &mut |p| match p {
         Progress::Line { id, line } => eprintln!("fpt run-table: {id}: {line}"),
         Progress::Done(Done::Figure { id, dir }) => println!("{id}: {}", dir.join("report.md").display()),
@@ -188,6 +200,11 @@ pub fn run_table(a: RunTableArgs) -> Result<()> {
             for line in trained.time_lines() {
                 println!("{id} {line}");
             }
+            failed += trained
+                .times
+                .iter()
+                .filter(|(what, _, ok)| !ok && !trained.stopped.iter().any(|s| what.starts_with(&s.0)))
+                .count();
         }
     })?;
     if a.campaign {
@@ -197,15 +214,37 @@ pub fn run_table(a: RunTableArgs) -> Result<()> {
             let saved = fpt_ablate::campaign::save(&cells, &out_dir)?;
             eprintln!(
                 "fpt run-table: {id}: {} run(s) copied to {} (commit it): {}",
-                saved.len(),
+                saved.moved.len(),
                 fpt_ablate::campaign::saved_root(&out_dir).display(),
                 saved
+                    .moved
                     .iter()
                     .map(|(k, s)| format!("{k} at step {s}"))
                     .collect::<Vec<_>>()
                     .join(", ")
             );
+            for (key, why) in &saved.problems {
+                eprintln!("fpt run-table: {id}: run {key} {why}");
+            }
+            for p in saved.problems {
+                if !problems.contains(&p) {
+                    problems.push(p);
+                }
+            }
         }
+    }
+    if fpt_train::stop::due() == Some(fpt_train::stop::Why::Requested) {
+        eprintln!("fpt run-table: interrupted: the running runs stopped with a checkpoint; the next call resumes them");
+        std::process::exit(130);
+    }
+    if (a.campaign || !campaign_only.is_empty()) && failed > 0 {
+        anyhow::bail!("{failed} run(s) failed (named above with FAILED)");
+    }
+    if !problems.is_empty() {
+        anyhow::bail!(
+            "{} campaign run(s) left alone (named above: a damaged checkpoint pointer, or copies that would lose a stretch); nothing of them was replaced",
+            problems.len()
+        );
     }
     Ok(())
 }

@@ -96,17 +96,60 @@ fn is_checkpoint_name(name: &str) -> bool {
         .is_some_and(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()))
 }
 
-/// The newest complete checkpoint of a run, if any.
+/// The checkpoint directories of a run (`step-` and digits), newest first, with their step.
+pub fn step_dirs(run_dir: &Path) -> Vec<(usize, PathBuf)> {
+    let mut v: Vec<(usize, PathBuf)> = std::fs::read_dir(root(run_dir))
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            (is_checkpoint_name(&name) && e.path().is_dir())
+                .then(|| name["step-".len()..].parse::<usize>().ok().map(|s| (s, e.path())))
+                .flatten()
+        })
+        .collect();
+    v.sort_by_key(|d| std::cmp::Reverse(d.0));
+    v
+}
+
+/// What to do about a damaged pointer: the step directories there, and the command that
+/// rebuilds it.
+fn repair_hint(run_dir: &Path) -> String {
+    let dirs = step_dirs(run_dir);
+    let names: Vec<String> = dirs
+        .iter()
+        .map(|(_, d)| d.file_name().unwrap_or_default().to_string_lossy().into_owned())
+        .collect();
+    if names.is_empty() {
+        "and no checkpoint directory is there".into()
+    } else {
+        format!(
+            "checkpoint directories present: {}; `fpt repair {}` points it at the newest one whose files verify",
+            names.join(", "),
+            run_dir.display()
+        )
+    }
+}
+
+/// The newest complete checkpoint of a run, if any: the one `LATEST` names. `None` only
+/// where the run has no `LATEST` and no checkpoint directory (it never wrote one). A
+/// `LATEST` that cannot be read, holds anything but a checkpoint name (git's conflict
+/// markers, say), or names a directory that is not there is an error naming the file, as is
+/// a missing `LATEST` beside checkpoint directories: never "no checkpoint", which would
+/// start the run again from step 0. [`repair`] rebuilds the pointer.
 pub fn latest(run_dir: &Path) -> Result<Option<PathBuf>> {
     let pointer = root(run_dir).join("LATEST");
     match std::fs::read_to_string(&pointer) {
         Ok(name) => {
             if !is_checkpoint_name(name.trim()) {
+                let shown: String = name.trim().chars().take(80).collect();
                 return Err(err(
                     &pointer,
                     format!(
-                        "holds `{}`, not a checkpoint name (`step-` and digits): the file was changed",
-                        name.trim().escape_debug()
+                        "holds `{}`, not a checkpoint name (`step-` and digits): the file was changed (a merge conflict?); {}",
+                        shown.escape_debug(),
+                        repair_hint(run_dir)
                     ),
                 ));
             }
@@ -114,14 +157,56 @@ pub fn latest(run_dir: &Path) -> Result<Option<PathBuf>> {
             if !dir.is_dir() {
                 return Err(err(
                     &pointer,
-                    format!("points at `{}`, which does not exist", name.trim()),
+                    format!(
+                        "points at `{}`, which does not exist; {}",
+                        name.trim(),
+                        repair_hint(run_dir)
+                    ),
                 ));
             }
             Ok(Some(dir))
         }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(err(&pointer, e.to_string())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if step_dirs(run_dir).is_empty() {
+                Ok(None)
+            } else {
+                Err(err(
+                    &pointer,
+                    format!("is missing, but the run has checkpoints; {}", repair_hint(run_dir)),
+                ))
+            }
+        }
+        Err(e) => Err(err(&pointer, format!("{e}; {}", repair_hint(run_dir)))),
     }
+}
+
+/// Rebuilds a run's `LATEST` from its checkpoint directories: the newest one whose files
+/// all verify against its manifest (sha256) becomes the pointer (written atomically).
+/// Returns it, with the directories passed over and why. An error where none verifies.
+pub fn repair(run_dir: &Path) -> Result<(PathBuf, Vec<String>)> {
+    let mut passed = Vec::new();
+    for (_, dir) in step_dirs(run_dir) {
+        match load(&dir, &Device::Cpu) {
+            Ok(_) => {
+                let name = dir
+                    .file_name()
+                    .expect("a checkpoint has a name")
+                    .to_string_lossy()
+                    .into_owned();
+                write_atomic(&root(run_dir).join("LATEST"), name.as_bytes())?;
+                return Ok((dir, passed));
+            }
+            Err(e) => passed.push(format!("{}: {e}", dir.display())),
+        }
+    }
+    Err(err(
+        &root(run_dir),
+        if passed.is_empty() {
+            "holds no checkpoint directory to point LATEST at".to_string()
+        } else {
+            format!("no checkpoint verifies: {}", passed.join("; "))
+        },
+    ))
 }
 
 /// Writes a checkpoint of `tr` and `run` into `run_dir` (see the module docs); returns

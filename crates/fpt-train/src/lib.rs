@@ -52,7 +52,7 @@ mod trainer;
 pub mod trajectory;
 
 pub use evaluate::{device_name, evaluate, evaluate_with, predict_run, tally_with, Predictions, Predictor};
-pub use run_dir::{in_use_by, saved_spec, write_atomic};
+pub use run_dir::{finished_result, in_use_by, reopen_reason, saved_spec, write_atomic};
 pub(crate) use run_dir::{metrics_append, metrics_truncate, run_dir_err, write_result, RunLock};
 pub use run_loop::{evaluate_run, resume, resume_task, train, train_task, RunState, Segment};
 pub use trainer::{root_rng, StepOutcome, Trainer};
@@ -214,8 +214,9 @@ pub struct RunResult {
     pub diverged_reason: Option<String>,
     /// True when early stopping ended the run before `steps`.
     pub stopped_early: bool,
-    /// Whether the run ended on a plateau of its held-out accuracy: the paired test over its
-    /// last evaluations ([`outcomes::plateau`]) found no gain above the noise. False for a
+    /// Whether the run ended on a plateau of its held-out accuracy by the rule
+    /// ([`outcomes::convergence`]: flat across the last half of its steps, at or past its
+    /// floor). False for a
     /// run that ended at its cap while still rising (its accuracy is then a lower bound of
     /// where it would end), that diverged, or that evaluated once; absent in results
     /// written before fpt recorded it and for the linear baseline and output-only runs.
@@ -224,6 +225,13 @@ pub struct RunResult {
     /// The plateau test behind `converged`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plateau: Option<outcomes::Plateau>,
+    /// True when the run **ended at its baseline**: at its task's trivial baseline, flat by
+    /// the rule across the last half of its steps, at or past its row's Table 6 count (its
+    /// floor). It stopped there, as the side of a comparison that did not learn; `converged`
+    /// is true with it. False for every other run (and absent in results written before fpt
+    /// recorded it).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ended_at_baseline: bool,
     /// On a Bit backbone: how its pretraining on Bit Memory ended (did it learn its task?).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bit_backbone: Option<pretrain::BitBackbone>,

@@ -225,6 +225,7 @@ impl Linear {
             converged: Some(converged),
             bit_backbone: None,
             plateau,
+            ended_at_baseline: false,
             baseline_accuracy: Some(baseline.accuracy),
             baseline: Some(baseline),
             cached: None,

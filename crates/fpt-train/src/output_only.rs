@@ -272,6 +272,7 @@ pub(crate) fn run(
         converged: Some(converged),
         bit_backbone: None,
         plateau,
+        ended_at_baseline: false,
         baseline_accuracy: Some(baseline.accuracy),
         baseline: Some(baseline),
         cached: Some(CachedStats {

@@ -146,3 +146,35 @@ pub fn saved_spec(out_dir: &Path) -> Result<RunSpec> {
     })?;
     serde_json::from_str(&text).map_err(|e| run_dir_err(&p, format!("not a valid run spec: {e}")))
 }
+
+/// Why a finished run must train on although it has a `result.json`: it stopped early on a
+/// convergence call by a rule older than fpt's trend rule ([`outcomes::convergence`]), which
+/// one evaluation could make; it continues from its last checkpoint, judged by today's rule.
+/// `None` for a run whose ending stands (at its cap, diverged, stopped on a target accuracy,
+/// or called converged by the trend rule).
+pub fn reopen_reason(res: &RunResult, spec: &RunSpec) -> Option<String> {
+    let t = &spec.train;
+    let older_rule = res.plateau.as_ref().is_none_or(|p| p.rule.as_deref() != Some("trend"));
+    (t.stop_on_plateau && res.stopped_early && !res.diverged && t.stop_at_accuracy.is_none() && res.steps < t.steps && older_rule)
+        .then(|| {
+            format!(
+                "it stopped at step {} of {} on an earlier convergence rule (`{}`: two evaluations, so one low evaluation could end it); it trains on under the trend rule",
+                res.steps,
+                t.steps,
+                res.plateau.as_ref().and_then(|p| p.rule.clone()).unwrap_or_else(|| "window".into())
+            )
+        })
+}
+
+/// The result of the run in `dir` if it is finished for good: a `result.json` that parses
+/// and that [`reopen_reason`] does not reopen (one it reopens counts as unfinished only
+/// where a checkpoint to continue from is there).
+pub fn finished_result(dir: &Path) -> Option<RunResult> {
+    let res: RunResult = serde_json::from_str(&std::fs::read_to_string(dir.join("result.json")).ok()?).ok()?;
+    let reopen = saved_spec(dir)
+        .ok()
+        .and_then(|spec| reopen_reason(&res, &spec))
+        .is_some()
+        && matches!(crate::checkpoint::latest(dir), Ok(Some(_)));
+    (!reopen).then_some(res)
+}

@@ -220,13 +220,15 @@ pub(crate) fn run_loop(
                 on_event(&Event::StoppedEarly(step));
             } else if t.stop_on_plateau {
                 // Converged by the rule: a full window of evaluations (the last half of the
-                // run's steps, at least the patience), off the baseline, no gain above the
-                // paired noise across it, and at or past the spec's floor.
+                // run's steps, at least the patience), flat by its trend for the patience in
+                // evaluations, and at or past the spec's floor. Off the baseline it has
+                // converged; at it, it has ended there, but only with a floor (the paper's
+                // count for its row and task): a plateau before learning is not an end.
                 let window = plateau_window(t);
                 let flat = run.evals.len() > window
                     && outcomes::convergence(&run.recent, window, t.converge_floor).is_some_and(|p| p.converged());
                 if let Some(p) = t.early_stop_patience {
-                    if flat && !at_baseline && step < t.steps {
+                    if flat && (!at_baseline || t.converge_floor.is_some()) && step < t.steps {
                         run.stale_evals = p;
                         stopped_early = true;
                         on_event(&Event::StoppedEarly(step));
@@ -350,6 +352,9 @@ pub(crate) fn run_loop(
         Some(_) => None,
     };
     let converged = Some(plateau.as_ref().is_some_and(|p| p.converged()));
+    // Ended at its baseline: converged by the rule, with a floor, and at the baseline.
+    let ended_at_baseline =
+        converged == Some(true) && t.converge_floor.is_some() && baseline.as_ref().is_some_and(|b| !b.left);
     let result = RunResult {
         task: spec.task.name.to_string(),
         backbone: spec.backbone.source.clone(),
@@ -383,6 +388,7 @@ pub(crate) fn run_loop(
         stopped_early,
         converged,
         plateau,
+        ended_at_baseline,
         bit_backbone: tr.bit_backbone.clone(),
         baseline_accuracy: baseline.as_ref().map(|b| b.accuracy),
         baseline,
@@ -395,6 +401,7 @@ pub(crate) fn run_loop(
     write_result(out_dir, &result)?;
     let ended = match (&diverged, stopped_early, result.converged) {
         (Some(_), _, _) => "diverged",
+        (None, _, _) if result.ended_at_baseline => "ended at its baseline (flat there past its floor)",
         (None, true, _) => "ended: stopped early (converged or target reached)",
         (None, false, Some(true)) => "ended at its cap, converged",
         (None, false, _) => "ended at its cap, not converged",

@@ -1,4 +1,4 @@
-//! `result.json`'s `converged`, from the paired plateau test over the last evaluations, on
+//! `result.json`'s `converged`, from the trend rule over the last half of a run, on
 //! real training runs (a 2 x 32 x 2 GPT-2, every parameter trained, on Bit XOR: 67% at step
 //! 50, 93% at 250, 100% from 300 on, measured): a run stopped at its cap while climbing is
 //! not converged, one on its plateau is; `stop_on_plateau` stops the second and never the
@@ -65,13 +65,18 @@ fn a_run_stopped_while_climbing_is_not_converged_and_one_on_its_plateau_is() {
     let (r, curve) = run(&xor(250, 50));
     let p = r.plateau.clone().expect("a plateau test");
     assert_eq!(r.converged, Some(false), "{curve:?}: {p:?}");
-    assert!(p.rising && p.gain > 0.0 && p.interval.0 > 0.0, "{p:?}");
+    // Rising by its trend: the line through the last half gains half a point or more.
+    assert!(p.rising && p.gain >= fpt_train::outcomes::RISING_GAIN, "{p:?}");
+    assert_eq!(p.call(), "rising");
     assert_eq!((p.from_step, p.to_step, p.window), (100, 250, 3));
-    // Trained past its plateau: the last three evaluations add nothing.
-    let (r, curve) = run(&xor(600, 50));
+    // Trained past its plateau: its last half is flat, at three evaluations in a row.
+    let (r, curve) = run(&xor(700, 50));
     let p = r.plateau.clone().expect("a plateau test");
     assert_eq!(r.converged, Some(true), "{curve:?}: {p:?}");
-    assert!(!p.rising && p.interval.0 <= 0.0, "{p:?}");
+    assert!(
+        !p.rising && p.gain.abs() < 1e-9 && p.interval.1 < fpt_train::outcomes::FLAT_GAIN,
+        "{p:?}"
+    );
     // One evaluation cannot show a plateau.
     let (r, _) = run(&xor(50, 50));
     assert_eq!(r.converged, Some(false));

@@ -1,0 +1,237 @@
+//! The campaign loses nothing (issue 58): on a fresh copy of a committed campaign run
+//! (`results/campaign/<key>/`), a damaged checkpoint pointer (git's conflict markers in
+//! `LATEST`, `LATEST` deleted, the step directory it names deleted) is an error naming the
+//! file: the stretch exits non-zero, trains nothing and leaves the committed copy byte for
+//! byte as it was; `fpt repair` rebuilds the pointer; a committed copy holding a stretch the
+//! local run lacks is never replaced; an unknown `--runs` key is refused.
+
+mod common;
+
+use common::{fpt, stderr};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// A committed campaign run with a checkpoint (the first by key).
+fn committed_run() -> PathBuf {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(repo().join("results/campaign"))
+        .expect("results/campaign is committed")
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.join("checkpoints/LATEST").is_file())
+        .collect();
+    dirs.sort();
+    dirs.into_iter()
+        .next()
+        .expect("a committed campaign run with a checkpoint")
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let dst = to.join(e.file_name());
+        if e.path().is_dir() {
+            copy_dir(&e.path(), &dst);
+        } else {
+            std::fs::copy(e.path(), dst).unwrap();
+        }
+    }
+}
+
+/// Every file under `dir` with its bytes.
+fn snapshot(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
+    let mut m = BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                m.insert(p.strip_prefix(dir).unwrap().to_path_buf(), std::fs::read(&p).unwrap());
+            }
+        }
+    }
+    m
+}
+
+/// A results directory holding a copy of the committed run: `(tempdir, key, copy)`.
+fn fresh() -> (tempfile::TempDir, String, PathBuf) {
+    let src = committed_run();
+    let key = src.file_name().unwrap().to_string_lossy().into_owned();
+    let t = tempfile::tempdir().unwrap();
+    let copy = t.path().join("campaign").join(&key);
+    copy_dir(&src, &copy);
+    (t, key, copy)
+}
+
+/// One campaign stretch of `key` on results `out` (a short budget; nothing here may train).
+fn stretch(out: &Path, key: &str) -> std::process::Output {
+    let tables = repo().join("data/tables");
+    fpt(&[
+        "run-table",
+        "table2",
+        "--scale",
+        "converge",
+        "--tables",
+        tables.to_str().unwrap(),
+        "--rows",
+        "FPT,Random,Bit",
+        "--campaign",
+        "--runs",
+        key,
+        "--budget",
+        "30s",
+        "--out",
+        out.to_str().unwrap(),
+    ])
+}
+
+fn latest_name(copy: &Path) -> String {
+    std::fs::read_to_string(copy.join("checkpoints/LATEST"))
+        .unwrap()
+        .trim()
+        .to_string()
+}
+
+/// Each damage to the pointer: a non-zero exit naming `LATEST`, nothing trained, the
+/// committed copy unchanged.
+#[test]
+fn a_damaged_pointer_stops_the_stretch_and_keeps_the_copy() {
+    type Damage = fn(&Path);
+    let cases: [(&str, Damage); 3] = [
+        ("conflict markers", |c| {
+            let name = latest_name(c);
+            std::fs::write(
+                c.join("checkpoints/LATEST"),
+                format!("<<<<<<< HEAD\n{name}\n=======\nstep-999999\n>>>>>>> other\n"),
+            )
+            .unwrap();
+        }),
+        ("LATEST deleted", |c| {
+            std::fs::remove_file(c.join("checkpoints/LATEST")).unwrap()
+        }),
+        ("its step directory deleted", |c| {
+            let name = latest_name(c);
+            // Another step directory stays, so that the run still "has checkpoints".
+            std::fs::rename(c.join("checkpoints").join(&name), c.join("checkpoints/step-000001")).unwrap();
+        }),
+    ];
+    for (what, damage) in cases {
+        let (t, key, copy) = fresh();
+        damage(&copy);
+        let before = snapshot(&copy);
+        let out = stretch(t.path(), &key);
+        let err = stderr(&out);
+        assert!(!out.status.success(), "{what}: exit 0: {err}");
+        assert!(err.contains("LATEST") && err.contains(&key), "{what}: {err}");
+        assert!(err.contains("left alone, not trained"), "{what}: {err}");
+        assert_eq!(snapshot(&copy), before, "{what}: the committed copy changed");
+        // Nothing trained: no local run directory was made for it.
+        assert!(
+            !t.path().join("runs").join(&key).exists(),
+            "{what}: a local run was started"
+        );
+    }
+}
+
+/// `fpt repair` points `LATEST` at the newest checkpoint that verifies; a stretch then
+/// reads the run at its step again.
+#[test]
+fn repair_rebuilds_the_pointer() {
+    let (t, key, copy) = fresh();
+    let name = latest_name(&copy);
+    std::fs::write(copy.join("checkpoints/LATEST"), "<<<<<<< HEAD\n").unwrap();
+    // A newer step directory whose files do not verify is passed over.
+    let bad = copy.join("checkpoints/step-999999");
+    copy_dir(&copy.join("checkpoints").join(&name), &bad);
+    std::fs::write(bad.join("trainable.safetensors"), b"torn").unwrap();
+    let out = fpt(&["repair", copy.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stderr(&out).contains("step-999999"), "{}", stderr(&out));
+    assert_eq!(latest_name(&copy), name);
+    let status = fpt(&[
+        "run-table",
+        "table2",
+        "--scale",
+        "converge",
+        "--tables",
+        repo().join("data/tables").to_str().unwrap(),
+        "--status",
+        "--out",
+        t.path().to_str().unwrap(),
+    ]);
+    let text = String::from_utf8_lossy(&status.stdout);
+    let line = text.lines().find(|l| l.contains(&key)).expect("the run's status line");
+    assert!(!line.contains("DAMAGED") && !line.contains("not started"), "{line}");
+}
+
+/// Two machines stretched the same run from the same start and both committed: the copy
+/// holds a stretch the local run lacks, so saving the local run over it is refused (and
+/// restoring the copy over the local run likewise), both named, exit non-zero.
+#[test]
+fn a_copy_with_a_stretch_the_run_lacks_is_never_replaced() {
+    let (t, key, copy) = fresh();
+    // The local run: the copy as it was, then "trained further" elsewhere: its pointer names
+    // a later step (same files), and its history has its own new stretch.
+    let local = t.path().join("runs").join(&key);
+    copy_dir(&copy, &local);
+    let name = latest_name(&copy);
+    let step: usize = name["step-".len()..].parse().unwrap();
+    let later = format!("step-{:06}", step + 500);
+    std::fs::rename(
+        local.join("checkpoints").join(&name),
+        local.join("checkpoints").join(&later),
+    )
+    .unwrap();
+    std::fs::write(local.join("checkpoints/LATEST"), &later).unwrap();
+    let stretch_line = |machine: &str| {
+        format!(
+            "{{\"ended_utc\":\"2026-11-27T06:00:00Z\",\"from_step\":{step},\"to_step\":{},\"seconds\":1.0,\"device\":\"cpu\",\"machine\":\"{machine}\",\"commit\":\"x\",\"how\":\"stopped\"}}\n",
+            step + 500
+        )
+    };
+    let mut h = std::fs::read_to_string(local.join("history.jsonl")).unwrap_or_default();
+    h.push_str(&stretch_line("this machine"));
+    std::fs::write(local.join("history.jsonl"), h).unwrap();
+    // The committed copy got the other machine's stretch.
+    let mut h = std::fs::read_to_string(copy.join("history.jsonl")).unwrap_or_default();
+    h.push_str(&stretch_line("the other machine"));
+    std::fs::write(copy.join("history.jsonl"), h).unwrap();
+    let before = snapshot(&copy);
+    // Reports only: nothing trains (its fake checkpoint could not be), the runs are saved.
+    let tables = repo().join("data/tables");
+    let out = fpt(&[
+        "run-table",
+        "table2",
+        "--scale",
+        "converge",
+        "--tables",
+        tables.to_str().unwrap(),
+        "--rows",
+        "FPT,Random,Bit",
+        "--campaign",
+        "--report-only",
+        "--out",
+        t.path().to_str().unwrap(),
+    ]);
+    let err = stderr(&out);
+    assert!(!out.status.success(), "exit 0: {err}");
+    assert!(err.contains(&key) && err.contains("stretch"), "{err}");
+    assert_eq!(snapshot(&copy), before, "the committed copy changed");
+}
+
+#[test]
+fn an_unknown_run_key_is_refused() {
+    let t = tempfile::tempdir().unwrap();
+    let out = stretch(t.path(), "0123456789abcdef");
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("no run [\"0123456789abcdef\"]"),
+        "{}",
+        stderr(&out)
+    );
+}
