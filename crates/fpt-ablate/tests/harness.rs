@@ -233,7 +233,10 @@ fn a_table_runs_reports_skips_finished_cells_and_shards() {
     // at 3 and 6) are too few for the trend rule: not converged, and the cell says why.
     for c in &ran {
         let k = c.curve.as_deref().unwrap();
-        assert!(k.contains("evaluated 2 time(s); the trend rule needs three evaluations"), "{k}");
+        assert!(
+            k.contains("evaluated 2 time(s); the trend rule needs three evaluations"),
+            "{k}"
+        );
         assert_eq!(c.converged, Some(false), "{k}");
     }
 

@@ -192,7 +192,7 @@ pub fn run_table(a: RunTableArgs) -> Result<()> {
     // written (`cargo xtask reproduce` reads them).
     // Runs that failed (not those a budget or a signal stopped with a checkpoint).
     let mut failed = 0usize;
-    reproduce::reproduce(&req, &mut |p| match p {
+    let outcome = reproduce::reproduce(&req, &mut |p| match p {
         Progress::Line { id, line } => eprintln!("fpt run-table: {id}: {line}"),
         Progress::Done(Done::Figure { id, dir }) => println!("{id}: {}", dir.join("report.md").display()),
         Progress::Done(Done::Table { id, dir, trained }) => {
@@ -206,7 +206,9 @@ pub fn run_table(a: RunTableArgs) -> Result<()> {
                 .filter(|(what, _, ok)| !ok && !trained.stopped.iter().any(|s| what.starts_with(&s.0)))
                 .count();
         }
-    })?;
+    });
+    // A campaign's runs are saved whatever became of the reports (a failed self-check, a
+    // report that cannot be written): the hours they hold are not lost with them.
     if a.campaign {
         for id in &campaign_ids {
             let table = fpt_ablate::at_scale(&fpt_ablate::load_table(&tables_dir, id)?, &scales, &scale)?;
@@ -233,6 +235,7 @@ pub fn run_table(a: RunTableArgs) -> Result<()> {
             }
         }
     }
+    outcome?;
     if fpt_train::stop::due() == Some(fpt_train::stop::Why::Requested) {
         eprintln!("fpt run-table: interrupted: the running runs stopped with a checkpoint; the next call resumes them");
         std::process::exit(130);

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# A lent GPU's one prepared call (issues 54 and 56): `fpt gpu-check` on a reduced bench
+# (the shapes earlier records could not time, and the campaign's MNIST step), then ListOps
+# probes of the frozen pretrained MiniLM and campaign runs side by side until the call's
+# time is spent. Everything lands in $OUT:
+#   machine.txt, gpu-check.{json,log}        the check (bench/gpu/run.sh)
+#   probes/<name>/{spec.json,metrics.jsonl,history.jsonl,result.json?}, probes/<name>.log
+#   campaign/<key>/ and campaign.log         runs to copy into results/campaign/ here
+# Carried (ignored paths): target/cuda/fpt-cuda.gz (`cargo xtask cuda-build`) and
+# target/device-hub.tgz (`bash bench/gpu/campaign.sh --prepare --weights`, then
+# `tar czf target/device-hub.tgz -C target device-hub`).
+#   run(command="bash bench/gpu/session.sh", carry=["target/cuda/fpt-cuda.gz",
+#       "target/device-hub.tgz"], timeout_s=560)
+# Times (seconds): CHECK_S for the check, WORK_S for probes and campaign together;
+# FPT_CAMPAIGN_RUNS the campaign's keys; PROBES "name:batch:brackets ..." the probes.
+# FPT_GPU_DEVICE=cpu tries the whole command on a machine without a GPU.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT="${OUT:-$(mktemp -d)}"
+export OUT
+mkdir -p "$OUT/probes"
+start=$(date +%s)
+dev="${FPT_GPU_DEVICE:-cuda:0}"
+if [ -s target/device-hub.tgz ]; then
+    tar xzf target/device-hub.tgz -C target || exit 2
+fi
+gunzip -c target/cuda/fpt-cuda.gz > /tmp/fpt-cuda && chmod +x /tmp/fpt-cuda || exit 2
+
+# 1. The check and a reduced bench (run.sh records the machine).
+FPT_GPU_CHECK_TIMEOUT="${CHECK_S:-190}" bash bench/gpu/run.sh --steps 100 \
+    --shape minilm-mnist --shape lstm-listops --shape smollm2-mnist --precision f32 >/dev/null 2>&1
+echo "session: gpu-check exited $? after $(( $(date +%s) - start )) s" | tee -a "$OUT/session.log"
+
+# 2. ListOps probes and campaign runs, side by side, for WORK_S seconds.
+py="${FPT_PYTHON:-python3}"
+cu13=$("$py" -c 'import os, nvidia; print(os.path.join(os.path.dirname(nvidia.__path__[0]), "nvidia", "cu13", "lib"))' 2>/dev/null || true)
+if [ -n "$cu13" ] && [ -d "$cu13" ]; then
+    export LD_LIBRARY_PATH="$cu13:${LD_LIBRARY_PATH:-}"
+fi
+export HF_HUB_CACHE="$PWD/target/device-hub" HF_HUB_OFFLINE=1 FPT_HOME="${FPT_HOME:-/tmp/fpt-home}"
+/tmp/fpt-cuda fetch listops > "$OUT/fetch.log" 2>&1
+work="${WORK_S:-300}"
+for p in ${PROBES:-b16-drop:16:drop b16-keep:16:keep b4-keep:4:keep}; do
+    IFS=: read -r name batch brackets <<< "$p"
+    timeout -s INT "$work" /tmp/fpt-cuda train --task listops --backbone sentence-transformers/all-MiniLM-L6-v2 \
+        --batch-size "$batch" --brackets "$brackets" --lr 1e-3 --steps 20000 --eval-every 250 --eval-examples 500 \
+        --seed 0 --device "$dev" --out "$OUT/probes/$name" > "$OUT/probes/$name.log" 2>&1 &
+done
+if [ -n "${FPT_CAMPAIGN_RUNS:-}" ]; then
+    FPT_CAMPAIGN_BUDGET="$((work - 15))s" FPT_CAMPAIGN_JOBS="${FPT_CAMPAIGN_JOBS:-6}" \
+        bash bench/gpu/campaign.sh > "$OUT/campaign-session.log" 2>&1 &
+fi
+wait
+rm -rf "$OUT"/probes/*/checkpoints "$OUT"/probes/*/events.out.tfevents.*
+for d in "$OUT"/probes/*/; do
+    n=$(basename "$d")
+    echo "probe $n: $(wc -l < "$d/metrics.jsonl" 2>/dev/null) evaluations, last: $(tail -1 "$d/metrics.jsonl" 2>/dev/null)" | tee -a "$OUT/session.log"
+done
+echo "session: done after $(( $(date +%s) - start )) s" | tee -a "$OUT/session.log"
