@@ -7,8 +7,12 @@
 #   probes/<name>/{spec.json,metrics.jsonl,history.jsonl,result.json?}, probes/<name>.log
 #   campaign/<key>/ and campaign.log         runs to copy into results/campaign/ here
 # Carried (ignored paths): target/cuda/fpt-cuda.gz (`cargo xtask cuda-build`) and
-# target/device-hub.tgz (`bash bench/gpu/campaign.sh --prepare --weights`, then
-# `tar czf target/device-hub.tgz -C target device-hub`).
+# target/device-hub.tgz (`bash bench/gpu/campaign.sh --prepare [--weights]`, then
+# `tar czf target/device-hub.tgz -C target device-hub`): the campaign's runs read it, and
+# the probes too unless PROBE_HUB names another folder under target/ (a `probe-hub.tgz`
+# carried beside it is unpacked there). When the working tree and the exact weights do not
+# fit a call's 64 MiB, the probes can read MiniLM's weights rounded to f16 (21 MB; hidden
+# states within 1.9e-3 relative of f32's) from a probe hub that no campaign run reads.
 #   run(command="bash bench/gpu/session.sh", carry=["target/cuda/fpt-cuda.gz",
 #       "target/device-hub.tgz"], timeout_s=560)
 # Times (seconds): CHECK_S for the check, WORK_S for probes and campaign together;
@@ -21,9 +25,11 @@ export OUT
 mkdir -p "$OUT/probes"
 start=$(date +%s)
 dev="${FPT_GPU_DEVICE:-cuda:0}"
-if [ -s target/device-hub.tgz ]; then
-    tar xzf target/device-hub.tgz -C target || exit 2
-fi
+for hub in device-hub probe-hub; do
+    if [ -s "target/$hub.tgz" ]; then
+        tar xzf "target/$hub.tgz" -C target || exit 2
+    fi
+done
 gunzip -c target/cuda/fpt-cuda.gz > /tmp/fpt-cuda && chmod +x /tmp/fpt-cuda || exit 2
 
 # 1. The check and a reduced bench (run.sh records the machine).
@@ -42,7 +48,7 @@ export HF_HUB_CACHE="$PWD/target/device-hub" HF_HUB_OFFLINE=1 FPT_HOME="${FPT_HO
 work="${WORK_S:-300}"
 for p in ${PROBES:-b16-drop:16:drop b16-keep:16:keep b4-keep:4:keep}; do
     IFS=: read -r name batch brackets <<< "$p"
-    timeout -s INT "$work" /tmp/fpt-cuda train --task listops --backbone sentence-transformers/all-MiniLM-L6-v2 \
+    HF_HUB_CACHE="$PWD/target/${PROBE_HUB:-device-hub}" timeout -s INT "$work" /tmp/fpt-cuda train --task listops --backbone sentence-transformers/all-MiniLM-L6-v2 \
         --batch-size "$batch" --brackets "$brackets" --lr 1e-3 --steps 20000 --eval-every 250 --eval-examples 500 \
         --seed 0 --device "$dev" --out "$OUT/probes/$name" > "$OUT/probes/$name.log" 2>&1 &
 done
