@@ -32,10 +32,12 @@ for hub in device-hub probe-hub; do
 done
 gunzip -c target/cuda/fpt-cuda.gz > /tmp/fpt-cuda && chmod +x /tmp/fpt-cuda || exit 2
 
-# 1. The check and a reduced bench (run.sh records the machine).
-FPT_GPU_CHECK_TIMEOUT="${CHECK_S:-190}" bash bench/gpu/run.sh --steps 100 \
-    --shape minilm-mnist --shape lstm-listops --shape smollm2-mnist --precision f32 >/dev/null 2>&1
-echo "session: gpu-check exited $? after $(( $(date +%s) - start )) s" | tee -a "$OUT/session.log"
+# 1. The check and a reduced bench (run.sh records the machine); CHECK_S=0 skips it.
+if [ "${CHECK_S:-190}" != 0 ]; then
+    FPT_GPU_CHECK_TIMEOUT="${CHECK_S:-190}" bash bench/gpu/run.sh --steps 100 \
+        --shape minilm-mnist --shape lstm-listops --shape smollm2-mnist --precision f32 >/dev/null 2>&1
+    echo "session: gpu-check exited $? after $(( $(date +%s) - start )) s" | tee -a "$OUT/session.log"
+fi
 
 # 2. ListOps probes and campaign runs, side by side, for WORK_S seconds.
 py="${FPT_PYTHON:-python3}"
@@ -48,8 +50,8 @@ export HF_HUB_CACHE="$PWD/target/device-hub" HF_HUB_OFFLINE=1 FPT_HOME="${FPT_HO
 work="${WORK_S:-300}"
 for p in ${PROBES:-b16-drop:16:drop b16-keep:16:keep b4-keep:4:keep}; do
     IFS=: read -r name batch brackets <<< "$p"
-    HF_HUB_CACHE="$PWD/target/${PROBE_HUB:-device-hub}" timeout -s INT "$work" /tmp/fpt-cuda train --task listops --backbone sentence-transformers/all-MiniLM-L6-v2 \
-        --batch-size "$batch" --brackets "$brackets" --lr 1e-3 --steps 20000 --eval-every 250 --eval-examples 500 \
+    HF_HUB_CACHE="$PWD/target/${PROBE_HUB:-device-hub}" FPT_LOG=info timeout -s INT "$work" /tmp/fpt-cuda train --task listops --backbone sentence-transformers/all-MiniLM-L6-v2 \
+        --batch-size "$batch" --brackets "$brackets" --lr 1e-3 --steps 20000 --eval-every "${PROBE_EVAL_EVERY:-250}" --eval-examples 500 \
         --seed 0 --device "$dev" --out "$OUT/probes/$name" > "$OUT/probes/$name.log" 2>&1 &
 done
 if [ -n "${FPT_CAMPAIGN_RUNS:-}" ]; then
@@ -57,9 +59,24 @@ if [ -n "${FPT_CAMPAIGN_RUNS:-}" ]; then
         bash bench/gpu/campaign.sh > "$OUT/campaign-session.log" 2>&1 &
 fi
 wait
-rm -rf "$OUT"/probes/*/checkpoints "$OUT"/probes/*/events.out.tfevents.*
+# Each probe's last checkpoint evaluated again on the device and on the CPU (the same
+# binary): the GPU's evaluation checked against the CPU's on a real run.
 for d in "$OUT"/probes/*/; do
     n=$(basename "$d")
     echo "probe $n: $(wc -l < "$d/metrics.jsonl" 2>/dev/null) evaluations, last: $(tail -1 "$d/metrics.jsonl" 2>/dev/null)" | tee -a "$OUT/session.log"
+    if [ -f "$d/checkpoints/LATEST" ] && [ -n "${EVAL_CHECK:-1}" ]; then
+        for on in "$dev" cpu; do
+            echo "probe $n: fpt eval --device $on: $(HF_HUB_CACHE="$PWD/target/${PROBE_HUB:-device-hub}" timeout 120 /tmp/fpt-cuda eval --device "$on" "$d" 2>&1 | tail -2 | tr '\n' ' ')" | tee -a "$OUT/session.log"
+        done
+    fi
 done
+rm -rf "$OUT"/probes/*/checkpoints "$OUT"/probes/*/events.out.tfevents.*
+# At most 8 files come back from a call, 2 folders down: the probes and the campaign's
+# runs travel as one archive each.
+tar czf "$OUT/probes.tgz" -C "$OUT" probes && rm -rf "$OUT/probes"
+if [ -d "$OUT/campaign" ]; then
+    tar czf "$OUT/campaign.tgz" -C "$OUT" campaign campaign.log campaign-fetch.log campaign-session.log 2>/dev/null
+    rm -rf "$OUT/campaign" "$OUT/campaign.log" "$OUT/campaign-fetch.log" "$OUT/campaign-session.log"
+fi
+rm -f "$OUT/fetch.log"
 echo "session: done after $(( $(date +%s) - start )) s" | tee -a "$OUT/session.log"

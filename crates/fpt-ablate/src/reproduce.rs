@@ -267,15 +267,6 @@ pub fn reproduce(req: &Request, on: &mut (dyn FnMut(Progress) + Send)) -> Result
             .filter(|c| req.opts.rows.is_empty() || req.opts.rows.contains(&table.rows[c.row].label))
             .cloned()
             .collect();
-        // `--runs`: every key must be a run of the table at this scale.
-        let keys: Vec<String> = crate::runs_of(&cells).into_iter().map(|(k, _)| k).collect();
-        let strangers: Vec<&String> = req.opts.only.iter().filter(|k| !keys.contains(k)).collect();
-        if !strangers.is_empty() {
-            return Err(bad(format!(
-                "{id} at scale {}: no run {:?} (`fpt run-table {id} --scale {} --status` lists the keys)",
-                req.scale, strangers, req.scale
-            )));
-        }
         // A campaign scale trains in its own order (`campaign_order`).
         let mut opts = req.opts.clone();
         opts.task_order = crate::scale_of(&table, &scales, &req.scale)?.campaign_order;

@@ -160,10 +160,32 @@ pub fn run_table(a: RunTableArgs) -> Result<()> {
     opts.rows = a.rows;
     let campaign_only = a.runs.clone();
     opts.only = a.runs;
+    // `--runs`: keys that are no run here (unknown, or of a cell that cannot run on this
+    // machine: its data missing) are named; the others train; the command then exits
+    // non-zero. None left: nothing to do, an error now.
+    let mut problems: Vec<(String, String)> = Vec::new();
+    if !opts.only.is_empty() {
+        let mut here = std::collections::BTreeSet::new();
+        for id in &ids {
+            let table = fpt_ablate::at_scale(&fpt_ablate::load_table(&a.tables, id)?, &scales, &a.scale)?;
+            here.extend(fpt_ablate::runs_of(&fpt_ablate::expand(&table, &scales, &a.scale)?).into_iter().map(|(k, _)| k));
+        }
+        let (known, unknown): (Vec<String>, Vec<String>) = opts.only.iter().cloned().partition(|k| here.contains(k));
+        for k in &unknown {
+            eprintln!(
+                "fpt run-table: no run {k} at scale {} here (an unknown key, or a cell this machine cannot run: its data or weights missing; `--status` lists the keys)",
+                a.scale
+            );
+            problems.push((k.clone(), "no such run here".into()));
+        }
+        if known.is_empty() {
+            bail!("none of the runs named by --runs can train here (named above)");
+        }
+        opts.only = known;
+    }
     opts.deadline = a.budget.map(|b| std::time::SystemTime::now() + b);
     // Runs a campaign leaves alone (a damaged checkpoint pointer, copies that would lose a
     // stretch): named as found, and the command exits non-zero at the end.
-    let mut problems: Vec<(String, String)> = Vec::new();
     if a.campaign {
         for id in &ids {
             let table = fpt_ablate::at_scale(&fpt_ablate::load_table(&a.tables, id)?, &scales, &a.scale)?;
@@ -245,7 +267,7 @@ pub fn run_table(a: RunTableArgs) -> Result<()> {
     }
     if !problems.is_empty() {
         anyhow::bail!(
-            "{} campaign run(s) left alone (named above: a damaged checkpoint pointer, or copies that would lose a stretch); nothing of them was replaced",
+            "{} run(s) left alone (named above: a damaged checkpoint pointer, copies that would lose a stretch, or no such run here); nothing of them was replaced",
             problems.len()
         );
     }

@@ -230,7 +230,7 @@ fn an_unknown_run_key_is_refused() {
     let out = stretch(t.path(), "0123456789abcdef");
     assert!(!out.status.success());
     assert!(
-        stderr(&out).contains("no run [\"0123456789abcdef\"]"),
+        stderr(&out).contains("no run 0123456789abcdef at scale converge here"),
         "{}",
         stderr(&out)
     );
