@@ -116,6 +116,13 @@ pub(crate) fn scale_rank(s: &str) -> (u8, String) {
 /// record (`records/<key>.json` under `results`), so that the site can be rebuilt where
 /// the run directories are not.
 pub fn site(results: &Path, out: &Path) -> Result<Site> {
+    site_with(results, out, true)
+}
+
+/// [`site`], refreshing the records of the run directories present only with
+/// `refresh_records` (a test that builds the site of the checkout's `results/` writes
+/// nothing into it).
+pub fn site_with(results: &Path, out: &Path, refresh_records: bool) -> Result<Site> {
     let reports = find_reports(results)?;
     if reports.is_empty() {
         return Err(AblateError::Request(format!(
@@ -133,7 +140,7 @@ pub fn site(results: &Path, out: &Path) -> Result<Site> {
             }
             match RunRecord::load(results, &key)? {
                 Some(rec) => {
-                    if crate::run_dir(results, &key).join("spec.json").is_file() {
+                    if refresh_records && crate::run_dir(results, &key).join("spec.json").is_file() {
                         let path = record_path(results, &key);
                         let text = serde_json::to_string(&rec).map_err(|e| AblateError::Spec {
                             path: path.clone(),

@@ -83,7 +83,11 @@ pub struct RunTableArgs {
 }
 
 fn parse_budget(s: &str) -> Result<std::time::Duration, String> {
-    fpt_train::stop::parse_duration(s)
+    let d = fpt_train::stop::parse_duration(s)?;
+    if d.is_zero() {
+        return Err(format!("`{s}`: a budget of 0 trains nothing; give a time such as 2h"));
+    }
+    Ok(d)
 }
 
 fn parse_shard(s: &str) -> Result<(usize, usize)> {
@@ -168,7 +172,11 @@ pub fn run_table(a: RunTableArgs) -> Result<()> {
         let mut here = std::collections::BTreeSet::new();
         for id in &ids {
             let table = fpt_ablate::at_scale(&fpt_ablate::load_table(&a.tables, id)?, &scales, &a.scale)?;
-            here.extend(fpt_ablate::runs_of(&fpt_ablate::expand(&table, &scales, &a.scale)?).into_iter().map(|(k, _)| k));
+            here.extend(
+                fpt_ablate::runs_of(&fpt_ablate::expand(&table, &scales, &a.scale)?)
+                    .into_iter()
+                    .map(|(k, _)| k),
+            );
         }
         let (known, unknown): (Vec<String>, Vec<String>) = opts.only.iter().cloned().partition(|k| here.contains(k));
         for k in &unknown {

@@ -180,6 +180,27 @@ pub fn latest(run_dir: &Path) -> Result<Option<PathBuf>> {
     }
 }
 
+/// Removes what a process killed while writing left in a run's checkpoint directory: a
+/// temporary pointer (`.LATEST.<pid>.part`) or a checkpoint directory never renamed into
+/// place (`.step-*.tmp-*`). Called by a resume, which holds the run's lock, so no live
+/// writer owns them. Returns how many it removed.
+pub fn sweep(run_dir: &Path) -> usize {
+    let mut removed = 0;
+    for e in std::fs::read_dir(root(run_dir)).into_iter().flatten().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let path = e.path();
+        let gone = if name.starts_with(".LATEST.") && name.ends_with(".part") {
+            std::fs::remove_file(&path).is_ok()
+        } else if name.starts_with(".step-") && name.contains(".tmp-") && path.is_dir() {
+            std::fs::remove_dir_all(&path).is_ok()
+        } else {
+            false
+        };
+        removed += usize::from(gone);
+    }
+    removed
+}
+
 /// Rebuilds a run's `LATEST` from its checkpoint directories: the newest one whose files
 /// all verify against its manifest (sha256) becomes the pointer (written atomically).
 /// Returns it, with the directories passed over and why. An error where none verifies.
@@ -402,4 +423,37 @@ pub fn load_trainable(model: &fpt_model::Fpt, tensors: &HashMap<String, Tensor>,
         var.set(&tensors[name].to_dtype(var.dtype())?)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod sweep_tests {
+    use super::*;
+
+    /// A killed writer's leftovers go; complete checkpoints and the pointer stay; a
+    /// missing pointer beside a checkpoint is an error, not "no checkpoint".
+    #[test]
+    fn a_resume_sweeps_leftovers_and_a_lost_pointer_is_an_error() {
+        let d = tempfile::tempdir().unwrap();
+        let r = root(d.path());
+        std::fs::create_dir_all(r.join("step-000010")).unwrap();
+        std::fs::create_dir_all(r.join(".step-000020.tmp-77-123")).unwrap();
+        std::fs::write(r.join(".LATEST.77.part"), "").unwrap();
+        assert!(latest(d.path())
+            .unwrap_err()
+            .to_string()
+            .contains("is missing, but the run has checkpoints"));
+        std::fs::write(r.join("LATEST"), "step-000010").unwrap();
+        assert_eq!(sweep(d.path()), 2);
+        let mut left: Vec<String> = std::fs::read_dir(&r)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["LATEST", "step-000010"]);
+        assert_eq!(latest(d.path()).unwrap(), Some(r.join("step-000010")));
+        assert_eq!(step_dirs(d.path()).len(), 1);
+        // No checkpoint directory and no pointer: a run that never wrote one.
+        let e = tempfile::tempdir().unwrap();
+        assert_eq!(latest(e.path()).unwrap(), None);
+    }
 }

@@ -35,6 +35,7 @@
 
 pub mod bench;
 pub mod checkpoint;
+pub mod convergence;
 pub mod device_check;
 mod evaluate;
 mod linear_baseline;

@@ -13,18 +13,87 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     })
 }
 
-pub(crate) fn metrics_append(path: &Path, rec: &EvalRecord) -> Result<()> {
+/// Appends `line` (without its newline) to the JSON Lines file `path` as one write of the
+/// whole line. A torn last line already there (a process killed mid-write, a file cut
+/// short) is never appended onto: it is moved to `<path>.bad` and said on stderr first.
+pub(crate) fn append_line(path: &Path, line: &str) -> Result<()> {
     let io = |source| TrainError::Io {
         path: path.to_path_buf(),
         source,
     };
+    match std::fs::read(path) {
+        Ok(bytes) if !bytes.is_empty() && bytes.last() != Some(&b'\n') => {
+            let cut = bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+            set_aside(path, &[String::from_utf8_lossy(&bytes[cut..]).into_owned()])?;
+            write_atomic(path, &bytes[..cut])?;
+        }
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io(e)),
+    }
+    let mut whole = String::with_capacity(line.len() + 1);
+    whole.push_str(line);
+    whole.push('\n');
     let mut f = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(path)
         .map_err(io)?;
-    writeln!(f, "{}", serde_json::to_string(rec).expect("record serialises")).map_err(io)?;
-    f.flush().map_err(io)?;
+    f.write_all(whole.as_bytes()).map_err(io)?;
+    f.flush().map_err(io)
+}
+
+/// Appends `lines` to `<path>.bad` (where a run's torn or garbage lines are kept aside) and
+/// says so on stderr.
+pub(crate) fn set_aside(path: &Path, lines: &[String]) -> Result<()> {
+    if lines.is_empty() {
+        return Ok(());
+    }
+    let mut bad = path.as_os_str().to_owned();
+    bad.push(".bad");
+    let bad = PathBuf::from(bad);
+    eprintln!(
+        "fpt: {}: {} torn or unreadable line(s) moved to {} (the first: {:?})",
+        path.display(),
+        lines.len(),
+        bad.display(),
+        lines[0].chars().take(80).collect::<String>()
+    );
+    let mut text: String = lines.iter().map(|l| format!("{l}\n")).collect();
+    if let Ok(old) = std::fs::read_to_string(&bad) {
+        text = old + &text;
+    }
+    write_atomic(&bad, text.as_bytes())
+}
+
+/// Keeps the lines of the JSON Lines file `path` that parse as `T`, and sets the others
+/// aside ([`set_aside`]): what a resume does to `history.jsonl` before appending to it.
+pub(crate) fn mend_lines<T: serde::de::DeserializeOwned>(path: &Path) -> Result<()> {
+    let text = match std::fs::read(path) {
+        Ok(b) => String::from_utf8_lossy(&b).into_owned(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(source) => {
+            return Err(TrainError::Io {
+                path: path.to_path_buf(),
+                source,
+            })
+        }
+    };
+    let (good, bad): (Vec<&str>, Vec<&str>) = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .partition(|l| serde_json::from_str::<T>(l).is_ok());
+    let torn = !text.is_empty() && !text.ends_with('\n');
+    if bad.is_empty() && !torn {
+        return Ok(());
+    }
+    set_aside(path, &bad.iter().map(|l| l.to_string()).collect::<Vec<_>>())?;
+    let kept: String = good.iter().map(|l| format!("{l}\n")).collect();
+    write_atomic(path, kept.as_bytes())
+}
+
+pub(crate) fn metrics_append(path: &Path, rec: &EvalRecord) -> Result<()> {
+    append_line(path, &serde_json::to_string(rec).expect("record serialises"))?;
     // The same evaluation in the run's TensorBoard event file.
     match path.parent() {
         Some(dir) => crate::tensorboard::log_eval(dir, rec),
@@ -44,7 +113,23 @@ pub(crate) fn metrics_truncate(path: &Path, lines: usize) -> Result<()> {
             })
         }
     };
-    let kept: String = text.lines().take(lines).map(|l| format!("{l}\n")).collect();
+    // The first `lines` records that parse; lines that do not (garbage, a torn line) are
+    // set aside, never kept.
+    let (mut kept, mut bad) = (String::new(), Vec::new());
+    let mut n = 0;
+    for l in text.lines() {
+        if n == lines {
+            break;
+        }
+        if serde_json::from_str::<EvalRecord>(l).is_ok() {
+            kept.push_str(l);
+            kept.push('\n');
+            n += 1;
+        } else {
+            bad.push(l.to_string());
+        }
+    }
+    set_aside(path, &bad)?;
     write_atomic(path, kept.as_bytes())
 }
 
@@ -177,4 +262,52 @@ pub fn finished_result(dir: &Path) -> Option<RunResult> {
         .is_some()
         && matches!(crate::checkpoint::latest(dir), Ok(Some(_)));
     (!reopen).then_some(res)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A torn last line (a process killed mid-write) is set aside, never appended onto; a
+    /// resume's mending keeps only the lines that parse.
+    #[test]
+    fn torn_and_garbage_lines_are_set_aside() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("history.jsonl");
+        std::fs::write(&p, "{\"a\": 1}\n{\"a\": 2, \"b").unwrap();
+        append_line(&p, "{\"a\": 3}").unwrap();
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), "{\"a\": 1}\n{\"a\": 3}\n");
+        let bad = d.path().join("history.jsonl.bad");
+        assert_eq!(std::fs::read_to_string(&bad).unwrap(), "{\"a\": 2, \"b\n");
+        // Garbage among whole lines, and a torn end: only what parses stays.
+        std::fs::write(&p, "{\"a\": 1}\nnot json\n{\"a\": 4}\n{\"a\"").unwrap();
+        mend_lines::<serde_json::Value>(&p).unwrap();
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), "{\"a\": 1}\n{\"a\": 4}\n");
+        let kept_aside = std::fs::read_to_string(&bad).unwrap();
+        assert!(kept_aside.ends_with("not json\n{\"a\"\n"), "{kept_aside}");
+        // A whole file is left as it is.
+        mend_lines::<serde_json::Value>(&p).unwrap();
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), "{\"a\": 1}\n{\"a\": 4}\n");
+    }
+
+    /// Metrics are cut to what a checkpoint accounts for, counting only records that parse.
+    #[test]
+    fn metrics_keep_the_checkpointed_records_that_parse() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("metrics.jsonl");
+        let rec = |step: usize| {
+            serde_json::json!({"step": step, "train_loss": 1.0, "test_loss": 1.0, "test_accuracy": 0.5, "lr": 0.001, "grad_norm": 1.0, "elapsed_s": 1.0})
+                .to_string()
+        };
+        std::fs::write(&p, format!("{}\ngarbage\n{}\n{}\n", rec(10), rec(20), rec(30))).unwrap();
+        metrics_truncate(&p, 2).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&p).unwrap(),
+            format!("{}\n{}\n", rec(10), rec(20))
+        );
+        assert_eq!(
+            std::fs::read_to_string(d.path().join("metrics.jsonl.bad")).unwrap(),
+            "garbage\n"
+        );
+    }
 }

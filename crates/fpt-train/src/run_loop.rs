@@ -582,6 +582,8 @@ fn continue_run(built: Built, out_dir: &Path, device: &Device, on_event: &mut dy
     let saved = tr.spec.clone();
     let _span = tracing::info_span!("run", task = %saved.task.name, backbone = %saved.backbone.source).entered();
     let _lock = RunLock::acquire(out_dir)?;
+    // What a killed writer left (a temporary pointer, a checkpoint never renamed in).
+    checkpoint::sweep(out_dir);
     let run = match checkpoint::latest(out_dir)? {
         Some(dir) => {
             let loaded = checkpoint::load(&dir, device)?;
@@ -592,6 +594,7 @@ fn continue_run(built: Built, out_dir: &Path, device: &Device, on_event: &mut dy
         None => RunState::default(),
     };
     metrics_truncate(&out_dir.join("metrics.jsonl"), run.metrics_lines)?;
+    crate::run_dir::mend_lines::<Segment>(&out_dir.join("history.jsonl"))?;
     let _ = std::fs::remove_file(out_dir.join("result.json"));
     run_loop(tr, run, out_dir, device, on_event)
 }
@@ -706,16 +709,10 @@ fn append_history(
         commit: p.commit,
         how: how.to_string(),
     };
-    let path = out_dir.join("history.jsonl");
-    let mut line = serde_json::to_string(&seg).expect("a segment serialises");
-    line.push('\n');
-    use std::io::Write;
-    std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&path)
-        .and_then(|mut f| f.write_all(line.as_bytes()))
-        .map_err(|source| TrainError::Io { path, source })
+    crate::run_dir::append_line(
+        &out_dir.join("history.jsonl"),
+        &serde_json::to_string(&seg).expect("a segment serialises"),
+    )
 }
 
 /// Now, UTC, as `YYYY-MM-DDTHH:MM:SSZ`.

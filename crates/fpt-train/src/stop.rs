@@ -114,18 +114,30 @@ pub fn due() -> Option<Why> {
     }
 }
 
+/// The longest duration [`parse_duration`] takes: a year (a budget past it is a typo).
+pub const MAX_DURATION: Duration = Duration::from_secs(366 * 24 * 3600);
+
 /// Parses a duration such as `2h`, `40m`, `2h30m`, `90s` or `1.5h` (a bare number is
-/// minutes).
+/// minutes), at most [`MAX_DURATION`].
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let secs = parse_seconds(s)?;
+    if secs > MAX_DURATION.as_secs_f64() {
+        return Err(format!(
+            "`{s}`: {secs:.3e} s is longer than the {} days a duration may be",
+            MAX_DURATION.as_secs() / 86400
+        ));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+fn parse_seconds(s: &str) -> Result<f64, String> {
     let bad = || format!("`{s}`: expected a duration such as 2h, 45m, 2h30m or 90s");
     let t = s.trim();
     if t.is_empty() {
         return Err(bad());
     }
     if let Ok(m) = t.parse::<f64>() {
-        return (m.is_finite() && m >= 0.0)
-            .then(|| Duration::from_secs_f64(m * 60.0))
-            .ok_or_else(bad);
+        return (m.is_finite() && m >= 0.0).then_some(m * 60.0).ok_or_else(bad);
     }
     let mut total = 0.0;
     let mut num = String::new();
@@ -147,7 +159,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     if !num.is_empty() || !total.is_finite() {
         return Err(bad());
     }
-    Ok(Duration::from_secs_f64(total))
+    Ok(total)
 }
 
 #[cfg(test)]
@@ -164,6 +176,11 @@ mod tests {
         for bad in ["", "2x", "h", "2h3", "-1"] {
             let e = parse_duration(bad).unwrap_err();
             assert!(e.contains("expected a duration"), "{bad}: {e}");
+        }
+        // Past a year: an error, not a panic (Duration::from_secs_f64 overflows).
+        for huge in ["1e99", "99999999999999999999h", "9000h"] {
+            let e = parse_duration(huge).unwrap_err();
+            assert!(e.contains("longer than the 366 days"), "{huge}: {e}");
         }
     }
 }
