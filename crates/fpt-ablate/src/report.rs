@@ -199,9 +199,12 @@ impl Seeds {
         (!self.values.is_empty()).then(|| self.values.iter().sum::<f64>() / self.values.len() as f64)
     }
 
-    /// How the grid and the cell table show the spread: `+-sd, n seeds`.
+    /// How the grid and the cell table show the spread: `+-sd, n seeds` (no spread where
+    /// one seed finished: one number has none).
     pub fn label(&self) -> String {
-        if self.values.len() == self.runs {
+        if self.values.len() < 2 {
+            format!("{} of {} seeds", self.values.len(), self.runs)
+        } else if self.values.len() == self.runs {
             format!("+-{:.1}, {} seeds", self.sd, self.runs)
         } else {
             format!("+-{:.1}, {} of {} seeds", self.sd, self.values.len(), self.runs)
