@@ -158,3 +158,67 @@ fn an_attention_figure_says_whether_its_run_learned() {
         }
     }
 }
+
+/// Copies `from` into `to`, leaving out the top-level folders in `skip`.
+fn copy_tree(from: &Path, to: &Path, skip: &[&str]) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let name = e.file_name().to_string_lossy().into_owned();
+        if skip.contains(&name.as_str()) {
+            continue;
+        }
+        if e.path().is_dir() {
+            copy_tree(&e.path(), &to.join(&name), &[]);
+        } else {
+            std::fs::copy(e.path(), to.join(&name)).unwrap();
+        }
+    }
+}
+
+/// Every committed report is what today's code renders from the committed records and
+/// campaign copies (`fpt run-table ... --report-only` on a copy of `results/` without the
+/// local run directories): a rule or a word changed in the code shows here until the
+/// reports are re-rendered (`fpt run-table all --scale cpu --report-only`, and the
+/// `cpu-full` and `converge` scales' tables likewise).
+#[test]
+fn every_committed_report_is_what_todays_code_renders() {
+    let t = tempfile::tempdir().unwrap();
+    copy_tree(&root().join("results"), t.path(), &["runs"]);
+    let mut by_scale: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    for (id, scale, _) in reports() {
+        // A precision comparison (`cpu-bf16`) keeps an earlier protocol's numbers on purpose.
+        if ["cpu", "cpu-full", "converge"].contains(&scale.as_str()) {
+            by_scale.entry(scale).or_default().push(id);
+        }
+    }
+    let mut differ = Vec::new();
+    for (scale, ids) in &by_scale {
+        let req = fpt_ablate::reproduce::Request {
+            tables: root().join("data/tables"),
+            ids: ids.clone(),
+            scale: scale.clone(),
+            out: t.path().to_path_buf(),
+            opts: fpt_ablate::RunOptions {
+                report_only: true,
+                jobs: 1,
+                ..Default::default()
+            },
+            precision: fpt_spec::Precision::F32,
+        };
+        fpt_ablate::reproduce::reproduce(&req, &mut |_| {}).unwrap();
+        for id in ids {
+            let rel = Path::new(id).join(scale).join("report.json");
+            let read =
+                |p: &Path| -> serde_json::Value { serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap() };
+            let (committed, rendered) = (read(&root().join("results").join(&rel)), read(&t.path().join(&rel)));
+            if committed != rendered {
+                differ.push(rel.display().to_string());
+            }
+        }
+    }
+    assert!(
+        differ.is_empty(),
+        "committed reports differ from what today's code renders from the committed records: {differ:?}"
+    );
+}
