@@ -171,7 +171,7 @@ fn name(s: &Select) -> String {
 /// Why a pair is left out (the words of the verdicts).
 const AT_BASELINE: &str = "at their trivial baseline";
 const RISING: &str =
-    "not converged (still rising across the last half of its steps, stopped before its row's Table 6 count, or evaluated once; only converged cells decide a claim)";
+    "not converged (still rising across the last half of its steps, not yet flat there, stopped before its row's Table 6 count, or evaluated fewer than three times; only converged cells decide a claim)";
 const UNKNOWN_CONVERGENCE: &str =
     "convergence not known by the rule (a run from before fpt recorded it the way the rule needs)";
 const AT_CEILING: &str = "both at the task's ceiling";
