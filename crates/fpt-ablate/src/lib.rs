@@ -21,6 +21,7 @@ pub mod chart;
 pub mod claims;
 pub mod compare;
 pub mod convergence;
+pub mod equal_budget;
 mod expand;
 pub mod figure;
 pub mod paper;

@@ -99,6 +99,7 @@ impl Report {
                 .collect();
             s.push_str(&format!("| {row} | {} |\n", cells.join(" | ")));
         }
+        s.push_str(&crate::equal_budget::markdown(&self.equal_budget));
         if !self.claims.is_empty() {
             s.push_str("\n## The paper's claims\n\nVerdict on our numbers, and on the paper's. `holds` / `fails`: the 95% interval of the comparison lies wholly on one side of what the claim needs; `inconclusive`: it straddles it (more examples, evaluations or seeds would be needed); `undecided`: no pair of cells can decide it; `not run`: no pair has numbers. A pair is left out and named when a cell is at its trivial baseline, when a cell on either side is not converged by the rule (still rising across the last half of its run, or stopped before its row's Table 6 count) or its convergence cannot be known, when both cells are at the task's ceiling, or when both ran one seed and no seed spread was measured for the backbone and task. The interval is a paired bootstrap over the held-out examples and seeds where every run kept its per-example outcomes (else a normal interval from each cell's binomial error, or its seeds' spread), widened by the task's measured seed spread where a pair ran one seed each.\n\n| claim | ours | decided by | paper |\n|---|---|---|---|\n");
             for c in &self.claims {

@@ -253,6 +253,10 @@ pub struct Report {
     pub runs_from: Vec<(String, usize)>,
     /// The paper's claims this table tests, with verdicts on our numbers and the paper's.
     pub claims: Vec<crate::claims::ClaimReport>,
+    /// Where rows run until they converge (the `converge` scale): each pair of them at the
+    /// same step ([`crate::equal_budget`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub equal_budget: Vec<crate::equal_budget::EqualBudget>,
 }
 
 pub use crate::paper::parse_paper;
@@ -731,6 +735,7 @@ impl Report {
             provenance: fpt_train::selfcheck::provenance(),
             runs_from: origins.into_iter().collect(),
             claims,
+            equal_budget: crate::equal_budget::compute(table, cells, out),
         }
     }
 

@@ -674,3 +674,72 @@ fn claims_leave_out_rising_ceiling_and_spreadless_pairs() {
     });
     assert_eq!(v.verdict, "inconclusive", "{}", v.detail);
 }
+
+/// The converge report's pairs at the same step: the larger Table 6 count where both runs
+/// reached it, else the shorter run's last evaluation; accuracies read at the latest
+/// evaluation at or before it, from the run directories (pending runs included).
+#[test]
+fn equal_budget_pairs_read_both_rows_at_one_step() {
+    use fpt_ablate::Plan;
+    let tables = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/tables");
+    let t = fpt_ablate::at_scale(
+        &load_table(&tables, "table2").unwrap(),
+        &load_scales(&tables).unwrap(),
+        "converge",
+    )
+    .unwrap();
+    let scales = load_scales(&tables).unwrap();
+    let cells = fpt_ablate::expand_unchecked(&t, &scales, "converge").unwrap();
+    let d = tempfile::tempdir().unwrap();
+    let key_of = |row: &str, col: &str| {
+        let c = cells
+            .iter()
+            .find(|c| t.rows[c.row].label == row && t.cols[c.col].label == col)
+            .unwrap();
+        match &c.plan {
+            Plan::Run { key, .. } => key.clone(),
+            p => panic!("{p:?}"),
+        }
+    };
+    let write = |key: &str, curve: &[(usize, f64)]| {
+        let dir = d.path().join("runs").join(key);
+        std::fs::create_dir_all(&dir).unwrap();
+        let lines: String = curve
+            .iter()
+            .map(|(s, a)| {
+                format!(
+                    "{{\"step\":{s},\"train_loss\":1.0,\"test_loss\":1.0,\"test_accuracy\":{a},\"lr\":0.001,\"grad_norm\":1.0,\"elapsed_s\":1.0}}\n"
+                )
+            })
+            .collect();
+        std::fs::write(dir.join("metrics.jsonl"), lines).unwrap();
+    };
+    // MNIST (floors 5000 / 20000): both past 20000, read there.
+    write(&key_of("FPT", "MNIST"), &[(10000, 0.95), (20000, 0.96), (25000, 0.97)]);
+    write(
+        &key_of("Random", "MNIST"),
+        &[(10000, 0.85), (19500, 0.90), (21000, 0.92)],
+    );
+    // XOR (500 / 20000): FPT stopped at 2000, so both are read there.
+    write(&key_of("FPT", "XOR"), &[(1000, 1.0), (2000, 1.0)]);
+    write(&key_of("Random", "XOR"), &[(1500, 0.80), (2000, 0.84), (20000, 1.0)]);
+    let pairs = fpt_ablate::equal_budget::compute(&t, &cells, d.path());
+    let mnist = pairs.iter().find(|p| p.col == "MNIST").unwrap();
+    assert_eq!((mnist.step, mnist.why.as_str()), (20000, "the larger Table 6 count"));
+    assert!(
+        (mnist.accuracy.0 - 96.0).abs() < 1e-9 && (mnist.accuracy.1 - 90.0).abs() < 1e-9,
+        "{mnist:?}"
+    );
+    assert!(
+        mnist.interval.0 < 6.0 && mnist.interval.1 > 6.0 && mnist.seeds == 1,
+        "{mnist:?}"
+    );
+    let xor = pairs.iter().find(|p| p.col == "XOR").unwrap();
+    assert_eq!(
+        (xor.step, xor.why.as_str()),
+        (2000, "the shorter run's last evaluation")
+    );
+    assert!((xor.difference - 16.0).abs() < 1e-9, "{xor:?}");
+    // Columns without runs on both sides have no pair.
+    assert!(pairs.iter().all(|p| p.col != "ListOps" && p.col != "Bit Memory"));
+}
