@@ -32,6 +32,7 @@ pub mod report;
 pub mod reproduce;
 mod runner;
 pub mod site;
+mod site_campaign;
 mod site_html;
 mod site_pages;
 mod tables;

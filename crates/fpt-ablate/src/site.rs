@@ -167,8 +167,12 @@ pub fn site_with(results: &Path, out: &Path, refresh_records: bool) -> Result<Si
     for rec in runs.values() {
         write(&pages.join(run_page(&rec.key)), run_page_html(rec, "../index.html"))?;
     }
+    let campaign = crate::site_campaign::campaign_page(results);
+    if let Some(html) = &campaign {
+        write(&pages.join("campaign.html"), html.clone())?;
+    }
     let index = out.join("index.html");
-    write(&index, index_page(&reports, &runs, &missing))?;
+    write(&index, index_page(&reports, &runs, &missing, campaign.is_some()))?;
     Ok(Site {
         index,
         reports: reports.len(),
@@ -254,10 +258,18 @@ pub(crate) fn claim_counts(r: &Report) -> (usize, usize, usize, usize, usize) {
     )
 }
 
-pub(crate) fn index_page(entries: &[Entry], runs: &BTreeMap<String, RunRecord>, missing: &[String]) -> String {
+pub(crate) fn index_page(
+    entries: &[Entry],
+    runs: &BTreeMap<String, RunRecord>,
+    missing: &[String],
+    campaign: bool,
+) -> String {
     let mut b = String::from(
         "<h1>fpt: the paper's tables and figures, reproduced</h1>\n<p>Lu, Grover, Abbeel and Mordatch, <i>Pretrained Transformers as Universal Computation Engines</i> (2021). Each row is one report (<code>results/&lt;table&gt;/&lt;scale&gt;/report.json</code>); its page has our number beside the paper's per cell, what the scale substituted, the claims and each run's curve.</p>\n",
     );
+    if campaign {
+        b.push_str("<p id=\"campaign\"><a href=\"site/campaign.html\">The converge campaign</a>: Table 2's runs trained until they converge, each run's state, the rule's call, its curve on a log scale and where each stretch ran.</p>\n");
+    }
     let tables = || {
         entries.iter().filter_map(|e| match e {
             Entry::Table { report, .. } => Some(report),
