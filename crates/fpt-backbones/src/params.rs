@@ -69,7 +69,7 @@ pub fn layer_index(name: &str) -> Option<usize> {
 pub(crate) fn check_truncate(layers: usize, have: usize) -> Result<()> {
     if layers == 0 || layers > have {
         return Err(BackboneError::Unsupported(format!(
-            "cannot keep {layers} of {have} layers (choose 1..={have})"
+            "depth (`--depth`): cannot keep {layers} of the backbone's {have} layers (choose 1..={have})"
         )));
     }
     Ok(())

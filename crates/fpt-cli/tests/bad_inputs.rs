@@ -192,6 +192,12 @@ fn every_bad_input_is_a_clean_named_error_with_status_2_and_nothing_written() {
     let p = |p: &Path| p.display().to_string();
     let cases = vec![
         Case {
+            name: "depth past the backbone's layers",
+            args: train(&["--task", "bit-xor", "--depth", "5"]),
+            env: vec![],
+            needles: vec!["--depth", "5 of the backbone's 1 layers"],
+        },
+        Case {
             name: "layers 1e9",
             args: train(&["--task", "bit-xor", "--layers", "1000000000"]),
             env: vec![],

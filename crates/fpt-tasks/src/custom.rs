@@ -131,7 +131,12 @@ fn parse_line(path: &Path, line_no: usize, line: &str) -> Result<(Seq, Option<u3
                 let r = row
                     .as_array()
                     .ok_or_else(|| at(format!("field `features`, item {k}: not a list of numbers")))?;
-                if *width.get_or_insert(r.len()) != r.len() || r.is_empty() {
+                if r.is_empty() {
+                    return Err(at(format!(
+                        "field `features`, item {k}: an empty vector (each needs at least one number)"
+                    )));
+                }
+                if *width.get_or_insert(r.len()) != r.len() {
                     return Err(at(format!(
                         "field `features`, item {k}: {} numbers, expected {} (all vectors must have one width)",
                         r.len(),

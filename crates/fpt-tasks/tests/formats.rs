@@ -614,6 +614,7 @@ fn bad_custom_records_are_named_errors() {
         ("{\"tokens\": [1, -2], \"label\": 0, \"split\": \"train\"}", "line 1: field `tokens`, item 1"),
         ("{\"label\": 0, \"split\": \"train\"}", "line 1: needs a `tokens` or a `features` field"),
         ("{\"features\": [[1, 2], [3]], \"label\": 0, \"split\": \"train\"}", "item 1: 1 numbers, expected 2"),
+        ("{\"features\": [[]], \"label\": 0, \"split\": \"train\"}", "line 1: field `features`, item 0: an empty vector"),
         ("{\"tokens\": [1], \"label\": 0}", "line 1: field `split` is missing"),
         ("{\"tokens\": [1], \"label\": 0, \"split\": \"train\"}\nnot json", "line 2: not a JSON object"),
         ("{\"tokens\": [1], \"label\": 0, \"split\": \"train\"}\n{\"features\": [[1]], \"label\": 0, \"split\": \"test\"}", "mixes token ids with the dataset's feature vectors of width 1"),
