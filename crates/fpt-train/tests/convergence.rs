@@ -106,3 +106,76 @@ fn stopping_on_a_plateau_stops_a_flat_run_and_never_a_climbing_one() {
     assert!(!r.stopped_early && r.steps == 300, "{curve:?}");
     assert_eq!(r.converged, Some(false), "{curve:?}");
 }
+
+/// A run an earlier rule stopped early (`"rule": "half"` in its result) is reopened: it is
+/// not finished while its checkpoint is there, and resuming continues from that checkpoint
+/// (not from step 0) to an ending judged by the trend rule.
+#[test]
+fn a_run_an_earlier_rule_stopped_is_reopened_and_continues_from_its_checkpoint() {
+    let mut spec = xor(2000, 50);
+    spec.train.early_stop_patience = Some(3);
+    spec.train.stop_on_plateau = true;
+    let dir = tempfile::tempdir().unwrap();
+    let first = train(&spec, dir.path(), &Device::Cpu, &mut |_| {}).unwrap();
+    assert!(first.stopped_early && first.steps < 2000);
+    assert!(
+        fpt_train::finished_result(dir.path()).is_some(),
+        "a trend-rule ending stands"
+    );
+    assert!(fpt_train::reopen_reason(&first, &spec).is_none());
+    // As the earlier rule would have written it.
+    let path = dir.path().join("result.json");
+    let mut json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    json["plateau"]["rule"] = serde_json::json!("half");
+    std::fs::write(&path, json.to_string()).unwrap();
+    let old: RunResult = serde_json::from_value(json).unwrap();
+    assert!(fpt_train::reopen_reason(&old, &spec).is_some());
+    assert!(
+        fpt_train::finished_result(dir.path()).is_none(),
+        "reopened while its checkpoint is there"
+    );
+    let mut from = None;
+    let again = fpt_train::resume(dir.path(), Some(&spec), &Device::Cpu, &mut |e| {
+        if let fpt_train::Event::Started { from_step, .. } = e {
+            from = Some(*from_step);
+        }
+    })
+    .unwrap();
+    assert_eq!(from, Some(first.steps), "resumed from its checkpoint, not from step 0");
+    assert!(again.steps > first.steps);
+    assert_eq!(again.plateau.as_ref().and_then(|p| p.rule.as_deref()), Some("trend"));
+    assert!(fpt_train::finished_result(dir.path()).is_some());
+    let history = std::fs::read_to_string(dir.path().join("history.jsonl")).unwrap();
+    assert_eq!(history.lines().count(), 2, "{history}");
+    // Without a checkpoint a reopened result stands (nothing would be trained from 0).
+    std::fs::remove_dir_all(dir.path().join("checkpoints")).unwrap();
+    let mut json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    json["plateau"]["rule"] = serde_json::json!("half");
+    json["stopped_early"] = serde_json::json!(true);
+    std::fs::write(&path, json.to_string()).unwrap();
+    assert!(fpt_train::finished_result(dir.path()).is_some());
+}
+
+/// A run that does not learn (a learning rate too small to move it off chance on Bit XOR)
+/// ends at its baseline once it is flat there past its floor: it stops, and says so. Without
+/// a floor it trains on to its cap (a plateau before learning is not an end).
+#[test]
+fn a_run_flat_at_its_baseline_past_its_floor_ended_there() {
+    let mut spec = xor(1500, 50);
+    spec.train.lr = 1e-7;
+    spec.train.early_stop_patience = Some(3);
+    spec.train.stop_on_plateau = true;
+    spec.train.converge_floor = Some(400);
+    let (r, curve) = run(&spec);
+    assert!(
+        r.stopped_early && r.steps >= 400 && r.steps < 1500,
+        "{} steps: {curve:?}",
+        r.steps
+    );
+    assert!(r.ended_at_baseline && r.converged == Some(true), "{r:?}");
+    assert!(r.baseline.as_ref().is_some_and(|b| !b.left));
+    spec.train.converge_floor = None;
+    spec.train.steps = 600;
+    let (r, curve) = run(&spec);
+    assert!(!r.stopped_early && r.steps == 600 && !r.ended_at_baseline, "{curve:?}");
+}
