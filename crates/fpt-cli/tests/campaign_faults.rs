@@ -68,10 +68,10 @@ fn fresh() -> (tempfile::TempDir, String, PathBuf) {
     (t, key, copy)
 }
 
-/// One campaign stretch of `key` on results `out` (a short budget; nothing here may train).
-fn stretch(out: &Path, key: &str) -> std::process::Output {
+/// `fpt run-table table2 --scale converge --campaign` on results `out`, with `extra`.
+fn campaign(out: &Path, extra: &[&str]) -> std::process::Output {
     let tables = repo().join("data/tables");
-    fpt(&[
+    let mut args = vec![
         "run-table",
         "table2",
         "--scale",
@@ -81,13 +81,16 @@ fn stretch(out: &Path, key: &str) -> std::process::Output {
         "--rows",
         "FPT,Random,Bit",
         "--campaign",
-        "--runs",
-        key,
-        "--budget",
-        "30s",
         "--out",
         out.to_str().unwrap(),
-    ])
+    ];
+    args.extend_from_slice(extra);
+    fpt(&args)
+}
+
+/// One campaign stretch of `key` on results `out` (a short budget; nothing here may train).
+fn stretch(out: &Path, key: &str) -> std::process::Output {
+    campaign(out, &["--runs", key, "--budget", "30s"])
 }
 
 fn latest_name(copy: &Path) -> String {
@@ -203,21 +206,7 @@ fn a_copy_with_a_stretch_the_run_lacks_is_never_replaced() {
     std::fs::write(copy.join("history.jsonl"), h).unwrap();
     let before = snapshot(&copy);
     // Reports only: nothing trains (its fake checkpoint could not be), the runs are saved.
-    let tables = repo().join("data/tables");
-    let out = fpt(&[
-        "run-table",
-        "table2",
-        "--scale",
-        "converge",
-        "--tables",
-        tables.to_str().unwrap(),
-        "--rows",
-        "FPT,Random,Bit",
-        "--campaign",
-        "--report-only",
-        "--out",
-        t.path().to_str().unwrap(),
-    ]);
+    let out = campaign(t.path(), &["--report-only"]);
     let err = stderr(&out);
     assert!(!out.status.success(), "exit 0: {err}");
     assert!(err.contains(&key) && err.contains("stretch"), "{err}");

@@ -6,6 +6,7 @@
     probs = model.predict(x)                    # numpy in, class probabilities out
     fpt.compare(["runs/a"], vs=["runs/b"])      # the paired bootstrap, as a dict
     fpt.run_table("table1", scale="smoke", out="results")
+    clf = fpt.FrozenTransformerClassifier(steps=300).fit(X, y)   # scikit-learn's API (fpt.sklearn)
 
 Errors are raised as `fpt.FptError` with fpt's message (a malformed spec as `ValueError`).
 Training and table runs release the GIL; Ctrl-C stops them with a checkpoint (KeyboardInterrupt);
@@ -21,7 +22,7 @@ import numpy as np
 from . import _native
 from ._native import FptError
 
-__all__ = ["train", "resume", "load", "compare", "run_table", "Model", "FptError"]
+__all__ = ["train", "resume", "load", "compare", "run_table", "Model", "FptError", "FrozenTransformerClassifier"]
 
 
 def _spec_json(spec):
@@ -138,3 +139,7 @@ def run_table(ids, scale="cpu", out="results", tables=None, jobs=1, progress=Tru
         if not tables.is_dir():
             tables = Path("data/tables")
     return _native.run_table(list(ids), scale, os.fspath(out), os.fspath(tables), int(jobs), progress)
+
+
+# scikit-learn's estimator API over train and load (scikit-learn itself is optional).
+from .sklearn import FrozenTransformerClassifier  # noqa: E402

@@ -1,0 +1,220 @@
+"""`FrozenTransformerClassifier`: fpt in scikit-learn's estimator API.
+
+    from fpt import FrozenTransformerClassifier
+    clf = FrozenTransformerClassifier(backbone="gpt2", init="random", layers=1, hidden=32,
+                                      heads=2, steps=300)
+    clf.fit(X, y).score(X_test, y_test)       # X: numpy arrays, y: any labels
+
+`X` is token ids `[examples, tokens]` (integers), feature vectors `[examples, tokens,
+width]` (floats), or uint8 images `[examples, height, width]` (each image row one token of
+`width` pixels scaled to 0..1). `fit` writes the data as fpt's custom JSON Lines task
+(`docs/usage.md`, "Tasks and data"), holds out `validation_fraction` of it as the split fpt
+evaluates on, trains a run with `fpt.train` into `run_dir` (a temporary directory unless
+given; kept and named by `run_dir_`) and opens it with `fpt.load`. Every keyword is the
+`fpt train` option of the same name; `__init__` stores them as given (scikit-learn's
+`clone`, `Pipeline`, `cross_val_score` and `GridSearchCV` rely on it). Progress and Ctrl-C
+are `fpt.train`'s: one updating line on stderr; a stop with a checkpoint and
+KeyboardInterrupt.
+"""
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+try:  # scikit-learn's base classes where it is installed (it is not a requirement of fpt)
+    from sklearn.base import BaseEstimator, ClassifierMixin
+    from sklearn.exceptions import NotFittedError
+except ImportError:  # pragma: no cover - exercised only without scikit-learn
+    class NotFittedError(ValueError, AttributeError):
+        """The estimator was used before `fit`."""
+
+    class BaseEstimator:
+        """The part of scikit-learn's BaseEstimator fpt needs: parameters by name."""
+
+        def get_params(self, deep=True):
+            return {k: getattr(self, k) for k in _PARAMS}
+
+        def set_params(self, **params):
+            for k, v in params.items():
+                if k not in _PARAMS:
+                    raise ValueError(f"invalid parameter {k!r} for FrozenTransformerClassifier")
+                setattr(self, k, v)
+            return self
+
+    class ClassifierMixin:
+        """Accuracy as the score, as scikit-learn's ClassifierMixin."""
+
+        def score(self, X, y, sample_weight=None):
+            pred = self.predict(X)
+            return float(np.average(pred == np.asarray(y), weights=sample_weight))
+
+from . import load, train
+
+_PARAMS = [
+    "backbone", "init", "layers", "hidden", "heads", "steps", "lr", "batch_size", "seed",
+    "device", "eval_every", "input_dropout", "train", "validation_fraction", "run_dir",
+    "progress",
+]
+
+
+class FrozenTransformerClassifier(ClassifierMixin, BaseEstimator):
+    """A frozen transformer with trained input and output layers (FPT), as a scikit-learn
+    classifier. See the module's docs for `X`; `y` may hold any hashable labels (strings
+    too): `classes_` keeps them as given, sorted, and `predict` returns them.
+
+    Parameters (each the `fpt train` option of the same name): `backbone` ("gpt2", a Hub
+    id or a directory), `init` ("pretrained" or "random"), `layers` / `hidden` / `heads`
+    (the shape of a random-init backbone), `steps`, `lr`, `batch_size`, `seed`, `device`
+    ("cpu" or "cuda:N"), `eval_every` (default: 4 evaluations a run), `input_dropout`,
+    `train` (the trained groups, as `--train`: "fpt", "all", "out", or a list of
+    groups); `validation_fraction` (held out for fpt's evaluations and `validation_score_`),
+    `run_dir` (where the run is kept; default a new temporary directory) and `progress`."""
+
+    def __init__(self, backbone="gpt2", init="pretrained", layers=None, hidden=None, heads=None,
+                 steps=1000, lr=1e-3, batch_size=16, seed=0, device="cpu", eval_every=None,
+                 input_dropout=0.1, train="fpt", validation_fraction=0.1, run_dir=None,
+                 progress=True):
+        self.backbone = backbone
+        self.init = init
+        self.layers = layers
+        self.hidden = hidden
+        self.heads = heads
+        self.steps = steps
+        self.lr = lr
+        self.batch_size = batch_size
+        self.seed = seed
+        self.device = device
+        self.eval_every = eval_every
+        self.input_dropout = input_dropout
+        self.train = train
+        self.validation_fraction = validation_fraction
+        self.run_dir = run_dir
+        self.progress = progress
+
+    # --- the data -------------------------------------------------------------------------
+
+    @staticmethod
+    def _inputs(X):
+        """`X` as fpt reads it: ("tokens", int array) or ("features", float32 array), with
+        scikit-learn's ValueError naming what is wrong."""
+        a = np.asarray(X)
+        if a.dtype == object:
+            raise ValueError("X must be a numeric array (token ids, feature vectors or uint8 images), not objects")
+        if a.ndim == 2 and a.dtype.kind in "iub":
+            if a.size and a.min() < 0:
+                raise ValueError(f"token ids must be non-negative: X holds {int(a.min())}")
+            return "tokens", a.astype(np.int64)
+        if a.ndim == 3 and a.dtype == np.uint8:
+            return "features", a.astype(np.float32) / 255.0
+        if a.ndim == 3 and a.dtype.kind in "fiu":
+            f = a.astype(np.float32)
+            if not np.all(np.isfinite(f)):
+                raise ValueError("X holds NaN or infinite values")
+            return "features", f
+        if a.ndim == 2 and a.dtype.kind == "f":
+            raise ValueError(
+                f"X of shape {a.shape} with dtype {a.dtype}: 2-D input must be integer token ids; "
+                "feature vectors are 3-D [examples, tokens, width] (reshape a flat row with X[:, :, None])"
+            )
+        raise ValueError(
+            f"X of shape {a.shape} and dtype {a.dtype}: expected token ids [examples, tokens], "
+            "feature vectors [examples, tokens, width] or uint8 images [examples, height, width]"
+        )
+
+    @staticmethod
+    def _records(kind, a, labels, split):
+        key = "tokens" if kind == "tokens" else "features"
+        for row, label in zip(a, labels):
+            yield json.dumps({key: row.tolist(), "label": int(label), "split": split})
+
+    def _spec(self, data_path, n_train):
+        steps = int(self.steps)
+        train_groups = {
+            "fpt": {"input": True, "output": True, "layer_norm": True, "positions": True,
+                    "attention": False, "feed_forward": False},
+            "all": {g: True for g in ["input", "output", "layer_norm", "positions", "attention", "feed_forward"]},
+            "out": {"input": False, "output": True, "layer_norm": False, "positions": False,
+                    "attention": False, "feed_forward": False},
+        }
+        if isinstance(self.train, str):
+            if self.train not in train_groups:
+                raise ValueError(f"train={self.train!r}: expected 'fpt', 'all', 'out' or a list of groups")
+            groups = train_groups[self.train]
+        else:
+            groups = {g: g in set(self.train) for g in train_groups["all"]}
+        shape = {k: int(v) for k, v in [("layers", self.layers), ("hidden", self.hidden), ("heads", self.heads)]
+                 if v is not None}
+        batch = int(self.batch_size)
+        return {
+            "task": {"name": "custom", "eval_examples": 0, "path": str(data_path)},
+            "backbone": {"source": self.backbone, "init": self.init, "shape": shape},
+            "train_groups": groups,
+            "train": {
+                "steps": steps, "batch_size": batch, "micro_batch_size": batch, "lr": float(self.lr),
+                "clip_norm": 1.0,
+                "eval_every": int(self.eval_every) if self.eval_every else max(1, steps // 4),
+                "seed": int(self.seed), "lr_schedule": {"kind": "constant"}, "train_eval": "never",
+                "checkpoint_every": None, "convergence_tolerance": 0.01, "early_stop_patience": None,
+            },
+            "input_dropout": float(self.input_dropout),
+            "orth_gain": 1.41,
+            "backbone_dropout": True,
+        }
+
+    # --- the estimator --------------------------------------------------------------------
+
+    def fit(self, X, y):
+        """Train a run on `X`, `y` (see the class docs); returns self."""
+        kind, a = self._inputs(X)
+        y = np.asarray(y)
+        if y.ndim != 1:
+            raise ValueError(f"y must be 1-D (one label per example), not of shape {y.shape}")
+        if len(y) != len(a):
+            raise ValueError(f"X has {len(a)} examples but y has {len(y)} labels")
+        self.classes_, encoded = np.unique(y, return_inverse=True)
+        if len(self.classes_) < 2:
+            raise ValueError(f"y holds one class ({self.classes_[0]!r}): a classifier needs at least 2")
+        rng = np.random.default_rng(int(self.seed))
+        order = rng.permutation(len(a))
+        n_val = max(1, int(round(float(self.validation_fraction) * len(a))))
+        if n_val >= len(a):
+            raise ValueError(f"validation_fraction={self.validation_fraction} leaves no examples to train on")
+        val, tr = order[:n_val], order[n_val:]
+        run_dir = Path(self.run_dir) if self.run_dir is not None else Path(tempfile.mkdtemp(prefix="fpt-sklearn-")) / "run"
+        run_dir.parent.mkdir(parents=True, exist_ok=True)
+        data = run_dir.parent / f"{run_dir.name}-data.jsonl"
+        with open(data, "w") as f:
+            for line in self._records(kind, a[tr], encoded[tr], "train"):
+                f.write(line + "\n")
+            for line in self._records(kind, a[val], encoded[val], "test"):
+                f.write(line + "\n")
+        self.result_ = train(self._spec(data, len(tr)), run_dir, device=self.device, progress=self.progress)
+        self.run_dir_ = os.fspath(run_dir)
+        self.validation_score_ = self.result_["test_accuracy"]
+        self.n_features_in_ = a.shape[-1] if kind == "features" else a.shape[1]
+        self._model = load(run_dir, device=self.device)
+        self._kind = kind
+        return self
+
+    def _check_fitted(self):
+        if not hasattr(self, "_model"):
+            raise NotFittedError(
+                "this FrozenTransformerClassifier is not fitted yet: call fit(X, y) before predicting"
+            )
+
+    def predict_proba(self, X):
+        """Class probabilities `[examples, classes]`, columns in `classes_`' order."""
+        self._check_fitted()
+        kind, a = self._inputs(X)
+        if kind != self._kind:
+            raise ValueError(f"X is {kind}, but the model was fitted on {self._kind}")
+        p = self._model.predict(a)
+        return np.asarray(p)[:, : len(self.classes_)]
+
+    def predict(self, X):
+        """The most probable class of each example, as a label of `classes_`."""
+        self._check_fitted()
+        return self.classes_[np.argmax(self.predict_proba(X), axis=1)]

@@ -1,0 +1,80 @@
+"""`fpt.FrozenTransformerClassifier` in scikit-learn's hands (issue 57): numpy arrays in,
+string labels, inside a Pipeline in cross_val_score, GridSearchCV over lr, scikit-learn's
+errors for bad input. Skipped where scikit-learn is not installed (CI installs it)."""
+
+import numpy as np
+import pytest
+
+import fpt
+
+sklearn = pytest.importorskip("sklearn")
+from sklearn.base import clone  # noqa: E402
+from sklearn.exceptions import NotFittedError  # noqa: E402
+from sklearn.model_selection import GridSearchCV, cross_val_score  # noqa: E402
+from sklearn.pipeline import Pipeline  # noqa: E402
+from sklearn.preprocessing import FunctionTransformer  # noqa: E402
+
+TINY = dict(backbone="gpt2", init="random", layers=1, hidden=32, heads=2, steps=300, lr=3e-3,
+            progress=False)
+
+
+def data(n, salt):
+    """3 vectors of width 2; "up" when the last vector's first number is positive."""
+    rng = np.random.default_rng(salt)
+    x = rng.uniform(-1, 1, size=(n, 3, 2)).astype(np.float32)
+    y = np.where(x[:, 2, 0] > 0, "up", "down")
+    return x, y
+
+
+def test_fit_predict_score_with_string_labels(tmp_path):
+    x, y = data(160, 1)
+    xt, yt = data(80, 2)
+    clf = fpt.FrozenTransformerClassifier(run_dir=tmp_path / "run", **TINY).fit(x, y)
+    assert list(clf.classes_) == ["down", "up"]
+    assert (tmp_path / "run" / "result.json").is_file() and clf.run_dir_ == str(tmp_path / "run")
+    p = clf.predict_proba(xt)
+    assert p.shape == (80, 2) and np.allclose(p.sum(axis=1), 1.0, atol=1e-5)
+    pred = clf.predict(xt)
+    assert set(pred) <= {"down", "up"}
+    majority = max(np.mean(yt == "up"), np.mean(yt == "down"))
+    assert clf.score(xt, yt) > majority + 0.1, (clf.score(xt, yt), majority)
+
+
+def test_in_a_pipeline_in_cross_val_score_and_grid_search():
+    x, y = data(150, 3)
+    pipe = Pipeline([("scale", FunctionTransformer(lambda a: a * 2.0)),
+                     ("fpt", fpt.FrozenTransformerClassifier(**TINY))])
+    scores = cross_val_score(pipe, x, y, cv=3)
+    majority = max(np.mean(y == "up"), np.mean(y == "down"))
+    assert scores.mean() > majority, (scores, majority)
+    grid = GridSearchCV(fpt.FrozenTransformerClassifier(**dict(TINY, steps=100)),
+                        {"lr": [1e-3, 3e-3]}, cv=2)
+    grid.fit(x, y)
+    assert grid.best_params_["lr"] in (1e-3, 3e-3)
+    assert len(grid.cv_results_["mean_test_score"]) == 2
+
+
+def test_parameters_are_stored_as_given_and_clone_safely():
+    clf = fpt.FrozenTransformerClassifier(**TINY)
+    params = clf.get_params()
+    assert params["layers"] == 1 and params["lr"] == 3e-3 and params["run_dir"] is None
+    c = clone(clf).set_params(lr=1e-4)
+    assert c.lr == 1e-4 and clf.lr == 3e-3
+    assert not hasattr(c, "classes_")
+
+
+def test_bad_input_gets_scikit_learns_errors():
+    clf = fpt.FrozenTransformerClassifier(**TINY)
+    x, y = data(20, 4)
+    with pytest.raises(NotFittedError):
+        clf.predict(x)
+    with pytest.raises(ValueError, match="2-D input must be integer token ids"):
+        clf.fit(x[:, :, 0], y)
+    with pytest.raises(ValueError, match="20 examples but y has 19"):
+        clf.fit(x, y[:19])
+    with pytest.raises(ValueError, match="one class"):
+        clf.fit(x, np.array(["a"] * 20))
+    bad = x.copy()
+    bad[0, 0, 0] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        clf.fit(bad, y)
