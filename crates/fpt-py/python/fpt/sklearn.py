@@ -5,9 +5,10 @@
                                       heads=2, steps=300)
     clf.fit(X, y).score(X_test, y_test)       # X: numpy arrays, y: any labels
 
-`X` is token ids `[examples, tokens]` (integers), feature vectors `[examples, tokens,
-width]` (floats), or uint8 images `[examples, height, width]` (each image row one token of
-`width` pixels scaled to 0..1). `fit` writes the data as fpt's custom JSON Lines task
+`X` is token ids `[examples, tokens]` (integers), a table `[examples, features]` (floats:
+each column one token of width 1), feature vectors `[examples, tokens, width]` (floats), or
+uint8 images `[examples, height, width]` (each image row one token of `width` pixels scaled
+to 0..1). `fit` writes the data as fpt's custom JSON Lines task
 (`docs/usage.md`, "Tasks and data"), holds out `validation_fraction` of it as the split fpt
 evaluates on, trains a run with `fpt.train` into `run_dir` (a temporary directory unless
 given; kept and named by `run_dir_`) and opens it with `fpt.load`. Every keyword is the
@@ -52,6 +53,13 @@ except ImportError:  # pragma: no cover - exercised only without scikit-learn
             return float(np.average(pred == np.asarray(y), weights=sample_weight))
 
 from . import load, train
+
+try:
+    from sklearn.utils import check_array as _check_array
+    from sklearn.utils.multiclass import type_of_target as _type_of_target
+except ImportError:  # pragma: no cover
+    _check_array = None
+    _type_of_target = None
 
 _PARAMS = [
     "backbone", "init", "layers", "hidden", "heads", "steps", "lr", "batch_size", "seed",
@@ -99,29 +107,34 @@ class FrozenTransformerClassifier(ClassifierMixin, BaseEstimator):
     @staticmethod
     def _inputs(X):
         """`X` as fpt reads it: ("tokens", int array) or ("features", float32 array), with
-        scikit-learn's ValueError naming what is wrong."""
+        scikit-learn's ValueError naming what is wrong. 2-D floats are a table: each column
+        one token of width 1 (as Bit XOR feeds one bit a token)."""
+        if _check_array is not None:
+            # scikit-learn's own checks and messages: sparse, complex, object, empty, NaN/inf.
+            X = _check_array(X, allow_nd=True, dtype=None, ensure_min_features=1, ensure_min_samples=1)
         a = np.asarray(X)
         if a.dtype == object:
-            raise ValueError("X must be a numeric array (token ids, feature vectors or uint8 images), not objects")
-        if a.ndim == 2 and a.dtype.kind in "iub":
+            try:
+                a = a.astype(np.float64)
+            except TypeError as e:
+                raise TypeError(f"X must hold numbers: {e}") from None
+            except ValueError as e:
+                raise ValueError(f"X must hold numbers: {e}") from None
+        if a.ndim == 2 and a.dtype.kind in "iub" and a.dtype != np.uint8:
             if a.size and a.min() < 0:
                 raise ValueError(f"token ids must be non-negative: X holds {int(a.min())}")
             return "tokens", a.astype(np.int64)
         if a.ndim == 3 and a.dtype == np.uint8:
             return "features", a.astype(np.float32) / 255.0
-        if a.ndim == 3 and a.dtype.kind in "fiu":
+        if a.ndim in (2, 3) and a.dtype.kind in "fiu":
             f = a.astype(np.float32)
             if not np.all(np.isfinite(f)):
-                raise ValueError("X holds NaN or infinite values")
-            return "features", f
-        if a.ndim == 2 and a.dtype.kind == "f":
-            raise ValueError(
-                f"X of shape {a.shape} with dtype {a.dtype}: 2-D input must be integer token ids; "
-                "feature vectors are 3-D [examples, tokens, width] (reshape a flat row with X[:, :, None])"
-            )
+                raise ValueError("Input X contains NaN or infinity (or a value too large for float32)")
+            return "features", f[:, :, None] if f.ndim == 2 else f
         raise ValueError(
-            f"X of shape {a.shape} and dtype {a.dtype}: expected token ids [examples, tokens], "
-            "feature vectors [examples, tokens, width] or uint8 images [examples, height, width]"
+            f"X of shape {a.shape} and dtype {a.dtype}: expected token ids [examples, tokens] (integers), "
+            "a table [examples, features] (floats), feature vectors [examples, tokens, width] "
+            "or uint8 images [examples, height, width]"
         )
 
     @staticmethod
@@ -168,8 +181,25 @@ class FrozenTransformerClassifier(ClassifierMixin, BaseEstimator):
 
     def fit(self, X, y):
         """Train a run on `X`, `y` (see the class docs); returns self."""
+        if y is None:
+            raise ValueError("requires y to be passed, but the target y is None")
         kind, a = self._inputs(X)
         y = np.asarray(y)
+        if y.ndim == 2 and y.shape[1] == 1:
+            import warnings
+
+            try:
+                from sklearn.exceptions import DataConversionWarning as _Warn
+            except ImportError:  # pragma: no cover
+                _Warn = UserWarning
+            warnings.warn(
+                "A column-vector y was passed when a 1d array was expected; it was raveled to 1-D",
+                _Warn,
+                stacklevel=2,
+            )
+            y = y.ravel()
+        if _type_of_target is not None and _type_of_target(y) not in ("binary", "multiclass"):
+            raise ValueError(f"Unknown label type: {_type_of_target(y)} (a classifier takes class labels)")
         if y.ndim != 1:
             raise ValueError(f"y must be 1-D (one label per example), not of shape {y.shape}")
         if len(y) != len(a):
@@ -194,10 +224,22 @@ class FrozenTransformerClassifier(ClassifierMixin, BaseEstimator):
         self.result_ = train(self._spec(data, len(tr)), run_dir, device=self.device, progress=self.progress)
         self.run_dir_ = os.fspath(run_dir)
         self.validation_score_ = self.result_["test_accuracy"]
-        self.n_features_in_ = a.shape[-1] if kind == "features" else a.shape[1]
+        self.n_features_in_ = a.shape[1]
         self._model = load(run_dir, device=self.device)
         self._kind = kind
         return self
+
+    def __getstate__(self):
+        # The opened model is native (not picklable): a pickle keeps the run's directory,
+        # and unpickling opens it again.
+        state = self.__dict__.copy()
+        state.pop("_model", None)
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        if "run_dir_" in state:
+            self._model = load(state["run_dir_"], device=state.get("device", "cpu"))
 
     def _check_fitted(self):
         if not hasattr(self, "_model"):
@@ -211,6 +253,11 @@ class FrozenTransformerClassifier(ClassifierMixin, BaseEstimator):
         kind, a = self._inputs(X)
         if kind != self._kind:
             raise ValueError(f"X is {kind}, but the model was fitted on {self._kind}")
+        if a.shape[1] != self.n_features_in_:
+            raise ValueError(
+                f"X has {a.shape[1]} features, but FrozenTransformerClassifier is expecting "
+                f"{self.n_features_in_} features as input"
+            )
         p = self._model.predict(a)
         return np.asarray(p)[:, : len(self.classes_)]
 
