@@ -9,8 +9,9 @@
 each column one token of width 1), feature vectors `[examples, tokens, width]` (floats), or
 uint8 images `[examples, height, width]` (each image row one token of `width` pixels scaled
 to 0..1). `fit` writes the data as fpt's custom JSON Lines task
-(`docs/usage.md`, "Tasks and data"), holds out `validation_fraction` of it as the split fpt
-evaluates on, trains a run with `fpt.train` into `run_dir` (a temporary directory unless
+(`docs/usage.md`, "Tasks and data"; the file is named by its content, beside `run_dir`),
+holds out `validation_fraction` of it as the split fpt evaluates on (the same examples for
+every seed, so that `fpt.compare` pairs runs of several seeds), trains a run with `fpt.train` into `run_dir` (a temporary directory unless
 given; kept and named by `run_dir_`) and opens it with `fpt.load`. Every keyword is the
 `fpt train` option of the same name; `__init__` stores them as given (scikit-learn's
 `clone`, `Pipeline`, `cross_val_score` and `GridSearchCV` rely on it). Progress and Ctrl-C
@@ -18,6 +19,7 @@ are `fpt.train`'s: one updating line on stderr; a stop with a checkpoint and
 KeyboardInterrupt.
 """
 
+import hashlib
 import json
 import os
 import tempfile
@@ -207,20 +209,26 @@ class FrozenTransformerClassifier(ClassifierMixin, BaseEstimator):
         self.classes_, encoded = np.unique(y, return_inverse=True)
         if len(self.classes_) < 2:
             raise ValueError(f"y holds one class ({self.classes_[0]!r}): a classifier needs at least 2")
-        rng = np.random.default_rng(int(self.seed))
-        order = rng.permutation(len(a))
+        # The held-out split does not depend on `seed`: runs of several seeds on the same data
+        # evaluate the same examples, so `fpt.compare` pairs them.
+        order = np.random.default_rng(0).permutation(len(a))
         n_val = max(1, int(round(float(self.validation_fraction) * len(a))))
         if n_val >= len(a):
             raise ValueError(f"validation_fraction={self.validation_fraction} leaves no examples to train on")
         val, tr = order[:n_val], order[n_val:]
         run_dir = Path(self.run_dir) if self.run_dir is not None else Path(tempfile.mkdtemp(prefix="fpt-sklearn-")) / "run"
         run_dir.parent.mkdir(parents=True, exist_ok=True)
-        data = run_dir.parent / f"{run_dir.name}-data.jsonl"
-        with open(data, "w") as f:
-            for line in self._records(kind, a[tr], encoded[tr], "train"):
-                f.write(line + "\n")
-            for line in self._records(kind, a[val], encoded[val], "test"):
-                f.write(line + "\n")
+        lines = list(self._records(kind, a[tr], encoded[tr], "train"))
+        lines += list(self._records(kind, a[val], encoded[val], "test"))
+        text = "".join(line + "\n" for line in lines)
+        # Named by its content: fits on the same data beside each other share one file, so
+        # their runs are runs of one task (`fpt.compare` refuses runs of different tasks).
+        digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+        data = run_dir.parent / f"fpt-data-{digest}.jsonl"
+        if not data.is_file():
+            tmp = data.with_name(data.name + f".{os.getpid()}.part")
+            tmp.write_text(text)
+            os.replace(tmp, data)
         self.result_ = train(self._spec(data, len(tr)), run_dir, device=self.device, progress=self.progress)
         self.run_dir_ = os.fspath(run_dir)
         self.validation_score_ = self.result_["test_accuracy"]
