@@ -2,6 +2,8 @@
 string labels, inside a Pipeline in cross_val_score, GridSearchCV over lr, scikit-learn's
 errors for bad input. Skipped where scikit-learn is not installed (CI installs it)."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -97,3 +99,24 @@ def test_scikit_learns_check_estimator_passes():
     failed = [(r["check_name"], str(r["exception"])[:200]) for r in results if r["status"] == "failed"]
     assert not failed, failed
     assert len(results) >= 40
+
+
+def test_every_keyword_reaches_the_runs_spec(tmp_path):
+    """The keywords are `fpt train`'s options: they land in the run's spec.json as the CLI
+    writes them."""
+    x, y = data(120, 5)
+    clf = fpt.FrozenTransformerClassifier(
+        **dict(TINY, layers=2, steps=40), depth=1, no_final_norm=True, precision="bf16",
+        micro_batch_size=8, clip=0.5, divergence_factor=50.0, orth_gain=1.0,
+        no_backbone_dropout=True, lr_schedule="cosine:10", convergence_tolerance=0.02,
+        early_stop_patience=4, stop_on_plateau=True, checkpoint_every=20, positions=16,
+        residual_init="scaled", run_dir=tmp_path / "a").fit(x, y)
+    spec = json.loads((tmp_path / "a" / "spec.json").read_text())
+    b, t = spec["backbone"], spec["train"]
+    assert (b["depth"], b["final_norm"], b["precision"], b["residual_init"]) == (1, False, "bf16", "scaled")
+    assert b["shape"] == {"layers": 2, "hidden": 32, "heads": 2, "positions": 16}
+    assert (t["micro_batch_size"], t["clip_norm"], t["divergence_factor"]) == (8, 0.5, 50.0)
+    assert t["lr_schedule"] == {"kind": "cosine", "warmup_steps": 10}
+    assert (t["early_stop_patience"], t["stop_on_plateau"], t["checkpoint_every"]) == (4, True, 20)
+    assert (spec["orth_gain"], spec["backbone_dropout"]) == (1.0, False)
+    assert clf.predict(x).shape == (120,)

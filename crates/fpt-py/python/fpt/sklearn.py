@@ -64,9 +64,12 @@ except ImportError:  # pragma: no cover
     _type_of_target = None
 
 _PARAMS = [
-    "backbone", "init", "layers", "hidden", "heads", "steps", "lr", "batch_size", "seed",
-    "device", "eval_every", "input_dropout", "train", "validation_fraction", "run_dir",
-    "progress",
+    "backbone", "init", "layers", "hidden", "heads", "positions", "residual_init", "depth",
+    "no_final_norm", "precision", "train", "steps", "batch_size", "micro_batch_size",
+    "lr", "clip", "divergence_factor", "input_dropout", "orth_gain", "no_backbone_dropout",
+    "seed", "lr_schedule", "eval_every", "convergence_tolerance", "early_stop_patience",
+    "early_stop_within_noise", "stop_on_plateau", "checkpoint_every", "device",
+    "validation_fraction", "run_dir", "progress",
 ]
 
 
@@ -75,31 +78,58 @@ class FrozenTransformerClassifier(ClassifierMixin, BaseEstimator):
     classifier. See the module's docs for `X`; `y` may hold any hashable labels (strings
     too): `classes_` keeps them as given, sorted, and `predict` returns them.
 
-    Parameters (each the `fpt train` option of the same name): `backbone` ("gpt2", a Hub
-    id or a directory), `init` ("pretrained" or "random"), `layers` / `hidden` / `heads`
-    (the shape of a random-init backbone), `steps`, `lr`, `batch_size`, `seed`, `device`
-    ("cpu" or "cuda:N"), `eval_every` (default: 4 evaluations a run), `input_dropout`,
-    `train` (the trained groups, as `--train`: "fpt", "all", "out", or a list of
-    groups); `validation_fraction` (held out for fpt's evaluations and `validation_score_`),
+    Parameters: each `fpt train` option that applies to arrays, by the same name
+    (docs/usage.md): `backbone` ("gpt2", a Hub id or a directory), `init`, `layers` /
+    `hidden` / `heads` / `positions` (a random-init backbone's shape), `residual_init`,
+    `depth`, `no_final_norm`, `precision` ("f32" or "bf16"), `train` (the trained groups: "fpt", "all", "out", or a list of groups), `steps`,
+    `batch_size`, `micro_batch_size`, `lr`, `clip`, `divergence_factor`, `input_dropout`,
+    `orth_gain`, `no_backbone_dropout`, `seed`, `lr_schedule` ("constant", "linear:W",
+    "cosine:W"), `eval_every` (default: 4 evaluations a run), `convergence_tolerance`,
+    `early_stop_patience`, `early_stop_within_noise`, `stop_on_plateau`, `checkpoint_every`,
+    `device` ("cpu" or "cuda:N"). Not here: `--model` (the linear and output-only runs
+    cannot be opened for predictions: scikit-learn's own LogisticRegression is the linear
+    floor beside it, as the notebook does), the task options (`X` is the data), `--seeds`
+    (one estimator, one seed) and `--resume`. And the estimator's own: `validation_fraction` (held out for fpt's evaluations and `validation_score_`),
     `run_dir` (where the run is kept; default a new temporary directory) and `progress`."""
 
     def __init__(self, backbone="gpt2", init="pretrained", layers=None, hidden=None, heads=None,
-                 steps=1000, lr=1e-3, batch_size=16, seed=0, device="cpu", eval_every=None,
-                 input_dropout=0.1, train="fpt", validation_fraction=0.1, run_dir=None,
+                 positions=None, residual_init="unscaled", depth=None, no_final_norm=False,
+                 precision="f32", train="fpt", steps=1000, batch_size=16,
+                 micro_batch_size=None, lr=1e-3, clip=1.0, divergence_factor=None,
+                 input_dropout=0.1, orth_gain=1.41, no_backbone_dropout=False, seed=0,
+                 lr_schedule="constant", eval_every=None, convergence_tolerance=0.01,
+                 early_stop_patience=None, early_stop_within_noise=False, stop_on_plateau=False,
+                 checkpoint_every=None, device="cpu", validation_fraction=0.1, run_dir=None,
                  progress=True):
         self.backbone = backbone
         self.init = init
         self.layers = layers
         self.hidden = hidden
         self.heads = heads
-        self.steps = steps
-        self.lr = lr
-        self.batch_size = batch_size
-        self.seed = seed
-        self.device = device
-        self.eval_every = eval_every
-        self.input_dropout = input_dropout
+        self.positions = positions
+        self.residual_init = residual_init
+        self.depth = depth
+        self.no_final_norm = no_final_norm
+        self.precision = precision
         self.train = train
+        self.steps = steps
+        self.batch_size = batch_size
+        self.micro_batch_size = micro_batch_size
+        self.lr = lr
+        self.clip = clip
+        self.divergence_factor = divergence_factor
+        self.input_dropout = input_dropout
+        self.orth_gain = orth_gain
+        self.no_backbone_dropout = no_backbone_dropout
+        self.seed = seed
+        self.lr_schedule = lr_schedule
+        self.eval_every = eval_every
+        self.convergence_tolerance = convergence_tolerance
+        self.early_stop_patience = early_stop_patience
+        self.early_stop_within_noise = early_stop_within_noise
+        self.stop_on_plateau = stop_on_plateau
+        self.checkpoint_every = checkpoint_every
+        self.device = device
         self.validation_fraction = validation_fraction
         self.run_dir = run_dir
         self.progress = progress
@@ -160,24 +190,46 @@ class FrozenTransformerClassifier(ClassifierMixin, BaseEstimator):
             groups = train_groups[self.train]
         else:
             groups = {g: g in set(self.train) for g in train_groups["all"]}
-        shape = {k: int(v) for k, v in [("layers", self.layers), ("hidden", self.hidden), ("heads", self.heads)]
-                 if v is not None}
+        shape = {k: int(v) for k, v in [("layers", self.layers), ("hidden", self.hidden), ("heads", self.heads),
+                                         ("positions", self.positions)] if v is not None}
         batch = int(self.batch_size)
-        return {
-            "task": {"name": "custom", "eval_examples": 0, "path": str(data_path)},
-            "backbone": {"source": self.backbone, "init": self.init, "shape": shape},
-            "train_groups": groups,
-            "train": {
-                "steps": steps, "batch_size": batch, "micro_batch_size": batch, "lr": float(self.lr),
-                "clip_norm": 1.0,
-                "eval_every": int(self.eval_every) if self.eval_every else max(1, steps // 4),
-                "seed": int(self.seed), "lr_schedule": {"kind": "constant"}, "train_eval": "never",
-                "checkpoint_every": None, "convergence_tolerance": 0.01, "early_stop_patience": None,
-            },
-            "input_dropout": float(self.input_dropout),
-            "orth_gain": 1.41,
-            "backbone_dropout": True,
+        backbone = {"source": self.backbone, "init": self.init, "shape": shape}
+        if self.residual_init != "unscaled":
+            backbone["residual_init"] = self.residual_init
+        if self.depth is not None:
+            backbone["depth"] = int(self.depth)
+        if self.no_final_norm:
+            backbone["final_norm"] = False
+        if self.precision != "f32":
+            backbone["precision"] = self.precision
+        kind, _, warmup = str(self.lr_schedule).partition(":")
+        schedule = {"kind": kind} if kind == "constant" else {"kind": kind, "warmup_steps": int(warmup or 0)}
+        train_spec = {
+            "steps": steps, "batch_size": batch,
+            "micro_batch_size": int(self.micro_batch_size) if self.micro_batch_size else batch,
+            "lr": float(self.lr), "clip_norm": float(self.clip) if self.clip else None,
+            "eval_every": int(self.eval_every) if self.eval_every else max(1, steps // 4),
+            "seed": int(self.seed), "lr_schedule": schedule, "train_eval": "never",
+            "checkpoint_every": int(self.checkpoint_every) if self.checkpoint_every else None,
+            "convergence_tolerance": float(self.convergence_tolerance),
+            "early_stop_patience": int(self.early_stop_patience) if self.early_stop_patience else None,
         }
+        if self.early_stop_within_noise:
+            train_spec["early_stop_within_noise"] = True
+        if self.stop_on_plateau:
+            train_spec["stop_on_plateau"] = True
+        if self.divergence_factor is not None:
+            train_spec["divergence_factor"] = float(self.divergence_factor)
+        spec = {
+            "task": {"name": "custom", "eval_examples": 0, "path": str(data_path)},
+            "backbone": backbone,
+            "train_groups": groups,
+            "train": train_spec,
+            "input_dropout": float(self.input_dropout),
+            "orth_gain": float(self.orth_gain),
+            "backbone_dropout": not self.no_backbone_dropout,
+        }
+        return spec
 
     # --- the estimator --------------------------------------------------------------------
 
