@@ -44,8 +44,10 @@ def test_fit_predict_score_with_string_labels(tmp_path):
 
 def test_in_a_pipeline_in_cross_val_score_and_grid_search():
     x, y = data(150, 3)
+    # Exactly the estimator (the default lr).
     pipe = Pipeline([("scale", FunctionTransformer(lambda a: a * 2.0)),
-                     ("fpt", fpt.FrozenTransformerClassifier(**TINY))])
+                     ("fpt", fpt.FrozenTransformerClassifier(backbone="gpt2", init="random", layers=1, hidden=32,
+                                                             heads=2, steps=300, progress=False))])
     scores = cross_val_score(pipe, x, y, cv=3)
     majority = max(np.mean(y == "up"), np.mean(y == "down"))
     assert scores.mean() > majority, (scores, majority)
