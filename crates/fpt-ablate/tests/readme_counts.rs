@@ -28,3 +28,26 @@ fn the_readmes_site_counts_are_the_committed_results() {
         site.runs
     );
 }
+
+/// The grid of Table 2 at the `cpu` scale that the README shows ("Measured: Table 2 at the
+/// `cpu` scale") is the committed report's, row for row: a re-judged or re-run report that
+/// changes a cell shows here until the README is updated.
+#[test]
+fn the_readmes_table2_grid_is_the_committed_reports() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let report = std::fs::read_to_string(root.join("results/table2/cpu/report.md")).unwrap();
+    let grid = |text: &str, after: &str| -> Vec<String> {
+        let start = text.find(after).unwrap_or_else(|| panic!("`{after}` not found"));
+        text[start..]
+            .lines()
+            .skip_while(|l| !l.starts_with("| | Bit Memory"))
+            .take_while(|l| l.starts_with('|'))
+            .map(str::to_string)
+            .collect()
+    };
+    let ours = grid(&readme, "### Measured: Table 2 at the `cpu` scale");
+    let committed = grid(&report, "# ");
+    assert!(ours.len() >= 4, "README's grid: {ours:?}");
+    assert_eq!(ours, committed, "README's Table 2 grid differs from results/table2/cpu/report.md");
+}
