@@ -49,5 +49,8 @@ fn the_readmes_table2_grid_is_the_committed_reports() {
     let ours = grid(&readme, "### Measured: Table 2 at the `cpu` scale");
     let committed = grid(&report, "# ");
     assert!(ours.len() >= 4, "README's grid: {ours:?}");
-    assert_eq!(ours, committed, "README's Table 2 grid differs from results/table2/cpu/report.md");
+    assert_eq!(
+        ours, committed,
+        "README's Table 2 grid differs from results/table2/cpu/report.md"
+    );
 }
