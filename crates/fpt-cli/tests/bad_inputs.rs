@@ -140,6 +140,18 @@ fn every_bad_input_is_a_clean_named_error_with_status_2_and_nothing_written() {
             r#"{"tokens": [3], "label": 0, "split": "test"}"#,
         ],
     );
+    // A record of 2,000,000 tokens: the position table's limit is said, not the memory so
+    // long a sequence would need.
+    let huge_ids: Vec<String> = (1..=2_000_000u32).map(|i| (i % 7 + 1).to_string()).collect();
+    let huge_line = format!(
+        r#"{{"tokens": [{}], "label": 1, "split": "train"}}"#,
+        huge_ids.join(",")
+    );
+    let huge_seq = custom(
+        t,
+        "huge-seq.jsonl",
+        &[&huge_line, r#"{"tokens": [3], "label": 0, "split": "test"}"#],
+    );
     let ok_custom = custom(
         t,
         "ok.jsonl",
@@ -338,6 +350,12 @@ fn every_bad_input_is_a_clean_named_error_with_status_2_and_nothing_written() {
             ]),
             env: vec![],
             needles: vec!["this run needs about", "available"],
+        },
+        Case {
+            name: "2,000,000 tokens: the positions, not the memory",
+            args: train(&["--task", &format!("custom:{}", p(&huge_seq))]),
+            env: vec![],
+            needles: vec!["huge-seq.jsonl", "2000000 tokens long", "--max-len"],
         },
         Case {
             name: "longer than the positions",

@@ -64,6 +64,21 @@ impl Trainer {
         // Sizes are within fpt's limits (validated); check the whole against this machine
         // before anything is allocated (or a Bit backbone trained).
         let (config, pspecs) = fpt_backbones::param_specs(&spec.backbone)?;
+        // Examples longer than a learned position table are refused first: that, not the
+        // memory a too-long sequence would need, is what the user must change.
+        let positions = pspecs
+            .iter()
+            .find(|p| p.role == fpt_spec::Role::Positions && p.shape.len() == 2)
+            .map(|p| p.shape[0]);
+        let seq_len = task.dims().seq_len;
+        if let Some(max) = positions.filter(|&m| seq_len > m) {
+            return Err(fpt_model::ModelError::Mismatch(format!(
+                "task {}: the task's examples are {seq_len} tokens long but the backbone has {max} positions: cut them with \
+                 --max-len {max} (token tasks), or use a backbone with a larger position table (random init: --positions)",
+                spec.task.label()
+            ))
+            .into());
+        }
         let estimate = memory::estimate(
             spec,
             &pspecs,
