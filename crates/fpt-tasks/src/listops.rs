@@ -257,6 +257,12 @@ pub fn parse_tsv(r: impl std::io::BufRead, path: &Path, b: Brackets, max_len: us
         seqs.push(ids);
         labels.push(t);
     }
+    if seqs.is_empty() {
+        return Err(TaskError::data(
+            path,
+            "holds no example (an empty file, or its header alone): the split is empty; `fpt fetch listops` writes it again",
+        ));
+    }
     Ok(Dataset {
         examples: Examples::Tokens(seqs),
         labels,

@@ -757,3 +757,18 @@ fn the_listops_cache_notices_a_changed_file() {
         "max_len is part of the key"
     );
 }
+
+/// An empty ListOps split (its header alone, or nothing) is an error naming the file, not
+/// "task `dataset`: the training split is empty".
+#[test]
+fn an_empty_listops_split_names_its_file() {
+    let d = tempfile::tempdir().unwrap();
+    for text in ["Source\tTarget\n", ""] {
+        let p = d.path().join("basic_train.tsv");
+        std::fs::write(&p, text).unwrap();
+        let e = fpt_tasks::listops::read_tsv(&p, Brackets::Drop, 512)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("basic_train.tsv") && e.contains("holds no example"), "{e}");
+    }
+}
