@@ -161,7 +161,7 @@ impl BertConfig {
             msg,
         };
         let mut cfg = Self::from_json(text, path)?;
-        let extra: LongformerFields = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
+        let extra: LongformerFields = serde_json::from_str(text).map_err(|e| bad(crate::config::with_key(text, &e)))?;
         let windows: Vec<u64> = match &extra.attention_window {
             serde_json::Value::Number(n) => vec![n.as_u64().unwrap_or(0)],
             serde_json::Value::Array(a) => a.iter().map(|v| v.as_u64().unwrap_or(0)).collect(),

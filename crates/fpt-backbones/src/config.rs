@@ -299,12 +299,68 @@ pub(crate) fn parse_config<T: serde::de::DeserializeOwned>(
         path: path.to_path_buf(),
         msg,
     };
-    let cfg: T = serde_json::from_str(text).map_err(|e| err(e.to_string()))?;
+    let cfg: T = serde_json::from_str(text).map_err(|e| err(with_key(text, &e)))?;
     validate(&cfg).map_err(err)?;
     Ok(cfg)
+}
+
+/// A typed parse error of a JSON `text` with the key whose value it is about, where one
+/// precedes the error's position: ``field `hidden_size`: invalid type: string "abc",
+/// expected usize at line 1 column 225``.
+pub(crate) fn with_key(text: &str, e: &serde_json::Error) -> String {
+    let msg = e.to_string();
+    // The byte offset of the error's line and column (1-based; columns count bytes).
+    let Some(line) = text.split_inclusive('\n').nth(e.line().saturating_sub(1)) else {
+        return msg;
+    };
+    let start: usize = text
+        .split_inclusive('\n')
+        .take(e.line().saturating_sub(1))
+        .map(str::len)
+        .sum();
+    let at = (start + e.column().min(line.len())).min(text.len());
+    // The last `"key":` before it.
+    let Some(before) = text.get(..at) else {
+        return msg;
+    };
+    let Some(colon) = before.rfind("\":") else {
+        return msg;
+    };
+    let Some(open) = before[..colon].rfind('"') else {
+        return msg;
+    };
+    let key = &before[open + 1..colon];
+    if key.is_empty() || key.contains(['{', '}', ',']) {
+        return msg;
+    }
+    format!("field `{key}`: {msg}")
 }
 
 /// The `model_type` of a parsed `config.json`, if it has one.
 pub(crate) fn model_type(v: &serde_json::Value) -> Option<&str> {
     v.get("model_type").and_then(|t| t.as_str())
+}
+
+#[cfg(test)]
+mod key_tests {
+    /// A config.json whose value has the wrong type is said with its key.
+    #[test]
+    fn a_type_error_names_its_key() {
+        let text = "{\n  \"model_type\": \"bert\",\n  \"hidden_size\": \"abc\",\n  \"num_hidden_layers\": 2\n}";
+        #[derive(serde::Deserialize, Debug)]
+        #[allow(dead_code)]
+        struct C {
+            model_type: String,
+            hidden_size: usize,
+            num_hidden_layers: usize,
+        }
+        let e = serde_json::from_str::<C>(text).unwrap_err();
+        let m = super::with_key(text, &e);
+        assert!(m.starts_with("field `hidden_size`: invalid type"), "{m}");
+        // Non-ASCII before the error does not break it.
+        let text = "{\"model_type\": \"bérť\", \"hidden_size\": -1, \"num_hidden_layers\": 2}";
+        let e = serde_json::from_str::<C>(text).unwrap_err();
+        let m = super::with_key(text, &e);
+        assert!(m.contains("hidden_size") || m.contains("invalid value"), "{m}");
+    }
 }
