@@ -240,9 +240,11 @@ fn terminate(pid: u32) {
     }
 }
 
-/// A child that trains a run stops with its parent: on Linux the kernel sends it SIGTERM
+/// A child that trains a run stops with its parent: on Linux the kernel sends it SIGUSR1
 /// when the parent dies (killed, or ended by a second Ctrl-C), which stops its run at the
-/// next step with a checkpoint, as any stop request does. Without this, an orphan would
+/// next step with a checkpoint, as any stop request does. Not SIGTERM: the signal comes
+/// again as each of the dead parent's threads ends (the child is handed from thread to
+/// thread), and a second SIGTERM ends the process at once, checkpoint or not. Without this, an orphan would
 /// train on unseen until its deadline and its work would never be saved to the campaign.
 fn stop_with_parent() {
     #[cfg(target_os = "linux")]
@@ -252,7 +254,7 @@ fn stop_with_parent() {
         let before = unsafe { libc::getppid() };
         // SAFETY: as above (PR_SET_PDEATHSIG's second argument is the signal number).
         unsafe {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM as libc::c_ulong, 0, 0, 0);
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGUSR1 as libc::c_ulong, 0, 0, 0);
         }
         // The parent died before the call: nobody will send the signal, so stop now.
         // SAFETY: as above.

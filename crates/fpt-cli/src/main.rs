@@ -183,6 +183,9 @@ fn stop_on_signals() {
         let _ = signal_hook::flag::register_conditional_shutdown(sig, 1, flag.clone());
         let _ = signal_hook::flag::register(sig, flag.clone());
     }
+    // SIGUSR1 asks for a stop too, however often it comes: the signal a `run-cell` child
+    // gets when its parent dies (each of the dead parent's threads may send it).
+    let _ = signal_hook::flag::register(signal_hook::consts::SIGUSR1, flag.clone());
     fpt_train::stop::watch(flag);
 }
 
