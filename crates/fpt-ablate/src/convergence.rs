@@ -167,3 +167,23 @@ pub fn curve_state(
         100.0 * noise
     ))
 }
+
+/// How a diverged run's cell says it diverged: where, why, and what its number is (the best
+/// evaluation before divergence; or, with none before it, the diverged weights' own, which
+/// is no evidence of learning).
+pub fn diverged_words(res: &fpt_train::RunResult) -> String {
+    let at = res.diverged_at_step;
+    let step = at.map_or("?".into(), |s| s.to_string());
+    let why = res.diverged_reason.as_deref().unwrap_or("non-finite loss");
+    if at.is_none_or(|s| res.best_step < s) {
+        format!(
+            "diverged at step {step} ({why}); the number is the best evaluation before it, at step {}",
+            res.best_step
+        )
+    } else {
+        format!(
+            "diverged at step {step} ({why}) before its first evaluation; the number is the diverged weights' evaluation at step {}, no evidence of learning",
+            res.best_step
+        )
+    }
+}

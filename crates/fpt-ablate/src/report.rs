@@ -480,25 +480,7 @@ impl Report {
                             // The steps it trained (fewer than the spec's where it stopped early).
                             r.steps = Some(res.steps);
                             if res.diverged {
-                                let at = res.diverged_at_step;
-                                // No evaluation before it: the one number is the diverged
-                                // weights' own, and says nothing of what the run learned.
-                                let before = at.is_none_or(|s| res.best_step < s);
-                                r.diverged = Some(if before {
-                                    format!(
-                                        "diverged at step {} ({}); the number is the best evaluation before it, at step {}",
-                                        at.map_or("?".into(), |s| s.to_string()),
-                                        res.diverged_reason.as_deref().unwrap_or("non-finite loss"),
-                                        res.best_step
-                                    )
-                                } else {
-                                    format!(
-                                        "diverged at step {} ({}) before its first evaluation; the number is the diverged weights' evaluation at step {}, no evidence of learning",
-                                        at.map_or("?".into(), |s| s.to_string()),
-                                        res.diverged_reason.as_deref().unwrap_or("non-finite loss"),
-                                        res.best_step
-                                    )
-                                });
+                                r.diverged = Some(crate::convergence::diverged_words(res));
                             }
                             // The row's Table 6 count for the cell's task, where the table gives one.
                             let floor = c

@@ -743,3 +743,21 @@ fn equal_budget_pairs_read_both_rows_at_one_step() {
     // Columns without runs on both sides have no pair.
     assert!(pairs.iter().all(|p| p.col != "ListOps" && p.col != "Bit Memory"));
 }
+
+/// A diverged cell says what its number is: the best evaluation before divergence, or, where
+/// the run diverged before its first evaluation, the diverged weights' own (no evidence).
+#[test]
+fn a_diverged_cell_says_what_its_number_is() {
+    let template = include_str!("data/result-template.json");
+    let mut r: fpt_train::RunResult = serde_json::from_str(template).unwrap();
+    r.diverged = true;
+    r.diverged_at_step = Some(300);
+    r.best_step = 200;
+    assert!(fpt_ablate::convergence::diverged_words(&r).contains("the best evaluation before it, at step 200"));
+    r.best_step = 300;
+    let w = fpt_ablate::convergence::diverged_words(&r);
+    assert!(
+        w.contains("before its first evaluation") && w.contains("no evidence"),
+        "{w}"
+    );
+}
