@@ -95,25 +95,24 @@ fn children(parent: u32) -> Vec<u32> {
     v
 }
 
-#[test]
-#[cfg(target_os = "linux")]
-fn sigterm_to_the_parent_stops_every_child_with_a_checkpoint() {
-    let d = tempfile::tempdir().unwrap();
-    mini_table(d.path());
-    let out = d.path().join("results");
-    let mut parent = Command::new(env!("CARGO_BIN_EXE_fpt"))
+/// `fpt run-table` of the miniature table in `dir` with 2 child processes, once both are in
+/// their training loop and have trained 3 s: (the parent, its reaper, the children, the
+/// results directory). `stderr` is the parent's.
+fn start_two_runs(dir: &Path, stderr: Stdio) -> (std::process::Child, Reaper, Vec<u32>, std::path::PathBuf) {
+    mini_table(dir);
+    let out = dir.join("results");
+    let parent = Command::new(env!("CARGO_BIN_EXE_fpt"))
         .args(["run-table", "table1", "--scale", "mini", "--jobs", "2", "--tables"])
-        .arg(d.path().join("tables"))
+        .arg(dir.join("tables"))
         .arg("--out")
         .arg(&out)
         .env("FPT_SELFCHECK_CACHE", "off")
         .stdout(Stdio::null())
-        .stderr(Stdio::piped())
+        .stderr(stderr)
         .spawn()
         .unwrap();
     let pid = parent.id();
-    let _reaper = Reaper(pid);
-    // Both children started and trained a while.
+    let reaper = Reaper(pid);
     let t0 = Instant::now();
     let kids = loop {
         let k = children(pid);
@@ -124,6 +123,15 @@ fn sigterm_to_the_parent_stops_every_child_with_a_checkpoint() {
         std::thread::sleep(Duration::from_millis(100));
     };
     std::thread::sleep(Duration::from_secs(3));
+    (parent, reaper, kids, out)
+}
+
+#[test]
+#[cfg(target_os = "linux")]
+fn sigterm_to_the_parent_stops_every_child_with_a_checkpoint() {
+    let d = tempfile::tempdir().unwrap();
+    let (mut parent, _reaper, kids, out) = start_two_runs(d.path(), Stdio::piped());
+    let pid = parent.id();
     // SIGTERM to the parent alone.
     assert!(Command::new("kill")
         .args(["-TERM", &pid.to_string()])
@@ -166,30 +174,7 @@ fn sigterm_to_the_parent_stops_every_child_with_a_checkpoint() {
 #[cfg(target_os = "linux")]
 fn children_stop_with_a_checkpoint_when_their_parent_is_killed() {
     let d = tempfile::tempdir().unwrap();
-    mini_table(d.path());
-    let out = d.path().join("results");
-    let mut parent = Command::new(env!("CARGO_BIN_EXE_fpt"))
-        .args(["run-table", "table1", "--scale", "mini", "--jobs", "2", "--tables"])
-        .arg(d.path().join("tables"))
-        .arg("--out")
-        .arg(&out)
-        .env("FPT_SELFCHECK_CACHE", "off")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let pid = parent.id();
-    let reaper = Reaper(pid);
-    let t0 = Instant::now();
-    let kids = loop {
-        let k = children(pid);
-        if k.len() == 2 && training(&out) == 2 {
-            break k;
-        }
-        assert!(t0.elapsed() < Duration::from_secs(120), "the children did not start");
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    std::thread::sleep(Duration::from_secs(3));
+    let (mut parent, reaper, kids, out) = start_two_runs(d.path(), Stdio::null());
     parent.kill().unwrap();
     parent.wait().unwrap();
     let t1 = Instant::now();
