@@ -57,18 +57,19 @@ fn stretches(dir: &Path) -> Vec<String> {
         .collect()
 }
 
-/// Why the committed copy `copy` must not be replaced by run `local`: it holds a stretch the
-/// local run lacks (another machine trained the same run from the same start, and both
-/// saved), so replacing it would lose that stretch. `None` where every stretch of the copy is
-/// in the local run's history.
+/// Why run directory `copy` must not be replaced by `local`: it holds a stretch `local`
+/// lacks (another machine trained the same run from the same start, and both saved), so
+/// replacing it would lose that stretch. `None` where every stretch of `copy` is in
+/// `local`'s history. (Saving passes the committed copy as `copy`; restoring, the local run.)
 pub fn would_lose(local: &Path, copy: &Path) -> Option<String> {
     let mine: std::collections::HashSet<String> = stretches(local).into_iter().collect();
     let lost: Vec<String> = stretches(copy).into_iter().filter(|l| !mine.contains(l)).collect();
     (!lost.is_empty()).then(|| {
         format!(
-            "its committed copy {} has {} stretch(es) this run's history lacks (another machine trained it too; the first: {}): keep the copy that went further and delete the other by hand",
+            "{} has {} stretch(es) that {} lacks (another machine trained the run too; the first: {}): keep the copy that went further and delete the other by hand",
             copy.display(),
             lost.len(),
+            local.display(),
             lost[0]
         )
     })
@@ -285,12 +286,13 @@ pub fn status(cells: &[Cell], rows: &[String], cols: &[String], out: &Path, task
         .map(|(key, spec)| {
             let local = run_dir(out, &key);
             let saved = saved_root(out).join(&key);
-            let damaged = match (progress(&local), progress(&saved)) {
+            let (pl, ps) = (progress(&local), progress(&saved));
+            let damaged = match (&pl, &ps) {
                 (Err(e), _) => Some(format!("local run: {e}")),
                 (_, Err(e)) => Some(format!("committed copy: {e}")),
                 _ => None,
             };
-            let (dir, p) = match (progress(&local).unwrap_or(None), progress(&saved).unwrap_or(None)) {
+            let (dir, p) = match (pl.unwrap_or(None), ps.unwrap_or(None)) {
                 (l, s) if ahead(s, l) => (saved, s),
                 (l, _) => (local, l),
             };

@@ -21,14 +21,28 @@ pub(crate) fn append_line(path: &Path, line: &str) -> Result<()> {
         path: path.to_path_buf(),
         source,
     };
-    match std::fs::read(path) {
-        Ok(bytes) if !bytes.is_empty() && bytes.last() != Some(&b'\n') => {
+    // Only a file that does not end in a newline is read whole (the last byte tells).
+    let torn = match std::fs::File::open(path) {
+        Ok(mut f) => {
+            use std::io::{Read, Seek, SeekFrom};
+            let len = f.metadata().map_err(io)?.len();
+            let mut last = [b'\n'];
+            if len > 0 {
+                f.seek(SeekFrom::End(-1)).map_err(io)?;
+                f.read_exact(&mut last).map_err(io)?;
+            }
+            last[0] != b'\n'
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
+        Err(e) => return Err(io(e)),
+    };
+    match if torn { std::fs::read(path).map(Some) } else { Ok(None) } {
+        Ok(Some(bytes)) => {
             let cut = bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
             set_aside(path, &[String::from_utf8_lossy(&bytes[cut..]).into_owned()])?;
             write_atomic(path, &bytes[..cut])?;
         }
-        Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Ok(None) => {}
         Err(e) => return Err(io(e)),
     }
     let mut whole = String::with_capacity(line.len() + 1);
