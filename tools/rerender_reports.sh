@@ -25,7 +25,11 @@ for scale in "${scales[@]}"; do
     "$fpt" run-table "${ids[@]}" --scale "$scale" --tables data/tables --report-only --out "$tmp" >/dev/null
     for id in "${ids[@]}"; do
         for f in "$tmp/$id/$scale"/*; do
-            cp "$f" "results/$id/$scale/"
+            # The example command names the committed results/, not this copy.
+            case "$f" in
+                *.md) sed "s#$tmp/#results/#g" "$f" > "results/$id/$scale/$(basename "$f")" ;;
+                *) cp "$f" "results/$id/$scale/" ;;
+            esac
         done
     done
 done

@@ -1,7 +1,7 @@
 //! A table at a scale, cell by cell: each cell's merged settings become a [`Plan`] (a run
 //! spec keyed by its hash, a count, the paper's number only, or unavailable-and-why), with
 //! the scale's substitutions and every setting that differs from the paper; and what the
-//! cells need fetched ([`assets`]).
+//! cells need fetched ([`assets`](crate::here::assets)).
 
 #[allow(unused_imports)]
 use super::*;
@@ -556,7 +556,7 @@ pub(crate) fn plan_at(
     }
     // What this machine lacks: data, weights, depth.
     if check {
-        if let Some(why) = unavailable_here(&task, &backbone, s.depth) {
+        if let Some(why) = crate::here::unavailable_here(&task, &backbone, s.depth) {
             return Plan::Unavailable(why);
         }
     }
@@ -727,74 +727,4 @@ pub(crate) fn paper_differences(
         }
     }
     out
-}
-
-/// What `fpt fetch` would have to bring for `cells` to run (whether it is here or not): the
-/// datasets their runs read and the pretrained models they load, as `fpt fetch` names them
-/// (`minilm` for all-MiniLM-L6-v2), sorted. Cells expanded with [`expand_unchecked`] name
-/// what is missing here too.
-pub fn assets(cells: &[Cell]) -> Vec<String> {
-    let mut out = std::collections::BTreeSet::new();
-    for c in cells {
-        let Plan::Run { spec, .. } = &c.plan else { continue };
-        let t = spec.task.name;
-        if !t.is_generated() && !matches!(t, fpt_spec::TaskName::Custom | fpt_spec::TaskName::Text) {
-            out.insert(match t {
-                fpt_spec::TaskName::Cifar10Lra => "cifar10".to_string(),
-                t => t.to_string(),
-            });
-        }
-        // Weights, or (a random or Bit init) a config fpt does not have built in; a local
-        // directory is the user's, not fetched.
-        let b = &spec.backbone;
-        let needs = b.init.needs_weights() || fpt_backbones::Config::builtin(&b.source).is_none();
-        if needs && !Path::new(&b.source).is_dir() {
-            out.insert(if b.source == fpt_backbones::hub::MINILM_ID {
-                "minilm".to_string()
-            } else {
-                b.source.clone()
-            });
-        }
-    }
-    out.into_iter().collect()
-}
-
-/// Why a cell cannot run on this machine (its data, weights or depth), if it cannot.
-pub(crate) fn unavailable_here(task: &TaskSpec, backbone: &BackboneSpec, depth: Option<usize>) -> Option<String> {
-    if let Err(e) = fpt_tasks::check_present(task) {
-        return Some(format!("data not present: {e}"));
-    }
-    // A GGUF file, a directory holding one, or an installed GGUF name (`smollm2`) loads
-    // from that file; anything else from a model directory or the Hub cache.
-    let gguf = fpt_backbones::gguf::locate(&backbone.source).map(|found| found.map(|_| ()));
-    if let Err(e) = gguf
-        .and_then(|found| match found {
-            Some(()) => Ok(()),
-            None => fpt_backbones::hub::resolves_offline(&backbone.source, backbone.init.needs_weights()).map(|_| ()),
-        })
-        .or_else(|e| {
-            // Random init (and Bit pretraining from it) of a built-in config (gpt2, lstm,
-            // ...) needs no files.
-            if !backbone.init.needs_weights() && fpt_backbones::param_specs(backbone).is_ok() {
-                Ok(())
-            } else {
-                Err(e)
-            }
-        })
-    {
-        return Some(format!("backbone not available here: {e}"));
-    }
-    if let Some(d) = depth {
-        match fpt_backbones::param_specs(backbone) {
-            Ok((config, _)) if config.layers() < d => {
-                return Some(format!(
-                    "depth {d} exceeds the {} blocks of {}",
-                    config.layers(),
-                    backbone.source
-                ))
-            }
-            _ => {}
-        }
-    }
-    None
 }

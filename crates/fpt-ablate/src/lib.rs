@@ -24,6 +24,7 @@ pub mod convergence;
 pub mod equal_budget;
 mod expand;
 pub mod figure;
+mod here;
 pub mod paper;
 pub mod precision;
 pub mod record;
@@ -38,7 +39,8 @@ mod site_pages;
 mod tables;
 pub mod worker;
 
-pub use expand::{assets, at_scale, describe, expand, expand_unchecked, scale_of, spec_key, Cell, Counted, Plan};
+pub use expand::{at_scale, describe, expand, expand_unchecked, scale_of, spec_key, Cell, Counted, Plan};
+pub use here::assets;
 pub use report::Report;
 pub(crate) use runner::run_one;
 pub use runner::{command_for, run, run_dir, runs_of, RunOptions, Trained};

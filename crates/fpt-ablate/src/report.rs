@@ -462,6 +462,9 @@ impl Report {
                                         spec.train.steps
                                     ));
                                 }
+                                // A cell without a run that this machine could not run says
+                                // why (reports expand every cell as its scale defines it).
+                                None if !dir.exists() => (r.status, r.why) = crate::here::never_run(spec),
                                 None => {
                                     r.status = if dir.exists() { "failed" } else { "pending" }.into();
                                     r.why = Some(if dir.exists() {

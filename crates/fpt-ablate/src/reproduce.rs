@@ -235,8 +235,13 @@ pub fn reproduce(req: &Request, on: &mut (dyn FnMut(Progress) + Send)) -> Result
             on(Progress::Done(done.last().expect("just pushed")));
             continue;
         }
+        // Training takes the cells this machine can run; the report every cell as the scale
+        // defines it, so that a committed record shows whatever this machine holds (a cell
+        // without one says why it cannot run here) and reads the same on every machine.
         let mut cells = expand(&table, &scales, &req.scale)?;
         crate::precision::apply(&mut cells, req.precision);
+        let mut report_cells = crate::expand::expand_unchecked(&table, &scales, &req.scale)?;
+        crate::precision::apply(&mut report_cells, req.precision);
         let label = crate::precision::scale_label(&req.scale, req.precision);
         on(Progress::Line {
             id,
@@ -271,9 +276,9 @@ pub fn reproduce(req: &Request, on: &mut (dyn FnMut(Progress) + Send)) -> Result
         let mut opts = req.opts.clone();
         opts.task_order = crate::scale_of(&table, &scales, &req.scale)?.campaign_order;
         let trained = run(&to_train, &req.out, &opts, &mut |line| on(Progress::Line { id, line }))?;
-        let dir = Report::from_runs(&table, &label, &cells, &req.out, sources).write(&req.out)?;
+        let dir = Report::from_runs(&table, &label, &report_cells, &req.out, sources).write(&req.out)?;
         if !req.precision.is_f32() {
-            crate::precision::compare(&table, &cells, &req.out, &dir)?;
+            crate::precision::compare(&table, &report_cells, &req.out, &dir)?;
         }
         done.push(Done::Table {
             id: id.clone(),

@@ -81,7 +81,13 @@ impl Entry {
         };
         match self {
             Entry::Table { report, .. } => {
-                for c in &report.cells {
+                // A cell never run (not yet, or not on the machine that rendered the
+                // report) names its run's key but cites no run.
+                for c in report
+                    .cells
+                    .iter()
+                    .filter(|c| !["pending", "unavailable"].contains(&c.status.as_str()))
+                {
                     let others = c.seeds.iter().flat_map(|s| s.other_runs.iter());
                     for run in c.run.iter().chain(others) {
                         add(run.strip_prefix("runs/").unwrap_or(run));

@@ -2,6 +2,8 @@
 //! test writes), and every real table spec of `data/tables` loads and expands at every scale.
 
 use fpt_ablate::{expand, load_scales, load_table, run, Plan, Report, RunOptions};
+mod common;
+use common::write_mini;
 use std::path::{Path, PathBuf};
 
 fn root() -> PathBuf {
@@ -46,78 +48,6 @@ fn every_table_and_figure_of_the_paper_has_a_spec_that_expands_at_every_scale() 
     let t = load_table(&dir, "table2").unwrap();
     assert_eq!(t.paper[1][3], "91.7%");
     assert_eq!(t.paper[3][6], "7.5%");
-}
-
-fn write_mini(dir: &Path) {
-    let tables = dir.join("tables");
-    std::fs::create_dir_all(&tables).unwrap();
-    let data = dir.join("series.jsonl");
-    let mut lines = String::new();
-    for i in 0..40 {
-        let label = i % 2;
-        let steps: Vec<String> = (0..6)
-            .map(|t| format!("[{}]", if label == 0 { t as f64 } else { 6.0 - t as f64 } / 6.0))
-            .collect();
-        let split = if i < 30 { "train" } else { "test" };
-        lines.push_str(&format!(
-            "{{\"features\": [{}], \"label\": {label}, \"split\": \"{split}\"}}\n",
-            steps.join(", ")
-        ));
-    }
-    std::fs::write(&data, lines).unwrap();
-    let fixture = root().join("data/fixtures/gpt2-tiny");
-    std::fs::write(
-        tables.join("scales.toml"),
-        format!(
-            r#"
-[mini]
-all = {{ steps = 6, batch_size = 4, eval_every = 3 }}
-[mini.backbones.gpt2]
-source = "{}"
-note = "the tiny test fixture stands in for GPT-2"
-[mini.backbones.gpt2-medium]
-source = "none"
-note = "not at this scale"
-"#,
-            fixture.display()
-        ),
-    )
-    .unwrap();
-    std::fs::write(
-        tables.join("table1.toml"),
-        format!(
-            r#"
-id = "table1"
-title = "mini"
-caption = "a miniature table"
-paper = [["50%", "60%", "40%"], ["70%", "80%", "124M"]]
-[defaults]
-task = "custom:{}"
-backbone = "gpt2"
-[[rows]]
-label = "FPT"
-init = "pretrained"
-[[rows]]
-label = "Random"
-init = "random"
-[[cols]]
-label = "fpt"
-train = "fpt"
-[[cols]]
-label = "all"
-train = "all"
-[[cols]]
-label = "medium"
-backbone = "gpt2-medium"
-[[cells]]
-row = "Random"
-col = "medium"
-metric = "params-total"
-"#,
-            data.display()
-        ),
-    )
-    .unwrap();
 }
 
 #[test]
