@@ -277,10 +277,27 @@ pub struct Embedding {
 }
 
 impl Embedding {
-    /// Looks up `ids: [b, t]` (u32) -> `[b, t, d]`.
+    /// Looks up `ids: [b, t]` (u32) -> `[b, t, d]`. Under `FPT_CHECK_DEVICE=1`
+    /// ([`crate::transfer::checking`]) the ids as the device holds them are read back
+    /// first, and one outside the table is an error naming it (a GPU's lookup would stop
+    /// the process with a device-side assert).
     pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        self.forward_checked(ids, crate::transfer::checking(ids.device()))
+    }
+
+    /// [`Embedding::forward`], reading the ids back and checking them against the table
+    /// first when `check` is set.
+    pub fn forward_checked(&self, ids: &Tensor, check: bool) -> Result<Tensor> {
         let (b, t) = ids.dims2()?;
-        let d = self.weight.tensor().dim(1)?;
+        let (rows, d) = self.weight.tensor().dims2()?;
+        if check {
+            let held = crate::transfer::download_vec::<u32>(ids)?;
+            if let Some((i, id)) = held.iter().enumerate().find(|(_, &id)| id as usize >= rows) {
+                candle_core::bail!(
+                    "FPT_CHECK_DEVICE: embedding: id {id} at position {i} of a [{b}, {t}] batch is outside the table's {rows} rows"
+                )
+            }
+        }
         self.weight
             .get()
             .index_select(&ids.flatten_all()?, 0)?

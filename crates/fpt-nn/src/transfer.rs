@@ -70,10 +70,34 @@ fn count_down(bytes: usize) {
     DOWNLOAD_BYTES.fetch_add(bytes as u64, Ordering::Relaxed);
 }
 
-/// A tensor on `device` holding `data` (row-major, `shape`): one counted upload.
+/// Whether `FPT_CHECK_DEVICE=1` asks for the device's copies to be read back and checked
+/// (each upload against the host data, each embedding's ids against its table): a
+/// diagnostic for a device whose results look wrong, at the cost of a wait for the device
+/// at every checked copy. Off by default; the CPU's copies are never read back.
+pub fn checking(device: &Device) -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    !device.is_cpu() && *ON.get_or_init(|| std::env::var("FPT_CHECK_DEVICE").is_ok_and(|v| v.trim() == "1"))
+}
+
+/// A tensor on `device` holding `data` (row-major, `shape`): one counted upload (read back
+/// and compared under [`checking`]).
 pub fn upload<T: WithDType, S: Into<Shape>>(data: Vec<T>, shape: S, device: &Device) -> Result<Tensor> {
     count_up(data.len() * std::mem::size_of::<T>());
-    Tensor::from_vec(data, shape, device)
+    if !checking(device) {
+        return Tensor::from_vec(data, shape, device);
+    }
+    let t = Tensor::from_slice(&data, shape, device)?;
+    let back = t.flatten_all()?.to_vec1::<T>()?;
+    if let Some(i) = (0..data.len()).find(|&i| back[i] != data[i]) {
+        candle_core::bail!(
+            "FPT_CHECK_DEVICE: an upload of {} values to {:?} reads back {} at element {i} where the host sent {}",
+            data.len(),
+            device.location(),
+            back[i].to_f64(),
+            data[i].to_f64()
+        )
+    }
+    Ok(t)
 }
 
 /// A tensor on `device` holding a copy of `data`: one counted upload.

@@ -312,3 +312,25 @@ fn a_deep_unfused_recurrence_backprops_on_the_pool() -> Result<()> {
     assert!(first.is_finite(), "the first step's gradient is {first}");
     Ok(())
 }
+
+/// The embedding's read-back check (`FPT_CHECK_DEVICE=1` on a GPU) names an id outside the
+/// table before any lookup, and passes ids inside it to the same lookup as unchecked.
+#[test]
+fn a_checked_embedding_names_an_id_outside_its_table() -> Result<()> {
+    let dev = Device::Cpu;
+    let table = Tensor::arange(0f32, 12.0, &dev)?.reshape((4, 3))?;
+    let e = fpt_nn::layers::Embedding {
+        weight: fpt_nn::Param::new(table, true)?,
+    };
+    let good = Tensor::new(&[[0u32, 3], [2, 1]], &dev)?;
+    let plain = e.forward(&good)?.flatten_all()?.to_vec1::<f32>()?;
+    assert_eq!(e.forward_checked(&good, true)?.flatten_all()?.to_vec1::<f32>()?, plain);
+    assert_eq!(plain[3..6], [9.0, 10.0, 11.0]);
+    let bad = Tensor::new(&[[0u32, 3], [7, 1]], &dev)?;
+    let msg = e.forward_checked(&bad, true).unwrap_err().to_string();
+    assert!(
+        msg.contains("id 7 at position 2 of a [2, 2] batch is outside the table's 4 rows"),
+        "{msg}"
+    );
+    Ok(())
+}

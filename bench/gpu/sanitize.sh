@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# One short device call that looks for the GPU path's bad memory accesses on ListOps (issue
+# 56: the pretrained MiniLM's ListOps probes died of a device-side index_select assert and
+# an illegal address). compute-sanitizer's memcheck over a few steps of ListOps with
+# sequences of 512 tokens, then the same run plain for longer. Random init: the pretrained
+# weights do not fit a call's 64 MiB beside the tree. First run (2026-11-27, H100): memcheck
+# found 0 errors but the evaluation's loss was 2^60 at step 2; the plain run stopped on
+# index_select's assert `ids[id_i] < src_dim_size` (the embedding's ids outside its table),
+# ids that the CPU path, which checks them, never sees.
+# Prepared here:
+#   mkdir -p target/gpu-probe/home/data/listops   # 1000/200/200 lines of ListOps' splits
+#   xz -c target/cuda/fpt-cuda > target/gpu-probe/fpt-cuda.xz; tar cJf target/gpu-probe/home.txz -C target/gpu-probe home
+#   run(command="bash bench/gpu/sanitize.sh", carry=["target/gpu-probe/fpt-cuda.xz",
+#       "target/gpu-probe/home.txz", "target/device-hub.tgz"])
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT="${OUT:-$(mktemp -d)}"
+B=/tmp/fpt-cuda
+t0=$(date +%s)
+xz -dc target/gpu-probe/fpt-cuda.xz > $B 2>/dev/null || python3 -c "import lzma,sys; sys.stdout.buffer.write(lzma.open('target/gpu-probe/fpt-cuda.xz').read())" > $B
+chmod +x $B
+mkdir -p /tmp/probe && tar xJf target/gpu-probe/home.txz -C /tmp/probe && tar xzf target/device-hub.tgz -C /tmp/probe
+cu13=$(python3 -c 'import os, nvidia; print(os.path.join(os.path.dirname(nvidia.__path__[0]), "nvidia", "cu13", "lib"))' 2>/dev/null || true)
+[ -n "$cu13" ] && [ -d "$cu13" ] && export LD_LIBRARY_PATH="$cu13:${LD_LIBRARY_PATH:-}"
+export HF_HUB_CACHE=/tmp/probe/device-hub HF_HUB_OFFLINE=1 FPT_HOME=/tmp/probe/home
+nvidia-smi -L > "$OUT/machine.txt" 2>&1; uname -r >> "$OUT/machine.txt"
+args=(train --task listops --backbone sentence-transformers/all-MiniLM-L6-v2 --init random --brackets keep
+      --batch-size 16 --eval-examples 32 --seed 0 --device cuda:0)
+echo "setup $(( $(date +%s) - t0 )) s" > "$OUT/times.txt"
+timeout "${SAN_S:-110}" compute-sanitizer --tool memcheck --print-limit 20 --show-backtrace device \
+    $B "${args[@]}" --steps 4 --eval-every 2 --out /tmp/probe/san > "$OUT/memcheck.log" 2>&1
+echo "memcheck exit $? at $(( $(date +%s) - t0 )) s" >> "$OUT/times.txt"
+# Plain, then reading every upload and the embedding's ids back (FPT_CHECK_DEVICE=1: an
+# error names an upload the device holds differently, or an id outside the table), then
+# with every launch synchronous (a race between streams, if any, goes away).
+for v in plain check blocking; do
+    case $v in
+        plain) env=() ;;
+        check) env=(FPT_CHECK_DEVICE=1) ;;
+        blocking) env=(CUDA_LAUNCH_BLOCKING=1) ;;
+    esac
+    env "${env[@]}" FPT_LOG=info timeout "${PLAIN_S:-40}" $B "${args[@]}" --steps 2000 --eval-every 2 \
+        --out /tmp/probe/$v > "$OUT/$v.log" 2>&1
+    echo "$v exit $? at $(( $(date +%s) - t0 )) s" >> "$OUT/times.txt"
+done
+cat "$OUT/times.txt"; tail -5 "$OUT/memcheck.log"; for v in plain check blocking; do grep -v '<unknown>' "$OUT/$v.log" | tail -3; done
