@@ -244,17 +244,25 @@ pub fn run_table(a: RunTableArgs) -> Result<()> {
             let table = fpt_ablate::at_scale(&fpt_ablate::load_table(&tables_dir, id)?, &scales, &scale)?;
             let cells = fpt_ablate::expand_unchecked(&table, &scales, &scale)?;
             let saved = fpt_ablate::campaign::save(&cells, &out_dir)?;
-            eprintln!(
-                "fpt run-table: {id}: {} run(s) copied to {} (commit it): {}",
-                saved.moved.len(),
-                fpt_ablate::campaign::saved_root(&out_dir).display(),
-                saved
-                    .moved
-                    .iter()
-                    .map(|(k, s)| format!("{k} at step {s}"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            );
+            let root = fpt_ablate::campaign::saved_root(&out_dir);
+            if saved.moved.is_empty() {
+                eprintln!(
+                    "fpt run-table: {id}: no run had anything new to copy to {}",
+                    root.display()
+                );
+            } else {
+                eprintln!(
+                    "fpt run-table: {id}: {} run(s) copied to {} (commit it): {}",
+                    saved.moved.len(),
+                    root.display(),
+                    saved
+                        .moved
+                        .iter()
+                        .map(|(k, s)| format!("{k} at step {s}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+            }
             for (key, why) in &saved.problems {
                 eprintln!("fpt run-table: {id}: run {key} {why}");
             }

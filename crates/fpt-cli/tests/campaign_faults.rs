@@ -3,7 +3,9 @@
 //! `LATEST`, `LATEST` deleted, the step directory it names deleted) is an error naming the
 //! file: the stretch exits non-zero, trains nothing and leaves the committed copy byte for
 //! byte as it was; `fpt repair` rebuilds the pointer; a committed copy holding a stretch the
-//! local run lacks is never replaced; an unknown `--runs` key is refused.
+//! local run lacks is never replaced; an unknown `--runs` key is refused; a locked run and
+//! one whose saved spec differs are left alone, said, exit non-zero; two stretches of one
+//! run started together train it once.
 
 mod common;
 
@@ -15,12 +17,12 @@ fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// A committed campaign run with a checkpoint (the first by key).
+/// A committed campaign run with a checkpoint and no result yet (the first by key).
 fn committed_run() -> PathBuf {
     let mut dirs: Vec<PathBuf> = std::fs::read_dir(repo().join("results/campaign"))
         .expect("results/campaign is committed")
         .map(|e| e.unwrap().path())
-        .filter(|p| p.join("checkpoints/LATEST").is_file())
+        .filter(|p| p.join("checkpoints/LATEST").is_file() && !p.join("result.json").exists())
         .collect();
     dirs.sort();
     dirs.into_iter()
@@ -223,4 +225,101 @@ fn an_unknown_run_key_is_refused() {
         "{}",
         stderr(&out)
     );
+}
+
+/// A run another process holds (its `.lock` names a live process) is left alone: the
+/// stretch says which process holds it and exits non-zero; the run and its committed copy
+/// stay as they were.
+#[test]
+fn a_locked_run_is_left_alone_and_said() {
+    let (t, key, copy) = fresh();
+    let local = t.path().join("runs").join(&key);
+    copy_dir(&copy, &local);
+    let mut holder = std::process::Command::new("sleep").arg("60").spawn().unwrap();
+    std::fs::write(local.join(".lock"), holder.id().to_string()).unwrap();
+    let (before, local_before) = (snapshot(&copy), snapshot(&local));
+    let out = stretch(t.path(), &key);
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    let err = stderr(&out);
+    assert!(!out.status.success(), "exit 0: {err}");
+    assert!(
+        err.contains(&key) && err.contains(&format!("process {}", holder.id())),
+        "{err}"
+    );
+    assert_eq!(snapshot(&copy), before, "the committed copy changed");
+    assert_eq!(snapshot(&local), local_before, "the locked run changed");
+}
+
+/// A run directory whose saved spec is not its cell's (edited by hand: another learning
+/// rate) is refused, the difference named, exit non-zero; nothing of it changes.
+#[test]
+fn a_run_whose_spec_differs_is_refused() {
+    let (t, key, copy) = fresh();
+    let local = t.path().join("runs").join(&key);
+    copy_dir(&copy, &local);
+    let spec_path = local.join("spec.json");
+    let mut spec: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&spec_path).unwrap()).unwrap();
+    spec["train"]["lr"] = serde_json::json!(0.5);
+    std::fs::write(&spec_path, serde_json::to_string(&spec).unwrap()).unwrap();
+    let (before, local_before) = (snapshot(&copy), snapshot(&local));
+    let out = stretch(t.path(), &key);
+    let err = stderr(&out);
+    assert!(!out.status.success(), "exit 0: {err}");
+    assert!(err.contains(&key) && err.contains("lr"), "{err}");
+    assert_eq!(snapshot(&copy), before, "the committed copy changed");
+    assert_eq!(snapshot(&local), local_before, "the run changed");
+}
+
+/// Two stretches of one run started together on one results directory: one trains it and
+/// saves it back, the other finds it held and says so (non-zero); the committed copy is the
+/// winner's, further along, and neither leaves a temporary file where `git add` finds it.
+#[test]
+fn two_stretches_of_one_run_started_together() {
+    let (t, key, copy) = fresh();
+    let step = |dir: &Path| -> usize { latest_name(dir)["step-".len()..].parse().unwrap() };
+    let start = step(&copy);
+    let tables = repo().join("data/tables");
+    let spawn = || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_fpt"))
+            .args([
+                "run-table",
+                "table2",
+                "--scale",
+                "converge",
+                "--tables",
+                tables.to_str().unwrap(),
+                "--rows",
+                "FPT,Random,Bit",
+                "--campaign",
+                "--out",
+                t.path().to_str().unwrap(),
+                "--runs",
+                &key,
+                "--budget",
+                "25s",
+            ])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (a, b) = (spawn(), spawn());
+    let outs = [a.wait_with_output().unwrap(), b.wait_with_output().unwrap()];
+    let said: Vec<String> = outs.iter().map(stderr).collect();
+    let won = outs.iter().filter(|o| o.status.success()).count();
+    assert_eq!(won, 1, "exactly one stretch trains: {said:#?}");
+    let loser = &said[outs.iter().position(|o| !o.status.success()).unwrap()];
+    assert!(loser.contains(&key) && loser.contains("process"), "{loser}");
+    assert!(
+        step(&copy) > start,
+        "the committed copy holds the winner's stretch: {said:#?}"
+    );
+    let stray: Vec<_> = std::fs::read_dir(t.path().join("campaign"))
+        .unwrap()
+        .chain(std::fs::read_dir(t.path().join("runs")).unwrap())
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with('.') || n.contains(".tmp") || n.ends_with(".part"))
+        .collect();
+    assert!(stray.is_empty(), "left behind: {stray:?}");
 }
