@@ -25,6 +25,7 @@ const KEPT: &[&str] = &[
     "result.json",
     "outcomes.json",
     "history.jsonl",
+    "respec.jsonl",
 ];
 
 /// How far a run directory got: `(finished, step)`. `Ok(None)`: nothing there. An error
@@ -220,6 +221,141 @@ pub fn save(cells: &[Cell], out: &Path) -> Result<Moved> {
             }
             replace_with_copy(&local, &copy)?;
             m.moved.push((key, l.map_or(0, |p| p.1)));
+        }
+    }
+    Ok(m)
+}
+
+/// The spec fields a run may change and keep every step it trained: what it is evaluated on
+/// and how often. An evaluation draws from none of the streams training uses, so the run
+/// trains the same steps (fpt-train's `a_run_whose_evaluation_grew_trains_the_same_steps`).
+pub const EVALUATION_FIELDS: [&str; 2] = ["task.eval_examples", "train.eval_every"];
+
+/// Why a moved run could keep its steps (its `respec.jsonl`).
+const MOVED_WHY: &str = "the scale's evaluation changed; an evaluation draws from none of the streams training uses, so every step trained stands and the run continues from its checkpoint";
+
+fn evaluation_only(diffs: &[String]) -> bool {
+    !diffs.is_empty()
+        && diffs
+            .iter()
+            .all(|d| EVALUATION_FIELDS.iter().any(|f| d.starts_with(&format!("{f}: "))))
+}
+
+/// A run begun under an earlier evaluation of its scale ([`moves`]).
+#[derive(Debug, Clone)]
+pub struct Move {
+    /// Its directory (a committed copy, or a local run directory).
+    pub dir: PathBuf,
+    /// Its key now.
+    pub old: String,
+    /// Its cell's key.
+    pub key: String,
+    /// Its cell's spec.
+    pub spec: fpt_spec::RunSpec,
+    /// What differs (evaluation fields only).
+    pub changes: Vec<String>,
+}
+
+/// Committed campaign runs whose spec differs from one of `cells`' only in
+/// [`EVALUATION_FIELDS`] (begun before the scale's evaluation changed, to continue at their
+/// cell's key: [`migrate`]), and the local run directories of the same keys. (Only the
+/// campaign's own: a local run of another table with such a spec is not the campaign's to
+/// move.)
+pub fn moves(cells: &[Cell], out: &Path) -> Vec<Move> {
+    let specs = runs_of(cells);
+    let mut found: Vec<Move> = Vec::new();
+    for root in [saved_root(out), out.join("runs")] {
+        let campaign = root == saved_root(out);
+        let Ok(entries) = std::fs::read_dir(&root) else {
+            continue;
+        };
+        let mut dirs: Vec<PathBuf> = entries.flatten().map(|e| e.path()).filter(|p| p.is_dir()).collect();
+        dirs.sort();
+        for dir in dirs {
+            let old = dir.file_name().expect("named").to_string_lossy().into_owned();
+            if old.starts_with('.') || specs.iter().any(|(k, _)| *k == old) {
+                continue;
+            }
+            if !campaign && !found.iter().any(|m| m.old == old) {
+                continue;
+            }
+            let Ok(was) = fpt_train::saved_spec(&dir) else {
+                continue;
+            };
+            if let Some((key, spec)) = specs.iter().find(|(_, s)| evaluation_only(&was.differences(s))) {
+                found.push(Move {
+                    changes: was.differences(spec),
+                    dir,
+                    old,
+                    key: key.clone(),
+                    spec: spec.clone(),
+                });
+            }
+        }
+    }
+    found
+}
+
+/// Moves each of [`moves`] to its cell's key: given its cell's spec
+/// ([`fpt_train::respec_run`]: `spec.json`, the checkpoint, a line in `respec.jsonl`)
+/// through a temporary directory and a rename, so that it continues where it stood.
+/// `moved` names each as `old -> new` with its step. Left where it is, and named: a run in
+/// use, one finished under its old evaluation (its number is not the new evaluation's),
+/// one whose new key is taken, one whose checkpoint does not verify.
+pub fn migrate(cells: &[Cell], out: &Path) -> Result<Moved> {
+    let mut m = Moved::default();
+    for mv in moves(cells, out) {
+        let (dir, key) = (&mv.dir, &mv.key);
+        let root = dir.parent().expect("a run directory has a parent");
+        let place = if root == saved_root(out) {
+            "committed copy"
+        } else {
+            "local run"
+        };
+        let name = format!("{} -> {key} ({place})", mv.old);
+        let target = root.join(key);
+        let refuse = if let Some(pid) = fpt_train::in_use_by(dir) {
+            Some(format!("{} is in use by process {pid}", dir.display()))
+        } else if fpt_train::finished_result(dir).is_some() {
+            Some(format!(
+                "{} finished under its old evaluation ({}): its number is not the new one's; rerun it under the new key",
+                dir.display(),
+                mv.changes.join("; ")
+            ))
+        } else if target.exists() {
+            Some(format!(
+                "{} and {} both exist: keep the one further along and delete the other by hand",
+                dir.display(),
+                target.display()
+            ))
+        } else {
+            None
+        };
+        if let Some(why) = refuse {
+            m.problems.push((name, format!("not moved: {why}")));
+            continue;
+        }
+        let tmp = root.join(format!(".{key}.tmp-{}", std::process::id()));
+        let moved = (|| -> std::result::Result<usize, String> {
+            if tmp.exists() {
+                std::fs::remove_dir_all(&tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
+            }
+            copy_run(dir, &tmp).map_err(|e| e.to_string())?;
+            let step = fpt_train::respec_run(&tmp, &mv.spec, MOVED_WHY).map_err(|e| e.to_string())?;
+            std::fs::rename(&tmp, &target).map_err(|e| format!("{}: {e}", target.display()))?;
+            Ok(step)
+        })();
+        match moved {
+            Ok(step) => {
+                std::fs::remove_dir_all(dir).map_err(io(dir))?;
+                // The record of the old key (a pending run's curve) is the new key's now.
+                let _ = std::fs::remove_file(out.join("records").join(format!("{}.json", mv.old)));
+                m.moved.push((name, step));
+            }
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&tmp);
+                m.problems.push((name, format!("not moved: {e}")));
+            }
         }
     }
     Ok(m)

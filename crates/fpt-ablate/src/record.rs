@@ -39,7 +39,12 @@ impl RunRecord {
         let spec = parse_json(&spec_path, &read(&spec_path)?)?;
         let result_path = dir.join("result.json");
         let result = match read_optional(&result_path)? {
-            Some(text) => Some(parse_json(&result_path, &text)?),
+            // A result an earlier rule wrote that today's reopens (its run continues from its
+            // checkpoint: `fpt_train::reopen_reason`) is no result: the run is unfinished.
+            Some(text) => {
+                let r = parse_json(&result_path, &text)?;
+                fpt_train::finished_result(dir).is_some().then_some(r)
+            }
             None => None,
         };
         let metrics_path = dir.join("metrics.jsonl");

@@ -154,6 +154,14 @@ pub fn run_table(a: RunTableArgs) -> Result<()> {
             for line in fpt_ablate::campaign::status_lines(&states, jobs) {
                 println!("  {line}");
             }
+            for mv in fpt_ablate::campaign::moves(&cells, &a.out) {
+                println!(
+                    "  to move   {} -> {}: begun under the scale's earlier evaluation ({}); the next stretch moves it, its steps kept",
+                    mv.dir.display(),
+                    mv.key,
+                    mv.changes.join("; ")
+                );
+            }
         }
         return Ok(());
     }
@@ -198,6 +206,15 @@ pub fn run_table(a: RunTableArgs) -> Result<()> {
         for id in &ids {
             let table = fpt_ablate::at_scale(&fpt_ablate::load_table(&a.tables, id)?, &scales, &a.scale)?;
             let cells = fpt_ablate::expand_unchecked(&table, &scales, &a.scale)?;
+            // Runs begun under an earlier evaluation of the scale continue at their new key.
+            let migrated = fpt_ablate::campaign::migrate(&cells, &a.out)?;
+            for (moved, step) in &migrated.moved {
+                eprintln!("fpt run-table: {id}: run {moved}: the scale's evaluation changed; it continues from step {step} (see its respec.jsonl)");
+            }
+            for (moved, why) in &migrated.problems {
+                eprintln!("fpt run-table: {id}: run {moved} {why}");
+            }
+            problems.extend(migrated.problems);
             let restored = fpt_ablate::campaign::restore(&cells, &a.out)?;
             for (key, step) in &restored.moved {
                 eprintln!("fpt run-table: {id}: run {key} brought in from its committed copy (step {step})");

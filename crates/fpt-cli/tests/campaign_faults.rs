@@ -323,3 +323,55 @@ fn two_stretches_of_one_run_started_together() {
         .collect();
     assert!(stray.is_empty(), "left behind: {stray:?}");
 }
+
+/// A committed run begun under an earlier evaluation of the scale (here: 777 held-out
+/// examples) moves to its cell's key at the next stretch: `--status` says so first; then its
+/// spec and checkpoint carry the cell's spec (the checkpoint verifies), `respec.jsonl` says
+/// what changed, the old key is gone, and the run is pending at the step it had.
+#[test]
+fn a_run_begun_under_an_earlier_evaluation_moves_to_its_new_key() {
+    let (t, key, copy) = fresh();
+    let step = latest_name(&copy);
+    let mut earlier = fpt_train::saved_spec(&copy).unwrap();
+    earlier.task.eval_examples = 777;
+    fpt_train::respec_run(&copy, &earlier, "this test: an earlier evaluation").unwrap();
+    let old = fpt_ablate::spec_key(&earlier);
+    let old_dir = t.path().join("campaign").join(&old);
+    std::fs::rename(&copy, &old_dir).unwrap();
+    let status = || {
+        let out = fpt(&[
+            "run-table",
+            "table2",
+            "--scale",
+            "converge",
+            "--tables",
+            repo().join("data/tables").to_str().unwrap(),
+            "--status",
+            "--out",
+            t.path().to_str().unwrap(),
+        ]);
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let before = status();
+    assert!(
+        before.contains(&format!("{} -> {key}", old_dir.display())) && before.contains("task.eval_examples: 777 -> "),
+        "{before}"
+    );
+    let out = campaign(t.path(), &["--report-only"]);
+    let err = stderr(&out);
+    assert!(err.contains(&format!("run {old} -> {key}")), "{err}");
+    assert!(!old_dir.exists(), "the old key is gone");
+    let spec = fpt_train::saved_spec(&copy).unwrap();
+    assert_ne!(spec.task.eval_examples, 777);
+    assert_eq!(fpt_ablate::spec_key(&spec), key);
+    assert_eq!(latest_name(&copy), step, "the same checkpoint");
+    let ck = fpt_train::checkpoint::latest(&copy).unwrap().unwrap();
+    let loaded = fpt_train::checkpoint::load(&ck, &candle_core::Device::Cpu).unwrap();
+    assert_eq!(loaded.state.spec, spec);
+    let lines = std::fs::read_to_string(copy.join("respec.jsonl")).unwrap();
+    let last: fpt_train::Respec = serde_json::from_str(lines.lines().last().unwrap()).unwrap();
+    assert!(last.changes[0].starts_with("task.eval_examples: 777 -> "), "{last:?}");
+    let after = status();
+    let line = after.lines().find(|l| l.contains(&key)).expect("the run's status line");
+    assert!(line.contains("pending") && !after.contains("to move"), "{after}");
+}

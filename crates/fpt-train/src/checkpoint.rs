@@ -393,6 +393,34 @@ pub fn load(dir: &Path, device: &Device) -> Result<Loaded> {
     })
 }
 
+/// Puts `spec` in place of the run spec of the checkpoint in `dir`, in its `state.json` and
+/// the manifest's sha256 of it, after verifying the checkpoint whole ([`load`]); the
+/// tensors are untouched. For a run whose spec changed in what leaves its training alone
+/// (the caller decides which fields may: see `fpt_ablate::campaign::migrate`).
+pub fn respec(dir: &Path, spec: &RunSpec) -> Result<()> {
+    let mut state = load(dir, &Device::Cpu)?.state;
+    if state.format != FORMAT {
+        return Err(err(
+            &dir.join(STATE_FILE),
+            format!(
+                "checkpoint format {}: only format {FORMAT} can take a new spec",
+                state.format
+            ),
+        ));
+    }
+    state.spec = spec.clone();
+    let state_bytes = serde_json::to_string_pretty(&state).expect("state serialises");
+    let mut manifest = state.sha256.clone();
+    manifest.insert(STATE_FILE.to_string(), sha256_hex(state_bytes.as_bytes()));
+    write_atomic(&dir.join(STATE_FILE), state_bytes.as_bytes())?;
+    write_atomic(
+        &dir.join(MANIFEST_FILE),
+        serde_json::to_string_pretty(&manifest)
+            .expect("manifest serialises")
+            .as_bytes(),
+    )
+}
+
 /// Copies `tensors` into the model's trainable parameters. Every trainable parameter must
 /// be present with its exact shape, and no other tensor may be: a checkpoint of another
 /// backbone, task or set of trained groups is refused with the first mismatch named.

@@ -130,13 +130,22 @@ fn window_start(evals: &[EvalScores], end: usize, min_window: usize) -> usize {
 /// half-width joins two parts in quadrature: the examples' (each example's own fitted gain;
 /// their mean is the gain; its standard error over the examples, as for a paired test) and
 /// the evaluations' (the standard error of the accuracies' slope from their scatter about
-/// the line, with Student's t for its `n - 2` degrees of freedom). `None` with fewer than
-/// three evaluations or where they did not score the same examples.
+/// the line, with Student's t for its `n - 2` degrees of freedom). Evaluations on sets of
+/// different sizes (a run whose evaluation grew: its `respec.jsonl`) pair no examples: their
+/// trend is the accuracies' line alone ([`accuracy_trend`]), the examples' noise inside the
+/// scatter. `None` with fewer than three evaluations, or an empty one.
 fn trend(w: &[EvalScores]) -> Option<(f64, (f64, f64))> {
     let n = w.len();
     let m = w.first()?.correct.len();
-    if n < 3 || m == 0 || w.iter().any(|e| e.correct.len() != m) {
+    if n < 3 || w.iter().any(|e| e.correct.is_empty()) {
         return None;
+    }
+    if w.iter().any(|e| e.correct.len() != m) {
+        let points: Vec<(usize, f64)> = w
+            .iter()
+            .map(|e| (e.step, e.scores().sum::<f64>() / e.correct.len() as f64))
+            .collect();
+        return accuracy_trend(&points);
     }
     let x: Vec<f64> = w.iter().map(|e| e.step as f64).collect();
     let xbar = x.iter().sum::<f64>() / n as f64;
@@ -242,8 +251,7 @@ fn trend_at(evals: &[EvalScores], end: usize, min_window: usize) -> Option<Plate
 ///   before it is not converged ([`Plateau::converged`]).
 ///
 /// `evals` must hold what the windows need: [`keep_for_convergence`] trims a run's list to
-/// it. `None` with fewer than three evaluations in the window or where they did not score
-/// the same examples (the held-out split changed).
+/// it. `None` with fewer than three evaluations in the window.
 pub fn convergence(evals: &[EvalScores], min_window: usize, floor: Option<usize>) -> Option<Plateau> {
     let last = evals.len().checked_sub(1)?;
     let hold = min_window.max(1);
@@ -350,6 +358,31 @@ mod tests {
         let e = evals(&[100, 160, 200, 240, 280, 320, 320, 320]);
         let rule = convergence(&e, 3, None).unwrap();
         assert!(!rule.converged() && rule.flat_for < Some(3), "{rule:?}");
+    }
+
+    /// A run whose evaluation grew (2000 examples, then the whole split of 10000) keeps its
+    /// call across the change: its mixed windows take the accuracies' line, so a steady
+    /// climb is still rising and a flat stretch still converges.
+    #[test]
+    fn a_window_across_an_evaluation_that_grew_is_judged_on_its_accuracies() {
+        let steps: Vec<usize> = (1..=16).map(|i| 1000 * i).collect();
+        let mixed = |acc: &[f64]| -> Vec<EvalScores> {
+            let mut e = curve(&steps[..8], &acc[..8], 2000);
+            e.extend(curve(&steps[8..], &acc[8..], 10000));
+            e
+        };
+        let rising: Vec<f64> = (0..16).map(|i| 0.90 + 0.002 * i as f64).collect();
+        let r = convergence(&mixed(&rising), 3, None).unwrap();
+        assert!(r.rising && !r.converged(), "{r:?}");
+        assert_eq!((r.from_step, r.to_step), (8000, 16000), "the window spans both sizes");
+        // +-0.2 points of scatter about 95%: flat, and called so at three evaluations in a row.
+        let flat: Vec<f64> = (0..16)
+            .map(|i| 0.95 + if i % 2 == 0 { 0.002 } else { -0.002 })
+            .collect();
+        let f = convergence(&mixed(&flat), 3, None).unwrap();
+        assert!(!f.rising && f.converged(), "{f:?}");
+        // The same curve on one set of examples is judged alike.
+        assert!(convergence(&curve(&steps, &flat, 10000), 3, None).unwrap().converged());
     }
 
     /// Trimming keeps what the rule needs, now and later: the same verdicts as on the whole

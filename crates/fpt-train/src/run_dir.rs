@@ -278,6 +278,50 @@ pub fn finished_result(dir: &Path) -> Option<RunResult> {
     (!reopen).then_some(res)
 }
 
+/// One line of a run's `respec.jsonl`: its spec was changed in place, at a step.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Respec {
+    /// When (UTC, `YYYY-MM-DDTHH:MM:SSZ`).
+    pub utc: String,
+    /// The run's step then (its latest checkpoint's).
+    pub step: usize,
+    /// What changed, field by field (`task.eval_examples: 2000 -> 0`).
+    pub changes: Vec<String>,
+    /// Why it could change without a new start.
+    pub why: String,
+}
+
+/// Gives the run in `dir` the spec `spec`: `spec.json` and every checkpoint's state
+/// ([`checkpoint::respec`], each verified first), and a line in `respec.jsonl` saying what
+/// changed and `why`. Returns the run's latest step. The caller checks that the change
+/// leaves the steps trained as they were, and moves the directory to the new spec's key.
+pub fn respec_run(dir: &Path, spec: &RunSpec, why: &str) -> Result<usize> {
+    let changes = saved_spec(dir)?.differences(spec);
+    let steps = crate::checkpoint::step_dirs(dir);
+    for (_, step_dir) in &steps {
+        crate::checkpoint::respec(step_dir, spec)?;
+    }
+    write_atomic(
+        &dir.join("spec.json"),
+        serde_json::to_string_pretty(spec).expect("spec serialises").as_bytes(),
+    )?;
+    let step = match crate::checkpoint::latest(dir)? {
+        Some(d) => steps.iter().find(|(_, p)| *p == d).map_or(0, |(s, _)| *s),
+        None => 0,
+    };
+    let line = Respec {
+        utc: crate::run_loop::utc_now(),
+        step,
+        changes,
+        why: why.to_string(),
+    };
+    append_line(
+        &dir.join("respec.jsonl"),
+        &serde_json::to_string(&line).expect("a line serialises"),
+    )?;
+    Ok(step)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

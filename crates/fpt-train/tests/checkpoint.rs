@@ -457,3 +457,39 @@ fn a_users_task_gets_checkpoints_and_resume() {
     assert_eq!(no_time(&resumed), no_time(&unbroken));
     assert_eq!(metrics_no_time(b.path()), metrics_no_time(a.path()));
 }
+
+/// A run whose evaluation grows mid-run ([`fpt_train::respec_run`]: more held-out strings,
+/// evaluated more often) trains the same steps: its final tensors are, to the bit, an
+/// unbroken run's under the old evaluation. Its checkpoint takes the new spec (a resume
+/// with it is accepted) and the change is recorded in `respec.jsonl`.
+#[test]
+fn a_run_whose_evaluation_grew_trains_the_same_steps() {
+    let spec = tiny(45);
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    train(&spec, a.path(), &Device::Cpu, &mut |_| {}).unwrap();
+    interrupted(&spec, b.path(), 27);
+    let mut grown = spec.clone();
+    grown.task.eval_examples = 256;
+    grown.train.eval_every = 5;
+    let step = fpt_train::respec_run(b.path(), &grown, "the evaluation grew").unwrap();
+    assert_eq!(step, 20);
+    assert_eq!(fpt_train::saved_spec(b.path()).unwrap(), grown);
+    let loaded = checkpoint::load(&checkpoint::latest(b.path()).unwrap().unwrap(), &Device::Cpu).unwrap();
+    assert_eq!(
+        loaded.state.spec, grown,
+        "the checkpoint's spec, verified by its manifest"
+    );
+    let line: fpt_train::Respec =
+        serde_json::from_str(std::fs::read_to_string(b.path().join("respec.jsonl")).unwrap().trim()).unwrap();
+    assert_eq!(line.step, 20);
+    assert_eq!(
+        line.changes,
+        ["task.eval_examples: 64 -> 256", "train.eval_every: 10 -> 5"],
+        "{line:?}"
+    );
+    let resumed = resume(b.path(), Some(&grown), &Device::Cpu, &mut |_| {}).unwrap();
+    assert_eq!((resumed.steps, resumed.eval_examples), (45, 256));
+    let file =
+        |d: &Path| std::fs::read(checkpoint::latest(d).unwrap().unwrap().join(checkpoint::TRAINABLE_FILE)).unwrap();
+    assert_eq!(file(a.path()), file(b.path()), "the steps trained differ");
+}
