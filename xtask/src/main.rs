@@ -160,7 +160,11 @@ struct CampaignArgs {
     device: Option<String>,
 }
 
-/// `cargo xtask campaign`: Table 2 at the `converge` scale (its FPT, Random and Bit rows),
+/// The rows of Table 2 the converge campaign trains: the paper's FPT, Random and Bit, and the
+/// critics' two (issue 55), which the campaign's order puts after each seed's FPT and Random.
+const CAMPAIGN_ROWS: &str = "FPT,Random,Bit,w/o LLM,LLM2Attn";
+
+/// `cargo xtask campaign`: Table 2 at the `converge` scale (its FPT, Random, Bit and critics' rows),
 /// in a stretch of `--budget`, carried through results/campaign/.
 fn campaign(a: &CampaignArgs) -> Result<()> {
     if a.status {
@@ -186,7 +190,7 @@ fn campaign(a: &CampaignArgs) -> Result<()> {
         scale: "converge".into(),
         jobs: a.jobs.clone(),
         shard: None,
-        rows: Some("FPT,Random,Bit".into()),
+        rows: Some(CAMPAIGN_ROWS.into()),
         device: a.device.clone(),
         precision: None,
         out: None,

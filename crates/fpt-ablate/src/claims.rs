@@ -432,12 +432,20 @@ pub fn check<'v>(table: &TableSpec, claim: &Claim, value: &dyn Fn(usize, usize) 
     }
 }
 
-/// Every claim of `table` on the paper's own numbers (no noise, no baselines).
+/// Every claim of `table` on the paper's own numbers (no noise, no baselines); a claim
+/// beyond the paper (`beyond_paper`) reads `n/p`.
 pub fn on_paper(table: &TableSpec) -> Vec<(String, Verdict)> {
     table
         .claims
         .iter()
         .map(|c| {
+            if c.beyond_paper {
+                let v = Verdict {
+                    verdict: "n/p".into(),
+                    detail: "not a claim of the paper: its rows are not in the paper".into(),
+                };
+                return (c.text.clone(), v);
+            }
             let v = check(table, c, &|r, col| {
                 crate::paper::parse_paper(&table.paper[r][col]).map(CellValue::exact)
             });

@@ -268,8 +268,13 @@ pub fn describe(plan: &Plan) -> String {
                         .unwrap_or_default()
                 ));
             }
-            if let Some(d) = b.depth {
-                parts.push(format!("depth {d}"));
+            if b.shape.attention_only == Some(true) {
+                parts.push("attention-only blocks (no feed-forward half)".into());
+            }
+            match b.depth {
+                Some(0) => parts.push("depth 0 (no block: the embedding stage alone)".into()),
+                Some(d) => parts.push(format!("depth {d}")),
+                None => {}
             }
             if let Some(bp) = b.bit_pretrain {
                 parts.push(format!(
@@ -524,6 +529,9 @@ pub(crate) fn plan_at(
             (to.to_string(), Default::default())
         }
     };
+    if !lstm && s.attention_only == Some(true) {
+        shape.attention_only = Some(true);
+    }
     if lstm {
         shape.layers = s.lstm_layers.or(shape.layers);
         shape.lstm_residual = s.lstm_residual.filter(|&r| r);

@@ -256,11 +256,14 @@ pub(crate) fn order_for_builds(todo: &mut [(String, RunSpec)]) {
 }
 
 /// A campaign's order ([`RunOptions::task_order`]): by seed, then row kind (pretrained and
-/// random inits first, other rows next, the Bit row last), then `task_order` (tasks not in
+/// random inits first, other rows and the critics' next, the Bit row last), then `task_order` (tasks not in
 /// it after those in it), then key.
 pub(crate) fn order_for_campaign(todo: &mut [(String, RunSpec)], task_order: &[String]) {
     let rank = |spec: &RunSpec| {
+        // The critics' rows (no block at all, or attention-only blocks) after the paper's.
+        let critic = spec.backbone.depth == Some(0) || spec.backbone.shape.attention_only == Some(true);
         let init = match spec.backbone.init {
+            _ if critic => 1,
             fpt_spec::Init::Pretrained | fpt_spec::Init::Random if spec.model == fpt_spec::ModelKind::Fpt => 0,
             fpt_spec::Init::BitPretrained => 2,
             _ => 1,

@@ -81,13 +81,10 @@ impl Entry {
         };
         match self {
             Entry::Table { report, .. } => {
-                // A cell never run (not yet, or not on the machine that rendered the
-                // report) names its run's key but cites no run.
-                for c in report
-                    .cells
-                    .iter()
-                    .filter(|c| !["pending", "unavailable"].contains(&c.status.as_str()))
-                {
+                // A cell that cannot run on the machine that rendered the report names its
+                // run's key but cites no run. (A pending one cites its run: a local run
+                // directory finished since gives the records their copy.)
+                for c in report.cells.iter().filter(|c| c.status != "unavailable") {
                     let others = c.seeds.iter().flat_map(|s| s.other_runs.iter());
                     for run in c.run.iter().chain(others) {
                         add(run.strip_prefix("runs/").unwrap_or(run));

@@ -85,7 +85,11 @@ fn the_numbers_the_docs_quote_are_the_reports() {
             }
         }
     }
-    assert!(wrong.is_empty(), "quoted numbers that are not the reports':\n{}", wrong.join("\n"));
+    assert!(
+        wrong.is_empty(),
+        "quoted numbers that are not the reports':\n{}",
+        wrong.join("\n")
+    );
     // The README's account of Table 2 quotes its cells (a test that finds no marker proves
     // nothing).
     assert!(seen >= 8, "only {seen} marked numbers in README.md and docs/");
@@ -96,9 +100,14 @@ fn a_marker_that_misquotes_is_caught() {
     assert!(check("table2/cpu FPT|XOR ours", "100.0").is_ok());
     let e = check("table2/cpu FPT|XOR ours", "99.0").unwrap_err();
     assert!(e.contains("the text says 99.0, the report 100.0"), "{e}");
-    assert!(check("table2/cpu Nope|XOR ours", "1").unwrap_err().contains("no cell Nope / XOR"));
+    assert!(check("table2/cpu Nope|XOR ours", "1")
+        .unwrap_err()
+        .contains("no cell Nope / XOR"));
     assert_eq!(
         marked("a <!--cell t/s A|B ours-->12.5% b <!--cell t/s A|C diff-->+3.0"),
-        [("t/s A|B ours".to_string(), "12.5".to_string()), ("t/s A|C diff".to_string(), "+3.0".to_string())]
+        [
+            ("t/s A|B ours".to_string(), "12.5".to_string()),
+            ("t/s A|C diff".to_string(), "+3.0".to_string())
+        ]
     );
 }

@@ -78,6 +78,10 @@ pub struct BertConfig {
     /// Set for Longformer checkpoints.
     #[serde(skip)]
     pub longformer: Option<LongformerExtras>,
+    /// fpt's own, never in a Hub config: blocks without their feed-forward half (attention
+    /// and its LayerNorm only; a random-init shape, the critics' LLM2Attn).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub attention_only: bool,
 }
 
 /// What Longformer adds to the BERT blocks.
@@ -128,6 +132,7 @@ impl BertConfig {
             model_type: Some("bert".into()),
             position_embedding_type: Some("absolute".into()),
             longformer: None,
+            attention_only: false,
         })
     }
 
@@ -150,6 +155,7 @@ impl BertConfig {
                 one_sided_window: 256,
                 position_offset: 2,
             }),
+            attention_only: false,
         })
     }
 
@@ -231,6 +237,9 @@ impl BertConfig {
         if let Some(v) = o.vocab {
             self.vocab_size = v;
         }
+        if let Some(a) = o.attention_only {
+            self.attention_only = a;
+        }
         self.validate()
             .map_err(|m| BackboneError::Unsupported(format!("invalid BERT shape: {m}")))?;
         Ok(self)
@@ -282,6 +291,9 @@ impl BertConfig {
             push(format!("{p}attention.output.dense.bias"), vec![c], true);
             push(format!("{p}attention.output.LayerNorm.weight"), vec![c], true);
             push(format!("{p}attention.output.LayerNorm.bias"), vec![c], true);
+            if self.attention_only {
+                continue;
+            }
             push(format!("{p}intermediate.dense.weight"), vec![f, c], true);
             push(format!("{p}intermediate.dense.bias"), vec![f], true);
             push(format!("{p}output.dense.weight"), vec![c, f], true);
@@ -305,6 +317,12 @@ struct Layer {
     qkv: Option<Linear>,
     attn_out: Linear,
     attn_ln: LayerNorm,
+    /// The feed-forward half (none in attention-only blocks).
+    ffn: Option<Ffn>,
+}
+
+/// A block's feed-forward half: `intermediate.dense`, `output.dense`, `output.LayerNorm`.
+struct Ffn {
     intermediate: Linear,
     output: Linear,
     out_ln: LayerNorm,
@@ -379,11 +397,15 @@ impl crate::ArchConfig for BertConfig {
                 c.layer_norm_eps
             ),
             None => format!(
-                "bert: {} layers, hidden {}, {} heads, mlp {}, {} positions, bidirectional, eps {:e}",
+                "bert: {} layers, hidden {}, {} heads, {}, {} positions, bidirectional, eps {:e}",
                 c.num_hidden_layers,
                 c.hidden_size,
                 c.num_attention_heads,
-                c.intermediate_size,
+                if c.attention_only {
+                    "attention only (no feed-forward half)".to_string()
+                } else {
+                    format!("mlp {}", c.intermediate_size)
+                },
                 c.max_position_embeddings,
                 c.layer_norm_eps
             ),
@@ -391,8 +413,9 @@ impl crate::ArchConfig for BertConfig {
     }
 
     fn saved_as(&self) -> Option<crate::SavedAs> {
-        // Longformer's fpt position table has no Hub counterpart.
-        self.longformer.is_none().then_some(crate::SavedAs {
+        // Longformer's fpt position table, and blocks without a feed-forward half, have no
+        // Hub counterpart.
+        (self.longformer.is_none() && !self.attention_only).then_some(crate::SavedAs {
             model_type: "bert",
             class: "BertModel",
             naming: Bert::NAMING,
@@ -436,9 +459,15 @@ impl Arch for Bert {
                 value,
                 attn_out: t.linear(&format!("{p}attention.output.dense"))?,
                 attn_ln: t.layer_norm(&format!("{p}attention.output.LayerNorm"), eps)?,
-                intermediate: t.linear(&format!("{p}intermediate.dense"))?,
-                output: t.linear(&format!("{p}output.dense"))?,
-                out_ln: t.layer_norm(&format!("{p}output.LayerNorm"), eps)?,
+                ffn: if config.attention_only {
+                    None
+                } else {
+                    Some(Ffn {
+                        intermediate: t.linear(&format!("{p}intermediate.dense"))?,
+                        output: t.linear(&format!("{p}output.dense"))?,
+                        out_ln: t.layer_norm(&format!("{p}output.LayerNorm"), eps)?,
+                    })
+                },
             });
         }
         Ok(Self {
@@ -558,12 +587,16 @@ impl Bert {
                 }
             };
             // The feed-forward half: fused when its layers are frozen.
+            let Some(f) = &l.ffn else {
+                h = h1;
+                continue;
+            };
             let branch = ResidualBranch {
-                norm: &l.out_ln,
+                norm: &f.out_ln,
                 norm_at: NormAt::Output,
-                input: &l.intermediate,
+                input: &f.intermediate,
                 mid: BranchMid::GeluErf,
-                output: &l.output,
+                output: &f.output,
             };
             let r = resid(ctx);
             h = branch.forward(&h1, r)?;

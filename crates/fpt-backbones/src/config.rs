@@ -171,8 +171,15 @@ impl Config {
         })
     }
 
-    /// Applies shape overrides (random init).
+    /// Applies shape overrides (random init). Attention-only blocks are built for the
+    /// BERT family only: elsewhere they are an error naming the architecture.
     pub fn with_overrides(self, o: &ShapeOverrides) -> Result<Self> {
+        if o.attention_only == Some(true) && self.architecture() != "bert" {
+            return Err(BackboneError::Unsupported(format!(
+                "attention-only blocks (`attention_only`, the critics' LLM2Attn) are built for BERT-family backbones; `{}` has none",
+                self.architecture()
+            )));
+        }
         self.0.with_overrides(o)
     }
 

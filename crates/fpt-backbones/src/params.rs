@@ -67,9 +67,9 @@ pub fn layer_index(name: &str) -> Option<usize> {
 
 /// Checks a truncation request against a backbone's depth.
 pub(crate) fn check_truncate(layers: usize, have: usize) -> Result<()> {
-    if layers == 0 || layers > have {
+    if layers > have {
         return Err(BackboneError::Unsupported(format!(
-            "depth (`--depth`): cannot keep {layers} of the backbone's {have} layers (choose 1..={have})"
+            "depth (`--depth`): cannot keep {layers} of the backbone's {have} layers (choose 0..={have}; 0 keeps no block)"
         )));
     }
     Ok(())

@@ -231,3 +231,111 @@ fn real_minilm_matches_reference_values_on_one_path() {
     );
     assert!(sum <= 1e-3, "sum of the hidden states off by {sum} (relative)");
 }
+
+/// Attention-only blocks (the critics' LLM2Attn): no feed-forward tensors, nothing saved as
+/// a Hub BERT, and one block's output is the post-norm attention half composed here by hand
+/// from its own parameters, `LN(h + Attn(h) W_o + b_o)` over the embedding stage's `h`.
+#[test]
+fn an_attention_only_block_is_the_attention_half() {
+    let cfg = BertConfig::builtin("minilm")
+        .unwrap()
+        .with_overrides(&fpt_spec::ShapeOverrides {
+            layers: Some(1),
+            hidden: Some(32),
+            heads: Some(4),
+            positions: Some(16),
+            attention_only: Some(true),
+            ..Default::default()
+        })
+        .unwrap();
+    let m = Bert::random(&cfg, &TrainGroups::all(), &Device::Cpu, &mut Rng::new(4)).unwrap();
+    let names: Vec<String> = m.params().into_iter().map(|(n, _, _)| n).collect();
+    let ffn = |n: &String| n.contains("intermediate") || (n.contains("output.") && !n.contains("attention.output"));
+    assert!(!names.iter().any(ffn), "{names:?}");
+    assert!(
+        names.iter().any(|n| n.contains("attention.output.LayerNorm")),
+        "{names:?}"
+    );
+    assert!(m.param_specs().iter().all(|s| s.role != Role::FeedForward));
+    let p = |n: &str| {
+        m.params()
+            .into_iter()
+            .find(|(name, _, _)| name == n)
+            .unwrap_or_else(|| panic!("{n}"))
+            .2
+            .get()
+    };
+    let (b, t, c, nh) = (2, 5, 32, 4);
+    let x = Tensor::new(Rng::new(8).normal_vec(b * t * c, 0.0, 1.0), &Device::Cpu)
+        .unwrap()
+        .reshape((b, t, c))
+        .unwrap();
+    let got = m.forward(&x, &mut Ctx::eval()).unwrap();
+    let ln = |h: &Tensor, n: &str| {
+        fpt_nn::ops::layer_norm_composed(
+            h,
+            &p(&format!("{n}.weight")),
+            &p(&format!("{n}.bias")),
+            cfg.layer_norm_eps,
+        )
+        .unwrap()
+    };
+    let lin = |h: &Tensor, n: &str| {
+        h.broadcast_matmul(&p(&format!("{n}.weight")).t().unwrap())
+            .unwrap()
+            .broadcast_add(&p(&format!("{n}.bias")))
+            .unwrap()
+    };
+    let emb = x
+        .broadcast_add(&p("embeddings.position_embeddings.weight").narrow(0, 0, t).unwrap())
+        .unwrap()
+        .broadcast_add(&p("embeddings.token_type_embeddings.weight").narrow(0, 0, 1).unwrap())
+        .unwrap();
+    let h = ln(&emb, "embeddings.LayerNorm");
+    let heads = |y: Tensor| {
+        y.reshape((b, t, nh, c / nh))
+            .unwrap()
+            .transpose(1, 2)
+            .unwrap()
+            .contiguous()
+            .unwrap()
+    };
+    let l = "encoder.layer.0.attention";
+    let (q, k, v) = (
+        heads(lin(&h, &format!("{l}.self.query"))),
+        heads(lin(&h, &format!("{l}.self.key"))),
+        heads(lin(&h, &format!("{l}.self.value"))),
+    );
+    let s = (q.matmul(&k.t().unwrap()).unwrap() / ((c / nh) as f64).sqrt()).unwrap();
+    let a = candle_nn_free_softmax(&s).matmul(&v).unwrap();
+    let a = a
+        .transpose(1, 2)
+        .unwrap()
+        .contiguous()
+        .unwrap()
+        .reshape((b, t, c))
+        .unwrap();
+    let want = ln(
+        &(&h + lin(&a, &format!("{l}.output.dense"))).unwrap(),
+        &format!("{l}.output.LayerNorm"),
+    );
+    assert!(max_diff(&got, &want) < 1e-5, "{}", max_diff(&got, &want));
+    // Other architectures refuse the shape, naming it.
+    let e = Config::builtin("gpt2")
+        .unwrap()
+        .with_overrides(&fpt_spec::ShapeOverrides {
+            attention_only: Some(true),
+            ..Default::default()
+        })
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("attention-only") && e.contains("gpt2"), "{e}");
+}
+
+/// Softmax over the last dimension, composed of tensor ops.
+fn candle_nn_free_softmax(s: &Tensor) -> Tensor {
+    let m = s.max_keepdim(candle_core::D::Minus1).unwrap();
+    let e = s.broadcast_sub(&m).unwrap().exp().unwrap();
+    e.broadcast_div(&e.sum_keepdim(candle_core::D::Minus1).unwrap())
+        .unwrap()
+}

@@ -241,7 +241,22 @@ fn every_backbone_truncates_to_its_first_layers() {
         let mut m = load(&fixture(name));
         let before: usize = m.param_specs().iter().map(|s| s.numel()).sum();
         let x = Tensor::randn(0f32, 1.0, (1, 5, 32), &Device::Cpu).unwrap();
-        assert!(m.truncate(0).is_err() && m.truncate(3).is_err(), "{name}");
+        assert!(m.truncate(3).is_err(), "{name}");
+        // Depth 0 (the critics' "w/o LLM"): no block left, the embedding stage runs alone.
+        let mut none = load(&fixture(name));
+        none.truncate(0).unwrap();
+        assert_eq!(none.num_layers(), 0, "{name}");
+        assert!(
+            none.params()
+                .iter()
+                .all(|(n, _, _)| fpt_backbones::layer_index(n).is_none()),
+            "{name}"
+        );
+        assert_eq!(
+            none.forward(&x, &mut Ctx::eval()).unwrap().dims(),
+            &[1, 5, 32],
+            "{name}"
+        );
         m.truncate(1).unwrap();
         assert_eq!(m.num_layers(), 1, "{name}");
         let after: usize = m.param_specs().iter().map(|s| s.numel()).sum();

@@ -110,6 +110,10 @@ pub(crate) struct BackboneArgs {
     /// LSTM backbones: a learned, zero-initialised position table added to the inputs.
     #[arg(long)]
     pub(crate) lstm_positions: bool,
+    /// Blocks without their feed-forward half: attention and its LayerNorm only (random
+    /// init, BERT-family backbones; with `--layers 1 --train all`: the critics' LLM2Attn).
+    #[arg(long)]
+    pub(crate) attention_only: bool,
     /// Number of transformer blocks (random init only).
     #[arg(long)]
     pub(crate) layers: Option<usize>,
@@ -127,7 +131,8 @@ pub(crate) struct BackboneArgs {
     /// 1/sqrt(2 * n_layer), as current transformers does).
     #[arg(long, default_value = "unscaled")]
     pub(crate) residual_init: ResidualInit,
-    /// Use only the first N blocks of the backbone (depth cut, paper Tables 11-12).
+    /// Use only the first N blocks of the backbone (depth cut, paper Tables 11-12; 0 keeps no
+    /// block: the embedding stage alone, the critics' "w/o LLM")
     #[arg(long)]
     pub(crate) depth: Option<usize>,
     /// With --depth, drop the final norm (GPT-2's ln_f) instead of keeping it on top of the
@@ -158,6 +163,7 @@ impl BackboneArgs {
                 positions: self.positions,
                 lstm_residual: self.lstm_residual.then_some(true),
                 lstm_positions: self.lstm_positions.then_some(true),
+                attention_only: self.attention_only.then_some(true),
                 vocab: None,
             },
             residual_init: self.residual_init,

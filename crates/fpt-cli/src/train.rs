@@ -180,6 +180,7 @@ pub(crate) fn spec_from_args(a: &TrainArgs, given: &dyn Fn(&str) -> bool, base: 
         "positions" => shape.positions,
         "lstm_residual" => shape.lstm_residual,
         "lstm_positions" => shape.lstm_positions,
+        "attention_only" => shape.attention_only,
         "residual_init" => residual_init,
         "depth" => depth,
         "no_final_norm" => final_norm,

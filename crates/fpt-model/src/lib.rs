@@ -204,6 +204,13 @@ impl Fpt {
                 ))
             }
         };
+        if self.backbone.num_layers() == 0 {
+            // No block (depth 0): the embedding stage's whole output, then the read-out's
+            // last tokens (the backbones read out inside their last block).
+            let h = self.backbone.forward(&x, ctx)?;
+            let (t, k) = (h.dim(1)?, self.dims.readout_tokens);
+            return Ok(h.narrow(1, t.saturating_sub(k), k.min(t))?);
+        }
         Ok(self.backbone.forward_last(&x, ctx, self.dims.readout_tokens)?)
     }
 

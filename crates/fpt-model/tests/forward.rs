@@ -139,3 +139,69 @@ fn whole_model_gradients_match_finite_differences() {
     }
     assert!(checked >= 12, "{checked}");
 }
+
+/// Depth 0 (the critics' "w/o LLM"): no block, the input layer into the backbone's
+/// embedding stage (GPT-2: + positions, then `ln_f`) and on to the output layer; the
+/// features are that stage's last token, composed here by hand, and the model has no block
+/// parameter left.
+#[test]
+fn a_model_without_blocks_reads_out_the_embedding_stage() {
+    use fpt_backbones::Backbone;
+    let mut rng = Rng::new(5);
+    let groups = TrainGroups::fpt();
+    let mut backbone = tiny_backbone(&groups, &mut rng);
+    backbone.truncate(0).unwrap();
+    assert_eq!(backbone.num_layers(), 0);
+    let dims = TaskDims {
+        input: InputKind::Vectors { width: 3 },
+        seq_len: 6,
+        readout_tokens: 1,
+        labels_per_example: 1,
+        classes: 4,
+    };
+    let m = Fpt::new(
+        Box::new(backbone),
+        dims,
+        groups,
+        HeadConfig::default(),
+        &Device::Cpu,
+        &mut rng,
+    )
+    .unwrap();
+    let names: Vec<String> = m.params().into_iter().map(|(n, _, _)| n).collect();
+    assert!(!names.iter().any(|n| n.starts_with("h.")), "{names:?}");
+    let x = Tensor::new(Rng::new(9).normal_vec(2 * 6 * 3, 0.0, 1.0), &Device::Cpu)
+        .unwrap()
+        .reshape((2, 6, 3))
+        .unwrap();
+    let feats = m.features(&Inputs::Vectors(x.clone()), &mut Ctx::eval()).unwrap();
+    assert_eq!(feats.dims(), &[2, 1, 16]);
+    let get = |n: &str| {
+        m.params()
+            .into_iter()
+            .find(|(name, _, _)| name == n)
+            .unwrap_or_else(|| panic!("{n} in {names:?}"))
+            .2
+            .get()
+    };
+    let h = x
+        .broadcast_matmul(&get("input.weight").t().unwrap())
+        .unwrap()
+        .broadcast_add(&get("input.bias"))
+        .unwrap()
+        .broadcast_add(&get("wpe.weight").narrow(0, 0, 6).unwrap())
+        .unwrap();
+    let want = ops::layer_norm_composed(&h, &get("ln_f.weight"), &get("ln_f.bias"), 1e-5)
+        .unwrap()
+        .narrow(1, 5, 1)
+        .unwrap();
+    let diff = (feats - want)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap();
+    assert!(diff < 1e-5, "{diff}");
+}

@@ -154,6 +154,10 @@ optional_settings! {
         lstm_residual: bool,
         /// LSTM only: a learned, zero-initialised position table added to the inputs (Table 5).
         lstm_positions: bool,
+        /// Blocks without their feed-forward half: attention (with its LayerNorm) only. The
+        /// critics' "LLM2Attn" row: one such block, randomly initialised and trained, in
+        /// place of the language model (BERT-family backbones).
+        attention_only: bool,
     }
 }
 

@@ -101,6 +101,7 @@ mod tests {
             ("vocab", "1"),
             ("lstm_residual", "false"),
             ("lstm_positions", "false"),
+            ("attention_only", "false"),
         ] {
             let one: ShapeOverrides = serde_json::from_str(&format!("{{\"{key}\": {value}}}")).unwrap();
             assert!(one.any(), "{key}");

@@ -127,11 +127,15 @@ impl RunSpec {
             ("heads", shape.heads, limits::MAX_HEADS),
             ("positions", shape.positions, limits::MAX_POSITIONS),
             ("vocab", shape.vocab, limits::MAX_VOCAB),
-            ("depth", self.backbone.depth, limits::MAX_LAYERS),
         ] {
             if let Some(v) = value {
                 size(field, v, max)?;
             }
+        }
+        // Depth 0 keeps no block: the backbone's embedding stage alone, between the new
+        // input and output layers (the critics' "w/o LLM" row).
+        if let Some(d) = self.backbone.depth {
+            limits::check("depth", d, limits::MAX_LAYERS).map_err(|msg| SpecError::Invalid { field: "depth", msg })?;
         }
         if let Some(bp) = &self.backbone.bit_pretrain {
             size("bit_pretrain.steps", bp.steps, limits::MAX_STEPS)?;

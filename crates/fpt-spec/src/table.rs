@@ -63,6 +63,8 @@ optional_settings! {
         lstm_residual: bool,
         /// LSTM with learned positional embeddings.
         lstm_positions: bool,
+        /// Blocks without their feed-forward half (random init; the critics' LLM2Attn row).
+        attention_only: bool,
         /// Train the last attention layer too (Table 14).
         last_attention: bool,
         /// What the cell reports.
@@ -328,6 +330,10 @@ pub struct Claim {
     /// trivial baseline are evidence for it, not left out.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub about_failure: bool,
+    /// A claim the paper does not make: about rows it does not have (the critics' rows,
+    /// whose paper numbers read `n/p`); it has no verdict on the paper's numbers.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub beyond_paper: bool,
 }
 
 /// A backbone standing in for another at a scale.
