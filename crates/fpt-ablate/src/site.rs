@@ -167,6 +167,15 @@ pub fn site_with(results: &Path, out: &Path, refresh_records: bool) -> Result<Si
     for rec in runs.values() {
         write(&pages.join(run_page(&rec.key)), run_page_html(rec, "../index.html"))?;
     }
+    // A run page no report cites any more (a run moved to a new key, a cell dropped) would
+    // outlive what it describes: the site is rebuilt whole, so it goes.
+    let wanted: std::collections::HashSet<String> = runs.keys().map(|k| run_page(k)).collect();
+    for e in std::fs::read_dir(&pages).map_err(io(&pages))?.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.starts_with("run-") && name.ends_with(".html") && !wanted.contains(&name) {
+            std::fs::remove_file(e.path()).map_err(io(&e.path()))?;
+        }
+    }
     let campaign = crate::site_campaign::campaign_page(results);
     if let Some(html) = &campaign {
         write(&pages.join("campaign.html"), html.clone())?;
