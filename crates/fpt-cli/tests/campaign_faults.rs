@@ -70,10 +70,11 @@ fn fresh() -> (tempfile::TempDir, String, PathBuf) {
     (t, key, copy)
 }
 
-/// `fpt run-table table2 --scale converge --campaign` on results `out`, with `extra`.
-fn campaign(out: &Path, extra: &[&str]) -> std::process::Output {
+/// The arguments of `fpt run-table table2 --scale converge --campaign` on results `out`,
+/// with `extra`.
+fn campaign_args(out: &Path, extra: &[&str]) -> Vec<String> {
     let tables = repo().join("data/tables");
-    let mut args = vec![
+    let mut args: Vec<String> = [
         "run-table",
         "table2",
         "--scale",
@@ -85,9 +86,18 @@ fn campaign(out: &Path, extra: &[&str]) -> std::process::Output {
         "--campaign",
         "--out",
         out.to_str().unwrap(),
-    ];
-    args.extend_from_slice(extra);
-    fpt(&args)
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args
+}
+
+/// `fpt run-table table2 --scale converge --campaign` on results `out`, with `extra`.
+fn campaign(out: &Path, extra: &[&str]) -> std::process::Output {
+    let args = campaign_args(out, extra);
+    fpt(&args.iter().map(String::as_str).collect::<Vec<_>>())
 }
 
 /// One campaign stretch of `key` on results `out` (a short budget; nothing here may train).
@@ -279,26 +289,9 @@ fn two_stretches_of_one_run_started_together() {
     let (t, key, copy) = fresh();
     let step = |dir: &Path| -> usize { latest_name(dir)["step-".len()..].parse().unwrap() };
     let start = step(&copy);
-    let tables = repo().join("data/tables");
     let spawn = || {
         std::process::Command::new(env!("CARGO_BIN_EXE_fpt"))
-            .args([
-                "run-table",
-                "table2",
-                "--scale",
-                "converge",
-                "--tables",
-                tables.to_str().unwrap(),
-                "--rows",
-                "FPT,Random,Bit",
-                "--campaign",
-                "--out",
-                t.path().to_str().unwrap(),
-                "--runs",
-                &key,
-                "--budget",
-                "25s",
-            ])
+            .args(campaign_args(t.path(), &["--runs", &key, "--budget", "25s"]))
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .spawn()
