@@ -122,3 +122,20 @@ def test_every_keyword_reaches_the_runs_spec(tmp_path):
     assert (t["early_stop_patience"], t["stop_on_plateau"], t["checkpoint_every"]) == (4, True, 20)
     assert (spec["orth_gain"], spec["backbone_dropout"]) == (1.0, False)
     assert clf.predict(x).shape == (120,)
+
+
+def test_attention_only_blocks_reach_the_runs_spec(tmp_path):
+    """`attention_only` (the critics' LLM2Attn shape) lands in spec.json's shape and the run
+    trains; a backbone without such blocks is refused by name."""
+    x, y = data(120, 5)
+    clf = fpt.FrozenTransformerClassifier(
+        backbone="sentence-transformers/all-MiniLM-L6-v2", init="random", layers=1, hidden=32,
+        heads=2, attention_only=True, train=["input", "output", "layer_norm", "positions", "attention"],
+        steps=40, progress=False, run_dir=tmp_path / "a").fit(x, y)
+    spec = json.loads((tmp_path / "a" / "spec.json").read_text())
+    assert spec["backbone"]["shape"] == {"layers": 1, "hidden": 32, "heads": 2, "attention_only": True}
+    assert spec["train_groups"]["attention"] is True
+    assert clf.predict(x).shape == (120,)
+    with pytest.raises(Exception, match="attention-only"):
+        fpt.FrozenTransformerClassifier(**dict(TINY, steps=10), attention_only=True,
+                                        run_dir=tmp_path / "b").fit(x, y)

@@ -64,7 +64,7 @@ except ImportError:  # pragma: no cover
     _type_of_target = None
 
 _PARAMS = [
-    "backbone", "init", "layers", "hidden", "heads", "positions", "residual_init", "depth",
+    "backbone", "init", "layers", "hidden", "heads", "positions", "attention_only", "residual_init", "depth",
     "no_final_norm", "precision", "train", "steps", "batch_size", "micro_batch_size",
     "lr", "clip", "divergence_factor", "input_dropout", "orth_gain", "no_backbone_dropout",
     "seed", "lr_schedule", "eval_every", "convergence_tolerance", "early_stop_patience",
@@ -80,7 +80,8 @@ class FrozenTransformerClassifier(ClassifierMixin, BaseEstimator):
 
     Parameters: each `fpt train` option that applies to arrays, by the same name
     (docs/usage.md): `backbone` ("gpt2", a Hub id or a directory), `init`, `layers` /
-    `hidden` / `heads` / `positions` (a random-init backbone's shape), `residual_init`,
+    `hidden` / `heads` / `positions` (a random-init backbone's shape), `attention_only`
+    (random-init BERT-family blocks without their feed-forward half), `residual_init`,
     `depth`, `no_final_norm`, `precision` ("f32" or "bf16"), `train` (the trained groups: "fpt", "all", "out", or a list of groups), `steps`,
     `batch_size`, `micro_batch_size`, `lr`, `clip`, `divergence_factor`, `input_dropout`,
     `orth_gain`, `no_backbone_dropout`, `seed`, `lr_schedule` ("constant", "linear:W",
@@ -93,7 +94,7 @@ class FrozenTransformerClassifier(ClassifierMixin, BaseEstimator):
     `run_dir` (where the run is kept; default a new temporary directory) and `progress`."""
 
     def __init__(self, backbone="gpt2", init="pretrained", layers=None, hidden=None, heads=None,
-                 positions=None, residual_init="unscaled", depth=None, no_final_norm=False,
+                 positions=None, attention_only=False, residual_init="unscaled", depth=None, no_final_norm=False,
                  precision="f32", train="fpt", steps=1000, batch_size=16,
                  micro_batch_size=None, lr=1e-3, clip=1.0, divergence_factor=None,
                  input_dropout=0.1, orth_gain=1.41, no_backbone_dropout=False, seed=0,
@@ -107,6 +108,7 @@ class FrozenTransformerClassifier(ClassifierMixin, BaseEstimator):
         self.hidden = hidden
         self.heads = heads
         self.positions = positions
+        self.attention_only = attention_only
         self.residual_init = residual_init
         self.depth = depth
         self.no_final_norm = no_final_norm
@@ -192,6 +194,8 @@ class FrozenTransformerClassifier(ClassifierMixin, BaseEstimator):
             groups = {g: g in set(self.train) for g in train_groups["all"]}
         shape = {k: int(v) for k, v in [("layers", self.layers), ("hidden", self.hidden), ("heads", self.heads),
                                          ("positions", self.positions)] if v is not None}
+        if self.attention_only:
+            shape["attention_only"] = True
         batch = int(self.batch_size)
         backbone = {"source": self.backbone, "init": self.init, "shape": shape}
         if self.residual_init != "unscaled":
