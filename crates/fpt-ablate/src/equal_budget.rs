@@ -36,15 +36,50 @@ pub struct EqualBudget {
     pub seeds: usize,
 }
 
-/// A run's evaluations `(step, accuracy)` from its run directory or its campaign copy,
-/// whichever has more.
-fn evals(out: &Path, key: &str) -> Vec<(usize, f64)> {
-    let read = |dir: &Path| -> Vec<(usize, f64)> {
+/// One evaluation: step, accuracy and the examples it scored (where known).
+type Eval = (usize, f64, Option<usize>);
+
+/// How many examples the evaluation at `step` of the run in `dir` scored, for a metrics line
+/// written before fpt recorded it: the spec's `eval_examples` as it stood then (a line of
+/// the run's `respec.jsonl` at or after the step gives its value before the change); where
+/// that is the whole split, the run's latest outcomes (`outcomes.json`, one entry an
+/// example) give its size; `None` where nothing does.
+fn examples_then(dir: &Path, spec: &RunSpec, step: usize) -> Option<usize> {
+    let before_change = std::fs::read_to_string(dir.join("respec.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<fpt_train::Respec>(l).ok())
+        .filter(|r| r.step >= step)
+        .find_map(|r| {
+            r.changes.iter().find_map(|c| {
+                let old = c.strip_prefix("task.eval_examples: ")?.split(" -> ").next()?;
+                old.trim().parse::<usize>().ok()
+            })
+        });
+    match before_change.unwrap_or(spec.task.eval_examples) {
+        0 => std::fs::read_to_string(dir.join("outcomes.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str::<fpt_train::outcomes::Outcomes>(&t).ok())
+            .map(|o| o.correct.len())
+            .filter(|&n| n > 0),
+        n => Some(n),
+    }
+}
+
+/// A run's evaluations from its run directory or its campaign copy, whichever has more.
+fn evals(out: &Path, key: &str, spec: &RunSpec) -> Vec<Eval> {
+    let read = |dir: &Path| -> Vec<Eval> {
         std::fs::read_to_string(dir.join("metrics.jsonl"))
             .unwrap_or_default()
             .lines()
             .filter_map(|l| serde_json::from_str::<fpt_train::EvalRecord>(l).ok())
-            .map(|e| (e.step, e.test_accuracy))
+            .map(|e| {
+                (
+                    e.step,
+                    e.test_accuracy,
+                    e.examples.or_else(|| examples_then(dir, spec, e.step)),
+                )
+            })
             .collect()
     };
     let (a, b) = (
@@ -95,22 +130,24 @@ pub fn compute(table: &TableSpec, cells: &[Cell], out: &Path) -> Vec<EqualBudget
         let mut per_seed = Vec::new();
         let mut step = budget;
         for ((ka, sa), (kb, sb)) in runs_a.iter().zip(&runs_b) {
-            let (ea, eb) = (evals(out, ka), evals(out, kb));
+            let (ea, eb) = (evals(out, ka, sa), evals(out, kb, sb));
             let (Some(la), Some(lb)) = (ea.last(), eb.last()) else {
                 continue;
             };
             step = step.min(la.0).min(lb.0);
-            per_seed.push((ea, eb, sa.task.eval_examples, sb.task.eval_examples));
+            per_seed.push((ea, eb));
         }
         if per_seed.is_empty() {
             continue;
         }
-        let at = |e: &[(usize, f64)]| e.iter().rev().find(|p| p.0 <= step).map(|p| p.1);
+        let at = |e: &[Eval]| e.iter().rev().find(|p| p.0 <= step).copied();
         let se = |p: f64, n: usize| (p * (1.0 - p) / n.max(1) as f64).sqrt();
         let mut vals = Vec::new();
-        for (ea, eb, na, nb) in &per_seed {
-            if let (Some(a), Some(b)) = (at(ea), at(eb)) {
-                vals.push((a, b, se(a, *na), se(b, *nb)));
+        for (ea, eb) in &per_seed {
+            // A seed whose evaluation at the step scored an unknown number of examples (the
+            // whole split, before fpt recorded the count) gives no interval: left out.
+            if let (Some((_, a, Some(na))), Some((_, b, Some(nb)))) = (at(ea), at(eb)) {
+                vals.push((a, b, se(a, na), se(b, nb)));
             }
         }
         if vals.is_empty() {

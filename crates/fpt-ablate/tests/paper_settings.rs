@@ -709,28 +709,49 @@ fn equal_budget_pairs_read_both_rows_at_one_step() {
             p => panic!("{p:?}"),
         }
     };
-    let write = |key: &str, curve: &[(usize, f64)]| {
+    // Each line with the examples it scored where given (MNIST's whole split is 10,000
+    // images; lines of older fpt have no count).
+    let write = |key: &str, curve: &[(usize, f64, Option<usize>)]| {
         let dir = d.path().join("runs").join(key);
         std::fs::create_dir_all(&dir).unwrap();
         let lines: String = curve
             .iter()
-            .map(|(s, a)| {
+            .map(|(s, a, n)| {
+                let n = n.map(|n| format!(",\"examples\":{n}")).unwrap_or_default();
                 format!(
-                    "{{\"step\":{s},\"train_loss\":1.0,\"test_loss\":1.0,\"test_accuracy\":{a},\"lr\":0.001,\"grad_norm\":1.0,\"elapsed_s\":1.0}}\n"
+                    "{{\"step\":{s},\"train_loss\":1.0,\"test_loss\":1.0,\"test_accuracy\":{a},\"lr\":0.001,\"grad_norm\":1.0,\"elapsed_s\":1.0{n}}}\n"
                 )
             })
             .collect();
         std::fs::write(dir.join("metrics.jsonl"), lines).unwrap();
+        dir
     };
-    // MNIST (floors 5000 / 20000): both past 20000, read there.
-    write(&key_of("FPT", "MNIST"), &[(10000, 0.95), (20000, 0.96), (25000, 0.97)]);
+    // MNIST (floors 5000 / 20000): both past 20000, read there. Random's evaluation then
+    // predates the count and the scale's whole-split evaluation: its respec.jsonl says it
+    // scored 2000 images.
     write(
-        &key_of("Random", "MNIST"),
-        &[(10000, 0.85), (19500, 0.90), (21000, 0.92)],
+        &key_of("FPT", "MNIST"),
+        &[
+            (10000, 0.95, Some(10000)),
+            (20000, 0.96, Some(10000)),
+            (25000, 0.97, Some(10000)),
+        ],
     );
+    let random = write(
+        &key_of("Random", "MNIST"),
+        &[(10000, 0.85, None), (19500, 0.90, None), (21000, 0.92, Some(10000))],
+    );
+    std::fs::write(
+        random.join("respec.jsonl"),
+        "{\"utc\":\"2026-11-27T08:36:43Z\",\"step\":19600,\"changes\":[\"task.eval_examples: 2000 -> 0\",\"train.eval_every: 500 -> 1000\"],\"why\":\"test\"}\n",
+    )
+    .unwrap();
     // XOR (500 / 20000): FPT stopped at 2000, so both are read there.
-    write(&key_of("FPT", "XOR"), &[(1000, 1.0), (2000, 1.0)]);
-    write(&key_of("Random", "XOR"), &[(1500, 0.80), (2000, 0.84), (20000, 1.0)]);
+    write(&key_of("FPT", "XOR"), &[(1000, 1.0, None), (2000, 1.0, None)]);
+    write(
+        &key_of("Random", "XOR"),
+        &[(1500, 0.80, None), (2000, 0.84, None), (20000, 1.0, None)],
+    );
     let pairs = fpt_ablate::equal_budget::compute(&t, &cells, d.path());
     let mnist = pairs.iter().find(|p| p.col == "MNIST").unwrap();
     assert_eq!((mnist.step, mnist.why.as_str()), (20000, "the larger Table 6 count"));
@@ -738,8 +759,11 @@ fn equal_budget_pairs_read_both_rows_at_one_step() {
         (mnist.accuracy.0 - 96.0).abs() < 1e-9 && (mnist.accuracy.1 - 90.0).abs() < 1e-9,
         "{mnist:?}"
     );
+    // 10,000 images at 96% and 2000 at 90%: +-1.37 points (a whole split taken for 2000, or
+    // the reverse, would give +-0.8 or +-2.0).
+    let half = (mnist.interval.1 - mnist.interval.0) / 2.0;
     assert!(
-        mnist.interval.0 < 6.0 && mnist.interval.1 > 6.0 && mnist.seeds == 1,
+        (half - 1.96 * (0.96f64 * 0.04 / 10000.0 + 0.9 * 0.1 / 2000.0).sqrt() * 100.0).abs() < 1e-6 && mnist.seeds == 1,
         "{mnist:?}"
     );
     let xor = pairs.iter().find(|p| p.col == "XOR").unwrap();

@@ -155,6 +155,10 @@ pub struct EvalRecord {
     pub grad_norm: f64,
     /// Seconds of training so far (summed over resumed segments).
     pub elapsed_s: f64,
+    /// Held-out examples evaluated (strings for the bit tasks); absent in lines written
+    /// before fpt recorded it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub examples: Option<usize>,
 }
 
 /// The final numbers of a run, written to `result.json`.

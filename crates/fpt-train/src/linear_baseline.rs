@@ -167,6 +167,7 @@ impl Linear {
                     lr: adam.lr,
                     grad_norm,
                     elapsed_s: started.elapsed().as_secs_f64(),
+                    examples: Some(tally.correct.len()),
                 };
                 (window_loss, window_steps) = (0.0, 0);
                 metrics_append(&metrics, &rec)?;

@@ -197,6 +197,7 @@ pub(crate) fn run(
             lr: t.lr,
             grad_norm,
             elapsed_s: started.elapsed().as_secs_f64(),
+            examples: Some(tally.correct.len()),
         };
         metrics_append(&metrics, &rec)?;
         on_event(&Event::Eval(&rec));

@@ -92,6 +92,7 @@ pub(crate) fn evaluate_now(
         lr: run.last_lr,
         grad_norm: run.last_grad_norm,
         elapsed_s: run.elapsed_s + started.elapsed().as_secs_f64(),
+        examples: Some(tally.correct.len()),
     };
     metrics_append(metrics, &rec)?;
     run.metrics_lines += 1;
