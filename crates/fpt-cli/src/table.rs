@@ -201,7 +201,10 @@ pub fn run_table(a: RunTableArgs) -> Result<()> {
     }
     opts.deadline = a.budget.map(|b| std::time::SystemTime::now() + b);
     // Runs a campaign leaves alone (a damaged checkpoint pointer, copies that would lose a
-    // stretch): named as found, and the command exits non-zero at the end.
+    // stretch): named as found, and the command exits non-zero at the end. The cells are
+    // read once, here: the save at the end uses them, whatever happened to the table files
+    // in the hours between (an edit this build cannot read must not cost the stretch).
+    let mut campaign_cells: Vec<(String, Vec<fpt_ablate::Cell>)> = Vec::new();
     if a.campaign {
         for id in &ids {
             let table = fpt_ablate::at_scale(&fpt_ablate::load_table(&a.tables, id)?, &scales, &a.scale)?;
@@ -224,9 +227,10 @@ pub fn run_table(a: RunTableArgs) -> Result<()> {
                 opts.skip.push(key.clone());
             }
             problems.extend(restored.problems);
+            campaign_cells.push((id.clone(), cells));
         }
     }
-    let (tables_dir, out_dir, scale, campaign_ids) = (a.tables.clone(), a.out.clone(), a.scale.clone(), ids.clone());
+    let out_dir = a.out.clone();
     let req = reproduce::Request {
         tables: a.tables,
         ids,
@@ -257,10 +261,8 @@ pub fn run_table(a: RunTableArgs) -> Result<()> {
     // A campaign's runs are saved whatever became of the reports (a failed self-check, a
     // report that cannot be written): the hours they hold are not lost with them.
     if a.campaign {
-        for id in &campaign_ids {
-            let table = fpt_ablate::at_scale(&fpt_ablate::load_table(&tables_dir, id)?, &scales, &scale)?;
-            let cells = fpt_ablate::expand_unchecked(&table, &scales, &scale)?;
-            let saved = fpt_ablate::campaign::save(&cells, &out_dir)?;
+        for (id, cells) in &campaign_cells {
+            let saved = fpt_ablate::campaign::save(cells, &out_dir)?;
             let root = fpt_ablate::campaign::saved_root(&out_dir);
             if saved.moved.is_empty() {
                 eprintln!(
