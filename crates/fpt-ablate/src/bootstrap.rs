@@ -39,21 +39,55 @@ fn draw(rng: &mut Rng, n: usize) -> Vec<usize> {
     (0..n).map(|_| rng.below(n as u64) as usize).collect()
 }
 
-/// One replicate of a pair's difference, in points.
-fn replicate(p: &Pair, rng: &mut Rng) -> f64 {
-    let seeds = p.a.len().min(p.b.len());
+/// A weighted sum of cells (each cell's runs, one per seed, seed order), the statistic of a
+/// claim that compares differences ("the gap a - b exceeds the gap c - d": weights +1, -1,
+/// -1, +1). A [`Pair`] is the sum with weights +1 and -1.
+#[derive(Debug, Clone)]
+pub struct Combination<'a> {
+    /// (weight, runs) per cell.
+    pub terms: Vec<(f64, &'a [Outcomes])>,
+    /// The task's seed spread (standard deviation across seeds, in points).
+    pub seed_sd: f64,
+}
+
+impl<'a> From<&Pair<'a>> for Combination<'a> {
+    fn from(p: &Pair<'a>) -> Self {
+        Combination {
+            terms: vec![(1.0, p.a), (-1.0, p.b)],
+            seed_sd: p.seed_sd,
+        }
+    }
+}
+
+/// One replicate of a combination, in points. Per drawn seed, each cell's held-out examples
+/// are drawn once and shared with every later cell evaluated on the same examples (the same
+/// fingerprint and count), so paired cells are resampled together.
+fn replicate(p: &Combination, rng: &mut Rng) -> f64 {
+    let seeds = p.terms.iter().map(|(_, r)| r.len()).min().unwrap_or(0);
     let mut sum = 0.0;
     for _ in 0..seeds {
         let s = rng.below(seeds as u64) as usize;
-        let (a, b) = (&p.a[s], &p.b[s]);
-        let paired = a.fingerprint == b.fingerprint && a.correct.len() == b.correct.len();
-        let ia = draw(rng, a.correct.len());
-        let ib = if paired { ia.clone() } else { draw(rng, b.correct.len()) };
-        sum += mean_score(a, &ia) - mean_score(b, &ib);
+        let mut drawn: Vec<(&Outcomes, Vec<usize>)> = Vec::with_capacity(p.terms.len());
+        let mut value = 0.0;
+        for (w, runs) in &p.terms {
+            let o = &runs[s];
+            let shared = drawn
+                .iter()
+                .find(|(d, _)| d.fingerprint == o.fingerprint && d.correct.len() == o.correct.len());
+            let idx = match shared {
+                Some((_, idx)) => idx.clone(),
+                None => draw(rng, o.correct.len()),
+            };
+            value += w * mean_score(o, &idx);
+            drawn.push((o, idx));
+        }
+        sum += value;
     }
     let mut d = 100.0 * sum / seeds.max(1) as f64;
     if seeds == 1 && p.seed_sd > 0.0 {
-        d += rng.normal() * p.seed_sd * std::f64::consts::SQRT_2;
+        // Each cell's number is one draw of its seed spread.
+        let w2: f64 = p.terms.iter().map(|(w, _)| w * w).sum();
+        d += rng.normal() * p.seed_sd * w2.sqrt();
     }
     d
 }
@@ -62,20 +96,30 @@ fn replicate(p: &Pair, rng: &mut Rng) -> f64 {
 /// percentile interval of its bootstrap distribution. Deterministic: the replicates draw
 /// from a fixed seed.
 pub fn mean_difference(pairs: &[Pair]) -> (f64, (f64, f64)) {
-    let k = pairs.len().max(1) as f64;
+    let combos: Vec<Combination> = pairs.iter().map(Combination::from).collect();
+    mean_combination(&combos)
+}
+
+/// [`mean_difference`] of weighted sums of cells: the mean over the combinations of each
+/// one's weighted sum, in points, and its 95% percentile interval. The draws of a
+/// two-cell combination with weights +1 and -1 are those of its [`Pair`].
+pub fn mean_combination(combos: &[Combination]) -> (f64, (f64, f64)) {
+    let k = combos.len().max(1) as f64;
     let all = |o: &Outcomes| mean_score(o, &(0..o.correct.len()).collect::<Vec<_>>());
-    let point = pairs
+    let point = combos
         .iter()
         .map(|p| {
-            let seeds = p.a.len().min(p.b.len());
-            let sum: f64 = (0..seeds).map(|s| all(&p.a[s]) - all(&p.b[s])).sum();
+            let seeds = p.terms.iter().map(|(_, r)| r.len()).min().unwrap_or(0);
+            let sum: f64 = (0..seeds)
+                .map(|s| p.terms.iter().fold(0.0, |acc, (w, r)| acc + w * all(&r[s])))
+                .sum();
             100.0 * sum / seeds.max(1) as f64
         })
         .sum::<f64>()
         / k;
     let mut rng = Rng::new(0).fork("claims-bootstrap");
     let mut reps: Vec<f64> = (0..REPLICATES)
-        .map(|_| pairs.iter().map(|p| replicate(p, &mut rng)).sum::<f64>() / k)
+        .map(|_| combos.iter().map(|p| replicate(p, &mut rng)).sum::<f64>() / k)
         .collect();
     reps.sort_by(f64::total_cmp);
     let at = |q: f64| reps[((q * (REPLICATES - 1) as f64).round() as usize).min(REPLICATES - 1)];
@@ -202,6 +246,28 @@ mod tests {
         }]);
         assert!((d - 100.0 / 3.0).abs() < 1e-9);
         assert!(lo < 0.0 && hi > 60.0, "{lo} {hi}");
+    }
+
+    /// A gap with a cell on both sides, `(a - b) - (c - a)`, is `2a - b - c`; its examples
+    /// are drawn once per replicate for every cell evaluated on them, so a cell counted
+    /// twice moves with itself.
+    #[test]
+    fn a_combination_resamples_shared_examples_together() {
+        let a = [run((0..500).map(|i| u32::from(i % 10 < 8)).collect(), "x")];
+        let b = [run((0..500).map(|i| u32::from(i % 10 < 5)).collect(), "x")];
+        let c = [run((0..500).map(|i| u32::from(i % 10 < 9)).collect(), "x")];
+        let gap = Combination {
+            terms: vec![(1.0, &a[..]), (-1.0, &b[..]), (-1.0, &c[..]), (1.0, &a[..])],
+            seed_sd: 0.0,
+        };
+        let (d, (lo, hi)) = mean_combination(&[gap]);
+        assert!((d - (2.0 * 80.0 - 50.0 - 90.0)).abs() < 1e-9, "{d}");
+        assert!(lo < d && d < hi && lo > 0.0, "{lo} {hi}");
+        let net = Combination {
+            terms: vec![(2.0, &a[..]), (-1.0, &b[..]), (-1.0, &c[..])],
+            seed_sd: 0.0,
+        };
+        assert_eq!(mean_combination(&[net]), (d, (lo, hi)));
     }
 
     /// A set's mean accuracy sits inside its interval, which narrows with more examples and

@@ -27,7 +27,7 @@
 //! it ran several), in both cases with the task's measured seed spread where a pair ran one
 //! seed each.
 
-use crate::bootstrap::{self, Pair};
+use crate::bootstrap;
 use fpt_spec::table::{Claim, ClaimKind, Select, TableSpec};
 use fpt_train::outcomes::Outcomes;
 
@@ -130,17 +130,49 @@ pub fn validate(table: &TableSpec, claim: &Claim) -> Result<(), String> {
             claim.text
         ));
     }
+    if claim.kind == ClaimKind::Ratio && claim.than.is_some() {
+        return Err(format!(
+            "claim `{}`: `ratio` compares `a` with `b`, not `than`",
+            claim.text
+        ));
+    }
+    if claim.kind != ClaimKind::Gap && (claim.c.is_some() || claim.d.is_some()) {
+        return Err(format!(
+            "claim `{}`: `c` and `d` belong to `gap` claims only",
+            claim.text
+        ));
+    }
     let others: Vec<&Select> = match claim.kind {
-        ClaimKind::Greater if claim.than.is_some() => vec![],
-        ClaimKind::Greater | ClaimKind::Comparable => vec![claim
-            .b
-            .as_ref()
-            .ok_or_else(|| format!("claim `{}`: needs `b` (or, for `greater`, `than`)", claim.text))?],
+        ClaimKind::Greater | ClaimKind::Comparable if claim.than.is_some() => vec![],
+        ClaimKind::Greater | ClaimKind::Comparable | ClaimKind::Ratio => vec![claim.b.as_ref().ok_or_else(|| {
+            format!(
+                "claim `{}`: needs `b` (or, for `greater` and `comparable`, `than`)",
+                claim.text
+            )
+        })?],
         ClaimKind::Best if claim.among.is_empty() => {
             return Err(format!("claim `{}`: `best` needs `among`", claim.text))
         }
         ClaimKind::Best => claim.among.iter().collect(),
+        ClaimKind::Gap => match (&claim.b, &claim.c, &claim.d) {
+            (Some(b), Some(c), Some(d)) => vec![b, c, d],
+            _ => return Err(format!("claim `{}`: `gap` needs `b`, `c` and `d`", claim.text)),
+        },
     };
+    if claim.kind == ClaimKind::Ratio {
+        if !(claim.by.is_finite() && claim.by > 0.0) {
+            return Err(format!(
+                "claim `{}`: `ratio` needs `by`, the factor (a positive number), got {}",
+                claim.text, claim.by
+            ));
+        }
+        if claim.within.is_some_and(|w| !(w.is_finite() && w > 1.0)) {
+            return Err(format!(
+                "claim `{}`: a `ratio`'s `within` is a factor above 1 (\"about `by` times\": `by / within` to `by * within`)",
+                claim.text
+            ));
+        }
+    }
     if claim.kind == ClaimKind::Comparable && !claim.within.is_some_and(|w| w > 0.0) {
         return Err(format!(
             "claim `{}`: `comparable` needs `within`, a positive margin",
@@ -206,11 +238,40 @@ struct Comparison {
     detail: String,
 }
 
-/// `a` against `b`, paired, as `claim` asks.
-/// What `a` is compared with: other cells, or a fixed number (`than`).
+/// What `a` is compared with: other cells, a fixed number (`than`), or, for `gap`, the
+/// difference of two other selections.
 enum Other<'s> {
     Cells(&'s Select),
     Number(f64),
+    Gap(&'s Select, &'s Select, &'s Select),
+}
+
+/// One cell of a comparison (or the fixed number it is compared with), its weight in the
+/// compared sum (`a - b`: +1 and -1; `(a - b) - (c - d)`: +1, -1, -1, +1), and whether, as
+/// the side that must be beaten, it may have ended at its baseline.
+struct Term<'v> {
+    w: f64,
+    at: Option<(usize, usize)>,
+    value: CellValue<'v>,
+    beaten: bool,
+}
+
+/// The terms' weights summed per cell (a cell on both sides of a gap counts once, with its
+/// net weight): what the interval is computed from.
+fn merged<'t, 'v>(terms: &'t [Term<'v>]) -> Vec<(f64, &'t CellValue<'v>)> {
+    let mut out: Vec<(f64, Option<(usize, usize)>, &CellValue)> = Vec::new();
+    for t in terms {
+        match out.iter_mut().find(|(_, at, _)| at.is_some() && *at == t.at) {
+            Some(m) => m.0 += t.w,
+            None => out.push((t.w, t.at, &t.value)),
+        }
+    }
+    out.into_iter().map(|(w, _, v)| (w, v)).collect()
+}
+
+/// A group of terms' weighted sum.
+fn sum_of(terms: &[(f64, &CellValue)]) -> f64 {
+    terms.iter().fold(0.0, |acc, (w, v)| acc + w * v.value)
 }
 
 fn compare<'v>(
@@ -221,73 +282,136 @@ fn compare<'v>(
     value: &dyn Fn(usize, usize) -> Option<CellValue<'v>>,
 ) -> Comparison {
     let sa = select(table, a);
-    let (sb, head): (Vec<Option<(usize, usize)>>, String) = match b {
+    let ratio = claim.kind == ClaimKind::Ratio;
+    // Each group: the selections' cells in order (`None`: the fixed number).
+    let (slots, head): (Vec<Vec<Option<(usize, usize)>>>, String) = match b {
         Other::Cells(b) => (
-            select(table, b).into_iter().map(Some).collect(),
-            format!("{} - {}", name(a), name(b)),
+            vec![select(table, b).into_iter().map(Some).collect()],
+            match ratio {
+                true => format!("{} over {}", name(a), name(b)),
+                false => format!("{} - {}", name(a), name(b)),
+            },
         ),
-        Other::Number(x) => (vec![None; sa.len()], format!("{} - {x}", name(a))),
+        Other::Number(x) => (vec![vec![None; sa.len()]], format!("{} - {x}", name(a))),
+        Other::Gap(b, c, d) => (
+            [b, c, d]
+                .iter()
+                .map(|s| select(table, s).into_iter().map(Some).collect())
+                .collect(),
+            format!("({} - {}) - ({} - {})", name(a), name(b), name(c), name(d)),
+        ),
+    };
+    let constant = match b {
+        Other::Number(x) => x,
+        _ => 0.0,
+    };
+    // The weight of each slot after `a`'s (+1), and whether it is a side to be beaten.
+    let weights: &[(f64, bool)] = match b {
+        Other::Gap(..) => &[(-1.0, true), (-1.0, false), (1.0, false)],
+        _ => &[(-1.0, claim.kind != ClaimKind::Comparable)],
     };
     let label = |(r, c): (usize, usize)| format!("{} / {}", table.rows[r].label, table.cols[c].label);
-    let mut kept: Vec<(String, CellValue, CellValue)> = Vec::new();
+    // A couple of cells named by the part in which they agree.
+    let couple = |x: &Term, y: &Term| match (x.at, y.at) {
+        (Some(pa), pb) => pair_name_or(table, pa, &pb),
+        _ => String::new(),
+    };
+    let mut kept: Vec<(String, Vec<Term>)> = Vec::new();
     // (why, cell) of every cell whose pair is left out.
     let mut excluded: Vec<(&'static str, String)> = Vec::new();
-    for (&pa, pb) in sa.iter().zip(&sb) {
-        let y = match (pb, &b) {
-            (Some(pb), _) => value(pb.0, pb.1),
-            (None, Other::Number(x)) => Some(CellValue::exact(*x)),
-            (None, Other::Cells(_)) => None,
-        };
-        let (Some(x), Some(y)) = (value(pa.0, pa.1), y) else {
-            continue;
-        };
-        let lb = pb.map(label);
+    'pairs: for (i, &pa) in sa.iter().enumerate() {
+        let mut terms: Vec<Term> = Vec::new();
+        let Some(x) = value(pa.0, pa.1) else { continue };
+        terms.push(Term {
+            w: 1.0,
+            at: Some(pa),
+            value: x,
+            beaten: false,
+        });
+        for (slot, &(w, beaten)) in slots.iter().zip(weights) {
+            let at = slot[i];
+            let v = match at {
+                Some(p) => value(p.0, p.1),
+                None => Some(CellValue::exact(constant)),
+            };
+            let Some(v) = v else { continue 'pairs };
+            terms.push(Term {
+                w,
+                at,
+                value: v,
+                beaten,
+            });
+        }
+        if ratio {
+            // A ratio is compared on the log scale: ln a - ln b, each standard error
+            // carried over as se / value; a number that is not positive has no ratio.
+            if terms.iter().any(|t| t.value.value <= 0.0) {
+                continue;
+            }
+            for t in terms.iter_mut() {
+                t.value.se /= t.value.value;
+                t.value.value = t.value.value.ln();
+            }
+        }
         let mut out: Vec<(&'static str, String)> = Vec::new();
         if !claim.about_failure {
-            if x.at_baseline.is_some() {
-                out.push((AT_BASELINE, label(pa)));
-            }
-            // A `b` that ended at its baseline (flat there past its Table 6 count) is the side
-            // that did not learn: "a beats b" is decided on it, never "comparable".
-            let ended_b = y.ended_at_baseline && claim.kind != ClaimKind::Comparable;
-            if let (Some(lb), Some(_), false) = (&lb, &y.at_baseline, ended_b) {
-                out.push((AT_BASELINE, lb.clone()));
+            for t in &terms {
+                // A side to be beaten that ended at its baseline (flat there past its Table 6
+                // count) is the model that did not learn: "a beats b" is decided on it.
+                if let (Some(at), Some(_)) = (t.at, &t.value.at_baseline) {
+                    if !(t.beaten && t.value.ended_at_baseline) {
+                        out.push((AT_BASELINE, label(at)));
+                    }
+                }
             }
         }
         // Only converged cells decide a claim, on either side: a still-rising cell is a
-        // lower bound, and one not judged by the rule says nothing of where it ends.
-        let must_converge = vec![(&y, lb.clone()), (&x, Some(label(pa)))];
-        for (v, l) in must_converge {
-            if let Some(l) = l {
-                match v.convergence {
-                    Convergence::Rising => out.push((RISING, l)),
-                    Convergence::Unknown => out.push((UNKNOWN_CONVERGENCE, l)),
+        // lower bound, and one not judged by the rule says nothing of where it ends. The
+        // cells that must not be beaten are named first.
+        let behind = terms.iter().filter(|t| t.w < 0.0);
+        for t in behind.chain(terms.iter().filter(|t| t.w >= 0.0)) {
+            if let Some(at) = t.at {
+                match t.value.convergence {
+                    Convergence::Rising => out.push((RISING, label(at))),
+                    Convergence::Unknown => out.push((UNKNOWN_CONVERGENCE, label(at))),
                     Convergence::Reached => {}
                 }
             }
         }
-        if x.unfit.is_some() {
-            out.push((UNFIT, label(pa)));
+        for t in &terms {
+            if let (Some(at), Some(_)) = (t.at, &t.value.unfit) {
+                out.push((UNFIT, label(at)));
+            }
         }
-        if let (Some(lb), Some(_)) = (&lb, &y.unfit) {
-            out.push((UNFIT, lb.clone()));
+        for two in terms.chunks(2) {
+            if let [x, y] = two {
+                if x.value.at_ceiling && y.value.at_ceiling {
+                    out.push((AT_CEILING, couple(x, y)));
+                }
+            }
         }
-        if x.at_ceiling && y.at_ceiling {
-            out.push((AT_CEILING, pair_name_or(table, pa, pb)));
-        }
-        let one_seed = x.seeds == 1 && y.seeds == 1;
-        if one_seed && (!x.spread_known || !y.spread_known) {
-            out.push((NO_SPREAD, pair_name_or(table, pa, pb)));
+        let group = terms
+            .chunks(2)
+            .filter_map(|two| match two {
+                [x, y] => Some(couple(x, y)),
+                _ => None,
+            })
+            .fold(Vec::<String>::new(), |mut names, n| {
+                if !names.contains(&n) {
+                    names.push(n);
+                }
+                names
+            })
+            .join(" vs ");
+        let one_seed = terms.iter().all(|t| t.value.seeds == 1);
+        if one_seed && terms.iter().any(|t| !t.value.spread_known) {
+            out.push((NO_SPREAD, group.clone()));
         }
         if !out.is_empty() {
             excluded.extend(out);
             continue;
         }
-        let pair = match pb {
-            Some(pb) => pair_name(table, pa, *pb),
-            None => label(pa),
-        };
-        kept.push((pair, x, y));
+        kept.push((group, terms));
     }
     let left_out = if excluded.is_empty() {
         String::new()
@@ -320,32 +444,31 @@ fn compare<'v>(
         };
     }
     let k = kept.len() as f64;
-    let resampled = kept.iter().all(|(_, x, y)| !x.runs.is_empty() && !y.runs.is_empty());
+    let sums: Vec<Vec<(f64, &CellValue)>> = kept.iter().map(|(_, t)| merged(t)).collect();
+    // A ratio is of numbers without per-example outcomes (steps): never resampled.
+    let resampled = !ratio && sums.iter().flatten().all(|(_, v)| !v.runs.is_empty());
     let (mean, (lo, hi), how) = if resampled {
-        let pairs: Vec<Pair> = kept
+        let combos: Vec<bootstrap::Combination> = sums
             .iter()
-            .map(|(_, x, y)| Pair {
-                a: x.runs,
-                b: y.runs,
-                seed_sd: x.seed_sd.max(y.seed_sd),
+            .map(|terms| bootstrap::Combination {
+                terms: terms.iter().map(|(w, v)| (*w, v.runs)).collect(),
+                seed_sd: terms.iter().fold(0.0, |m: f64, (_, v)| m.max(v.seed_sd)),
             })
             .collect();
-        let (m, i) = bootstrap::mean_difference(&pairs);
+        let (m, i) = bootstrap::mean_combination(&combos);
         (m, i, "paired bootstrap over examples and seeds")
     } else {
-        let mean = kept.iter().map(|(_, x, y)| x.value - y.value).sum::<f64>() / k;
-        let var: f64 = kept
+        let mean = sums.iter().map(|t| sum_of(t)).sum::<f64>() / k;
+        let var: f64 = sums
             .iter()
-            .map(|(_, x, y)| {
+            .map(|terms| {
                 // Seeds the numbers average (a cell of several seeds without per-example
                 // outcomes averages them all the same: no seed spread to add).
-                let seeds = x.seeds.min(y.seeds);
-                let spread = if seeds <= 1 {
-                    2.0 * x.seed_sd.max(y.seed_sd).powi(2)
-                } else {
-                    0.0
-                };
-                x.se * x.se + y.se * y.se + spread
+                let seeds = terms.iter().map(|(_, v)| v.seeds).min().unwrap_or(0);
+                let w2: f64 = terms.iter().map(|(w, _)| w * w).sum();
+                let sd = terms.iter().fold(0.0, |m: f64, (_, v)| m.max(v.seed_sd));
+                let spread = if seeds <= 1 { w2 * sd.powi(2) } else { 0.0 };
+                terms.iter().fold(0.0, |acc, (w, v)| acc + w * w * v.se * v.se) + spread
             })
             .sum();
         let half = 1.96 * var.sqrt() / k;
@@ -368,7 +491,8 @@ fn compare<'v>(
             };
             (v, format!("needed within +-{w}"))
         }
-        ClaimKind::Greater | ClaimKind::Best => {
+        ClaimKind::Ratio => ratio_verdict(claim, lo, hi),
+        ClaimKind::Greater | ClaimKind::Best | ClaimKind::Gap => {
             let v = if lo > claim.by {
                 "holds"
             } else if hi < claim.by {
@@ -379,22 +503,28 @@ fn compare<'v>(
             (v, format!("needed > {}", claim.by))
         }
     };
+    // How a number of the comparison reads: points (signed), or a factor.
+    let show = |d: f64| match ratio {
+        true => format!("x{:.2}", d.exp()),
+        false => format!("{d:+.1}"),
+    };
     let spread = if kept.len() > 1 {
-        let d: Vec<f64> = kept.iter().map(|(_, x, y)| x.value - y.value).collect();
+        let d: Vec<f64> = sums.iter().map(|t| sum_of(t)).collect();
         let (l, h) = d.iter().fold((f64::MAX, f64::MIN), |(l, h), &v| (l.min(v), h.max(v)));
-        format!(", per pair {l:+.1} to {h:+.1}")
+        format!(", per pair {} to {}", show(l), show(h))
     } else {
         String::new()
     };
-    let names: Vec<&str> = kept.iter().map(|(n, _, _)| n.as_str()).collect();
+    let names: Vec<&str> = kept.iter().map(|(n, _)| n.as_str()).collect();
     let interval = match exact {
         true => String::new(),
-        false => format!(", 95% interval {lo:+.1} to {hi:+.1} ({how}"),
+        false => format!(", 95% interval {} to {} ({how}", show(lo), show(hi)),
     };
     Comparison {
         verdict: Some(verdict),
         detail: format!(
-            "{head}: {mean:+.1}{interval}{}mean over {} of {} pairs: {}{spread}; {need}){left_out}",
+            "{head}: {}{interval}{}mean over {} of {} pairs: {}{spread}; {need}){left_out}",
+            show(mean),
             if exact { " (" } else { "; " },
             kept.len(),
             sa.len(),
@@ -403,19 +533,54 @@ fn compare<'v>(
     }
 }
 
+/// A `ratio` claim's verdict on the interval of ln(a / b): above `by` (a factor), or, with
+/// `within`, inside `by / within` to `by * within` ("about `by` times").
+fn ratio_verdict(claim: &Claim, lo: f64, hi: f64) -> (&'static str, String) {
+    let by = claim.by.ln();
+    match claim.within {
+        Some(w) => {
+            let (l, h) = (by - w.ln(), by + w.ln());
+            let v = if lo >= l && hi <= h {
+                "holds"
+            } else if lo > h || hi < l {
+                "fails"
+            } else {
+                "inconclusive"
+            };
+            (v, format!("needed x{:.2} to x{:.2}", l.exp(), h.exp()))
+        }
+        None => {
+            let v = if lo > by {
+                "holds"
+            } else if hi < by {
+                "fails"
+            } else {
+                "inconclusive"
+            };
+            (v, format!("needed > x{}", claim.by))
+        }
+    }
+}
+
 /// The verdict of `claim` on the numbers `value` gives per (row, column).
 pub fn check<'v>(table: &TableSpec, claim: &Claim, value: &dyn Fn(usize, usize) -> Option<CellValue<'v>>) -> Verdict {
     let others: Vec<Other> = match (claim.kind, claim.than) {
-        (ClaimKind::Greater, Some(x)) => vec![Other::Number(x)],
-        (ClaimKind::Greater | ClaimKind::Comparable, _) => claim.b.iter().map(Other::Cells).collect(),
+        (ClaimKind::Greater | ClaimKind::Comparable, Some(x)) => vec![Other::Number(x)],
+        (ClaimKind::Greater | ClaimKind::Comparable | ClaimKind::Ratio, _) => {
+            claim.b.iter().map(Other::Cells).collect()
+        }
         (ClaimKind::Best, _) => claim.among.iter().map(Other::Cells).collect(),
+        (ClaimKind::Gap, _) => match (&claim.b, &claim.c, &claim.d) {
+            (Some(b), Some(c), Some(d)) => vec![Other::Gap(b, c, d)],
+            _ => vec![],
+        },
     };
     let results: Vec<Comparison> = others
         .into_iter()
         .map(|o| compare(table, claim, &claim.a, o, value))
         .collect();
     let any = |v: &str| results.iter().any(|r| r.verdict == Some(v));
-    let verdict = if results.iter().any(|r| r.verdict.is_none()) {
+    let verdict = if results.is_empty() || results.iter().any(|r| r.verdict.is_none()) {
         "not run"
     } else if any("fails") {
         "fails"
@@ -433,7 +598,8 @@ pub fn check<'v>(table: &TableSpec, claim: &Claim, value: &dyn Fn(usize, usize) 
 }
 
 /// Every claim of `table` on the paper's own numbers (no noise, no baselines); a claim
-/// beyond the paper (`beyond_paper`) reads `n/p`.
+/// beyond the paper (`beyond_paper`) reads `n/p`, one the paper makes in its text about
+/// cells its tables print no numbers for (`in_text`) reads `in text`.
 pub fn on_paper(table: &TableSpec) -> Vec<(String, Verdict)> {
     table
         .claims
@@ -443,6 +609,15 @@ pub fn on_paper(table: &TableSpec) -> Vec<(String, Verdict)> {
                 let v = Verdict {
                     verdict: "n/p".into(),
                     detail: "not a claim of the paper: its rows are not in the paper".into(),
+                };
+                return (c.text.clone(), v);
+            }
+            if let Some(section) = &c.in_text {
+                let v = Verdict {
+                    verdict: "in text".into(),
+                    detail: format!(
+                        "the paper says it in its text ({section}); its tables print no numbers for these cells"
+                    ),
                 };
                 return (c.text.clone(), v);
             }

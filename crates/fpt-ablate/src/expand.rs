@@ -224,6 +224,7 @@ pub(crate) fn with_alternates(
         let mut sels = vec![&c.a];
         sels.extend(c.b.as_ref());
         sels.extend(c.among.iter());
+        sels.extend(c.c.iter().chain(c.d.iter()));
         !sels
             .iter()
             .any(|s| s.row.as_deref().is_some_and(|r| absent.contains(&r)))

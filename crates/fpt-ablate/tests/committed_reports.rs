@@ -86,27 +86,39 @@ fn every_decided_claim_rests_on_converged_learned_fit_cells() {
                 path.display()
             );
             let sa = select(&table, &spec.a);
-            let sb: Vec<Option<(usize, usize)>> = match &spec.b {
-                Some(b) => select(&table, b).into_iter().map(Some).collect(),
-                None => vec![None; sa.len()],
+            let slot = |s: &Option<fpt_spec::table::Select>| -> Vec<Option<(usize, usize)>> {
+                match s {
+                    Some(s) => select(&table, s).into_iter().map(Some).collect(),
+                    None => vec![None; sa.len()],
+                }
+            };
+            let (sb, sc, sd) = (slot(&spec.b), slot(&spec.c), slot(&spec.d));
+            // A couple of cells is named by the part in which they agree; a gap's two
+            // couples by both names (once where they agree).
+            let couple = |(ra, ca): (usize, usize), pb: Option<(usize, usize)>| match pb {
+                Some((_, cb)) if cb == ca => table.cols[ca].label.clone(),
+                Some((rb, _)) if rb == ra => table.rows[ra].label.clone(),
+                Some((rb, cb)) => format!(
+                    "{} / {} vs {} / {}",
+                    table.rows[ra].label, table.cols[ca].label, table.rows[rb].label, table.cols[cb].label
+                ),
+                None => format!("{} / {}", table.rows[ra].label, table.cols[ca].label),
             };
             let mut found = 0;
-            for (&(ra, ca), pb) in sa.iter().zip(&sb) {
-                let name = match pb {
-                    Some((_, cb)) if *cb == ca => table.cols[ca].label.clone(),
-                    Some((rb, _)) if *rb == ra => table.rows[ra].label.clone(),
-                    Some((rb, cb)) => format!(
-                        "{} / {} vs {} / {}",
-                        table.rows[ra].label, table.cols[ca].label, table.rows[*rb].label, table.cols[*cb].label
-                    ),
-                    None => format!("{} / {}", table.rows[ra].label, table.cols[ca].label),
-                };
+            for (i, &(ra, ca)) in sa.iter().enumerate() {
+                let mut name = couple((ra, ca), sb[i]);
+                if let (Some(c), d) = (sc[i], sd[i]) {
+                    let second = couple(c, d);
+                    if second != name {
+                        name = format!("{name} vs {second}");
+                    }
+                }
                 if !names.contains(&name) {
                     continue;
                 }
                 found += 1;
                 let mut pair = vec![cell(ra, ca)];
-                pair.extend(pb.map(|(r, c)| cell(r, c)));
+                pair.extend([sb[i], sc[i], sd[i]].into_iter().flatten().map(|(r, c)| cell(r, c)));
                 let what = format!("{}: claim `{}`, pair {name}", path.display(), spec.text);
                 for x in &pair {
                     if !spec.about_failure {

@@ -1,0 +1,224 @@
+//! The claim kinds beyond "a beats b": a gap between two differences (`gap`), a factor
+//! between two step counts (`ratio`), a cell within a margin of a number (`comparable` with
+//! `than`), each on the table it encodes a claim of, with numbers chosen so the verdict is
+//! known by hand.
+
+use fpt_ablate::claims::{check, validate, CellValue};
+use fpt_ablate::load_table;
+use fpt_spec::table::{Claim, ClaimKind, TableSpec};
+use std::path::Path;
+
+fn table(id: &str) -> TableSpec {
+    let tables = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../data/tables");
+    load_table(&tables, id).unwrap()
+}
+
+fn claim<'t>(t: &'t TableSpec, starts: &str) -> &'t Claim {
+    t.claims
+        .iter()
+        .find(|c| c.text.starts_with(starts))
+        .unwrap_or_else(|| panic!("{}: no claim `{starts}...`", t.id))
+}
+
+fn cell(value: f64, se: f64) -> CellValue<'static> {
+    CellValue {
+        value,
+        se,
+        ..CellValue::default()
+    }
+}
+
+/// Table 3's "the architecture makes up most of the gain from the random LSTM to FPT":
+/// `(Trans. - LSTM) - (FPT - Trans.)`, decided by hand: Trans. counts twice, so its error
+/// counts with weight 2 in the interval.
+#[test]
+fn a_gap_claim_weighs_a_cell_on_both_sides_once_with_its_net_weight() {
+    let t = table("table3");
+    let c = claim(&t, "The transformer architecture makes up most");
+    assert_eq!(c.kind, ClaimKind::Gap);
+    let row = |r: usize| t.rows[r].label.clone();
+    let v = |trans: f64, lstm: f64, fpt: f64| {
+        check(&t, c, &|r, col| match (row(r).as_str(), col) {
+            ("Trans.", 0..=3) => Some(cell(trans, 1.0)),
+            ("LSTM", 0..=3) => Some(cell(lstm, 1.0)),
+            ("FPT", 0..=3) => Some(cell(fpt, 1.0)),
+            _ => None,
+        })
+    };
+    // (80 - 50) - (90 - 80) = 20 in each of 4 pairs. Per pair the variance is 2^2 + 1 + 1 =
+    // 6 (Trans. with its net weight 2): the mean's half-width is 1.96 sqrt(4 x 6) / 4 = 2.4.
+    let holds = v(80.0, 50.0, 90.0);
+    assert_eq!(holds.verdict, "holds", "{}", holds.detail);
+    assert!(
+        holds
+            .detail
+            .contains("(Trans. - LSTM) - (FPT - Trans.): +20.0, 95% interval +17.6 to +22.4"),
+        "{}",
+        holds.detail
+    );
+    assert!(
+        holds
+            .detail
+            .contains("over 4 of 7 pairs: Bit Memory, XOR, ListOps, MNIST"),
+        "{}",
+        holds.detail
+    );
+    // (60 - 50) - (95 - 60) = -25: the architecture is the smaller part of the gain.
+    assert_eq!(v(60.0, 50.0, 95.0).verdict, "fails");
+    // (70 - 50) - (90 - 70) = 0: the interval straddles it.
+    assert_eq!(v(70.0, 50.0, 90.0).verdict, "inconclusive");
+}
+
+/// In a gap, the side to be beaten (`b`) may be a model that ended at its baseline; any
+/// other cell at its baseline, or not converged, leaves its pair out.
+#[test]
+fn a_gap_leaves_out_pairs_as_a_beats_b_does() {
+    let t = table("table3");
+    let c = claim(&t, "The transformer architecture makes up most");
+    let row = |r: usize| t.rows[r].label.clone();
+    let at = || Some("accuracy within the uncertainty of the baseline".to_string());
+    let v = |lstm_ended: bool, fpt_rising: bool| {
+        check(&t, c, &|r, col| match (row(r).as_str(), col) {
+            ("Trans.", 3) => Some(cell(80.0, 0.5)),
+            ("LSTM", 3) => Some(CellValue {
+                at_baseline: at(),
+                ended_at_baseline: lstm_ended,
+                ..cell(11.0, 0.5)
+            }),
+            ("FPT", 3) => Some(CellValue {
+                convergence: match fpt_rising {
+                    true => fpt_ablate::claims::Convergence::Rising,
+                    false => fpt_ablate::claims::Convergence::Reached,
+                },
+                ..cell(90.0, 0.5)
+            }),
+            _ => None,
+        })
+    };
+    assert_eq!(v(true, false).verdict, "holds", "{}", v(true, false).detail);
+    let at_baseline = v(false, false);
+    assert_eq!(at_baseline.verdict, "undecided", "{}", at_baseline.detail);
+    assert!(
+        at_baseline.detail.contains("at their trivial baseline: LSTM / MNIST"),
+        "{}",
+        at_baseline.detail
+    );
+    let rising = v(true, true);
+    assert_eq!(rising.verdict, "undecided", "{}", rising.detail);
+    assert!(rising.detail.contains("FPT / MNIST"), "{}", rising.detail);
+}
+
+/// Table 7's gaps between train-test gaps, on the paper's numbers: Linformer's 58 points
+/// against the vanilla transformer's 28, and its 28 against FPT's -0.1.
+#[test]
+fn table7s_overfitting_gaps_hold_on_the_papers_numbers() {
+    let t = table("table7");
+    for (start, want) in [("Linformer overfits the most", 30.0), ("FPT underfits where", 28.1)] {
+        let c = claim(&t, start);
+        let v = check(&t, c, &|r, col| {
+            fpt_ablate::paper::parse_paper(&t.paper[r][col]).map(CellValue::exact)
+        });
+        assert_eq!(v.verdict, "holds", "{}", v.detail);
+        assert!(v.detail.contains(&format!("{want:+.1}")), "{}", v.detail);
+    }
+}
+
+/// Table 6's "Bit Memory pretraining is about 6x slower than FPT on Bit XOR": a factor on
+/// the log scale, each count's error (half an evaluation interval, or the seeds') carried
+/// as a relative error.
+#[test]
+fn a_ratio_claim_compares_factors_with_their_interval() {
+    let t = table("table6");
+    let c = claim(&t, "Bit Memory pretraining is about 6x slower");
+    assert_eq!(c.kind, ClaimKind::Ratio);
+    let row = |r: usize| t.rows[r].label.clone();
+    let v = |bit: (f64, f64), fpt: (f64, f64)| {
+        check(&t, c, &|r, col| match (row(r).as_str(), col) {
+            ("Bit", 1) => Some(cell(bit.0, bit.1)),
+            ("FPT", 1) => Some(cell(fpt.0, fpt.1)),
+            _ => None,
+        })
+    };
+    // 3000 / 500 = 6, relative errors 0.083 and 0.1: x4.65 to x7.74, inside x3 to x12.
+    let six = v((3000.0, 250.0), (500.0, 50.0));
+    assert_eq!(six.verdict, "holds", "{}", six.detail);
+    assert!(
+        six.detail
+            .contains("Bit / XOR over FPT / XOR: x6.00, 95% interval x4.65 to x7.74"),
+        "{}",
+        six.detail
+    );
+    assert!(six.detail.contains("needed x3.00 to x12.00"), "{}", six.detail);
+    // 40x (Random's speed-up in the paper) is not about 6x.
+    assert_eq!(v((20000.0, 250.0), (500.0, 50.0)).verdict, "fails");
+    // 2.5x with a wide error straddles 3x.
+    assert_eq!(v((1250.0, 500.0), (500.0, 50.0)).verdict, "inconclusive");
+    // The paper prints no Bit counts: its verdict is its text.
+    let (_, paper) = fpt_ablate::claims::on_paper(&t)
+        .into_iter()
+        .find(|(text, _)| *text == c.text)
+        .unwrap();
+    assert_eq!(paper.verdict, "in text", "{}", paper.detail);
+    assert!(paper.detail.contains("§3.4"), "{}", paper.detail);
+}
+
+/// Table 2's "a random frozen transformer does about as well on MNIST as a linear
+/// classifier (92%)": `comparable` with a number.
+#[test]
+fn comparable_with_a_number() {
+    let t = table("table2");
+    let c = claim(&t, "A frozen random transformer does about as well on MNIST");
+    let row = |r: usize| t.rows[r].label.clone();
+    let v = |x: f64| {
+        check(&t, c, &|r, col| match (row(r).as_str(), col) {
+            ("Random", 3) => Some(cell(x, 0.3)),
+            _ => None,
+        })
+    };
+    assert_eq!(v(92.5).verdict, "holds");
+    assert_eq!(v(85.0).verdict, "fails");
+    assert_eq!(v(90.3).verdict, "inconclusive");
+    assert!(
+        v(92.5).detail.contains("Random / MNIST - 92: +0.5"),
+        "{}",
+        v(92.5).detail
+    );
+}
+
+/// Malformed claims are refused by name.
+#[test]
+fn malformed_gap_and_ratio_claims_are_refused() {
+    let t = table("table6");
+    let ratio = claim(&t, "Bit Memory pretraining is about 6x slower").clone();
+    let err = |c: &Claim| validate(&t, c).unwrap_err();
+    assert!(err(&Claim {
+        by: 0.0,
+        ..ratio.clone()
+    })
+    .contains("`ratio` needs `by`"));
+    assert!(err(&Claim {
+        within: Some(1.0),
+        ..ratio.clone()
+    })
+    .contains("a factor above 1"));
+    assert!(err(&Claim {
+        than: Some(3.0),
+        b: None,
+        ..ratio.clone()
+    })
+    .contains("not `than`"));
+    let t3 = table("table3");
+    let gap = claim(&t3, "The transformer architecture makes up most").clone();
+    assert!(validate(&t3, &gap).is_ok());
+    let no_d = Claim { d: None, ..gap.clone() };
+    assert!(validate(&t3, &no_d)
+        .unwrap_err()
+        .contains("`gap` needs `b`, `c` and `d`"));
+    let stray = Claim {
+        kind: ClaimKind::Greater,
+        ..gap
+    };
+    assert!(validate(&t3, &stray)
+        .unwrap_err()
+        .contains("`c` and `d` belong to `gap`"));
+}
