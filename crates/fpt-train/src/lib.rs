@@ -159,6 +159,11 @@ pub struct EvalRecord {
     /// before fpt recorded it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub examples: Option<usize>,
+    /// Seconds this evaluation took (the held-out split, and the training split where
+    /// measured): with `elapsed_s`, the share of a run's time spent evaluating. Absent in
+    /// lines written before fpt recorded it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_s: Option<f64>,
 }
 
 /// The final numbers of a run, written to `result.json`.

@@ -156,6 +156,7 @@ impl Linear {
             window_steps += 1;
             on_event(&Event::Step { step, loss });
             if step % t.eval_every == 0 || step == t.steps {
+                let eval_started = Instant::now();
                 let tally = self.tally(Split::Test)?;
                 let (test_loss, test_accuracy) = tally.loss_and_accuracy();
                 let rec = EvalRecord {
@@ -168,6 +169,7 @@ impl Linear {
                     grad_norm,
                     elapsed_s: started.elapsed().as_secs_f64(),
                     examples: Some(tally.correct.len()),
+                    eval_s: Some(eval_started.elapsed().as_secs_f64()),
                 };
                 (window_loss, window_steps) = (0.0, 0);
                 metrics_append(&metrics, &rec)?;

@@ -186,6 +186,7 @@ pub(crate) fn run(
             });
         }
         epoch_times.push(e_start.elapsed().as_secs_f64());
+        let eval_started = Instant::now();
         let tally = score(&tr.model, &test_f, &test_y, chunk)?;
         let (test_loss, test_accuracy) = tally.loss_and_accuracy();
         let rec = EvalRecord {
@@ -198,6 +199,7 @@ pub(crate) fn run(
             grad_norm,
             elapsed_s: started.elapsed().as_secs_f64(),
             examples: Some(tally.correct.len()),
+            eval_s: Some(eval_started.elapsed().as_secs_f64()),
         };
         metrics_append(&metrics, &rec)?;
         on_event(&Event::Eval(&rec));

@@ -71,6 +71,7 @@ pub(crate) fn evaluate_now(
     metrics: &Path,
 ) -> Result<(EvalRecord, outcomes::Tally)> {
     let _e = tracing::info_span!("eval", step = tr.steps_done()).entered();
+    let eval_started = Instant::now();
     let tally = tr.tally(Split::Test)?;
     let (test_loss, test_accuracy) = tally.loss_and_accuracy();
     let train_accuracy = if with_train {
@@ -78,6 +79,7 @@ pub(crate) fn evaluate_now(
     } else {
         None
     };
+    let eval_s = eval_started.elapsed().as_secs_f64();
     let train_loss = if run.window_steps > 0 {
         run.window_loss / run.window_steps as f64
     } else {
@@ -93,6 +95,7 @@ pub(crate) fn evaluate_now(
         grad_norm: run.last_grad_norm,
         elapsed_s: run.elapsed_s + started.elapsed().as_secs_f64(),
         examples: Some(tally.correct.len()),
+        eval_s: Some(eval_s),
     };
     metrics_append(metrics, &rec)?;
     run.metrics_lines += 1;

@@ -134,6 +134,10 @@ fn same_spec_and_seed_give_the_same_numbers() {
         1,
         "one evaluation at the last step (30 < eval_every)"
     );
+    // Each evaluation times itself, within the run's time.
+    let rec: fpt_train::EvalRecord = serde_json::from_str(lines.lines().next().unwrap()).unwrap();
+    let e = rec.eval_s.expect("eval_s recorded");
+    assert!(e > 0.0 && e < rec.elapsed_s, "{e} s of {} s", rec.elapsed_s);
 }
 
 #[test]
