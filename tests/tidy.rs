@@ -287,8 +287,8 @@ fn host_device_copies_go_through_the_counted_place() {
         ("crates/fpt-tasks/src/baseline.rs", 2, "trivial baselines computed once"),
         (
             "crates/fpt-ablate/src/figure.rs",
-            2,
-            "figures drawn from trained models",
+            3,
+            "figures drawn from trained models (on the CPU: attention, weights, the example's inputs)",
         ),
         ("crates/fpt-cli/src/forward.rs", 1, "`fpt forward` writes its result"),
     ];

@@ -6,6 +6,7 @@
 //! `metrics.jsonl`.
 
 use crate::chart::{bars_svg, heatmap_svg, lines_svg, write_all};
+use crate::figure_claims::{judge, matching_masses, section, Measured};
 use crate::{expand, Report, Result};
 use fpt_spec::table::{Kind, ScaleSettings, TableSpec};
 use fpt_spec::{BackboneSpec, Init, ResidualInit, Role, TrainGroups};
@@ -14,10 +15,7 @@ use std::path::{Path, PathBuf};
 
 /// The first attention layer of the trained run in `run_dir` (its last checkpoint) on the
 /// first held-out example: per head `[queries][keys]`.
-pub fn first_layer_attention(
-    spec: &fpt_spec::RunSpec,
-    run_dir: &Path,
-) -> std::result::Result<Vec<Vec<Vec<f32>>>, String> {
+pub fn first_layer_attention(spec: &fpt_spec::RunSpec, run_dir: &Path) -> std::result::Result<Attention, String> {
     let cpu = candle_core::Device::Cpu;
     let s = |e: &dyn std::fmt::Display| e.to_string();
     let tr = fpt_train::Trainer::new(spec, &cpu).map_err(|e| s(&e))?;
@@ -38,7 +36,25 @@ pub fn first_layer_attention(
         .and_then(|v| v.into_iter().next())
         .ok_or("the backbone has no attention layer")?;
     let probs = first.squeeze(0).map_err(|e| s(&e))?; // [heads, T, T]
-    probs.to_vec3::<f32>().map_err(|e| s(&e))
+    Ok(Attention {
+        heads: probs.to_vec3::<f32>().map_err(|e| s(&e))?,
+        // Token inputs (vectors); token ids and images have no bits to compare.
+        inputs: match &batch.inputs {
+            fpt_tasks::Inputs::Vectors(t) => t.flatten_all().and_then(|t| t.to_vec1()).unwrap_or_default(),
+            fpt_tasks::Inputs::Tokens(_) => Vec::new(),
+        },
+        readout: tr.task().dims().readout_tokens,
+    })
+}
+
+/// A trained run's first attention layer on its first held-out example.
+pub struct Attention {
+    /// Per head `[queries][keys]`.
+    pub heads: Vec<Vec<Vec<f32>>>,
+    /// The example's inputs, flattened (empty where they are not values).
+    pub inputs: Vec<f32>,
+    /// The task's read-out tokens.
+    pub readout: usize,
 }
 
 /// Standard deviation of every attention and feed-forward tensor, by layer and by
@@ -170,7 +186,13 @@ pub fn render(
                     if let Some(n) = note {
                         md.push_str(&format!("\nSubstitution: {n}\n"));
                     }
-                    let json = serde_json::json!({ "backbone": spec.source, "series": series });
+                    let m = Measured {
+                        series: series.clone(),
+                        ..Measured::default()
+                    };
+                    let claims = judge(fig, &m, &|_| None);
+                    md.push_str(&section(&claims));
+                    let json = serde_json::json!({ "backbone": spec.source, "series": series, "claims": claims });
                     write_all(
                         &dir,
                         &[
@@ -185,7 +207,23 @@ pub fn render(
                         "Not drawn: the pretrained weights of `{}` are not available here ({e}).\n",
                         spec.source
                     ));
-                    write_all(&dir, &[("report.md", md)])?;
+                    let m = Measured {
+                        missing: Some(format!(
+                            "the pretrained weights of `{}` are not available here",
+                            spec.source
+                        )),
+                        ..Measured::default()
+                    };
+                    let claims = judge(fig, &m, &|_| None);
+                    md.push_str(&section(&claims));
+                    let json = serde_json::json!({ "claims": claims });
+                    write_all(
+                        &dir,
+                        &[
+                            ("report.md", md),
+                            ("report.json", serde_json::to_string_pretty(&json).expect("json")),
+                        ],
+                    )?;
                 }
             }
         }
@@ -222,13 +260,16 @@ pub fn render(
                             }
                             Some(res)
                         });
+                        let left = res.as_ref().and_then(|r| r.baseline.as_ref().map(|b| b.left));
+                        let converged = converged(out, key, spec);
+                        let mut text = text;
                         if let (Some(res), false) = (res, text.contains("trivial baseline")) {
                             if let Some(at) = text.find("\n\n![") {
-                                let mut t = text.clone();
-                                t.insert_str(at + 2, &learned_words(&res));
-                                fpt_train::write_atomic(&written, t.as_bytes())?;
+                                text.insert_str(at + 2, &learned_words(&res));
+                                fpt_train::write_atomic(&written, text.as_bytes())?;
                             }
                         }
+                        keep_statements(fig, &dir, &text, (left, converged))?;
                         return Ok(dir);
                     }
                     md.push_str(&format!(
@@ -244,11 +285,26 @@ pub fn render(
                     if let Some(line) = learned.as_ref().map(learned_words) {
                         md.push_str(&line);
                     }
+                    let left = learned.as_ref().and_then(|r| r.baseline.as_ref().map(|b| b.left));
+                    let ended = (left, converged(out, key, spec));
                     match first_layer_attention(spec, &run) {
-                        Ok(heads) => attention_report(fig, spec, &heads, &dir, md)?,
+                        Ok(a) => attention_report(fig, spec, &a, ended, (out, scale), &dir, md)?,
                         Err(e) => {
                             md.push_str(&format!("Not drawn: {e} (run `fpt run-table {}` first).\n", fig.id));
-                            write_all(&dir, &[("report.md", md)])?;
+                            let m = Measured {
+                                missing: Some(format!("not drawn: {e}")),
+                                ..Measured::default()
+                            };
+                            let claims = judge(fig, &m, &|_| None);
+                            md.push_str(&section(&claims));
+                            let json = serde_json::json!({ "claims": claims });
+                            write_all(
+                                &dir,
+                                &[
+                                    ("report.md", md),
+                                    ("report.json", serde_json::to_string_pretty(&json).expect("json")),
+                                ],
+                            )?;
                         }
                     }
                 }
@@ -276,10 +332,18 @@ pub fn render(
 fn attention_report(
     fig: &TableSpec,
     spec: &fpt_spec::RunSpec,
-    heads: &[Vec<Vec<f32>>],
+    a: &Attention,
+    (left, converged): (Option<bool>, Option<bool>),
+    (out, scale): (&Path, &str),
     dir: &Path,
     mut md: String,
 ) -> Result<()> {
+    let heads = &a.heads;
+    let mut measured = Measured {
+        learned: left,
+        converged,
+        ..Measured::default()
+    };
     let t = heads[0].len();
     let nh = heads.len() as f32;
     let mean: Vec<Vec<f32>> = (0..t)
@@ -330,6 +394,13 @@ fn attention_report(
                 mean[q][j] + mean[q][q]
             ));
             rows.push(serde_json::json!({ "query": q, "mean": mean[q][j] + mean[q][q], "best_head": best, "uniform": uniform, "null_mean": null_mean, "null_p95": null_p95, "above_null_p95": best > null_p95 }));
+            measured.xor.push([
+                best as f64,
+                null_mean as f64,
+                null_p95 as f64,
+                uniform as f64,
+                (mean[q][j] + mean[q][q]) as f64,
+            ]);
         }
         let masses: Vec<f64> = rows.iter().filter_map(|r| r["best_head"].as_f64()).collect();
         let uniforms: Vec<f64> = rows.iter().filter_map(|r| r["uniform"].as_f64()).collect();
@@ -354,6 +425,22 @@ fn attention_report(
         summary["best_head_mass_over_uniform"] = (m / u.max(1e-9)).into();
         md.push('\n');
     }
+    if spec.task.name == fpt_spec::TaskName::BitMemory {
+        measured.matching = matching_masses(heads, &a.inputs, a.readout);
+    }
+    summary["learned"] = serde_json::json!(left);
+    summary["converged"] = serde_json::json!(converged);
+    // Another figure's per-token XOR masses at this scale, where its run learned and ended.
+    let other = |id: &str| -> Option<Vec<f64>> {
+        let p = out.join(id).join(scale).join("report.json");
+        let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(p).ok()?).ok()?;
+        if v["learned"] != serde_json::json!(true) || v["converged"] != serde_json::json!(true) {
+            return None;
+        }
+        v["xor_mass"].as_array()?.iter().map(|r| r["mean"].as_f64()).collect()
+    };
+    let claims = judge(fig, &measured, &other);
+    summary["claims"] = serde_json::to_value(&claims).expect("json");
     let svg = heatmap_svg(
         &format!("{}: first-layer attention, mean over heads", fig.id),
         &mean,
@@ -365,6 +452,7 @@ fn attention_report(
         heads.len(),
         if marks.is_empty() { "" } else { "; red boxes: the two bits each read-out token XORs" }
     ));
+    md.push_str(&section(&claims));
     summary["mean"] = serde_json::to_value(&mean).expect("json");
     write_all(
         dir,
@@ -372,6 +460,50 @@ fn attention_report(
             ("figure.svg", svg),
             ("report.md", md),
             ("report.json", serde_json::to_string_pretty(&summary).expect("json")),
+        ],
+    )
+}
+
+/// Whether the figure's run converged, by the rule its table's reports apply.
+fn converged(out: &Path, key: &str, spec: &fpt_spec::RunSpec) -> Option<bool> {
+    let rec = crate::record::RunRecord::load(out, key).ok().flatten()?;
+    let res = rec.result.as_ref()?;
+    crate::convergence::converged_by_rule(res, &rec.evals, spec.train.converge_floor).0
+}
+
+/// A kept figure report (its run's checkpoint not here) without its statements gets them,
+/// judged from what can be known without the run: nothing where it learned (its measure
+/// needs the checkpoint), `undecided` where it did not.
+fn keep_statements(
+    fig: &TableSpec,
+    dir: &Path,
+    md: &str,
+    (left, converged): (Option<bool>, Option<bool>),
+) -> Result<()> {
+    if fig.statements.is_empty() || md.contains("## The paper's statements") {
+        return Ok(());
+    }
+    let m = Measured {
+        learned: left,
+        converged,
+        missing: (left == Some(true) && converged == Some(true))
+            .then(|| "the run's checkpoint is not on this machine: its attention was not measured".to_string()),
+        ..Measured::default()
+    };
+    let claims = judge(fig, &m, &|_| None);
+    let path = dir.join("report.json");
+    let mut json: serde_json::Value = std::fs::read_to_string(&path)
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or_else(|| serde_json::json!({}));
+    json["claims"] = serde_json::to_value(&claims).expect("json");
+    json["learned"] = serde_json::json!(left);
+    json["converged"] = serde_json::json!(converged);
+    write_all(
+        dir,
+        &[
+            ("report.md", format!("{md}{}", section(&claims))),
+            ("report.json", serde_json::to_string_pretty(&json).expect("json")),
         ],
     )
 }

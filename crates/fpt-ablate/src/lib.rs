@@ -24,6 +24,7 @@ pub mod convergence;
 pub mod equal_budget;
 mod expand;
 pub mod figure;
+pub mod figure_claims;
 mod here;
 pub mod paper;
 pub mod precision;

@@ -304,7 +304,8 @@ pub fn claims_summary(tables: &Path, ids: &[String], scale: &str, out: &Path) ->
     let scales = scales_with(tables, scale)?;
     for id in table_ids(tables, ids)? {
         let table = crate::at_scale(&load_table(tables, &id)?, &scales, scale)?;
-        if table.kind != Kind::Table {
+        // A figure takes part through its statements (judged in its report like claims).
+        if table.kind != Kind::Table && table.statements.is_empty() {
             continue;
         }
         let path = out.join(&id).join(scale).join("report.json");
@@ -325,16 +326,21 @@ pub fn claims_summary(tables: &Path, ids: &[String], scale: &str, out: &Path) ->
                 }
             }
         }
-        if table.claims.is_empty() {
+        // What the report judges: a table's claims, or a figure's statements.
+        let texts: Vec<&str> = match table.kind {
+            Kind::Table => table.claims.iter().map(|c| c.text.as_str()).collect(),
+            _ => table.statements.iter().map(|s| s.text.as_str()).collect(),
+        };
+        if texts.is_empty() {
             continue;
         }
         match report.as_ref().and_then(|r| r["claims"].as_array().cloned()) {
             None => {
-                for c in &table.claims {
+                for text in &texts {
                     *verdicts.entry("without a report".into()).or_insert(0) += 1;
                     rows.push_str(&format!(
                         "| {id} | {} | no report at this scale | `fpt run-table {id} --scale {scale}` | |\n",
-                        cell(&c.text)
+                        cell(text)
                     ));
                 }
             }

@@ -222,3 +222,32 @@ fn malformed_gap_and_ratio_claims_are_refused() {
         .unwrap_err()
         .contains("`c` and `d` belong to `gap`"));
 }
+
+/// The claims about a failing model say so (`about_failure`), so that their cells at the
+/// trivial baseline count as evidence: Table 4's three (the 3-layer LSTM beats the 12-layer
+/// one; the 12-layer one near chance on MNIST and CIFAR-10), Table 5's first and third (the 12-layer
+/// LSTM variants), Table 11's at one layer and Table 12's two. (That
+/// every claim holds on the paper's numbers is `every_claim_holds_on_the_papers_numbers`.)
+#[test]
+fn claims_about_a_failure_say_so() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let tables = root.join("data/tables");
+    let mut failures = Vec::new();
+    for id in fpt_ablate::list(&tables).unwrap() {
+        let t = load_table(&tables, &id).unwrap();
+        for c in &t.claims {
+            let failure = c.text.contains("12-layer") && c.text.contains("LSTM") && !c.text.contains("Even with")
+                || c.text.contains("stay far below")
+                || c.text.contains("floor")
+                || c.text.contains("Neither init does well");
+            assert_eq!(c.about_failure, failure, "{id}: `{}`", c.text);
+            if failure {
+                failures.push(id.clone());
+            }
+        }
+    }
+    assert_eq!(
+        failures,
+        ["table4", "table4", "table4", "table5", "table5", "table11", "table12", "table12"]
+    );
+}

@@ -4,7 +4,8 @@
 //! the cell's row and column labels, and its field: `ours`, `paper`, `baseline`, `diff` or
 //! `steps`); the number after it must be the field's value as written (to as many decimals as
 //! it shows). `<!--cell claims-->` and `<!--cell claims paper-->` mark counts of the claims
-//! `data/tables` carries (all; the paper's own). Numbers that no report holds (timings,
+//! `data/tables` carries (all; the paper's own), `<!--cell statements-->` the figures'
+//! statements. Numbers that no report holds (timings,
 //! runs outside the tables) are dated and name their commit instead.
 
 use std::path::{Path, PathBuf};
@@ -47,8 +48,21 @@ fn claims(paper_only: bool) -> usize {
 
 /// The value of `field` of the cell `row|col` in the report `id/scale`, as the number
 /// `written` shows it (its decimals), or why not. Two markers count instead:
-/// `claims` (every claim entry of `data/tables`) and `claims paper` (the paper's own).
+/// `claims` (every claim entry of `data/tables`) and `claims paper` (the paper's own), and
+/// one more, `statements` (the figures' statements).
 fn check(marker: &str, written: &str) -> Result<(), String> {
+    if marker == "statements" {
+        let tables = root().join("data/tables");
+        let n: usize = fpt_ablate::list(&tables)
+            .unwrap()
+            .iter()
+            .map(|id| fpt_ablate::load_table(&tables, id).unwrap().statements.len())
+            .sum();
+        return match written == n.to_string() {
+            true => Ok(()),
+            false => Err(format!("`{marker}`: the text says {written}, the figures carry {n}")),
+        };
+    }
     if let Some(which) = marker.strip_prefix("claims") {
         let n = claims(which.trim() == "paper");
         return if written == n.to_string() {

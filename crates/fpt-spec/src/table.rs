@@ -242,6 +242,43 @@ pub struct TableSpec {
     /// rows and shown beside its numbers.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub alternates: Vec<Alternate>,
+    /// A figure's statements (its caption's or the paper's text about it), each judged from
+    /// what the figure measures.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub statements: Vec<Statement>,
+}
+
+/// A statement the paper makes about one of its figures, judged from the figure's measure.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Statement {
+    /// The statement, as the paper makes it.
+    pub text: String,
+    /// What decides it.
+    pub measure: Measure,
+    /// `xor-pair-weaker`: the figure (at the same scale) whose pattern this one's is weaker
+    /// than.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub than_figure: Option<String>,
+}
+
+/// How a figure's statement is measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Measure {
+    /// Bit XOR: each read-out token's best first-layer head puts its attention on the two
+    /// bits the token XORs, above the 95th percentile of the same statistic on every other
+    /// pair of keys it sees, for most read-out tokens, and at least twice a uniform spread.
+    XorPair,
+    /// Bit XOR: the XOR'ed pair's first-layer attention (mean over heads) is weaker than in
+    /// `than_figure`, paired over the read-out tokens.
+    XorPairWeaker,
+    /// Bit Memory: the masked query's tokens attend more to the string they are a copy of
+    /// (found from the visible bits) than to any other string, for most query tokens.
+    MatchingString,
+    /// The pretrained parameters' standard deviation by layer is unlike the default init
+    /// (0.02 for weights, 0 for biases).
+    LayerSpread,
 }
 
 /// A row of a table that exists only where a scale substitutes the paper's backbone
