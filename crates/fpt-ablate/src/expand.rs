@@ -597,6 +597,7 @@ pub(crate) fn plan_at(
     let spec = RunSpec {
         train_groups: groups,
         train,
+        input_init: s.input_init.unwrap_or_default(),
         model: if cached {
             fpt_spec::ModelKind::OutputOnly
         } else {

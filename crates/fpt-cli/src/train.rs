@@ -54,6 +54,11 @@ pub(crate) struct TrainArgs {
     /// Gain of the orthogonal init of the input layer.
     #[arg(help_heading = "Training", long, default_value_t = fpt_spec::DEFAULT_ORTH_GAIN)]
     pub(crate) orth_gain: f64,
+    /// How a linear input layer is initialised: `orthogonal` (the reference code's) or
+    /// `uniform` (nn.Linear's default); the paper (§3.12) finds orthogonal very important
+    /// when the input layer is frozen.
+    #[arg(help_heading = "Training", long, default_value = "orthogonal")]
+    pub(crate) input_init: fpt_spec::InputInit,
     /// Turn the backbone's own dropouts off during training (the reference keeps them on).
     #[arg(help_heading = "Training", long)]
     pub(crate) no_backbone_dropout: bool,
@@ -144,6 +149,7 @@ pub(crate) fn spec_from_args(a: &TrainArgs, given: &dyn Fn(&str) -> bool, base: 
             train: TrainSpec::default(),
             input_dropout: a.input_dropout,
             orth_gain: a.orth_gain,
+            input_init: a.input_init,
             backbone_dropout: !a.no_backbone_dropout,
             model: a.model,
         },
@@ -241,6 +247,9 @@ pub(crate) fn spec_from_args(a: &TrainArgs, given: &dyn Fn(&str) -> bool, base: 
     }
     if set("orth_gain") {
         s.orth_gain = a.orth_gain;
+    }
+    if set("input_init") {
+        s.input_init = a.input_init;
     }
     if set("no_backbone_dropout") {
         s.backbone_dropout = !a.no_backbone_dropout;

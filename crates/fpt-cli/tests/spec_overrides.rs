@@ -57,6 +57,33 @@ fn flags_beside_a_spec_override_its_fields() {
     assert_eq!(b["train"]["lr"], a["train"]["lr"], "not given: the spec's");
     assert_eq!(b["backbone"], a["backbone"]);
     assert_eq!(b["task"], a["task"]);
+    // The input layer's init: not written at its default (keys stay as they were), written
+    // when given, and an unknown one refused by name.
+    assert!(a.get("input_init").is_none(), "{a}");
+    let third = tmp.path().join("u");
+    let out = fpt(&[
+        "train",
+        "--spec",
+        spec.to_str().unwrap(),
+        "--input-init",
+        "uniform",
+        "-q",
+        "--out",
+        third.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(read(&third)["input_init"], "uniform");
+    let out = fpt(&[
+        "train",
+        "--spec",
+        spec.to_str().unwrap(),
+        "--input-init",
+        "gaussian",
+        "--out",
+        tmp.path().join("g").to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("`orthogonal` or `uniform`"), "{}", stderr(&out));
     // A flag that makes the spec invalid is refused, naming the file.
     let out = fpt(&[
         "train",

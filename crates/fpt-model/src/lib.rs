@@ -39,6 +39,8 @@ pub struct HeadConfig {
     pub input_dropout: f64,
     /// Gain of the orthogonal init of a Linear input layer.
     pub orth_gain: f64,
+    /// How a Linear input layer is initialised.
+    pub input_init: fpt_spec::InputInit,
 }
 
 impl Default for HeadConfig {
@@ -46,6 +48,7 @@ impl Default for HeadConfig {
         Self {
             input_dropout: fpt_spec::DEFAULT_INPUT_DROPOUT,
             orth_gain: fpt_spec::DEFAULT_ORTH_GAIN,
+            input_init: fpt_spec::InputInit::Orthogonal,
         }
     }
 }
@@ -152,8 +155,23 @@ impl Fpt {
         }
         let input = match dims.input {
             InputKind::Vectors { width } => {
-                let w = fpt_nn::init::orthogonal(hidden, width, head.orth_gain, rng, device)?;
-                let b = Tensor::zeros(hidden, candle_core::DType::F32, device)?;
+                let (w, b) = match head.input_init {
+                    fpt_spec::InputInit::Orthogonal => (
+                        fpt_nn::init::orthogonal(hidden, width, head.orth_gain, rng, device)?,
+                        Tensor::zeros(hidden, candle_core::DType::F32, device)?,
+                    ),
+                    fpt_spec::InputInit::Uniform => {
+                        // PyTorch's nn.Linear default: U(-1/sqrt(in), 1/sqrt(in)), bias too.
+                        let bound = 1.0 / (width as f64).sqrt();
+                        let mut u = |n: usize| -> Vec<f32> {
+                            (0..n).map(|_| ((rng.uniform() * 2.0 - 1.0) * bound) as f32).collect()
+                        };
+                        (
+                            Tensor::from_vec(u(hidden * width), (hidden, width), device)?,
+                            Tensor::from_vec(u(hidden), hidden, device)?,
+                        )
+                    }
+                };
                 InputLayer::Linear(Linear::new(
                     Param::new(w, groups.input)?,
                     Some(Param::new(b, groups.input)?),

@@ -205,3 +205,48 @@ fn a_model_without_blocks_reads_out_the_embedding_stage() {
         .unwrap();
     assert!(diff < 1e-5, "{diff}");
 }
+
+/// A linear input layer's init: orthogonal rows scaled by the gain with a zero bias (the
+/// default), or nn.Linear's U(-1/sqrt(width), 1/sqrt(width)) for weight and bias.
+#[test]
+fn the_input_layer_is_orthogonal_or_nn_linears_uniform() {
+    let groups = TrainGroups::fpt();
+    let width = 4;
+    let dims = TaskDims {
+        input: InputKind::Vectors { width },
+        seq_len: 10,
+        readout_tokens: 1,
+        labels_per_example: 1,
+        classes: 2,
+    };
+    let input = |init: fpt_spec::InputInit| {
+        let mut rng = Rng::new(3);
+        let head = HeadConfig {
+            input_init: init,
+            ..HeadConfig::default()
+        };
+        let bb = Box::new(tiny_backbone(&groups, &mut rng));
+        let m = Fpt::new(bb, dims, groups, head, &Device::Cpu, &mut rng).unwrap();
+        let get = |name: &str| {
+            let v = m.trainable().into_iter().find(|(n, _)| n == name).unwrap().1;
+            v.as_tensor().flatten_all().unwrap().to_vec1::<f32>().unwrap()
+        };
+        (get("input.weight"), get("input.bias"))
+    };
+    // Orthogonal: [16, 4] with orthonormal columns times the gain, so W^T W = gain^2 I.
+    let (w, b) = input(fpt_spec::InputInit::Orthogonal);
+    let gain2 = (fpt_spec::DEFAULT_ORTH_GAIN * fpt_spec::DEFAULT_ORTH_GAIN) as f32;
+    for i in 0..width {
+        for j in 0..width {
+            let dot: f32 = (0..16).map(|r| w[r * width + i] * w[r * width + j]).sum();
+            let want = if i == j { gain2 } else { 0.0 };
+            assert!((dot - want).abs() < 1e-4, "({i}, {j}): {dot}");
+        }
+    }
+    assert!(b.iter().all(|&x| x == 0.0));
+    // Uniform: every value within 1/sqrt(4) = 0.5, spread across it, the bias too.
+    let (w, b) = input(fpt_spec::InputInit::Uniform);
+    assert!(w.iter().chain(&b).all(|x| x.abs() <= 0.5), "{w:?}");
+    assert!(w.iter().any(|&x| x > 0.3) && w.iter().any(|&x| x < -0.3), "{w:?}");
+    assert!(b.iter().any(|&x| x != 0.0));
+}

@@ -110,7 +110,7 @@ def test_every_keyword_reaches_the_runs_spec(tmp_path):
     clf = fpt.FrozenTransformerClassifier(
         **dict(TINY, layers=2, steps=40), depth=1, no_final_norm=True, precision="bf16",
         micro_batch_size=8, clip=0.5, divergence_factor=50.0, orth_gain=1.0,
-        no_backbone_dropout=True, lr_schedule="cosine:10", convergence_tolerance=0.02,
+        input_init="uniform", no_backbone_dropout=True, lr_schedule="cosine:10", convergence_tolerance=0.02,
         early_stop_patience=4, stop_on_plateau=True, checkpoint_every=20, positions=16,
         residual_init="scaled", run_dir=tmp_path / "a").fit(x, y)
     spec = json.loads((tmp_path / "a" / "spec.json").read_text())
@@ -121,6 +121,7 @@ def test_every_keyword_reaches_the_runs_spec(tmp_path):
     assert t["lr_schedule"] == {"kind": "cosine", "warmup_steps": 10}
     assert (t["early_stop_patience"], t["stop_on_plateau"], t["checkpoint_every"]) == (4, True, 20)
     assert (spec["orth_gain"], spec["backbone_dropout"]) == (1.0, False)
+    assert spec["input_init"] == "uniform"
     assert clf.predict(x).shape == (120,)
 
 

@@ -19,6 +19,11 @@ pub struct RunSpec {
     pub input_dropout: f64,
     /// Gain of the orthogonal init of the input layer (the reference code's 1.41).
     pub orth_gain: f64,
+    /// How a linear input layer is initialised: orthogonal (default; not written) or
+    /// PyTorch's `nn.Linear` default (§3.12: the orthogonal init matters when the input
+    /// layer is frozen).
+    #[serde(default, skip_serializing_if = "InputInit::is_orthogonal")]
+    pub input_init: InputInit,
     /// Whether the backbone's own dropouts (GPT-2: embd/attn/resid 0.1) are on in training.
     pub backbone_dropout: bool,
     /// The model trained: FPT (default; not written), output-only on cached features, or
@@ -40,6 +45,7 @@ impl RunSpec {
             train: TrainSpec::default(),
             input_dropout: DEFAULT_INPUT_DROPOUT,
             orth_gain: DEFAULT_ORTH_GAIN,
+            input_init: InputInit::Orthogonal,
             backbone_dropout: true,
             model: ModelKind::Fpt,
         }
@@ -311,5 +317,38 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("seeds"));
+    }
+}
+
+/// How a linear input layer (vector inputs) is initialised; token inputs always get a
+/// N(0, 1) embedding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum InputInit {
+    /// Orthogonal with gain `orth_gain` (the reference code's; the paper's §3.12 finds it
+    /// very important when the input layer is not trained).
+    #[default]
+    Orthogonal,
+    /// PyTorch's `nn.Linear` default: weight and bias from U(-1/sqrt(width), 1/sqrt(width)).
+    Uniform,
+}
+
+impl InputInit {
+    /// Whether this is the default (not written into a spec, so keys stay as they were).
+    pub fn is_orthogonal(&self) -> bool {
+        *self == InputInit::Orthogonal
+    }
+}
+
+impl std::str::FromStr for InputInit {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "orthogonal" => Ok(InputInit::Orthogonal),
+            "uniform" => Ok(InputInit::Uniform),
+            _ => Err(format!(
+                "input init `{s}`: expected `orthogonal` or `uniform` (nn.Linear's default)"
+            )),
+        }
     }
 }

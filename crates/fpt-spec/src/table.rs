@@ -67,6 +67,8 @@ optional_settings! {
         attention_only: bool,
         /// Train the last attention layer too (Table 14).
         last_attention: bool,
+        /// How a linear input layer is initialised (`orthogonal` unless set; §3.12).
+        input_init: crate::InputInit,
         /// What the cell reports.
         metric: Metric,
         /// Learning rate (paper: 1e-3; homology 1e-4; LSTMs 3e-4).

@@ -97,6 +97,7 @@ impl Trainer {
         let head = HeadConfig {
             input_dropout: spec.input_dropout,
             orth_gain: spec.orth_gain,
+            input_init: spec.input_init,
         };
         let model =
             Fpt::new(backbone, task.dims(), spec.train_groups, head, device, &mut init_rng).map_err(|e| match e {

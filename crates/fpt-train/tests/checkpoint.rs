@@ -41,6 +41,7 @@ fn tiny(steps: usize) -> RunSpec {
         },
         input_dropout: 0.1,
         orth_gain: 1.41,
+        input_init: fpt_spec::InputInit::Orthogonal,
         backbone_dropout: true,
         model: fpt_spec::ModelKind::Fpt,
     }
@@ -331,6 +332,7 @@ fn gpt2_base_trainable_file_is_under_4_mb() {
         train: TrainSpec::default(),
         input_dropout: 0.1,
         orth_gain: 1.41,
+        input_init: fpt_spec::InputInit::Orthogonal,
         backbone_dropout: true,
         model: fpt_spec::ModelKind::Fpt,
     };

@@ -55,6 +55,7 @@ fn spec(task: TaskSpec, backbone: BackboneSpec, groups: TrainGroups, steps: usiz
         },
         input_dropout: 0.1,
         orth_gain: 1.41,
+        input_init: fpt_spec::InputInit::Orthogonal,
         backbone_dropout: true,
         model: ModelKind::Fpt,
     }

@@ -45,6 +45,7 @@ fn tiny(task: TaskName, steps: usize) -> RunSpec {
         },
         input_dropout: 0.1,
         orth_gain: 1.41,
+        input_init: fpt_spec::InputInit::Orthogonal,
         backbone_dropout: true,
         model: fpt_spec::ModelKind::Fpt,
     }

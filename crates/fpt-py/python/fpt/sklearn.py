@@ -66,7 +66,7 @@ except ImportError:  # pragma: no cover
 _PARAMS = [
     "backbone", "init", "layers", "hidden", "heads", "positions", "attention_only", "residual_init", "depth",
     "no_final_norm", "precision", "train", "steps", "batch_size", "micro_batch_size",
-    "lr", "clip", "divergence_factor", "input_dropout", "orth_gain", "no_backbone_dropout",
+    "lr", "clip", "divergence_factor", "input_dropout", "orth_gain", "input_init", "no_backbone_dropout",
     "seed", "lr_schedule", "eval_every", "convergence_tolerance", "early_stop_patience",
     "early_stop_within_noise", "stop_on_plateau", "checkpoint_every", "device",
     "validation_fraction", "run_dir", "progress",
@@ -84,7 +84,7 @@ class FrozenTransformerClassifier(ClassifierMixin, BaseEstimator):
     (random-init BERT-family blocks without their feed-forward half), `residual_init`,
     `depth`, `no_final_norm`, `precision` ("f32" or "bf16"), `train` (the trained groups: "fpt", "all", "out", or a list of groups), `steps`,
     `batch_size`, `micro_batch_size`, `lr`, `clip`, `divergence_factor`, `input_dropout`,
-    `orth_gain`, `no_backbone_dropout`, `seed`, `lr_schedule` ("constant", "linear:W",
+    `orth_gain`, `input_init` ("orthogonal" or "uniform"), `no_backbone_dropout`, `seed`, `lr_schedule` ("constant", "linear:W",
     "cosine:W"), `eval_every` (default: 4 evaluations a run), `convergence_tolerance`,
     `early_stop_patience`, `early_stop_within_noise`, `stop_on_plateau`, `checkpoint_every`,
     `device` ("cpu" or "cuda:N"). Not here: `--model` (the linear and output-only runs
@@ -97,7 +97,7 @@ class FrozenTransformerClassifier(ClassifierMixin, BaseEstimator):
                  positions=None, attention_only=False, residual_init="unscaled", depth=None, no_final_norm=False,
                  precision="f32", train="fpt", steps=1000, batch_size=16,
                  micro_batch_size=None, lr=1e-3, clip=1.0, divergence_factor=None,
-                 input_dropout=0.1, orth_gain=1.41, no_backbone_dropout=False, seed=0,
+                 input_dropout=0.1, orth_gain=1.41, input_init="orthogonal", no_backbone_dropout=False, seed=0,
                  lr_schedule="constant", eval_every=None, convergence_tolerance=0.01,
                  early_stop_patience=None, early_stop_within_noise=False, stop_on_plateau=False,
                  checkpoint_every=None, device="cpu", validation_fraction=0.1, run_dir=None,
@@ -122,6 +122,7 @@ class FrozenTransformerClassifier(ClassifierMixin, BaseEstimator):
         self.divergence_factor = divergence_factor
         self.input_dropout = input_dropout
         self.orth_gain = orth_gain
+        self.input_init = input_init
         self.no_backbone_dropout = no_backbone_dropout
         self.seed = seed
         self.lr_schedule = lr_schedule
@@ -233,6 +234,10 @@ class FrozenTransformerClassifier(ClassifierMixin, BaseEstimator):
             "orth_gain": float(self.orth_gain),
             "backbone_dropout": not self.no_backbone_dropout,
         }
+        if self.input_init not in ("orthogonal", "uniform"):
+            raise ValueError(f"input_init={self.input_init!r}: expected 'orthogonal' or 'uniform'")
+        if self.input_init != "orthogonal":
+            spec["input_init"] = self.input_init
         return spec
 
     # --- the estimator --------------------------------------------------------------------
