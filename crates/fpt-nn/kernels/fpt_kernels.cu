@@ -134,3 +134,54 @@ extern "C" __global__ void fpt_gelu_bwd_f32(const float *x, const float *dy, flo
         dx[i] = dy[i] * dv;
     }
 }
+
+// SwiGLU forward: y = silu(g) * u.
+extern "C" __global__ void fpt_swiglu_fwd_f32(const float *g, const float *u, float *y, uint64_t n) {
+    FPT_FOR_EACH(i, n) {
+        float v, dg, du;
+        fpt_swiglu(g[i], u[i], 0.0f, &v, &dg, &du);
+        y[i] = v;
+    }
+}
+
+// SwiGLU backward: both gradients into one buffer of 2n, dg first, then du.
+extern "C" __global__ void fpt_swiglu_bwd_f32(const float *g, const float *u, const float *dy, float *d, uint64_t n) {
+    FPT_FOR_EACH(i, n) {
+        float v;
+        fpt_swiglu(g[i], u[i], dy[i], &v, d + i, d + n + i);
+    }
+}
+
+// Rotary positions (transpose 0) or their transpose, the backward (transpose 1).
+extern "C" __global__ void fpt_rotary_f32(const float *x, const float *cs, const float *sn, float *y, uint64_t n,
+                                          int64_t t, int64_t w, int64_t d, int32_t transpose) {
+    FPT_FOR_EACH(i, n) { y[i] = fpt_rotary_at(x, cs, sn, i, t, w, d, transpose); }
+}
+
+// Cross-entropy per row of c logits against its target: loss[r] = logsumexp(x_r) - x_r[t_r],
+// one warp per row.
+extern "C" __global__ void fpt_ce_fwd_f32(const float *x, const uint32_t *t, float *loss, uint64_t rows, int64_t c) {
+    uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) / FPT_WARP;
+    uint64_t warps = ((uint64_t)gridDim.x * blockDim.x) / FPT_WARP;
+    int lane = threadIdx.x % FPT_WARP;
+    for (uint64_t r = warp; r < rows; r += warps) {
+        const float *xr = x + r * c;
+        float m = fpt_warp_max(fpt_softmax_lane_max(xr, 0, c, 1.0f, lane, FPT_WARP));
+        float sum = fpt_warp_sum(fpt_ce_lane_sum(xr, c, m, lane, FPT_WARP));
+        if (lane == 0) loss[r] = fpt_ce_row_loss(xr, c, t[r], m, sum);
+    }
+}
+
+// Its backward: dx_r = g_r (softmax(x_r) - onehot(t_r)), one warp per row.
+extern "C" __global__ void fpt_ce_bwd_f32(const float *x, const uint32_t *t, const float *g, float *dx, uint64_t rows,
+                                          int64_t c) {
+    uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) / FPT_WARP;
+    uint64_t warps = ((uint64_t)gridDim.x * blockDim.x) / FPT_WARP;
+    int lane = threadIdx.x % FPT_WARP;
+    for (uint64_t r = warp; r < rows; r += warps) {
+        const float *xr = x + r * c;
+        float m = fpt_warp_max(fpt_softmax_lane_max(xr, 0, c, 1.0f, lane, FPT_WARP));
+        float sum = fpt_warp_sum(fpt_ce_lane_sum(xr, c, m, lane, FPT_WARP));
+        fpt_ce_lane_grad(xr, dx + r * c, c, t[r], m, 1.0f / sum, g[r], lane, FPT_WARP);
+    }
+}

@@ -243,4 +243,55 @@ FPT_HD void fpt_gelu(int kind, float x, float *y, float *dydx) {
     }
 }
 
+/* SwiGLU at one element (Llama's gated activation, y = silu(g) u with silu(x) = x s,
+ * s = 1 / (1 + e^-x)) and its two gradients for the output gradient dy:
+ * dg = dy u silu'(g), silu'(x) = s (1 + x (1 - s)); du = dy silu(g). */
+FPT_HD void fpt_swiglu(float g, float u, float dy, float *y, float *dg, float *du) {
+    float s = 1.0f / (1.0f + expf(-g));
+    float silu = g * s;
+    *y = silu * u;
+    *dg = dy * u * s * (1.0f + g * (1.0f - s));
+    *du = dy * silu;
+}
+
+/* Rotary positions (Llama's "rotate half" layout) at element i of x, [rows, w = heads * d]
+ * with row r at position r % t, and cs, sn the [t, d] cos and sin tables: on each head's
+ * halves y1 = x1 cos1 - x2 sin1, y2 = x2 cos2 + x1 sin2; with transpose the rotation's
+ * transpose (the backward): dx1 = dy1 cos1 + dy2 sin2, dx2 = dy2 cos2 - dy1 sin1. */
+FPT_HD float fpt_rotary_at(const float *x, const float *cs, const float *sn, uint64_t i, int64_t t, int64_t w,
+                           int64_t d, int transpose) {
+    int64_t h = d / 2;
+    uint64_t r = i / (uint64_t)w;
+    int64_t k = (int64_t)(i % (uint64_t)w) % d;
+    int64_t p = (int64_t)(r % (uint64_t)t);
+    const float *c = cs + p * d, *s = sn + p * d;
+    if (k < h) {
+        float x1 = x[i], x2 = x[i + h];
+        return transpose ? x1 * c[k] + x2 * s[h + k] : x1 * c[k] - x2 * s[k];
+    }
+    int64_t q = k - h;
+    float x1 = x[i - h], x2 = x[i];
+    return transpose ? x2 * c[h + q] - x1 * s[q] : x2 * c[h + q] + x1 * s[h + q];
+}
+
+/* Cross-entropy over a row of c logits (the row's max from fpt_softmax_lane_max with scale
+ * 1 over [0, c)): a lane's share of sum(exp(x - max)). */
+FPT_HD float fpt_ce_lane_sum(const float *x, int64_t c, float max, int lane, int nl) {
+    float s = 0.0f;
+    for (int64_t j = lane; j < c; j += nl) s += expf(x[j] - max);
+    return s;
+}
+
+/* The row's loss, logsumexp(x) - x[k], from its max and sum; NaN for a target outside the
+ * classes (the trainer's non-finite check stops on it; the CPU op names it). */
+FPT_HD float fpt_ce_row_loss(const float *x, int64_t c, uint32_t k, float max, float sum) {
+    return (int64_t)k < c ? logf(sum) + max - x[k] : NAN;
+}
+
+/* A lane's share of the row's gradient: dx_j = g (softmax_j - [j == k]). */
+FPT_HD void fpt_ce_lane_grad(const float *x, float *dx, int64_t c, uint32_t k, float max, float inv_sum, float g,
+                             int lane, int nl) {
+    for (int64_t j = lane; j < c; j += nl) dx[j] = g * (expf(x[j] - max) * inv_sum - (j == (int64_t)k ? 1.0f : 0.0f));
+}
+
 #endif

@@ -128,3 +128,36 @@ uint32_t fpt_host_block_key(uint64_t seed, uint64_t index) { return fpt_block_ke
 
 /* SplitMix64's output for `state` (already advanced), for the known-answer tests. */
 uint64_t fpt_host_splitmix_mix(uint64_t state) { return fpt_splitmix_mix(state); }
+
+/* SwiGLU forward and both gradients, as the two kernels compute them per element; the
+ * gradients into d (2n: dg, then du) as the backward kernel lays them out. */
+void fpt_host_swiglu_f32(const float *g, const float *u, const float *dy, float *y, float *d, uint64_t n) {
+    for (uint64_t i = 0; i < n; i++) {
+        float unused_a, unused_b, unused_y;
+        fpt_swiglu(g[i], u[i], 0.0f, &y[i], &unused_a, &unused_b);
+        fpt_swiglu(g[i], u[i], dy[i], &unused_y, &d[i], &d[n + i]);
+    }
+}
+
+void fpt_host_rotary_f32(const float *x, const float *cs, const float *sn, float *y, uint64_t n, int64_t t, int64_t w,
+                         int64_t d, int32_t transpose) {
+    for (uint64_t i = 0; i < n; i++) y[i] = fpt_rotary_at(x, cs, sn, i, t, w, d, transpose);
+}
+
+/* Cross-entropy per row and its gradient for the rows' upstream gradients g, as the two
+ * kernels compute them with one warp per row. */
+void fpt_host_ce_f32(const float *x, const uint32_t *t, const float *g, float *loss, float *dx, uint64_t rows,
+                     int64_t c) {
+    for (uint64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * c;
+        float part[LANES];
+        for (int l = 0; l < LANES; l++) part[l] = fpt_softmax_lane_max(xr, 0, c, 1.0f, l, LANES);
+        butterfly_max(part);
+        float m = part[0];
+        for (int l = 0; l < LANES; l++) part[l] = fpt_ce_lane_sum(xr, c, m, l, LANES);
+        butterfly_sum(part);
+        float sum = part[0];
+        loss[r] = fpt_ce_row_loss(xr, c, t[r], m, sum);
+        for (int l = 0; l < LANES; l++) fpt_ce_lane_grad(xr, dx + r * c, c, t[r], m, 1.0f / sum, g[r], l, LANES);
+    }
+}

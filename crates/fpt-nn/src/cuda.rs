@@ -343,3 +343,136 @@ pub(crate) fn gelu_bwd(x: (&CudaStorage, &Layout), dy: (&CudaStorage, &Layout), 
     unsafe { b.launch(elementwise(n)) }.w()?;
     Ok(CudaStorage::wrap_cuda_slice(out, dev))
 }
+
+/// SwiGLU forward: `silu(g) * u` (equal shapes).
+pub(crate) fn swiglu_fwd(g: (&CudaStorage, &Layout), u: (&CudaStorage, &Layout)) -> Result<CudaStorage> {
+    let dev = g.0.device().clone();
+    let (gv, uv) = (f32_view(g.0, g.1, "swiglu")?, f32_view(u.0, u.1, "swiglu")?);
+    let n = g.1.shape().elem_count();
+    let out = output(&dev, n)?;
+    let f = func!(dev, "fpt_swiglu_fwd_f32")?;
+    let mut b = f.builder();
+    let n64 = n as u64;
+    b.arg(&gv).arg(&uv).arg(&out).arg(&n64);
+    // SAFETY: g, u and out hold n elements (the caller checked the shapes are equal).
+    unsafe { b.launch(elementwise(n)) }.w()?;
+    Ok(CudaStorage::wrap_cuda_slice(out, dev))
+}
+
+/// SwiGLU backward: `dg` then `du` in one buffer of twice the elements.
+pub(crate) fn swiglu_bwd(
+    g: (&CudaStorage, &Layout),
+    u: (&CudaStorage, &Layout),
+    dy: (&CudaStorage, &Layout),
+) -> Result<CudaStorage> {
+    let dev = g.0.device().clone();
+    let what = "swiglu backward";
+    let (gv, uv, yv) = (
+        f32_view(g.0, g.1, what)?,
+        f32_view(u.0, u.1, what)?,
+        f32_view(dy.0, dy.1, what)?,
+    );
+    let n = g.1.shape().elem_count();
+    let out = output(&dev, 2 * n)?;
+    let f = func!(dev, "fpt_swiglu_bwd_f32")?;
+    let mut b = f.builder();
+    let n64 = n as u64;
+    b.arg(&gv).arg(&uv).arg(&yv).arg(&out).arg(&n64);
+    // SAFETY: g, u and dy hold n elements, out 2n.
+    unsafe { b.launch(elementwise(n)) }.w()?;
+    Ok(CudaStorage::wrap_cuda_slice(out, dev))
+}
+
+/// Rotary positions on `x` (`[rows, w]`, row r at position r % t; the `[t, d]` tables), or
+/// with `transpose` the rotation's transpose (the backward).
+pub(crate) fn rotary(
+    x: (&CudaStorage, &Layout),
+    cos: (&CudaStorage, &Layout),
+    sin: (&CudaStorage, &Layout),
+    (t, w, d): (usize, usize, usize),
+    transpose: bool,
+) -> Result<CudaStorage> {
+    let dev = x.0.device().clone();
+    let (xv, cv, sv) = (
+        f32_view(x.0, x.1, "rotary")?,
+        f32_view(cos.0, cos.1, "rotary")?,
+        f32_view(sin.0, sin.1, "rotary")?,
+    );
+    let n = x.1.shape().elem_count();
+    let out = output(&dev, n)?;
+    let f = func!(dev, "fpt_rotary_f32")?;
+    let mut b = f.builder();
+    let (n64, t64, w64, d64, tr) = (n as u64, t as i64, w as i64, d as i64, i32::from(transpose));
+    b.arg(&xv)
+        .arg(&cv)
+        .arg(&sv)
+        .arg(&out)
+        .arg(&n64)
+        .arg(&t64)
+        .arg(&w64)
+        .arg(&d64)
+        .arg(&tr);
+    // SAFETY: x and out hold n elements, a multiple of w whose rows sit at positions below
+    // t; the tables hold t * d (the caller checked both shapes).
+    unsafe { b.launch(elementwise(n)) }.w()?;
+    Ok(CudaStorage::wrap_cuda_slice(out, dev))
+}
+
+/// Class targets as the cross-entropy kernels take them: contiguous u32.
+fn u32_view<'a>(s: &'a CudaStorage, l: &Layout, op: &'static str) -> Result<CudaView<'a, u32>> {
+    if s.dtype() != DType::U32 {
+        candle_core::bail!("{op}: the CUDA kernel takes u32 targets, got {:?}", s.dtype())
+    }
+    let (a, b) = l
+        .contiguous_offsets()
+        .ok_or_else(|| candle_core::Error::Msg(format!("{op}: the CUDA kernel takes contiguous targets")))?;
+    Ok(s.as_cuda_slice::<u32>()?.slice(a..b))
+}
+
+/// Cross-entropy per row of `[rows, c]` logits against `[rows]` targets: `[rows]` losses.
+pub(crate) fn ce_fwd(x: (&CudaStorage, &Layout), t: (&CudaStorage, &Layout)) -> Result<CudaStorage> {
+    let dev = x.0.device().clone();
+    let (rows, c) = x.1.shape().dims2()?;
+    let (xv, tv) = (
+        f32_view(x.0, x.1, "cross_entropy")?,
+        u32_view(t.0, t.1, "cross_entropy")?,
+    );
+    if t.1.shape().elem_count() != rows {
+        candle_core::bail!("cross_entropy: {} targets for {rows} rows", t.1.shape().elem_count())
+    }
+    let out = output(&dev, rows)?;
+    let f = func!(dev, "fpt_ce_fwd_f32")?;
+    let mut b = f.builder();
+    let (rows64, c64) = (rows as u64, c as i64);
+    b.arg(&xv).arg(&tv).arg(&out).arg(&rows64).arg(&c64);
+    // SAFETY: x holds rows * c elements, t and out rows.
+    unsafe { b.launch(per_row(rows)) }.w()?;
+    Ok(CudaStorage::wrap_cuda_slice(out, dev))
+}
+
+/// Its backward for the rows' upstream gradients `g` (`[rows]`): `[rows, c]`.
+pub(crate) fn ce_bwd(
+    x: (&CudaStorage, &Layout),
+    t: (&CudaStorage, &Layout),
+    g: (&CudaStorage, &Layout),
+) -> Result<CudaStorage> {
+    let dev = x.0.device().clone();
+    let (rows, c) = x.1.shape().dims2()?;
+    let what = "cross_entropy backward";
+    let (xv, tv, gv) = (
+        f32_view(x.0, x.1, what)?,
+        u32_view(t.0, t.1, what)?,
+        f32_view(g.0, g.1, what)?,
+    );
+    if t.1.shape().elem_count() != rows || g.1.shape().elem_count() != rows {
+        candle_core::bail!("{what}: targets and gradients must hold one value per row ({rows})")
+    }
+    let out = output(&dev, rows * c)?;
+    let f = func!(dev, "fpt_ce_bwd_f32")?;
+    let mut b = f.builder();
+    let (rows64, c64) = (rows as u64, c as i64);
+    b.arg(&xv).arg(&tv).arg(&gv).arg(&out).arg(&rows64).arg(&c64);
+    // SAFETY: x and out hold rows * c elements, t and g rows.
+    unsafe { b.launch(per_row(rows)) }.w()?;
+    Ok(CudaStorage::wrap_cuda_slice(out, dev))
+}

@@ -63,6 +63,19 @@ extern "C" {
         centered: i32,
     );
     fn fpt_host_gelu_f32(x: *const f32, y: *mut f32, dydx: *mut f32, n: u64, kind: i32);
+    fn fpt_host_rotary_f32(
+        x: *const f32,
+        cs: *const f32,
+        sn: *const f32,
+        y: *mut f32,
+        n: u64,
+        t: i64,
+        w: i64,
+        d: i64,
+        transpose: i32,
+    );
+    fn fpt_host_ce_f32(x: *const f32, t: *const u32, g: *const f32, loss: *mut f32, dx: *mut f32, rows: u64, c: i64);
+    fn fpt_host_swiglu_f32(g: *const f32, u: *const f32, dy: *const f32, y: *mut f32, d: *mut f32, n: u64);
     fn fpt_host_block_key(seed: u64, index: u64) -> u32;
     fn fpt_host_splitmix_mix(state: u64) -> u64;
 }
@@ -384,5 +397,153 @@ fn gelu_kernels_equal_the_cpu_ops() -> Result<()> {
         let e = max_rel(&d, &want);
         assert!(e < 1e-5, "gelu kind {kind} derivative: {e}");
     }
+    Ok(())
+}
+
+/// The SwiGLU kernels against the CPU op and its gradients (`dg` then `du`, as the backward
+/// kernel lays them out in one buffer).
+#[test]
+fn swiglu_kernels_equal_the_cpu_op() -> Result<()> {
+    let dev = Device::Cpu;
+    let n = 2001;
+    let g: Vec<f32> = randn(n, 61).iter().map(|v| v * 4.0).collect();
+    let u = randn(n, 62);
+    let dy = randn(n, 63);
+    let (mut y, mut d) = (poisoned(n), poisoned(2 * n));
+    // SAFETY: g, u, dy and y hold n elements, d 2n.
+    unsafe {
+        fpt_host_swiglu_f32(
+            g.as_ptr(),
+            u.as_ptr(),
+            dy.as_ptr(),
+            y.as_mut_ptr(),
+            d.as_mut_ptr(),
+            n as u64,
+        )
+    };
+    let gv = candle_core::Var::from_tensor(&Tensor::from_vec(g, n, &dev)?)?;
+    let uv = candle_core::Var::from_tensor(&Tensor::from_vec(u, n, &dev)?)?;
+    let cpu = ops::swiglu(gv.as_tensor(), uv.as_tensor())?;
+    let e = max_rel(&y, &cpu.to_vec1::<f32>()?);
+    assert!(e < 1e-5, "swiglu forward: {e}");
+    let grads = (cpu * Tensor::from_vec(dy, n, &dev)?)?.sum_all()?.backward()?;
+    for (what, v, part) in [("dg", &gv, &d[..n]), ("du", &uv, &d[n..])] {
+        let want = grads.get(v.as_tensor()).expect("a gradient").to_vec1::<f32>()?;
+        let e = max_rel(part, &want);
+        assert!(e < 1e-5, "swiglu {what}: {e}");
+    }
+    Ok(())
+}
+
+/// The rotary kernel both ways (forward, and its transpose as the backward) against the CPU
+/// op and its gradient, on a batch of rows at every position.
+#[test]
+fn rotary_kernel_equals_the_cpu_op() -> Result<()> {
+    let dev = Device::Cpu;
+    let (b, t, heads, d) = (3, 7, 2, 8);
+    let (w, n) = (heads * d, b * t * heads * d);
+    let x = randn(n, 71);
+    let dy = randn(n, 72);
+    let cos: Vec<f32> = randn(t * d, 73).iter().map(|v| v.cos()).collect();
+    let sin: Vec<f32> = randn(t * d, 74).iter().map(|v| v.sin()).collect();
+    let (mut y, mut dx) = (poisoned(n), poisoned(n));
+    let geom = (t as i64, w as i64, d as i64);
+    // SAFETY: x, dy, y and dx hold n elements, a multiple of w; the tables t * d.
+    unsafe {
+        fpt_host_rotary_f32(
+            x.as_ptr(),
+            cos.as_ptr(),
+            sin.as_ptr(),
+            y.as_mut_ptr(),
+            n as u64,
+            geom.0,
+            geom.1,
+            geom.2,
+            0,
+        );
+        fpt_host_rotary_f32(
+            dy.as_ptr(),
+            cos.as_ptr(),
+            sin.as_ptr(),
+            dx.as_mut_ptr(),
+            n as u64,
+            geom.0,
+            geom.1,
+            geom.2,
+            1,
+        );
+    }
+    let xv = candle_core::Var::from_tensor(&Tensor::from_vec(x, (b, t, w), &dev)?)?;
+    let (ct, st) = (
+        Tensor::from_vec(cos, (t, d), &dev)?,
+        Tensor::from_vec(sin, (t, d), &dev)?,
+    );
+    let cpu = ops::rotary(xv.as_tensor(), &ct, &st, heads)?;
+    let e = max_rel(&y, &cpu.flatten_all()?.to_vec1::<f32>()?);
+    assert!(e < 1e-5, "rotary forward: {e}");
+    let grads = (cpu * Tensor::from_vec(dy, (b, t, w), &dev)?)?.sum_all()?.backward()?;
+    let want = grads
+        .get(xv.as_tensor())
+        .expect("a gradient")
+        .flatten_all()?
+        .to_vec1::<f32>()?;
+    let e = max_rel(&dx, &want);
+    assert!(e < 1e-5, "rotary backward: {e}");
+    Ok(())
+}
+
+/// The cross-entropy kernels (per-row losses, then their mean; the gradient for each row's
+/// share of the mean) against the CPU op and its gradient, over class counts below, at and
+/// above a warp's 32 lanes.
+#[test]
+fn cross_entropy_kernels_equal_the_cpu_op() -> Result<()> {
+    let dev = Device::Cpu;
+    for (rows, c) in [(5, 2), (9, 32), (7, 100)] {
+        let x: Vec<f32> = randn(rows * c, 81 + c as u64).iter().map(|v| v * 3.0).collect();
+        let t: Vec<u32> = (0..rows).map(|r| ((r * 7 + 3) % c) as u32).collect();
+        let g = vec![1.0 / rows as f32; rows];
+        let (mut loss, mut dx) = (poisoned(rows), poisoned(rows * c));
+        // SAFETY: x and dx hold rows * c elements, t, g and loss rows.
+        unsafe {
+            fpt_host_ce_f32(
+                x.as_ptr(),
+                t.as_ptr(),
+                g.as_ptr(),
+                loss.as_mut_ptr(),
+                dx.as_mut_ptr(),
+                rows as u64,
+                c as i64,
+            )
+        };
+        let xv = candle_core::Var::from_tensor(&Tensor::from_vec(x, (rows, c), &dev)?)?;
+        let cpu = ops::cross_entropy(xv.as_tensor(), &Tensor::from_vec(t, rows, &dev)?)?;
+        let mean = loss.iter().sum::<f32>() / rows as f32;
+        let e = max_rel(&[mean], &[cpu.to_scalar::<f32>()?]);
+        assert!(e < 1e-5, "cross_entropy {rows}x{c} loss: {e}");
+        let want = cpu
+            .backward()?
+            .get(xv.as_tensor())
+            .expect("a gradient")
+            .flatten_all()?
+            .to_vec1::<f32>()?;
+        let e = max_rel(&dx, &want);
+        assert!(e < 1e-5, "cross_entropy {rows}x{c} gradient: {e}");
+    }
+    // A target outside the classes gives NaN, which the trainer's non-finite check stops on.
+    let (mut loss, mut dx) = (poisoned(1), poisoned(3));
+    let (x, t, g) = ([0.5f32, 1.0, -1.0], [3u32], [1.0f32]);
+    // SAFETY: x and dx hold 3 elements, t, g and loss 1.
+    unsafe {
+        fpt_host_ce_f32(
+            x.as_ptr(),
+            t.as_ptr(),
+            g.as_ptr(),
+            loss.as_mut_ptr(),
+            dx.as_mut_ptr(),
+            1,
+            3,
+        )
+    };
+    assert!(loss[0].is_nan());
     Ok(())
 }

@@ -160,6 +160,32 @@ pub fn agreement(device: &Device) -> Result<Vec<KernelCheck>> {
     }
     op_check(&mut out, device, "gelu_new", &[&[4096]], |x| ops::gelu_new(x[0]))?;
     op_check(&mut out, device, "gelu_erf", &[&[4096]], |x| ops::gelu_erf(x[0]))?;
+    // Llama's pieces: SwiGLU, rotary positions (constant tables: no gradient), and the loss.
+    op_check(&mut out, device, "swiglu", &[&[64, 256], &[64, 256]], |x| {
+        ops::swiglu(x[0], x[1])
+    })?;
+    let (t, heads, d) = (17usize, 3usize, 16usize);
+    let cos = randn(&[t, d], 40, &cpu)?.cos()?;
+    let sin = randn(&[t, d], 41, &cpu)?.sin()?;
+    op_check(&mut out, device, "rotary", &[&[2, t, heads * d]], |x| {
+        let on = |tab: &Tensor| fpt_nn::transfer::to_device(tab, x[0].device());
+        ops::rotary(x[0], &on(&cos)?, &on(&sin)?, heads)
+    })?;
+    for (rows, c) in [(48usize, 10usize), (7, 1000)] {
+        let logits = randn(&[rows, c], 50 + c as u64, &cpu)?;
+        let targets: Vec<u32> = (0..rows).map(|r| ((r * 7 + 3) % c) as u32).collect();
+        let run = |dev: &Device| -> Result<(Tensor, Tensor)> {
+            let x = Var::from_tensor(&fpt_nn::transfer::to_device(&logits, dev)?)?;
+            let t = fpt_nn::transfer::to_device(&Tensor::new(targets.as_slice(), &cpu)?, dev)?;
+            let loss = ops::cross_entropy(x.as_tensor(), &t)?;
+            let g = loss.backward()?.get(x.as_tensor()).cloned();
+            let g = g.ok_or_else(|| candle_core::Error::Msg("cross_entropy: no gradient".into()))?;
+            Ok((loss, g))
+        };
+        let ((ld, gd), (lc, gc)) = (run(device)?, run(&cpu)?);
+        check(&mut out, format!("cross_entropy {rows}x{c}"), &ld, &lc, 1e-5)?;
+        check(&mut out, format!("cross_entropy {rows}x{c} gradient"), &gd, &gc, 1e-5)?;
+    }
     // Attention with dropout (the device's composed op against the CPU's fused one): the
     // same mask, so the outputs agree to rounding.
     // Attention (on a GPU one recomputing node, on the CPU the fused op), split and packed,
@@ -294,4 +320,28 @@ pub fn gradients_flow(device: &Device) -> Result<Vec<GradientCheck>> {
         });
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The agreement checks' own code runs, each op and gradient named once (on the CPU both
+    /// sides are the CPU's ops: what this guards is the checks, for the device run `fpt
+    /// gpu-check` makes).
+    #[test]
+    fn every_agreement_check_runs_on_the_cpu() {
+        let checks = agreement(&Device::Cpu).unwrap();
+        let names: Vec<&str> = checks.iter().map(|c| c.name.as_str()).collect();
+        for want in [
+            "swiglu",
+            "swiglu gradient of input 1",
+            "rotary gradient of input 0",
+            "cross_entropy 7x1000 gradient",
+        ] {
+            assert!(names.contains(&want), "{want} not in {names:?}");
+        }
+        let failed: Vec<&KernelCheck> = checks.iter().filter(|c| !c.passed).collect();
+        assert!(failed.is_empty(), "{failed:?}");
+    }
 }

@@ -104,11 +104,86 @@ impl CustomOp2 for CrossEntropy {
     }
 }
 
+/// Cross-entropy per row on a GPU (`[n]` losses; their mean is the loss): one warp per row
+/// each way, nothing stored between them. A target outside the classes gives NaN (the
+/// trainer's non-finite check stops on it; reading the targets back to name it would copy
+/// them to the host every step).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+struct CrossEntropyRows;
+
+impl CustomOp2 for CrossEntropyRows {
+    fn name(&self) -> &'static str {
+        "fpt-cross-entropy-rows"
+    }
+
+    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
+        candle_core::bail!("cross_entropy: the per-row op is for GPUs (the CPU's is `CrossEntropy`)")
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        x: &candle_core::CudaStorage,
+        lx: &Layout,
+        t: &candle_core::CudaStorage,
+        lt: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let (rows, _) = lx.shape().dims2()?;
+        Ok((crate::cuda::ce_fwd((x, lx), (t, lt))?, Shape::from(rows)))
+    }
+
+    fn bwd(&self, x: &Tensor, t: &Tensor, _res: &Tensor, g: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let dx = x.apply_op3_no_bwd(t, &g.contiguous()?, &CrossEntropyRowsBackward)?;
+        Ok((Some(dx), None))
+    }
+}
+
+/// Its backward: `g_r (softmax(x_r) - onehot(t_r))`; never differentiated.
+struct CrossEntropyRowsBackward;
+
+impl candle_core::CustomOp3 for CrossEntropyRowsBackward {
+    fn name(&self) -> &'static str {
+        "fpt-cross-entropy-rows-backward"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        candle_core::bail!("cross_entropy: the per-row backward is for GPUs")
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        x: &candle_core::CudaStorage,
+        lx: &Layout,
+        t: &candle_core::CudaStorage,
+        lt: &Layout,
+        g: &candle_core::CudaStorage,
+        lg: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        Ok((crate::cuda::ce_bwd((x, lx), (t, lt), (g, lg))?, lx.shape().clone()))
+    }
+}
+
 /// Mean cross-entropy of `logits: [n, classes]` against `targets: [n]` (u32), as PyTorch's
-/// `nn.CrossEntropyLoss` with mean reduction. Fused on CPU; its backward stores a gradient
-/// for `logits` only.
+/// `nn.CrossEntropyLoss` with mean reduction. Fused on the CPU and on a GPU (f32 logits, u32
+/// targets: per-row kernels, then the mean); its backward stores a gradient for `logits`
+/// only.
 pub fn cross_entropy(logits: &Tensor, targets: &Tensor) -> Result<Tensor> {
     if !logits.device().is_cpu() {
+        if super::fused_here(logits) && targets.dtype() == DType::U32 {
+            let rows = logits
+                .contiguous()?
+                .apply_op2(&targets.contiguous()?, CrossEntropyRows)?;
+            return rows.mean_all();
+        }
         return cross_entropy_composed(logits, targets);
     }
     logits.contiguous()?.apply_op2(&targets.contiguous()?, CrossEntropy)

@@ -65,17 +65,21 @@ fn rotate<T: Float>(op: &Rotary, x: &[T], transpose: bool) -> Vec<T> {
     y
 }
 
+/// The input must be `[batch, t, heads * d]`.
+fn check_shape(shape: &Shape, t: usize, heads: usize, d: usize) -> Result<()> {
+    let dims = shape.dims();
+    let ok = dims.len() == 3 && dims[1] == t && dims[2] == heads * d;
+    if !ok {
+        return Err(candle_core::Error::Msg(format!(
+            "rotary: input {dims:?} is not [batch, {t}, {heads} heads x {d}]"
+        )));
+    }
+    Ok(())
+}
+
 impl Rotary {
     fn check(&self, shape: &Shape) -> Result<()> {
-        let dims = shape.dims();
-        let ok = dims.len() == 3 && dims[1] == self.t && dims[2] == self.heads * self.d;
-        if !ok {
-            return Err(candle_core::Error::Msg(format!(
-                "rotary: input {dims:?} is not [batch, {}, {} heads x {}]",
-                self.t, self.heads, self.d
-            )));
-        }
-        Ok(())
+        check_shape(shape, self.t, self.heads, self.d)
     }
 }
 
@@ -115,12 +119,71 @@ impl CustomOp1 for Rotary {
     }
 }
 
+/// Rotary positions on a GPU: `x`, `cos`, `sin` all on the device (the tables are read
+/// there, never copied to the host); `transpose` is the backward, never differentiated.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+struct RotaryDevice {
+    heads: usize,
+    d: usize,
+    t: usize,
+    transpose: bool,
+}
+
+impl candle_core::CustomOp3 for RotaryDevice {
+    fn name(&self) -> &'static str {
+        "fpt-rotary-device"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        candle_core::bail!("rotary: the device op is for GPUs (the CPU's is `Rotary`)")
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        x: &candle_core::CudaStorage,
+        lx: &Layout,
+        cos: &candle_core::CudaStorage,
+        lc: &Layout,
+        sin: &candle_core::CudaStorage,
+        ls: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        check_shape(lx.shape(), self.t, self.heads, self.d)?;
+        let geom = (self.t, self.heads * self.d, self.d);
+        let y = crate::cuda::rotary((x, lx), (cos, lc), (sin, ls), geom, self.transpose)?;
+        Ok((y, lx.shape().clone()))
+    }
+
+    fn bwd(&self, x: &Tensor, cos: &Tensor, sin: &Tensor, _res: &Tensor, dy: &Tensor) -> Result<BwdOut> {
+        if !tracks(x) {
+            return Ok((None, None, None));
+        }
+        let back = RotaryDevice {
+            transpose: !self.transpose,
+            ..*self
+        };
+        let dx = dy.contiguous()?.apply_op3_no_bwd(cos, sin, &back)?;
+        Ok((Some(dx), None, None))
+    }
+}
+
+type BwdOut = (Option<Tensor>, Option<Tensor>, Option<Tensor>);
+
 /// Rotary positions on `x` (`[batch, t, heads * d]`, each head's halves rotated by the
 /// `[t, d]` tables `cos` and `sin`, as `transformers`' `apply_rotary_pos_emb`). Fused with a
-/// hand-written backward on CPU (f32, f64), composed of candle ops elsewhere; the tables get
-/// no gradient.
+/// hand-written backward on the CPU (f32, f64) and on a GPU (f32: one kernel each way, the
+/// tables read on the device), composed of candle ops otherwise; the tables get no
+/// gradient.
 pub fn rotary(x: &Tensor, cos: &Tensor, sin: &Tensor, heads: usize) -> Result<Tensor> {
-    if !x.device().is_cpu() || !matches!(x.dtype(), DType::F32 | DType::F64) {
+    if !super::fused_here(x) {
         return rotary_composed(x, cos, sin, heads);
     }
     let (t, d) = cos.dims2()?;
@@ -130,6 +193,16 @@ pub fn rotary(x: &Tensor, cos: &Tensor, sin: &Tensor, heads: usize) -> Result<Te
             cos.shape(),
             sin.shape()
         )));
+    }
+    if !x.device().is_cpu() {
+        let table = |x: &Tensor| x.to_dtype(DType::F32)?.contiguous();
+        let op = RotaryDevice {
+            heads,
+            d,
+            t,
+            transpose: false,
+        };
+        return x.contiguous()?.apply_op3(&table(cos)?, &table(sin)?, op);
     }
     let table = |x: &Tensor| -> Result<Vec<f64>> { x.to_dtype(DType::F64)?.flatten_all()?.to_vec1() };
     let op = Rotary {

@@ -115,13 +115,7 @@ impl CustomOp2 for SwiGlu {
     }
 
     fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> Result<(CpuStorage, Shape)> {
-        if l1.shape() != l2.shape() {
-            return Err(candle_core::Error::Msg(format!(
-                "swiglu: gate {:?} and up {:?} differ in shape",
-                l1.shape(),
-                l2.shape()
-            )));
-        }
+        same_shape(l1, l2)?;
         let out = match s1.dtype() {
             DType::F32 => {
                 let (g, u) = (cpu_slice::<f32>(s1, l1, "swiglu")?, cpu_slice::<f32>(s2, l2, "swiglu")?);
@@ -136,8 +130,28 @@ impl CustomOp2 for SwiGlu {
         Ok((out, l1.shape().clone()))
     }
 
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        same_shape(l1, l2)?;
+        Ok((crate::cuda::swiglu_fwd((s1, l1), (s2, l2))?, l1.shape().clone()))
+    }
+
     fn bwd(&self, g: &Tensor, u: &Tensor, _res: &Tensor, dy: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
         let dev = g.device();
+        if !dev.is_cpu() {
+            // One kernel writes both gradients, dg then du, into a [2, ..] buffer.
+            let both = g
+                .contiguous()?
+                .apply_op3_no_bwd(&u.contiguous()?, &dy.contiguous()?, &SwiGluBackward)?;
+            let (dg, du) = (both.get(0)?, both.get(1)?);
+            return Ok((tracks(g).then_some(dg), tracks(u).then_some(du)));
+        }
         let (dg, du) = match g.dtype() {
             DType::F32 => {
                 let (a, b) = with_cpu_slice::<f32, _>(g, "swiglu", |gs| {
@@ -176,10 +190,61 @@ impl CustomOp2 for SwiGlu {
     }
 }
 
+/// The gate and the up projection must have one shape.
+fn same_shape(l1: &Layout, l2: &Layout) -> Result<()> {
+    if l1.shape() != l2.shape() {
+        return Err(candle_core::Error::Msg(format!(
+            "swiglu: gate {:?} and up {:?} differ in shape",
+            l1.shape(),
+            l2.shape()
+        )));
+    }
+    Ok(())
+}
+
+/// SwiGLU's backward on a GPU: `[dg, du]` stacked (one kernel); never differentiated.
+struct SwiGluBackward;
+
+impl candle_core::CustomOp3 for SwiGluBackward {
+    fn name(&self) -> &'static str {
+        "fpt-swiglu-backward"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        candle_core::bail!("swiglu: the backward op is for GPUs (the CPU's is in the forward op)")
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        g: &candle_core::CudaStorage,
+        lg: &Layout,
+        u: &candle_core::CudaStorage,
+        lu: &Layout,
+        dy: &candle_core::CudaStorage,
+        ldy: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        same_shape(lg, lu)?;
+        same_shape(lg, ldy)?;
+        let mut dims = vec![2];
+        dims.extend_from_slice(lg.dims());
+        Ok((crate::cuda::swiglu_bwd((g, lg), (u, lu), (dy, ldy))?, Shape::from(dims)))
+    }
+}
+
 /// `silu(gate) * up`, elementwise (equal shapes): Llama's SwiGLU. Fused with a hand-written
-/// backward on CPU (f32, f64), composed of candle ops elsewhere.
+/// backward on the CPU (f32, f64) and on a GPU (f32: one kernel each way), composed of
+/// candle ops otherwise.
 pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
-    if !gate.device().is_cpu() || !matches!(gate.dtype(), DType::F32 | DType::F64) {
+    if !super::fused_here(gate) {
         return swiglu_composed(gate, up);
     }
     gate.contiguous()?.apply_op2(&up.contiguous()?, SwiGlu)
