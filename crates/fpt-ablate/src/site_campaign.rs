@@ -20,10 +20,19 @@ struct Row {
     cap: usize,
     evals: Vec<(usize, f64)>,
     stretches: Vec<fpt_train::Segment>,
+    /// Seconds evaluating, seconds in all, evaluations timed ([`crate::campaign::eval_time`]).
+    eval_time: Option<(f64, f64, usize)>,
 }
 
-/// The row label of a run's init, as Table 2 names its rows.
+/// The row label of a run, as Table 2 names its rows (the critics' by their shape: no
+/// block, or one attention-only block).
 fn row_of(spec: &fpt_spec::RunSpec) -> &'static str {
+    if spec.backbone.depth == Some(0) {
+        return "w/o LLM";
+    }
+    if spec.backbone.shape.attention_only == Some(true) {
+        return "LLM2Attn";
+    }
     match spec.backbone.init {
         fpt_spec::Init::Pretrained => "FPT",
         fpt_spec::Init::Random => "Random",
@@ -89,6 +98,7 @@ fn read_row(dir: &Path) -> Option<Row> {
         cap: spec.train.steps,
         evals,
         stretches,
+        eval_time: crate::campaign::eval_time(dir),
     })
 }
 
@@ -106,9 +116,9 @@ pub(crate) fn campaign_page(results: &Path) -> Option<String> {
     }
     rows.sort_by(|a, b| (&a.task, &a.what).cmp(&(&b.task, &b.what)));
     let mut b = String::from(
-        "<p><a href=\"../index.html\">all tables</a></p>\n<h1>The converge campaign</h1>\n<p>Table 2's runs trained until they converge (docs/campaign.md): each run's state as <code>fpt run-table table2 --scale converge --status</code> reads it from <code>results/campaign/</code>, the rule's call (the trend of the last half of its steps; a run flat at its trivial baseline past its floor ended there), its floor (the paper's Table 6 count for its row and task) and where each stretch ran. The curves put the step on a log scale; the vertical lines are the floors.</p>\n",
+        "<p><a href=\"../index.html\">all tables</a></p>\n<h1>The converge campaign</h1>\n<p>Table 2's runs trained until they converge (docs/campaign.md): each run's state as <code>fpt run-table table2 --scale converge --status</code> reads it from <code>results/campaign/</code>, the rule's call (the trend of the last half of its steps; a run flat at its trivial baseline past its floor ended there), its floor (the paper's Table 6 count for its row and task), the share of its time spent evaluating (as <code>--status</code> gives it) and where each stretch ran. The curves put the step on a log scale; the vertical lines are the floors.</p>\n",
     );
-    b.push_str("<table id=\"campaign-runs\">\n<tr><th>run</th><th>key</th><th>state</th><th>call</th><th>last evaluation</th><th>floor</th><th>cap</th><th>stretches (steps, device, machine)</th></tr>\n");
+    b.push_str("<table id=\"campaign-runs\">\n<tr><th>run</th><th>key</th><th>state</th><th>call</th><th>last evaluation</th><th>floor</th><th>cap</th><th>evaluating (share of its time)</th><th>stretches (steps, device, machine)</th></tr>\n");
     for r in &rows {
         let last = r
             .evals
@@ -119,9 +129,12 @@ pub(crate) fn campaign_page(results: &Path) -> Option<String> {
             .iter()
             .map(|s| format!("{}-{} on {} ({})", s.from_step, s.to_step, s.device, s.machine))
             .collect();
+        let evaluating = r.eval_time.map_or("not timed".to_string(), |(e, a, n)| {
+            format!("{:.0}% ({n} evaluations timed)", 100.0 * e / a)
+        });
         let _ = writeln!(
             b,
-            "<tr><td>{}</td><td><code>{}</code></td><td>{}</td><td>{}</td><td>{last}</td><td>{}</td><td>{}</td><td class=\"small\">{}</td></tr>",
+            "<tr><td>{}</td><td><code>{}</code></td><td>{}</td><td>{}</td><td>{last}</td><td>{}</td><td>{}</td><td>{evaluating}</td><td class=\"small\">{}</td></tr>",
             esc(&r.what),
             esc(&r.key),
             esc(&r.state),
@@ -173,4 +186,25 @@ pub(crate) fn campaign_page(results: &Path) -> Option<String> {
         );
     }
     Some(page("fpt: the converge campaign", &b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The critics' runs are named by their shape, not by their init (w/o LLM loads the
+    /// pretrained backbone, LLM2Attn a random one).
+    #[test]
+    fn runs_are_named_by_table_2s_rows() {
+        let task = fpt_spec::TaskSpec::new(fpt_spec::TaskName::Mnist);
+        let mut spec = fpt_spec::RunSpec::new(task, fpt_spec::BackboneSpec::new("gpt2", fpt_spec::Init::Pretrained));
+        assert_eq!(row_of(&spec), "FPT");
+        spec.backbone.depth = Some(0);
+        assert_eq!(row_of(&spec), "w/o LLM");
+        spec.backbone.depth = Some(1);
+        spec.backbone.init = fpt_spec::Init::Random;
+        assert_eq!(row_of(&spec), "Random");
+        spec.backbone.shape.attention_only = Some(true);
+        assert_eq!(row_of(&spec), "LLM2Attn");
+    }
 }
