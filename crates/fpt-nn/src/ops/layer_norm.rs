@@ -245,17 +245,7 @@ impl candle_core::CustomOp3 for NormBackward {
         "fpt-norm-backward"
     }
 
-    fn cpu_fwd(
-        &self,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        candle_core::bail!("the norms' backward op is for GPUs (the CPU's is fused in the forward op)")
-    }
+    gpu_only_cpu_fwd3!("the norms' backward op is for GPUs (the CPU's is fused in the forward op)");
 
     #[cfg(feature = "cuda")]
     fn cuda_fwd(

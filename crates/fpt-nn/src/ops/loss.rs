@@ -146,17 +146,7 @@ impl candle_core::CustomOp3 for CrossEntropyRowsBackward {
         "fpt-cross-entropy-rows-backward"
     }
 
-    fn cpu_fwd(
-        &self,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        candle_core::bail!("cross_entropy: the per-row backward is for GPUs")
-    }
+    gpu_only_cpu_fwd3!("cross_entropy: the per-row backward is for GPUs");
 
     #[cfg(feature = "cuda")]
     fn cuda_fwd(

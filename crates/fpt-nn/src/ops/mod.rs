@@ -7,6 +7,24 @@
 //! matmul, its backward computes only the gradients of
 //! arguments that take part in backprop, so a frozen weight never gets one.
 
+/// The CPU half of a three-input custom op that only GPUs run (its CPU twin is another
+/// op, or fused into the forward): an error that names the op.
+macro_rules! gpu_only_cpu_fwd3 {
+    ($msg:expr) => {
+        fn cpu_fwd(
+            &self,
+            _: &candle_core::CpuStorage,
+            _: &candle_core::Layout,
+            _: &candle_core::CpuStorage,
+            _: &candle_core::Layout,
+            _: &candle_core::CpuStorage,
+            _: &candle_core::Layout,
+        ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
+            candle_core::bail!($msg)
+        }
+    };
+}
+
 mod adam;
 mod attention;
 mod attention_dispatch;

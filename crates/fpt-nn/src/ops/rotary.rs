@@ -134,17 +134,7 @@ impl candle_core::CustomOp3 for RotaryDevice {
         "fpt-rotary-device"
     }
 
-    fn cpu_fwd(
-        &self,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        candle_core::bail!("rotary: the device op is for GPUs (the CPU's is `Rotary`)")
-    }
+    gpu_only_cpu_fwd3!("rotary: the device op is for GPUs (the CPU's is `Rotary`)");
 
     #[cfg(feature = "cuda")]
     fn cuda_fwd(

@@ -210,17 +210,7 @@ impl candle_core::CustomOp3 for SwiGluBackward {
         "fpt-swiglu-backward"
     }
 
-    fn cpu_fwd(
-        &self,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        candle_core::bail!("swiglu: the backward op is for GPUs (the CPU's is in the forward op)")
-    }
+    gpu_only_cpu_fwd3!("swiglu: the backward op is for GPUs (the CPU's is in the forward op)");
 
     #[cfg(feature = "cuda")]
     fn cuda_fwd(
