@@ -91,6 +91,13 @@ fn copy_run(from: &Path, to: &Path) -> Result<()> {
             copy_file(&p, &to.join(f))?;
         }
     }
+    // The results a run had at the caps it outgrew ([`migrate`]).
+    for e in std::fs::read_dir(from).map_err(io(from))?.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.starts_with("result-cap-") && name.ends_with(".json") && e.path().is_file() {
+            copy_file(&e.path(), &to.join(&name))?;
+        }
+    }
     if let Some(ck) = fpt_train::checkpoint::latest(from)? {
         let name = ck.file_name().expect("a checkpoint has a name");
         let root = fpt_train::checkpoint::root(to);
@@ -234,11 +241,26 @@ pub const EVALUATION_FIELDS: [&str; 2] = ["task.eval_examples", "train.eval_ever
 /// Why a moved run could keep its steps (its `respec.jsonl`).
 const MOVED_WHY: &str = "the scale's evaluation changed; an evaluation draws from none of the streams training uses, so every step trained stands and the run continues from its checkpoint";
 
-fn evaluation_only(diffs: &[String]) -> bool {
+/// Why a run could keep its steps under a larger cap.
+const CAP_WHY: &str = "the scale's cap grew; at a constant learning rate no step depends on the cap (the data order, dropout and evaluations draw from streams that do not know it), so every step trained stands and the run continues from its checkpoint";
+
+/// A larger cap, `train.steps: A -> B` with `B > A`: `Some((A, B))`.
+fn cap_growth(diff: &str) -> Option<(usize, usize)> {
+    let (a, b) = diff.strip_prefix("train.steps: ")?.split_once(" -> ")?;
+    let (a, b) = (a.trim().parse().ok()?, b.trim().parse().ok()?);
+    (b > a).then_some((a, b))
+}
+
+/// Whether a run of spec `was` can become one of `now` and keep every step it trained: they
+/// differ only in how it is evaluated ([`EVALUATION_FIELDS`]) and in a larger cap where the
+/// learning rate is constant (a schedule's shape depends on the cap).
+fn movable(was: &fpt_spec::RunSpec, now: &fpt_spec::RunSpec) -> bool {
+    let diffs = was.differences(now);
+    let constant = now.train.lr_schedule == fpt_spec::LrSchedule::Constant;
     !diffs.is_empty()
-        && diffs
-            .iter()
-            .all(|d| EVALUATION_FIELDS.iter().any(|f| d.starts_with(&format!("{f}: "))))
+        && diffs.iter().all(|d| {
+            EVALUATION_FIELDS.iter().any(|f| d.starts_with(&format!("{f}: "))) || (constant && cap_growth(d).is_some())
+        })
 }
 
 /// A run begun under an earlier evaluation of its scale ([`moves`]).
@@ -252,13 +274,26 @@ pub struct Move {
     pub key: String,
     /// Its cell's spec.
     pub spec: fpt_spec::RunSpec,
-    /// What differs (evaluation fields only).
+    /// What differs (evaluation fields, a larger cap).
     pub changes: Vec<String>,
 }
 
+impl Move {
+    /// The cap it grew from, where it grew.
+    fn old_cap(&self) -> Option<usize> {
+        self.changes.iter().find_map(|d| cap_growth(d)).map(|(a, _)| a)
+    }
+
+    /// Whether only the cap changed (its evaluations are the new spec's).
+    fn cap_only(&self) -> bool {
+        self.changes.iter().all(|d| cap_growth(d).is_some())
+    }
+}
+
 /// Committed campaign runs whose spec differs from one of `cells`' only in
-/// [`EVALUATION_FIELDS`] (begun before the scale's evaluation changed, to continue at their
-/// cell's key: [`migrate`]), and the local run directories of the same keys. (Only the
+/// [`EVALUATION_FIELDS`] or a larger cap at a constant learning rate (begun before the
+/// scale's evaluation or cap changed, to continue at their cell's key: [`migrate`]), and
+/// the local run directories of the same keys. (Only the
 /// campaign's own: a local run of another table with such a spec is not the campaign's to
 /// move.)
 pub fn moves(cells: &[Cell], out: &Path) -> Vec<Move> {
@@ -282,7 +317,7 @@ pub fn moves(cells: &[Cell], out: &Path) -> Vec<Move> {
             let Ok(was) = fpt_train::saved_spec(&dir) else {
                 continue;
             };
-            if let Some((key, spec)) = specs.iter().find(|(_, s)| evaluation_only(&was.differences(s))) {
+            if let Some((key, spec)) = specs.iter().find(|(_, s)| movable(&was, s)) {
                 found.push(Move {
                     changes: was.differences(spec),
                     dir,
@@ -299,9 +334,13 @@ pub fn moves(cells: &[Cell], out: &Path) -> Vec<Move> {
 /// Moves each of [`moves`] to its cell's key: given its cell's spec
 /// ([`fpt_train::respec_run`]: `spec.json`, the checkpoint, a line in `respec.jsonl`)
 /// through a temporary directory and a rename, so that it continues where it stood.
-/// `moved` names each as `old -> new` with its step. Left where it is, and named: a run in
-/// use, one finished under its old evaluation (its number is not the new evaluation's),
-/// one whose new key is taken, one whose checkpoint does not verify.
+/// `moved` names each as `old -> new` with its step. A run that ended at its old cap (not
+/// stopped on its plateau) reopens under the larger one, its evaluation changed or not:
+/// its `result.json` is kept aside as `result-cap-<A>.json` and it trains on from its last
+/// checkpoint; one that stopped before its old cap keeps its result where only the cap
+/// changed (under either cap it stopped there). Left where it is, and named: a run in use,
+/// one that stopped on its plateau under its old evaluation (its number is not the new
+/// evaluation's), one whose new key is taken, one whose checkpoint does not verify.
 pub fn migrate(cells: &[Cell], out: &Path) -> Result<Moved> {
     let mut m = Moved::default();
     for mv in moves(cells, out) {
@@ -314,9 +353,15 @@ pub fn migrate(cells: &[Cell], out: &Path) -> Result<Moved> {
         };
         let name = format!("{} -> {key} ({place})", mv.old);
         let target = root.join(key);
+        let finished = fpt_train::finished_result(dir);
+        // Ended at its old cap: reopened under the larger one (its checkpoint is that step).
+        let at_cap = match (&finished, mv.old_cap()) {
+            (Some(r), Some(cap)) => r.steps >= cap && !r.stopped_early && !r.diverged,
+            _ => false,
+        };
         let refuse = if let Some(pid) = fpt_train::in_use_by(dir) {
             Some(format!("{} is in use by process {pid}", dir.display()))
-        } else if fpt_train::finished_result(dir).is_some() {
+        } else if finished.is_some() && !at_cap && !mv.cap_only() {
             Some(format!(
                 "{} finished under its old evaluation ({}): its number is not the new one's; rerun it under the new key",
                 dir.display(),
@@ -341,7 +386,12 @@ pub fn migrate(cells: &[Cell], out: &Path) -> Result<Moved> {
                 std::fs::remove_dir_all(&tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
             }
             copy_run(dir, &tmp).map_err(|e| e.to_string())?;
-            let step = fpt_train::respec_run(&tmp, &mv.spec, MOVED_WHY).map_err(|e| e.to_string())?;
+            if at_cap {
+                let kept = tmp.join(format!("result-cap-{}.json", mv.old_cap().unwrap_or(0)));
+                std::fs::rename(tmp.join("result.json"), &kept).map_err(|e| format!("{}: {e}", kept.display()))?;
+            }
+            let why = if mv.cap_only() { CAP_WHY } else { MOVED_WHY };
+            let step = fpt_train::respec_run(&tmp, &mv.spec, why).map_err(|e| e.to_string())?;
             std::fs::rename(&tmp, &target).map_err(|e| format!("{}: {e}", target.display()))?;
             Ok(step)
         })();
@@ -606,6 +656,30 @@ pub fn bad(msg: impl Into<String>) -> AblateError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A larger cap keeps a run's steps only at a constant learning rate (a schedule's shape
+    /// depends on the cap); a smaller cap, or anything but evaluations and the cap, never.
+    #[test]
+    fn a_larger_cap_moves_a_run_only_at_a_constant_learning_rate() {
+        let task = fpt_spec::TaskSpec::new(fpt_spec::TaskName::Mnist);
+        let was = fpt_spec::RunSpec::new(task, fpt_spec::BackboneSpec::new("gpt2", fpt_spec::Init::Random));
+        let mut now = was.clone();
+        now.train.steps = was.train.steps * 2;
+        assert!(movable(&was, &now));
+        now.task.eval_examples = 0;
+        assert!(movable(&was, &now), "with the evaluation too");
+        let mut shorter = was.clone();
+        shorter.train.steps = was.train.steps / 2;
+        assert!(!movable(&was, &shorter));
+        let mut scheduled = (was.clone(), now.clone());
+        scheduled.0.train.lr_schedule = fpt_spec::LrSchedule::Linear { warmup_steps: 10 };
+        scheduled.1.train.lr_schedule = fpt_spec::LrSchedule::Linear { warmup_steps: 10 };
+        assert!(!movable(&scheduled.0, &scheduled.1));
+        let mut lr = now.clone();
+        lr.train.lr = 0.5;
+        assert!(!movable(&was, &lr));
+        assert!(!movable(&was, &was), "nothing to move");
+    }
 
     /// The evaluation share counts each timed evaluation with the stretch before it, and
     /// never a span across a restart that lost time (elapsed not above the evaluation).

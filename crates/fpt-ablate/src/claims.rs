@@ -246,6 +246,9 @@ enum Other<'s> {
     Gap(&'s Select, &'s Select, &'s Select),
 }
 
+/// A cell of a table: (row, column).
+type Cell = (usize, usize);
+
 /// One cell of a comparison (or the fixed number it is compared with), its weight in the
 /// compared sum (`a - b`: +1 and -1; `(a - b) - (c - d)`: +1, -1, -1, +1), and whether, as
 /// the side that must be beaten, it may have ended at its baseline.
@@ -259,7 +262,7 @@ struct Term<'v> {
 /// The terms' weights summed per cell (a cell on both sides of a gap counts once, with its
 /// net weight): what the interval is computed from.
 fn merged<'t, 'v>(terms: &'t [Term<'v>]) -> Vec<(f64, &'t CellValue<'v>)> {
-    let mut out: Vec<(f64, Option<(usize, usize)>, &CellValue)> = Vec::new();
+    let mut out: Vec<(f64, Option<Cell>, &CellValue)> = Vec::new();
     for t in terms {
         match out.iter_mut().find(|(_, at, _)| at.is_some() && *at == t.at) {
             Some(m) => m.0 += t.w,
@@ -284,7 +287,7 @@ fn compare<'v>(
     let sa = select(table, a);
     let ratio = claim.kind == ClaimKind::Ratio;
     // Each group: the selections' cells in order (`None`: the fixed number).
-    let (slots, head): (Vec<Vec<Option<(usize, usize)>>>, String) = match b {
+    let (slots, head): (Vec<Vec<Option<Cell>>>, String) = match b {
         Other::Cells(b) => (
             vec![select(table, b).into_iter().map(Some).collect()],
             match ratio {

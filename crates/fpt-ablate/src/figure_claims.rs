@@ -242,7 +242,7 @@ pub fn section(claims: &[ClaimReport]) -> String {
 /// on another, and the others' mean. Empty when no string agrees with the visible bits.
 pub fn matching_masses(heads: &[Vec<Vec<f32>>], x: &[f32], readout: usize) -> Vec<[f64; 3]> {
     let t = heads.first().map_or(0, |h| h.len());
-    if readout == 0 || t < 2 * readout || t % readout != 0 || x.len() % t != 0 {
+    if readout == 0 || t < 2 * readout || !t.is_multiple_of(readout) || !x.len().is_multiple_of(t) {
         return Vec::new();
     }
     let patch = x.len() / t;

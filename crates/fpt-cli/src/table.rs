@@ -156,7 +156,7 @@ pub fn run_table(a: RunTableArgs) -> Result<()> {
             }
             for mv in fpt_ablate::campaign::moves(&cells, &a.out) {
                 println!(
-                    "  to move   {} -> {}: begun under the scale's earlier evaluation ({}); the next stretch moves it, its steps kept",
+                    "  to move   {} -> {}: begun under the scale's earlier evaluation or cap ({}); the next stretch moves it, its steps kept",
                     mv.dir.display(),
                     mv.key,
                     mv.changes.join("; ")
@@ -212,7 +212,7 @@ pub fn run_table(a: RunTableArgs) -> Result<()> {
             // Runs begun under an earlier evaluation of the scale continue at their new key.
             let migrated = fpt_ablate::campaign::migrate(&cells, &a.out)?;
             for (moved, step) in &migrated.moved {
-                eprintln!("fpt run-table: {id}: run {moved}: the scale's evaluation changed; it continues from step {step} (see its respec.jsonl)");
+                eprintln!("fpt run-table: {id}: run {moved}: the scale's evaluation or cap changed; it continues from step {step} (see its respec.jsonl)");
             }
             for (moved, why) in &migrated.problems {
                 eprintln!("fpt run-table: {id}: run {moved} {why}");

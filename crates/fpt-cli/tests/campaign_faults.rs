@@ -368,3 +368,57 @@ fn a_run_begun_under_an_earlier_evaluation_moves_to_its_new_key() {
     let line = after.lines().find(|l| l.contains(&key)).expect("the run's status line");
     assert!(line.contains("pending") && !after.contains("to move"), "{after}");
 }
+
+/// A committed run that ended at its scale's old cap (here: the step of its checkpoint, not
+/// converged) moves to the cell's larger cap and trains on: its result is kept aside as
+/// `result-cap-N.json` (and carried with the copy), `respec.jsonl` says the cap grew, and it
+/// is pending at the step it had; the same where its evaluation changed too (its number is
+/// set aside either way).
+#[test]
+fn a_run_that_ended_at_a_smaller_cap_reopens_under_the_larger_one() {
+    let (t, key, copy) = fresh();
+    let name = latest_name(&copy);
+    let step: usize = name.trim_start_matches("step-").parse().unwrap();
+    let mut earlier = fpt_train::saved_spec(&copy).unwrap();
+    assert!(earlier.train.steps > step && earlier.train.lr_schedule == fpt_spec::LrSchedule::Constant);
+    earlier.train.steps = step;
+    fpt_train::respec_run(&copy, &earlier, "this test: an earlier cap").unwrap();
+    let mut result: serde_json::Value =
+        serde_json::from_str(include_str!("../../fpt-ablate/tests/data/result-template.json")).unwrap();
+    result["steps"] = serde_json::json!(step);
+    result["converged"] = serde_json::json!(false);
+    std::fs::write(copy.join("result.json"), result.to_string()).unwrap();
+    assert!(fpt_train::finished_result(&copy).is_some(), "done at its old cap");
+    let old = fpt_ablate::spec_key(&earlier);
+    let old_dir = t.path().join("campaign").join(&old);
+    std::fs::rename(&copy, &old_dir).unwrap();
+    let out = campaign(t.path(), &["--report-only"]);
+    let err = stderr(&out);
+    assert!(err.contains(&format!("run {old} -> {key}")), "{err}");
+    assert!(!old_dir.exists(), "the old key is gone");
+    assert!(!copy.join("result.json").exists(), "reopened");
+    let kept = copy.join(format!("result-cap-{step}.json"));
+    assert!(kept.is_file(), "the old result kept aside");
+    assert_eq!(latest_name(&copy), name, "the same checkpoint");
+    let lines = std::fs::read_to_string(copy.join("respec.jsonl")).unwrap();
+    let last: fpt_train::Respec = serde_json::from_str(lines.lines().last().unwrap()).unwrap();
+    assert!(
+        last.changes
+            .iter()
+            .any(|c| c.starts_with(&format!("train.steps: {step} -> "))),
+        "{last:?}"
+    );
+    assert!(last.why.contains("cap grew"), "{last:?}");
+    // The same where the evaluation changed too: reopened as well.
+    let (t2, key2, copy2) = fresh();
+    let mut other = fpt_train::saved_spec(&copy2).unwrap();
+    other.train.steps = step;
+    other.task.eval_examples = 777;
+    fpt_train::respec_run(&copy2, &other, "this test: an earlier cap and evaluation").unwrap();
+    std::fs::write(copy2.join("result.json"), result.to_string()).unwrap();
+    let old2 = t2.path().join("campaign").join(fpt_ablate::spec_key(&other));
+    std::fs::rename(&copy2, &old2).unwrap();
+    let err = stderr(&campaign(t2.path(), &["--report-only"]));
+    assert!(err.contains(&format!("-> {key2}")), "{err}");
+    assert!(copy2.join(format!("result-cap-{step}.json")).is_file() && !copy2.join("result.json").exists());
+}

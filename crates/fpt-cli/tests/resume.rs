@@ -65,6 +65,7 @@ fn metrics(dir: &Path) -> Vec<serde_json::Value> {
         .map(|l| {
             let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
             strip(&mut v, "elapsed_s");
+            strip(&mut v, "eval_s");
             v
         })
         .collect()

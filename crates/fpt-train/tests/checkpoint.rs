@@ -60,7 +60,9 @@ fn metrics_no_time(dir: &Path) -> Vec<serde_json::Value> {
         .lines()
         .map(|l| {
             let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
-            v.as_object_mut().unwrap().remove("elapsed_s");
+            let o = v.as_object_mut().unwrap();
+            o.remove("elapsed_s");
+            o.remove("eval_s");
             v
         })
         .collect()
