@@ -207,23 +207,8 @@ pub fn render(
                         "Not drawn: the pretrained weights of `{}` are not available here ({e}).\n",
                         spec.source
                     ));
-                    let m = Measured {
-                        missing: Some(format!(
-                            "the pretrained weights of `{}` are not available here",
-                            spec.source
-                        )),
-                        ..Measured::default()
-                    };
-                    let claims = judge(fig, &m, &|_| None);
-                    md.push_str(&section(&claims));
-                    let json = serde_json::json!({ "claims": claims });
-                    write_all(
-                        &dir,
-                        &[
-                            ("report.md", md),
-                            ("report.json", serde_json::to_string_pretty(&json).expect("json")),
-                        ],
-                    )?;
+                    let why = format!("the pretrained weights of `{}` are not available here", spec.source);
+                    not_drawn(fig, &dir, md, why)?;
                 }
             }
         }
@@ -291,20 +276,7 @@ pub fn render(
                         Ok(a) => attention_report(fig, spec, &a, ended, (out, scale), &dir, md)?,
                         Err(e) => {
                             md.push_str(&format!("Not drawn: {e} (run `fpt run-table {}` first).\n", fig.id));
-                            let m = Measured {
-                                missing: Some(format!("not drawn: {e}")),
-                                ..Measured::default()
-                            };
-                            let claims = judge(fig, &m, &|_| None);
-                            md.push_str(&section(&claims));
-                            let json = serde_json::json!({ "claims": claims });
-                            write_all(
-                                &dir,
-                                &[
-                                    ("report.md", md),
-                                    ("report.json", serde_json::to_string_pretty(&json).expect("json")),
-                                ],
-                            )?;
+                            not_drawn(fig, &dir, md, format!("not drawn: {e}"))?;
                         }
                     }
                 }
@@ -460,6 +432,24 @@ fn attention_report(
             ("figure.svg", svg),
             ("report.md", md),
             ("report.json", serde_json::to_string_pretty(&summary).expect("json")),
+        ],
+    )
+}
+
+/// A figure that measured nothing: its report says why, its statements `not run`.
+fn not_drawn(fig: &TableSpec, dir: &Path, mut md: String, why: String) -> Result<()> {
+    let m = Measured {
+        missing: Some(why),
+        ..Measured::default()
+    };
+    let claims = judge(fig, &m, &|_| None);
+    md.push_str(&section(&claims));
+    let json = serde_json::json!({ "claims": claims });
+    write_all(
+        dir,
+        &[
+            ("report.md", md),
+            ("report.json", serde_json::to_string_pretty(&json).expect("json")),
         ],
     )
 }
