@@ -167,8 +167,8 @@ impl Fpt {
                             (0..n).map(|_| ((rng.uniform() * 2.0 - 1.0) * bound) as f32).collect()
                         };
                         (
-                            Tensor::from_vec(u(hidden * width), (hidden, width), device)?,
-                            Tensor::from_vec(u(hidden), hidden, device)?,
+                            fpt_nn::transfer::upload(u(hidden * width), (hidden, width), device)?,
+                            fpt_nn::transfer::upload(u(hidden), hidden, device)?,
                         )
                     }
                 };

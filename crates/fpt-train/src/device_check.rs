@@ -176,7 +176,7 @@ pub fn agreement(device: &Device) -> Result<Vec<KernelCheck>> {
         let targets: Vec<u32> = (0..rows).map(|r| ((r * 7 + 3) % c) as u32).collect();
         let run = |dev: &Device| -> Result<(Tensor, Tensor)> {
             let x = Var::from_tensor(&fpt_nn::transfer::to_device(&logits, dev)?)?;
-            let t = fpt_nn::transfer::to_device(&Tensor::new(targets.as_slice(), &cpu)?, dev)?;
+            let t = fpt_nn::transfer::upload_slice(&targets, rows, dev)?;
             let loss = ops::cross_entropy(x.as_tensor(), &t)?;
             let g = loss.backward()?.get(x.as_tensor()).cloned();
             let g = g.ok_or_else(|| candle_core::Error::Msg("cross_entropy: no gradient".into()))?;
