@@ -214,7 +214,10 @@ def test_ctrl_c_stops_training_and_resume_gives_the_unbroken_result(trained, tmp
     import time
 
     spec = json.loads(Path(trained["spec"]).read_text())
-    spec["train"]["steps"] = 6000
+    # Long enough that the run cannot end between its first evaluation and the signal on a
+    # loaded machine (6000 steps of this 1-layer model took about a second, and a CI run
+    # beside other work once finished them before the signal landed).
+    spec["train"]["steps"] = 30000
     spec["train"]["eval_every"] = 200
     spec_path = tmp_path / "long.json"
     spec_path.write_text(json.dumps(spec))
