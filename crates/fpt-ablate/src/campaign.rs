@@ -167,6 +167,14 @@ pub struct Moved {
 /// is missing or behind (fewer steps, or unfinished where the copy finished). A run whose
 /// copy or local directory has a damaged checkpoint pointer is left alone and named.
 pub fn restore(cells: &[Cell], out: &Path) -> Result<Moved> {
+    // Two stretches started together on one results directory restore one at a time (the
+    // OS's lock on `out/runs/` itself, no file of its own): the second sees the first's copy
+    // in place, never replaces a directory the first has begun to train.
+    let runs = out.join("runs");
+    std::fs::create_dir_all(&runs).map_err(io(&runs))?;
+    let _serial = std::fs::File::open(&runs)
+        .and_then(|f| f.lock().map(|()| f))
+        .map_err(io(&runs))?;
     let mut m = Moved::default();
     for (key, _) in runs_of(cells) {
         let saved = saved_root(out).join(&key);
@@ -359,8 +367,8 @@ pub fn migrate(cells: &[Cell], out: &Path) -> Result<Moved> {
             (Some(r), Some(cap)) => r.steps >= cap && !r.stopped_early && !r.diverged,
             _ => false,
         };
-        let refuse = if let Some(pid) = fpt_train::in_use_by(dir) {
-            Some(format!("{} is in use by process {pid}", dir.display()))
+        let refuse = if let Some(holder) = fpt_train::in_use_by(dir) {
+            Some(format!("{} is in use by {holder}", dir.display()))
         } else if finished.is_some() && !at_cap && !mv.cap_only() {
             Some(format!(
                 "{} finished under its old evaluation ({}): its number is not the new one's; rerun it under the new key",

@@ -286,11 +286,11 @@ pub(crate) fn run_one(
 ) -> Result<fpt_train::RunResult> {
     // Another process (a second `run-table` on the same results, a table sharing this run)
     // is training it: leave its directory alone; the cell is reported once that run ends.
-    if let Some(pid) = fpt_train::in_use_by(dir) {
+    if let Some(holder) = fpt_train::in_use_by(dir) {
         return Err(crate::AblateError::Worker {
             dir: dir.to_path_buf(),
             msg: format!(
-                "is being trained by process {pid} (another fpt on the same results); left to it: render the report again (`--report-only`) once it ends"
+                "is being trained by {holder} (another fpt on the same results); left to it: render the report again (`--report-only`) once it ends"
             ),
         });
     }

@@ -165,65 +165,152 @@ pub(crate) fn run_dir_err(path: &Path, msg: impl Into<String>) -> TrainError {
 }
 
 /// The lock a run or resume holds on its directory (`.lock`, holding the process id), so
-/// two processes never write one run; removed when dropped. A lock left by a process that
-/// no longer runs (killed) is taken over.
+/// two processes never write one run; removed when dropped. The exclusion is the OS's
+/// advisory lock on the file (`flock`), taken without waiting: two processes starting
+/// together cannot both win, and a holder that dies (killed) releases it with its process.
+/// A `.lock` whose id names another live process but is not locked (written by hand, or by
+/// an fpt before the OS lock) is honoured too; one naming a dead process is taken over.
 pub(crate) struct RunLock {
     path: PathBuf,
+    _file: std::fs::File,
+}
+
+/// Who holds a run directory's lock: the process id it wrote, when it could be read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Holder(pub Option<u32>);
+
+impl std::fmt::Display for Holder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(pid) => write!(f, "process {pid}"),
+            None => write!(f, "another process (its id not yet in .lock)"),
+        }
+    }
+}
+
+/// The process id a `.lock` holds, read through `f` (a holder writes it right after taking
+/// the lock: a few short waits cover that moment).
+fn lock_pid(f: &mut std::fs::File, wait: bool) -> Option<u32> {
+    use std::io::{Read, Seek};
+    for _ in 0..if wait { 50 } else { 1 } {
+        let mut s = String::new();
+        if f.rewind().is_ok() && f.read_to_string(&mut s).is_ok() {
+            if let Ok(pid) = s.trim().parse::<u32>() {
+                return Some(pid);
+            }
+        }
+        if wait {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+    None
+}
+
+/// Whether `f` (open) is still the file at `path`: a holder that ended removes its
+/// `.lock`, and a process that opened it just before then must start over on a new one.
+fn still_at(f: &std::fs::File, path: &Path) -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        match (f.metadata(), std::fs::metadata(path)) {
+            (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+            _ => false,
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = (f, path);
+        true
+    }
+}
+
+/// A `.lock` not locked by the OS but naming another live process (see [`RunLock`]).
+fn named_live(f: &mut std::fs::File) -> Option<u32> {
+    lock_pid(f, false).filter(|&pid| pid != std::process::id() && process_alive(pid))
 }
 
 impl RunLock {
     pub(crate) fn acquire(dir: &Path) -> Result<Self> {
+        use std::io::{Seek, Write};
         let path = dir.join(".lock");
         let io = |source| TrainError::Io {
             path: path.clone(),
             source,
         };
-        for _ in 0..3 {
-            match std::fs::OpenOptions::new().write(true).create_new(true).open(&path) {
-                Ok(mut f) => {
-                    write!(f, "{}", std::process::id()).map_err(io)?;
-                    return Ok(Self { path });
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                    let holder = std::fs::read_to_string(&path)
-                        .ok()
-                        .and_then(|s| s.trim().parse::<u32>().ok());
-                    match holder {
-                        Some(pid) if pid != std::process::id() && process_alive(pid) => {
-                            return Err(run_dir_err(
-                                dir,
-                                format!("is in use by process {pid} (another fpt run or resume of it); wait for it to end or stop it"),
-                            ))
-                        }
-                        // A lock its process left behind (killed): take it over.
-                        _ => {
-                            let _ = std::fs::remove_file(&path);
-                        }
+        let in_use = |holder: Holder| {
+            run_dir_err(
+                dir,
+                format!("is in use by {holder} (another fpt run or resume of it); wait for it to end or stop it"),
+            )
+        };
+        // A probe ([`in_use_by`]) holds a shared lock for a moment: a refusal is only
+        // believed after it lasts a few tries.
+        let mut busy = 0;
+        for _ in 0..20 {
+            let mut f = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&path)
+                .map_err(io)?;
+            match f.try_lock() {
+                Ok(()) => {}
+                Err(std::fs::TryLockError::WouldBlock) => {
+                    busy += 1;
+                    if busy >= 5 {
+                        return Err(in_use(Holder(lock_pid(&mut f, true))));
                     }
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                    continue;
                 }
-                Err(e) => return Err(io(e)),
+                Err(std::fs::TryLockError::Error(e)) => return Err(io(e)),
             }
+            if !still_at(&f, &path) {
+                continue;
+            }
+            if let Some(pid) = named_live(&mut f) {
+                return Err(in_use(Holder(Some(pid))));
+            }
+            f.set_len(0).map_err(io)?;
+            f.rewind().map_err(io)?;
+            write!(f, "{}", std::process::id()).map_err(io)?;
+            f.flush().map_err(io)?;
+            return Ok(Self { path, _file: f });
         }
-        Err(run_dir_err(dir, "could not take its lock (.lock keeps reappearing)"))
+        Err(run_dir_err(
+            dir,
+            "could not take its lock (.lock keeps changing under it)",
+        ))
     }
 }
 
 impl Drop for RunLock {
     fn drop(&mut self) {
+        // Removed while still locked: a process waiting on this file finds it gone
+        // ([`still_at`]) and starts over on a new one.
         let _ = std::fs::remove_file(&self.path);
     }
 }
 
-/// The process that holds `dir`'s run lock (`.lock`) and still runs, when it is another
-/// than this one: a run or resume of this directory is in progress elsewhere, and the
-/// directory must be left alone (not resumed, not removed).
-pub fn in_use_by(dir: &Path) -> Option<u32> {
-    let pid = std::fs::read_to_string(dir.join(".lock"))
-        .ok()?
-        .trim()
-        .parse::<u32>()
-        .ok()?;
-    (pid != std::process::id() && process_alive(pid)).then_some(pid)
+/// Who holds `dir`'s run lock, when another process does: a run or resume of this
+/// directory is in progress elsewhere, and the directory must be left alone (not resumed,
+/// not removed). This process's own lock is not counted.
+pub fn in_use_by(dir: &Path) -> Option<Holder> {
+    let path = dir.join(".lock");
+    let mut f = std::fs::OpenOptions::new().read(true).open(&path).ok()?;
+    match f.try_lock_shared() {
+        Ok(()) => {
+            let live = named_live(&mut f);
+            drop(f);
+            live.map(|pid| Holder(Some(pid)))
+        }
+        Err(std::fs::TryLockError::WouldBlock) => {
+            let pid = lock_pid(&mut f, true);
+            (pid != Some(std::process::id())).then_some(Holder(pid))
+        }
+        Err(std::fs::TryLockError::Error(_)) => None,
+    }
 }
 
 /// Whether process `pid` is running (Linux: `/proc/<pid>`; elsewhere assumed so, and a

@@ -665,6 +665,46 @@ mod tests {
             let _taken = RunLock::acquire(d.path()).unwrap();
         }
     }
+
+    /// Takers started together on one directory (threads here, each on its own open file,
+    /// as separate processes are): exactly one holds the lock at a time, over many rounds;
+    /// the others are refused with the holder named, and the winner's id is in `.lock`.
+    #[test]
+    fn takers_started_together_never_both_hold_the_run_lock() {
+        for round in 0..40 {
+            let d = tempfile::tempdir().unwrap();
+            let gate = std::sync::Barrier::new(6);
+            let held = std::sync::atomic::AtomicUsize::new(0);
+            let outcomes: Vec<std::result::Result<(), String>> = std::thread::scope(|s| {
+                let takers: Vec<_> = (0..6)
+                    .map(|_| {
+                        s.spawn(|| {
+                            gate.wait();
+                            let lock = RunLock::acquire(d.path()).map_err(|e| e.to_string())?;
+                            let n = held.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                            assert_eq!(n, 0, "round {round}: two takers hold the lock");
+                            let pid = std::fs::read_to_string(d.path().join(".lock")).unwrap();
+                            assert_eq!(pid, std::process::id().to_string());
+                            std::thread::sleep(std::time::Duration::from_millis(150));
+                            held.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                            drop(lock);
+                            Ok(())
+                        })
+                    })
+                    .collect();
+                takers.into_iter().map(|t| t.join().unwrap()).collect()
+            });
+            let won = outcomes.iter().filter(|o| o.is_ok()).count();
+            assert!(won >= 1, "round {round}: nobody took the lock: {outcomes:?}");
+            for e in outcomes.iter().filter_map(|o| o.as_ref().err()) {
+                assert!(e.contains("in use by"), "round {round}: {e}");
+            }
+            assert!(
+                !d.path().join(".lock").exists(),
+                "round {round}: the lock outlived its holders"
+            );
+        }
+    }
 }
 
 /// One segment of a run (from a start or resume to its end or stop), as `history.jsonl` in
