@@ -201,10 +201,18 @@ class Stepper:
         torch.nn.utils.clip_grad_norm_(self.params, 1.0)
         self.opt.step()
 
-    def run(self, warmup, steps):
+    def run(self, warmup, steps, gate=None):
+        """The timed steps' milliseconds; `gate` (a callable) runs between the warm-up and
+        them, and the timed window's wall clock is kept in `self.window`."""
         cuda = self.device.type == "cuda"
         ms = []
+        from_unix = time.time()
         for i in range(warmup + steps):
+            if i == warmup:
+                if gate:
+                    gate()
+                sync(self.device)
+                from_unix = time.time()
             sync(self.device)
             if cuda:
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -216,14 +224,32 @@ class Stepper:
             sync(self.device)
             if i >= warmup:
                 ms.append(start.elapsed_time(end) if cuda else (time.perf_counter() - t0) * 1e3)
+        self.window = (from_unix, time.time())
         return ms
 
 
-def time_steps(s, full, warmup, steps, device, nn_lstm=False, autocast=None, profile=None):
-    """Median step time (ms) of a fresh [`Stepper`]."""
+def barrier(directory, count, timeout=900.0):
+    """What `fpt bench --barrier DIR --at-once N` does: write ready-<pid> into `directory`,
+    then wait until `count` processes have, so their timed steps overlap."""
+    os.makedirs(directory, exist_ok=True)
+    open(os.path.join(directory, f"ready-{os.getpid()}"), "w").close()
+    start = time.time()
+    while True:
+        ready = sum(1 for n in os.listdir(directory) if n.startswith("ready-"))
+        if ready >= count:
+            return
+        if time.time() - start > timeout:
+            sys.exit(f"{directory}: {ready} of {count} processes timed at once were ready after {timeout:.0f} s")
+        time.sleep(0.005)
+
+
+def time_steps(s, full, warmup, steps, device, nn_lstm=False, autocast=None, profile=None, gate=None, window=None):
+    """Median step time (ms) of a fresh [`Stepper`]; its timed window appended to `window`."""
     st = Stepper(s, full, device, nn_lstm=nn_lstm, autocast=autocast)
     model, params, opt, x, y = st.model, st.params, st.opt, st.x, st.y
-    ms = st.run(warmup, steps)
+    ms = st.run(warmup, steps, gate)
+    if window is not None:
+        window.extend(st.window)
     if profile:
         # One more step under the profiler: its kernels, grouped by name, by device time.
         from torch.profiler import ProfilerActivity, profile as torch_profile
@@ -257,11 +283,16 @@ def main():
     ap.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     ap.add_argument("--autocast", choices=["bf16"], help="time the step under torch.autocast(bfloat16) (no full step)")
     ap.add_argument("--profile", help="write one FPT step's device kernels (torch.profiler) to this file")
+    ap.add_argument("--barrier", help="several processes timed at once: after its warm-up each writes ready-<pid> "
+                                      "here and waits until --at-once have (as fpt bench --barrier does)")
+    ap.add_argument("--at-once", type=int, default=0, help="how many processes share --barrier")
     ap.add_argument("--serve", action="store_true",
                     help="build the FPT step once, then time `--warmup` + `--steps` steps for every line read on "
                          "stdin, answering one JSON line each ({\"pytorch_ms\": median, \"steps_ms\": [...]}): "
                          "rounds alternated with fpt's own (fpt gpu-check) without rebuilding")
     a = ap.parse_args()
+    if bool(a.barrier) != (a.at_once > 0):
+        ap.error("--barrier and --at-once go together")
     if a.threads:
         torch.set_num_threads(a.threads)
     known = shapes(a.fpt)
@@ -277,11 +308,14 @@ def main():
                               "autocast": a.autocast, "device": a.device, "torch": torch.__version__,
                               "timer": "cuda-events" if device.type == "cuda" else "wall-clock"}), flush=True)
         return
-    fpt_ms = time_steps(s, False, a.warmup, a.steps, device, autocast=a.autocast, profile=a.profile)
+    gate = (lambda: barrier(a.barrier, a.at_once)) if a.barrier else None
+    window = []
+    fpt_ms = time_steps(s, False, a.warmup, a.steps, device, autocast=a.autocast, profile=a.profile, gate=gate,
+                        window=window)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     full_ms = None if a.no_full or a.autocast else time_steps(s, True, a.warmup, a.steps, device)
     out = {"shape": a.shape, "backbone": s["arch"], "pytorch_ms": fpt_ms, "pytorch_full_ms": full_ms,
-           "autocast": a.autocast,
+           "autocast": a.autocast, "from_unix": window[0], "to_unix": window[1],
            "peak_rss_mb": rss, "threads": torch.get_num_threads(), "device": a.device, "torch": torch.__version__,
            "transformers": transformers.__version__}
     if s["arch"] == "lstm":

@@ -5,6 +5,7 @@
 # time is spent. Everything lands in $OUT:
 #   machine.txt, gpu-check.{json,log}        the check (bench/gpu/run.sh)
 #   probes/<name>/{spec.json,metrics.jsonl,history.jsonl,result.json?}, probes/<name>.log
+#   at-once.jsonl                            N campaign MNIST steps at once, fpt and PyTorch
 #   campaign/<key>/ and campaign.log         runs to copy into results/campaign/ here
 # Carried (ignored paths): target/cuda/fpt-cuda.gz (`cargo xtask cuda-build`) and
 # target/device-hub.tgz (`bash bench/gpu/campaign.sh --prepare [--weights]`, then
@@ -39,12 +40,44 @@ if [ "${CHECK_S:-190}" != 0 ]; then
     echo "session: gpu-check exited $? after $(( $(date +%s) - start )) s" | tee -a "$OUT/session.log"
 fi
 
-# 2. ListOps probes and campaign runs, side by side, for WORK_S seconds.
 py="${FPT_PYTHON:-python3}"
 cu13=$("$py" -c 'import os, nvidia; print(os.path.join(os.path.dirname(nvidia.__path__[0]), "nvidia", "cu13", "lib"))' 2>/dev/null || true)
 if [ -n "$cu13" ] && [ -d "$cu13" ]; then
     export LD_LIBRARY_PATH="$cu13:${LD_LIBRARY_PATH:-}"
 fi
+
+# 1b. How many campaign runs the GPU should train at once (issue 56 items 2 and 8): for
+# each N of AT_ONCE, N processes of the campaign's MNIST step (`minilm-mnist`) side by
+# side, their timed steps started together (`--barrier`), then N of PyTorch's same step;
+# rounds alternate. One JSON line per process in at-once.jsonl; `cargo xtask bench
+# at-once bench/gpu/<stamp>-at-once.jsonl --record` makes the record here. AT_ONCE="" skips it.
+at_once_round() { # side n round
+    local side=$1 n=$2 r=$3 dir="/tmp/at-once-$1-$2-$3" pids=() i
+    rm -rf "$dir" && mkdir -p "$dir"
+    for i in $(seq "$n"); do
+        if [ "$side" = fpt ]; then
+            timeout 120 /tmp/fpt-cuda bench --json --no-full --shape minilm-mnist --steps "${AT_ONCE_STEPS:-200}" \
+                --warmup 20 --device "$dev" --barrier "$dir" --at-once "$n" --barrier-timeout 60 > "$dir/out-$i" 2>/dev/null &
+        else
+            timeout 120 "$py" bench/pytorch_fpt_step.py --fpt /tmp/fpt-cuda --shape minilm-mnist --no-full \
+                --steps "${AT_ONCE_STEPS:-200}" --warmup 20 --device "$dev" --barrier "$dir" --at-once "$n" > "$dir/out-$i" 2>/dev/null &
+        fi
+        pids+=($!)
+    done
+    wait "${pids[@]}"
+    for i in $(seq "$n"); do
+        [ -s "$dir/out-$i" ] && echo "{\"side\":\"$side\",\"at_once\":$n,\"round\":$r,\"out\":$(tail -1 "$dir/out-$i")}" >> "$OUT/at-once.jsonl"
+    done
+}
+for r in $(seq "${AT_ONCE_ROUNDS:-3}"); do
+    for n in ${AT_ONCE-1 4 8}; do
+        at_once_round fpt "$n" "$r"
+        at_once_round pytorch "$n" "$r"
+    done
+done
+[ -s "$OUT/at-once.jsonl" ] && echo "session: at-once measured after $(( $(date +%s) - start )) s ($(wc -l < "$OUT/at-once.jsonl") processes)" | tee -a "$OUT/session.log"
+
+# 2. ListOps probes and campaign runs, side by side, for WORK_S seconds.
 export HF_HUB_CACHE="$PWD/target/device-hub" HF_HUB_OFFLINE=1 FPT_HOME="${FPT_HOME:-/tmp/fpt-home}"
 /tmp/fpt-cuda fetch listops > "$OUT/fetch.log" 2>&1
 work="${WORK_S:-300}"

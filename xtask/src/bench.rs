@@ -7,7 +7,7 @@ use anyhow::{bail, Context, Result};
 use std::path::Path;
 use std::process::Command;
 
-fn python() -> String {
+pub(crate) fn python() -> String {
     std::env::var("FPT_PYTHON").unwrap_or_else(|_| "python3".into())
 }
 
@@ -36,6 +36,27 @@ pub(crate) enum Bench {
     Step(StepArgs),
     /// Regenerate bench/README.md's current table from bench/records
     Readme,
+    /// The rows of an `at-once.jsonl` a device call wrote (bench/gpu/session.sh: N campaign
+    /// MNIST steps at once, fpt's and PyTorch's), as `step --at-once` makes them; printed,
+    /// and with `--record` written as a dated record
+    AtOnce(AtOnceArgs),
+}
+
+/// `cargo xtask bench at-once`'s flags.
+#[derive(Debug, clap::Args)]
+pub(crate) struct AtOnceArgs {
+    /// The file (one JSON line per process)
+    file: std::path::PathBuf,
+    /// The device it ran on, as the record names it (`cuda:0` on an H100, say)
+    #[arg(long, default_value = "cuda:0")]
+    device: String,
+    /// Print one JSON object instead of the table
+    #[arg(long)]
+    json: bool,
+    /// Also write a dated record in bench/records/ (the machine line is this machine's:
+    /// name the GPU in the commit that adds it)
+    #[arg(long)]
+    record: bool,
 }
 
 /// `cargo xtask bench step`'s flags.
@@ -43,40 +64,47 @@ pub(crate) enum Bench {
 pub(crate) struct StepArgs {
     /// The backbone whose shapes are timed (`fpt bench --list` names them: gpt2, minilm, lstm, smollm2)
     #[arg(long, default_value = "gpt2")]
-    backbone: String,
+    pub(crate) backbone: String,
     /// A shape to time (repeatable; `--backbone minilm --shape mnist` means `minilm-mnist`);
     /// default: every shape of the backbone
     #[arg(long = "shape", value_name = "NAME")]
-    shapes: Vec<String>,
+    pub(crate) shapes: Vec<String>,
     /// Timed steps per process
     #[arg(long, default_value_t = 5)]
-    steps: usize,
+    pub(crate) steps: usize,
     /// Untimed steps first
     #[arg(long, default_value_t = 2)]
-    warmup: usize,
+    pub(crate) warmup: usize,
     /// Alternating rounds (fpt, PyTorch, fpt, ...); the medians are reported
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
-    rounds: u64,
+    pub(crate) rounds: u64,
     /// Kernel paths: `native` (the best this CPU runs) and/or `portable`
     #[arg(long, default_value = "native,portable", value_delimiter = ',', value_parser = ["native", "portable"])]
-    paths: Vec<String>,
+    pub(crate) paths: Vec<String>,
     /// Device: `cpu`, or `cuda` / `cuda:N` with a CUDA build
     #[arg(long, default_value = "cpu")]
-    device: String,
+    pub(crate) device: String,
     /// Time the FPT step only (not the full fine-tune step)
     #[arg(long)]
-    no_full: bool,
+    pub(crate) no_full: bool,
     /// The frozen weights' number format: `bf16` times fpt's bf16 step beside fpt's f32
     /// step and PyTorch's autocast-bf16 step in each round (no full fine-tune step)
     #[arg(long, default_value = "f32", value_parser = ["f32", "bf16"])]
-    precision: String,
+    pub(crate) precision: String,
     /// Print one JSON object instead of the tables
     #[arg(long)]
-    json: bool,
+    pub(crate) json: bool,
     /// Also write the results as a dated record in bench/records/ and regenerate
     /// bench/README.md's current table from the records
     #[arg(long)]
-    record: bool,
+    pub(crate) record: bool,
+    /// Processes timed at once, per measurement (a list: `1,2,4`): N fpt processes of the
+    /// FPT step side by side, their timed steps started together (`fpt bench --barrier`),
+    /// then N PyTorch processes the same way; each N reports the steps a second of all N
+    /// together, fpt's beside PyTorch's, and how far the timed windows overlapped. How many
+    /// campaign runs a lent GPU should train at once. 1 alone: the one-process bench
+    #[arg(long, value_delimiter = ',', default_value = "1", value_parser = clap::value_parser!(u64).range(1..=64))]
+    pub(crate) at_once: Vec<u64>,
 }
 
 /// The shapes of a backbone, as `fpt bench --list` defines them (the PyTorch script reads
@@ -135,11 +163,34 @@ pub(crate) fn bench(which: &Bench) -> Result<()> {
     let a = match which {
         Bench::Step(a) => a,
         Bench::Readme => return crate::bench_records::readme(),
+        Bench::AtOnce(x) => {
+            let text = std::fs::read_to_string(&x.file).with_context(|| format!("reading {}", x.file.display()))?;
+            let all = crate::bench_at_once::import_at_once(&text, &x.device)
+                .with_context(|| format!("{}", x.file.display()))?;
+            if x.record {
+                let backbone = all
+                    .values()
+                    .next()
+                    .and_then(|r| r["backbone"].as_str())
+                    .unwrap_or("minilm");
+                let path = crate::bench_records::record(&serde_json::Value::Object(all.clone()), backbone, None)?;
+                eprintln!("xtask: recorded in {}", path.display());
+            }
+            if x.json {
+                println!("{}", serde_json::Value::Object(all));
+            } else {
+                crate::bench_at_once::print_at_once(&all);
+            }
+            return Ok(());
+        }
     };
     let bf16 = a.precision == "bf16";
-    let (device, json, no_full, backbone) = (a.device.clone(), a.json, a.no_full || bf16, a.backbone.clone());
+    let (device, no_full, backbone) = (a.device.clone(), a.no_full || bf16, a.backbone.clone());
     let (steps, warmup, rounds) = (a.steps.to_string(), a.warmup.to_string(), a.rounds as usize);
     let mut shapes = a.shapes.clone();
+    if a.at_once.iter().any(|&n| n > 1) && bf16 {
+        bail!("bench step: --at-once times the precision given beside PyTorch's f32 step; it does not pair bf16 with f32 (run it with --precision f32, or time bf16 one process at a time)");
+    }
     let bin = build_fpt()?;
     let known = bench_shapes(&bin, &backbone)?;
     if shapes.is_empty() {
@@ -182,6 +233,10 @@ pub(crate) fn bench(which: &Bench) -> Result<()> {
         eprintln!("xtask: `{} -c \"import torch, transformers\"` failed: PyTorch is not measured (pip install torch transformers, or set FPT_PYTHON)", python());
     }
     let script = root().join("bench").join("pytorch_fpt_step.py");
+    if a.at_once.iter().any(|&n| n > 1) {
+        let all = crate::bench_at_once::at_once(a, &bin, &shapes, &paths, torch_ok, &script)?;
+        return finish(a, all, torch_ok);
+    }
     let mut all = serde_json::Map::new();
     let median = |mut v: Vec<f64>| -> Option<f64> {
         v.sort_by(|a, b| a.total_cmp(b));
@@ -326,6 +381,12 @@ pub(crate) fn bench(which: &Bench) -> Result<()> {
             }
         }
     }
+    finish(a, all, torch_ok)
+}
+
+/// Records (`--record`) and prints (`--json`, or the table) what a bench call measured.
+fn finish(a: &StepArgs, all: serde_json::Map<String, serde_json::Value>, torch_ok: bool) -> Result<()> {
+    let (json, backbone) = (a.json, &a.backbone);
     if a.record {
         let torch = torch_ok
             .then(|| {
@@ -336,7 +397,7 @@ pub(crate) fn bench(which: &Bench) -> Result<()> {
                 Some(String::from_utf8_lossy(&o.stdout).trim().to_string())
             })
             .flatten();
-        let path = crate::bench_records::record(&serde_json::Value::Object(all.clone()), &backbone, torch)?;
+        let path = crate::bench_records::record(&serde_json::Value::Object(all.clone()), backbone, torch)?;
         eprintln!("xtask: recorded in {}", path.display());
     }
     if json {
@@ -348,6 +409,10 @@ pub(crate) fn bench(which: &Bench) -> Result<()> {
             .and_then(|x| x.as_f64())
             .map_or("-".to_string(), |x| format!("{x:.p$}"))
     };
+    if all.values().any(|r| r["at_once"].is_number()) {
+        crate::bench_at_once::print_at_once(&all);
+        return Ok(());
+    }
     println!("| shape | kernels | fpt step ms | pytorch ms | ours/pytorch | full ms (ours / pytorch) | full ratio | GFLOP/s | peak fraction | RSS MB (ours / pytorch) |");
     println!("|---|---|---|---|---|---|---|---|---|---|");
     for r in all.values() {

@@ -132,10 +132,14 @@ pub(crate) fn current_table(records: &[serde_json::Value]) -> String {
         for row in rows.values() {
             let s = |k: &str| row[k].as_str().unwrap_or("?").to_string();
             // bf16 rows are their own rows (the kernels column says so).
-            let path = match row["precision"].as_str() {
+            let mut path = match row["precision"].as_str() {
                 Some("bf16") => format!("{}, bf16", s("kernel_path")),
                 _ => s("kernel_path"),
             };
+            // Processes timed at once (`--at-once N`) are rows of their own.
+            if let Some(n) = row["at_once"].as_u64() {
+                path = format!("{path}, {n} at once");
+            }
             let key = (
                 rec["machine"].as_str().unwrap_or("?").to_string(),
                 s("backbone"),
@@ -174,6 +178,17 @@ pub(crate) fn current_table(records: &[serde_json::Value]) -> String {
                     num(row, "f32_model_rss_mb", 0)
                 ),
                 format!("{} (autocast bf16)", num(row, "pytorch_ms", 1)),
+            ),
+            None if row["at_once"].is_u64() => (
+                format!(
+                    "{path}: {} steps/s in all (PyTorch {}; windows shared {})",
+                    num(row, "steps_per_s", 1),
+                    num(row, "pytorch_steps_per_s", 1),
+                    row["overlap_min"]
+                        .as_f64()
+                        .map_or("-".into(), |x| format!("{:.0}%", 100.0 * x))
+                ),
+                num(row, "pytorch_ms", 1),
             ),
             None => (path.clone(), num(row, "pytorch_ms", 1)),
         };
@@ -252,5 +267,25 @@ mod tests {
         assert!(current_table(&[]).contains("No records yet"));
         let e = with_current("no markers", &records).unwrap_err().to_string();
         assert!(e.contains("markers"), "{e}");
+    }
+
+    /// A measurement of N processes at once is its own row beside the one-process one of
+    /// the same shape and path, and says its steps a second in all.
+    #[test]
+    fn processes_timed_at_once_are_rows_of_their_own() {
+        let one = serde_json::json!({"backbone": "minilm", "shape": "minilm-mnist", "kernel_path": "cuda",
+            "ours_ms": 20.0, "pytorch_ms": 19.0, "ratio_vs_pytorch": 20.0 / 19.0, "round_ratios": [20.0 / 19.0]});
+        let four = serde_json::json!({"backbone": "minilm", "shape": "minilm-mnist", "kernel_path": "cuda",
+            "at_once": 4, "ours_ms": 30.0, "pytorch_ms": 25.0, "steps_per_s": 133.3, "pytorch_steps_per_s": 160.0,
+            "ratio_vs_pytorch": 1.2, "round_ratios": [1.2, 1.1, 1.3], "overlap_min": 0.93});
+        let rec = serde_json::json!({"date": "2026-11-27", "machine": "H100", "commit": "c",
+            "rows": {"minilm-mnist [cuda]": one, "minilm-mnist [cuda] x4": four}});
+        let t = current_table(&[rec]);
+        assert_eq!(t.matches("| H100 |").count(), 2, "{t}");
+        assert!(
+            t.contains("cuda, 4 at once: 133.3 steps/s in all (PyTorch 160.0; windows shared 93%)"),
+            "{t}"
+        );
+        assert!(t.contains("**1.20** (1.20, 1.10, 1.30)"), "{t}");
     }
 }

@@ -4,6 +4,7 @@
 //! --help` print them.
 
 mod bench;
+mod bench_at_once;
 mod bench_records;
 mod cuda;
 mod fuzz;

@@ -37,6 +37,18 @@ pub(crate) struct BenchArgs {
     /// step, which has no frozen weights).
     #[arg(long, default_value = "f32")]
     pub(crate) precision: fpt_spec::Precision,
+    /// Several processes timed at once (`cargo xtask bench step --at-once N` starts them):
+    /// after its warm-up each writes `ready-<pid>` into this directory and waits until
+    /// `--at-once` processes have, so their timed steps overlap. One shape only.
+    #[arg(long, value_name = "DIR", requires = "at_once")]
+    pub(crate) barrier: Option<std::path::PathBuf>,
+    /// How many processes share `--barrier`.
+    #[arg(long, value_name = "N", requires = "barrier", value_parser = clap::value_parser!(u64).range(1..=256))]
+    pub(crate) at_once: Option<u64>,
+    /// The longest wait at `--barrier` for the others, in seconds, before this process gives
+    /// up naming the directory.
+    #[arg(long, value_name = "SECS", default_value_t = 900, requires = "barrier")]
+    pub(crate) barrier_timeout: u64,
 }
 
 pub(crate) fn bench(a: BenchArgs) -> Result<()> {
@@ -63,6 +75,22 @@ pub(crate) fn bench(a: BenchArgs) -> Result<()> {
             })
             .collect::<Result<_>>()?
     };
+    let gate = match (&a.barrier, a.at_once) {
+        (Some(dir), Some(n)) => {
+            if shapes.len() != 1 {
+                anyhow::bail!(
+                    "--barrier times one shape at once in each process; name it with --shape (this call names {})",
+                    shapes.len()
+                );
+            }
+            bench::Gate::Barrier {
+                dir: dir.clone(),
+                count: n as usize,
+                timeout: std::time::Duration::from_secs(a.barrier_timeout),
+            }
+        }
+        _ => bench::Gate::Open,
+    };
     let mut out = serde_json::Map::new();
     for s in &shapes {
         if !a.json {
@@ -78,7 +106,7 @@ pub(crate) fn bench(a: BenchArgs) -> Result<()> {
                 a.precision
             );
         }
-        let r = bench::run(s, a.warmup, a.steps, !a.no_full, &device, a.precision)?;
+        let r = bench::run_gated(s, a.warmup, a.steps, !a.no_full, &device, a.precision, &gate)?;
         if !a.json {
             println!(
                 "{:<14} fpt step {:>9.1} ms (min {:.1}, max {:.1}){}  {:.1} GFLOP/s = {:.0}% of the {:.1} GFLOP/s matmul peak  peak RSS {}",

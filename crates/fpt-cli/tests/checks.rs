@@ -327,3 +327,67 @@ fn the_self_check_is_kept_per_binary_and_machine() {
     assert_eq!(kept(), 2, "the fault switch is part of the key");
     assert_eq!(first["passed"], true, "{first}");
 }
+
+/// `fpt bench --barrier DIR --at-once 2`: two processes started apart both wait for the
+/// other after their warm-up, so their timed windows overlap; one alone gives up after
+/// `--barrier-timeout`, naming the directory; a barrier over two shapes is refused.
+#[test]
+fn bench_processes_timed_at_once_share_their_window() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("barrier");
+    let bench = |extra: &[&str]| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_fpt"));
+        c.args(["bench", "--json", "--no-full", "--steps", "3", "--warmup", "1"])
+            .args(extra)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        c
+    };
+    let args = ["--shape", "tiny", "--barrier", dir.to_str().unwrap(), "--at-once", "2"];
+    let first = bench(&args).spawn().unwrap();
+    // The second starts well after the first could have timed its steps alone.
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let second = bench(&args).spawn().unwrap();
+    let window = |o: std::process::Output| -> (f64, f64) {
+        assert!(o.status.success(), "{}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let t = &v["tiny"]["ours"];
+        (t["from_unix"].as_f64().unwrap(), t["to_unix"].as_f64().unwrap())
+    };
+    let (a, b) = (
+        window(first.wait_with_output().unwrap()),
+        window(second.wait_with_output().unwrap()),
+    );
+    assert!(a.0 <= a.1 && b.0 <= b.1, "{a:?} {b:?}");
+    // The first waited for the second: its timed steps began after the second started.
+    assert!((a.0 - b.0).abs() < 1.0, "the windows began apart: {a:?} {b:?}");
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 2, "one ready file each");
+
+    let lonely = tmp.path().join("lonely");
+    let args = [
+        "--shape",
+        "tiny",
+        "--barrier",
+        lonely.to_str().unwrap(),
+        "--at-once",
+        "2",
+        "--barrier-timeout",
+        "1",
+    ];
+    let out = bench(&args).output().unwrap();
+    let err = stderr(&out);
+    assert!(!out.status.success());
+    assert!(err.contains("lonely") && err.contains("1 of 2"), "{err}");
+
+    let args = [
+        "--backbone",
+        "minilm",
+        "--barrier",
+        lonely.to_str().unwrap(),
+        "--at-once",
+        "2",
+    ];
+    let out = bench(&args).output().unwrap();
+    let err = stderr(&out);
+    assert!(!out.status.success() && err.contains("one shape"), "{err}");
+}

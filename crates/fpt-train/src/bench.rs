@@ -264,7 +264,10 @@ impl Shape {
         }
     }
 
-    fn spec(&self, groups: TrainGroups, precision: Precision) -> RunSpec {
+    /// The run the shape's step trains: a random-init backbone of the shape with `groups`
+    /// training and its frozen weights in `precision`, every trainer setting the default
+    /// (batch the shape's; Adam 1e-3, clip 1, input and backbone dropout on).
+    pub fn spec(&self, groups: TrainGroups, precision: Precision) -> RunSpec {
         let (source, shape) = match self.arch {
             Arch::Gpt2 => (
                 "gpt2",
@@ -325,14 +328,82 @@ pub struct Timing {
     pub min_ms: f64,
     /// Slowest.
     pub max_ms: f64,
+    /// When the first timed step began (wall clock, seconds since the Unix epoch): with
+    /// [`Timing::to_unix`], the window several processes timed at once are compared on.
+    pub from_unix: f64,
+    /// When the last timed step ended.
+    pub to_unix: f64,
 }
 
-fn timing(mut ms: Vec<f64>) -> Timing {
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+fn timing(mut ms: Vec<f64>, from_unix: f64, to_unix: f64) -> Timing {
     ms.sort_by(|a, b| a.total_cmp(b));
     Timing {
         median_ms: ms[ms.len() / 2],
         min_ms: ms[0],
         max_ms: ms[ms.len() - 1],
+        from_unix,
+        to_unix,
+    }
+}
+
+/// What runs between the warm-up and the timed steps: nothing, or a wait for the other
+/// processes timed at once ([`Gate::Barrier`]), so their timed windows overlap.
+#[derive(Debug, Clone, Default)]
+pub enum Gate {
+    /// Time right after the warm-up.
+    #[default]
+    Open,
+    /// Write `ready-<pid>` into `dir`, then wait until `count` such files are there (every
+    /// process of the measurement warmed up), at most `timeout`.
+    Barrier {
+        /// The directory the processes share.
+        dir: std::path::PathBuf,
+        /// How many processes are timed at once.
+        count: usize,
+        /// The longest wait before the measurement is given up, naming the directory.
+        timeout: std::time::Duration,
+    },
+}
+
+impl Gate {
+    /// Waits as the gate says.
+    pub fn pass(&self) -> Result<()> {
+        let Gate::Barrier { dir, count, timeout } = self else {
+            return Ok(());
+        };
+        let io = |source| crate::TrainError::Io {
+            path: dir.clone(),
+            source,
+        };
+        std::fs::create_dir_all(dir).map_err(io)?;
+        std::fs::write(dir.join(format!("ready-{}", std::process::id())), b"").map_err(io)?;
+        let start = Instant::now();
+        loop {
+            let ready = std::fs::read_dir(dir)
+                .map_err(io)?
+                .filter_map(|e| e.ok())
+                .filter(|e| e.file_name().to_string_lossy().starts_with("ready-"))
+                .count();
+            if ready >= *count {
+                return Ok(());
+            }
+            if start.elapsed() > *timeout {
+                return Err(crate::run_dir_err(
+                    dir,
+                    format!(
+                        "{ready} of {count} processes timed at once were ready after {:.0} s (a process failed to start, or `--at-once` is larger than the processes started)",
+                        timeout.as_secs_f64()
+                    ),
+                ));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
     }
 }
 
@@ -400,6 +471,19 @@ pub fn time_steps_resident(
     steps: usize,
     device: &Device,
 ) -> Result<Timed> {
+    time_steps_gated(shape, groups, precision, warmup, steps, device, &Gate::Open)
+}
+
+/// [`time_steps_resident`], passing `gate` between the warm-up and the timed steps.
+fn time_steps_gated(
+    shape: &Shape,
+    groups: TrainGroups,
+    precision: Precision,
+    warmup: usize,
+    steps: usize,
+    device: &Device,
+    gate: &Gate,
+) -> Result<Timed> {
     let before = rss_mb("VmRSS:");
     let mut tr = Trainer::with_task(
         &shape.spec(groups, precision),
@@ -409,19 +493,22 @@ pub fn time_steps_resident(
     for _ in 0..warmup {
         tr.step()?;
     }
+    gate.pass()?;
     let mut ms = Vec::with_capacity(steps);
     let copied_before = fpt_nn::transfer::counts();
+    let from_unix = unix_now();
     for _ in 0..steps.max(1) {
         let t0 = Instant::now();
         tr.step()?;
         ms.push(t0.elapsed().as_secs_f64() * 1e3);
     }
+    let to_unix = unix_now();
     let copies = StepCopies::per_step(fpt_nn::transfer::counts().since(copied_before), steps.max(1));
     let model_rss_mb = rss_mb("VmRSS:").zip(before).map(|(a, b)| a - b);
     let frozen_mb = frozen_mb(tr.model());
     drop(tr);
     Ok(Timed {
-        timing: timing(ms),
+        timing: timing(ms, from_unix, to_unix),
         model_rss_mb,
         frozen_mb,
         copies,
@@ -530,13 +617,27 @@ pub fn run(
     device: &Device,
     precision: Precision,
 ) -> Result<BenchResult> {
+    run_gated(shape, warmup, steps, full, device, precision, &Gate::Open)
+}
+
+/// [`run`], the FPT step's timed steps behind `gate` (several processes timed at once:
+/// `fpt bench --barrier DIR --at-once N`).
+pub fn run_gated(
+    shape: &Shape,
+    warmup: usize,
+    steps: usize,
+    full: bool,
+    device: &Device,
+    precision: Precision,
+    gate: &Gate,
+) -> Result<BenchResult> {
     let before = matmul_peak(device, precision)?;
     let Timed {
         timing: ours,
         model_rss_mb,
         frozen_mb,
         copies,
-    } = time_steps_resident(shape, TrainGroups::fpt(), precision, warmup, steps, device)?;
+    } = time_steps_gated(shape, TrainGroups::fpt(), precision, warmup, steps, device, gate)?;
     // The machine's speed drifts: the peak is the better of a measurement just before and
     // one just after the FPT steps, so a slow moment does not flatter the fraction.
     let peak = before.max(matmul_peak(device, precision)?);
