@@ -391,3 +391,61 @@ fn bench_processes_timed_at_once_share_their_window() {
     let err = stderr(&out);
     assert!(!out.status.success() && err.contains("one shape"), "{err}");
 }
+
+/// `FPT_ATTENTION=tiled` trains through the attention tiled over keys (here its host-grid
+/// bodies): two steps of a small causal GPT-2 end where the default fused op's end (the
+/// backbone's dropouts off: the fused op draws the last block's attention mask for its
+/// read-out rows only, the tiled op for every row, as the GPU's default does). Two steps,
+/// because the two sum in different orders (gradients within 1e-6 relative) and Adam
+/// turns such differences in near-zero gradients into whole steps of 1e-3 later on. A
+/// value it does not know is refused, naming the variable.
+#[test]
+fn the_tiled_attention_trains_as_the_default_does() {
+    let tmp = tempfile::tempdir().unwrap();
+    let train = |choice: &str, out: &str| {
+        Command::new(env!("CARGO_BIN_EXE_fpt"))
+            .args(["train", "--task", "bit-xor", "--backbone", "gpt2", "--init", "random"])
+            .args([
+                "--layers",
+                "2",
+                "--hidden",
+                "32",
+                "--heads",
+                "4",
+                "--steps",
+                "2",
+                "--eval-every",
+                "1",
+                "-q",
+            ])
+            .arg("--no-backbone-dropout")
+            .arg("--out")
+            .arg(tmp.path().join(out))
+            .env("FPT_ATTENTION", choice)
+            .output()
+            .unwrap()
+    };
+    let losses = |out: &str| -> Vec<f64> {
+        std::fs::read_to_string(tmp.path().join(out).join("metrics.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| {
+                serde_json::from_str::<serde_json::Value>(l).unwrap()["test_loss"]
+                    .as_f64()
+                    .unwrap()
+            })
+            .collect()
+    };
+    for (choice, out) in [("auto", "default"), ("tiled", "tiled")] {
+        let o = train(choice, out);
+        assert!(o.status.success(), "{choice}: {}", stderr(&o));
+    }
+    let (a, b) = (losses("default"), losses("tiled"));
+    assert_eq!(a.len(), 2);
+    for (x, y) in a.iter().zip(&b) {
+        assert!((x - y).abs() <= 1e-6 * x.abs().max(1.0), "default {a:?} vs tiled {b:?}");
+    }
+    let o = train("flash", "bad");
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("FPT_ATTENTION"), "{}", stderr(&o));
+}

@@ -185,3 +185,154 @@ extern "C" __global__ void fpt_ce_bwd_f32(const float *x, const uint32_t *t, con
         fpt_ce_lane_grad(xr, dx + r * c, c, t[r], m, 1.0f / sum, g[r], lane, FPT_WARP);
     }
 }
+
+// ---- attention tiled over keys (fpt_ops.h, "attention tiled over keys") ----------------
+// One warp per row; a tile of 32 keys (or queries) at a time, one per lane; each lane owns
+// the head dims lane, lane + 32, ... of the row's accumulators. The tile's weights pass
+// between the lanes through the warp's slice of shared memory.
+#define FPT_ATTN_WARPS 8 // THREADS / 32 in src/cuda.rs
+
+// O = softmax(scale Q K^T, masked) (dropout) V, and each row's log-sum-exp.
+extern "C" __global__ void fpt_attn_fwd_f32(const float *q, const float *k, const float *v, float *o, float *lse,
+                                            const uint32_t *keylen, fpt_attn_geom g) {
+    __shared__ float tile[FPT_ATTN_WARPS][FPT_ATTN_TILE];
+    uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) / FPT_WARP;
+    uint64_t warps = ((uint64_t)gridDim.x * blockDim.x) / FPT_WARP;
+    int lane = threadIdx.x % FPT_WARP;
+    float *w = tile[threadIdx.x / FPT_WARP];
+    uint64_t rows = (uint64_t)(g.batch * g.heads * g.tq);
+    for (uint64_t r = warp; r < rows; r += warps) {
+        int64_t b, h, i, lo, hi;
+        fpt_attn_locate(&g, (int64_t)r, g.tq, &b, &h, &i);
+        fpt_attn_keys(&g, keylen, b, i, &lo, &hi);
+        const float *qrow = q + (b * g.tq + i) * g.sq + h * g.d;
+        float acc[FPT_ATTN_MAXU];
+        for (int u = 0; u < FPT_ATTN_MAXU; u++) acc[u] = 0.0f;
+        float m = -INFINITY, l = 0.0f;
+        for (int64_t j0 = lo; j0 < hi; j0 += FPT_ATTN_TILE) {
+            int64_t j = j0 + lane;
+            int n = hi - j0 < FPT_ATTN_TILE ? (int)(hi - j0) : FPT_ATTN_TILE;
+            float s = fpt_attn_score(&g, qrow, k, b, h, j, hi);
+            float mn = fmaxf(m, fpt_warp_max(s));
+            float alpha = expf(m - mn);
+            float p = j < hi ? expf(s - mn) : 0.0f;
+            l = FPT_ADD(FPT_MUL(l, alpha), fpt_warp_sum(p));
+            w[lane] = j < hi ? FPT_MUL(p, fpt_attn_mult(&g, b, h, i, j)) : 0.0f;
+            __syncwarp();
+            const float *vt = v + (b * g.tk + j0) * g.sv + h * g.d;
+            for (int u = 0; u < FPT_ATTN_MAXU; u++) {
+                int64_t e = lane + FPT_WARP * u;
+                if (e < g.d) acc[u] = fpt_attn_acc(acc[u], alpha, w, n, vt + e, g.sv);
+            }
+            __syncwarp();
+            m = mn;
+        }
+        float *orow = o + (b * g.tq + i) * g.so + h * g.d;
+        for (int u = 0; u < FPT_ATTN_MAXU; u++) {
+            int64_t e = lane + FPT_WARP * u;
+            if (e < g.d) orow[e] = l > 0.0f ? acc[u] / l : 0.0f;
+        }
+        if (lane == 0) lse[r] = l > 0.0f ? m + logf(l) : -INFINITY;
+    }
+}
+
+// The backward's first pass, per query row: D = dO . O (kept in dd for the second) and
+// dQ = sum_j dS_ij K_j (dq: the packed gradient, dQ at its offset 0).
+extern "C" __global__ void fpt_attn_bwd_q_f32(const float *q, const float *k, const float *v, const float *o,
+                                              const float *dout, const float *lse, float *dd, float *dq,
+                                              const uint32_t *keylen, fpt_attn_geom g) {
+    __shared__ float tile[FPT_ATTN_WARPS][FPT_ATTN_TILE];
+    uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) / FPT_WARP;
+    uint64_t warps = ((uint64_t)gridDim.x * blockDim.x) / FPT_WARP;
+    int lane = threadIdx.x % FPT_WARP;
+    float *w = tile[threadIdx.x / FPT_WARP];
+    uint64_t rows = (uint64_t)(g.batch * g.heads * g.tq);
+    for (uint64_t r = warp; r < rows; r += warps) {
+        int64_t b, h, i, lo, hi;
+        fpt_attn_locate(&g, (int64_t)r, g.tq, &b, &h, &i);
+        fpt_attn_keys(&g, keylen, b, i, &lo, &hi);
+        const float *orow = o + (b * g.tq + i) * g.so + h * g.d;
+        const float *grow = dout + (b * g.tq + i) * g.so + h * g.d;
+        float part = 0.0f;
+        for (int64_t e = lane; e < g.d; e += FPT_WARP) part = FPT_ADD(part, FPT_MUL(grow[e], orow[e]));
+        float d = fpt_warp_sum(part);
+        float acc[FPT_ATTN_MAXU];
+        for (int u = 0; u < FPT_ATTN_MAXU; u++) acc[u] = 0.0f;
+        for (int64_t j0 = lo; j0 < hi; j0 += FPT_ATTN_TILE) {
+            int64_t j = j0 + lane;
+            int n = hi - j0 < FPT_ATTN_TILE ? (int)(hi - j0) : FPT_ATTN_TILE;
+            float pd = 0.0f, ds = 0.0f;
+            if (j < hi) fpt_attn_pair(&g, q, k, v, dout, b, h, i, j, lse[r], d, &pd, &ds);
+            w[lane] = ds;
+            __syncwarp();
+            const float *kt = k + (b * g.tk + j0) * g.sk + h * g.d;
+            for (int u = 0; u < FPT_ATTN_MAXU; u++) {
+                int64_t e = lane + FPT_WARP * u;
+                if (e < g.d) acc[u] = fpt_attn_acc(acc[u], 1.0f, w, n, kt + e, g.sk);
+            }
+            __syncwarp();
+        }
+        float *qg = dq + (b * g.tq + i) * g.sg + h * g.d;
+        for (int u = 0; u < FPT_ATTN_MAXU; u++) {
+            int64_t e = lane + FPT_WARP * u;
+            if (e < g.d) qg[e] = acc[u];
+        }
+        if (lane == 0) dd[r] = d;
+    }
+}
+
+// The backward's second pass, per key row: dK = sum_i dS_ij Q_i, dV = sum_i (P M)_ij dO_i,
+// into the packed gradient dqkv ([b, t, 3c], stride sg): dK at c, dV at 2c.
+extern "C" __global__ void fpt_attn_bwd_kv_f32(const float *q, const float *k, const float *v, const float *dout,
+                                               const float *lse, const float *dd, float *dqkv,
+                                               const uint32_t *keylen, fpt_attn_geom g) {
+    float *dk = dqkv + g.heads * g.d;
+    float *dv = dqkv + 2 * g.heads * g.d;
+    __shared__ float tile[FPT_ATTN_WARPS][2][FPT_ATTN_TILE];
+    uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) / FPT_WARP;
+    uint64_t warps = ((uint64_t)gridDim.x * blockDim.x) / FPT_WARP;
+    int lane = threadIdx.x % FPT_WARP;
+    float *wp = tile[threadIdx.x / FPT_WARP][0];
+    float *ws = tile[threadIdx.x / FPT_WARP][1];
+    uint64_t rows = (uint64_t)(g.batch * g.heads * g.tk);
+    for (uint64_t r = warp; r < rows; r += warps) {
+        int64_t b, h, j, lo, hi;
+        fpt_attn_locate(&g, (int64_t)r, g.tk, &b, &h, &j);
+        fpt_attn_queries(&g, j, &lo, &hi);
+        float ak[FPT_ATTN_MAXU], av[FPT_ATTN_MAXU];
+        for (int u = 0; u < FPT_ATTN_MAXU; u++) ak[u] = av[u] = 0.0f;
+        for (int64_t i0 = lo; i0 < hi; i0 += FPT_ATTN_TILE) {
+            int64_t i = i0 + lane;
+            int n = hi - i0 < FPT_ATTN_TILE ? (int)(hi - i0) : FPT_ATTN_TILE;
+            float pd = 0.0f, ds = 0.0f;
+            if (i < hi) {
+                int64_t klo, khi;
+                fpt_attn_keys(&g, keylen, b, i, &klo, &khi);
+                int64_t ri = (b * g.heads + h) * g.tq + i;
+                if (j >= klo && j < khi) fpt_attn_pair(&g, q, k, v, dout, b, h, i, j, lse[ri], dd[ri], &pd, &ds);
+            }
+            wp[lane] = pd;
+            ws[lane] = ds;
+            __syncwarp();
+            const float *gt = dout + (b * g.tq + i0) * g.so + h * g.d;
+            const float *qt = q + (b * g.tq + i0) * g.sq + h * g.d;
+            for (int u = 0; u < FPT_ATTN_MAXU; u++) {
+                int64_t e = lane + FPT_WARP * u;
+                if (e < g.d) {
+                    av[u] = fpt_attn_acc(av[u], 1.0f, wp, n, gt + e, g.so);
+                    ak[u] = fpt_attn_acc(ak[u], 1.0f, ws, n, qt + e, g.sq);
+                }
+            }
+            __syncwarp();
+        }
+        float *kg = dk + (b * g.tk + j) * g.sg + h * g.d;
+        float *vg = dv + (b * g.tk + j) * g.sg + h * g.d;
+        for (int u = 0; u < FPT_ATTN_MAXU; u++) {
+            int64_t e = lane + FPT_WARP * u;
+            if (e < g.d) {
+                kg[e] = ak[u];
+                vg[e] = av[u];
+            }
+        }
+    }
+}

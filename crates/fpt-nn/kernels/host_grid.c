@@ -161,3 +161,135 @@ void fpt_host_ce_f32(const float *x, const uint32_t *t, const float *g, float *l
         for (int l = 0; l < LANES; l++) fpt_ce_lane_grad(xr, dx + r * c, c, t[r], m, 1.0f / sum, g[r], l, LANES);
     }
 }
+
+/* ---- attention tiled over keys: fpt_kernels.cu's three kernels, lane by lane ----------- */
+
+/* The forward: O and each row's log-sum-exp, the tile's lanes combined as the warp's
+ * shuffles combine them. */
+void fpt_host_attn_fwd_f32(const float *q, const float *k, const float *v, float *o, float *lse,
+                           const uint32_t *keylen, const fpt_attn_geom *gp) {
+    fpt_attn_geom g = *gp;
+    int64_t rows = g.batch * g.heads * g.tq;
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t b, h, i, lo, hi;
+        fpt_attn_locate(&g, r, g.tq, &b, &h, &i);
+        fpt_attn_keys(&g, keylen, b, i, &lo, &hi);
+        const float *qrow = q + (b * g.tq + i) * g.sq + h * g.d;
+        float acc[LANES][FPT_ATTN_MAXU] = {{0.0f}};
+        float m = -INFINITY, l = 0.0f;
+        for (int64_t j0 = lo; j0 < hi; j0 += FPT_ATTN_TILE) {
+            int n = hi - j0 < FPT_ATTN_TILE ? (int)(hi - j0) : FPT_ATTN_TILE;
+            float s[LANES], part[LANES], w[LANES];
+            for (int ln = 0; ln < LANES; ln++) part[ln] = s[ln] = fpt_attn_score(&g, qrow, k, b, h, j0 + ln, hi);
+            butterfly_max(part);
+            float mn = fmaxf(m, part[0]);
+            float alpha = expf(m - mn);
+            for (int ln = 0; ln < LANES; ln++) part[ln] = j0 + ln < hi ? expf(s[ln] - mn) : 0.0f;
+            for (int ln = 0; ln < LANES; ln++)
+                w[ln] = j0 + ln < hi ? FPT_MUL(part[ln], fpt_attn_mult(&g, b, h, i, j0 + ln)) : 0.0f;
+            butterfly_sum(part);
+            l = FPT_ADD(FPT_MUL(l, alpha), part[0]);
+            const float *vt = v + (b * g.tk + j0) * g.sv + h * g.d;
+            for (int ln = 0; ln < LANES; ln++)
+                for (int u = 0; u < FPT_ATTN_MAXU; u++) {
+                    int64_t e = ln + LANES * u;
+                    if (e < g.d) acc[ln][u] = fpt_attn_acc(acc[ln][u], alpha, w, n, vt + e, g.sv);
+                }
+            m = mn;
+        }
+        float *orow = o + (b * g.tq + i) * g.so + h * g.d;
+        for (int ln = 0; ln < LANES; ln++)
+            for (int u = 0; u < FPT_ATTN_MAXU; u++) {
+                int64_t e = ln + LANES * u;
+                if (e < g.d) orow[e] = l > 0.0f ? acc[ln][u] / l : 0.0f;
+            }
+        lse[r] = l > 0.0f ? m + logf(l) : -INFINITY;
+    }
+}
+
+/* The backward: its first pass (D and dQ per query row), then its second (dK and dV per
+ * key row), as the two kernels run them. */
+void fpt_host_attn_bwd_f32(const float *q, const float *k, const float *v, const float *o, const float *dout,
+                           const float *lse, float *dd, float *dq, float *dk, float *dv, const uint32_t *keylen,
+                           const fpt_attn_geom *gp) {
+    fpt_attn_geom g = *gp;
+    int64_t rows = g.batch * g.heads * g.tq;
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t b, h, i, lo, hi;
+        fpt_attn_locate(&g, r, g.tq, &b, &h, &i);
+        fpt_attn_keys(&g, keylen, b, i, &lo, &hi);
+        const float *orow = o + (b * g.tq + i) * g.so + h * g.d;
+        const float *grow = dout + (b * g.tq + i) * g.so + h * g.d;
+        float part[LANES];
+        for (int ln = 0; ln < LANES; ln++) {
+            part[ln] = 0.0f;
+            for (int64_t e = ln; e < g.d; e += LANES) part[ln] = FPT_ADD(part[ln], FPT_MUL(grow[e], orow[e]));
+        }
+        butterfly_sum(part);
+        float d = part[0];
+        float acc[LANES][FPT_ATTN_MAXU] = {{0.0f}};
+        for (int64_t j0 = lo; j0 < hi; j0 += FPT_ATTN_TILE) {
+            int n = hi - j0 < FPT_ATTN_TILE ? (int)(hi - j0) : FPT_ATTN_TILE;
+            float w[LANES];
+            for (int ln = 0; ln < LANES; ln++) {
+                float pd = 0.0f, ds = 0.0f;
+                if (j0 + ln < hi) fpt_attn_pair(&g, q, k, v, dout, b, h, i, j0 + ln, lse[r], d, &pd, &ds);
+                w[ln] = ds;
+            }
+            const float *kt = k + (b * g.tk + j0) * g.sk + h * g.d;
+            for (int ln = 0; ln < LANES; ln++)
+                for (int u = 0; u < FPT_ATTN_MAXU; u++) {
+                    int64_t e = ln + LANES * u;
+                    if (e < g.d) acc[ln][u] = fpt_attn_acc(acc[ln][u], 1.0f, w, n, kt + e, g.sk);
+                }
+        }
+        float *qg = dq + (b * g.tq + i) * g.sg + h * g.d;
+        for (int ln = 0; ln < LANES; ln++)
+            for (int u = 0; u < FPT_ATTN_MAXU; u++) {
+                int64_t e = ln + LANES * u;
+                if (e < g.d) qg[e] = acc[ln][u];
+            }
+        dd[r] = d;
+    }
+    rows = g.batch * g.heads * g.tk;
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t b, h, j, lo, hi;
+        fpt_attn_locate(&g, r, g.tk, &b, &h, &j);
+        fpt_attn_queries(&g, j, &lo, &hi);
+        float ak[LANES][FPT_ATTN_MAXU] = {{0.0f}}, av[LANES][FPT_ATTN_MAXU] = {{0.0f}};
+        for (int64_t i0 = lo; i0 < hi; i0 += FPT_ATTN_TILE) {
+            int n = hi - i0 < FPT_ATTN_TILE ? (int)(hi - i0) : FPT_ATTN_TILE;
+            float wp[LANES], ws[LANES];
+            for (int ln = 0; ln < LANES; ln++) {
+                int64_t i = i0 + ln;
+                wp[ln] = ws[ln] = 0.0f;
+                if (i < hi) {
+                    int64_t klo, khi;
+                    fpt_attn_keys(&g, keylen, b, i, &klo, &khi);
+                    int64_t ri = (b * g.heads + h) * g.tq + i;
+                    if (j >= klo && j < khi) fpt_attn_pair(&g, q, k, v, dout, b, h, i, j, lse[ri], dd[ri], &wp[ln], &ws[ln]);
+                }
+            }
+            const float *gt = dout + (b * g.tq + i0) * g.so + h * g.d;
+            const float *qt = q + (b * g.tq + i0) * g.sq + h * g.d;
+            for (int ln = 0; ln < LANES; ln++)
+                for (int u = 0; u < FPT_ATTN_MAXU; u++) {
+                    int64_t e = ln + LANES * u;
+                    if (e < g.d) {
+                        av[ln][u] = fpt_attn_acc(av[ln][u], 1.0f, wp, n, gt + e, g.so);
+                        ak[ln][u] = fpt_attn_acc(ak[ln][u], 1.0f, ws, n, qt + e, g.sq);
+                    }
+                }
+        }
+        float *kg = dk + (b * g.tk + j) * g.sg + h * g.d;
+        float *vg = dv + (b * g.tk + j) * g.sg + h * g.d;
+        for (int ln = 0; ln < LANES; ln++)
+            for (int u = 0; u < FPT_ATTN_MAXU; u++) {
+                int64_t e = ln + LANES * u;
+                if (e < g.d) {
+                    kg[e] = ak[ln][u];
+                    vg[e] = av[ln][u];
+                }
+            }
+    }
+}

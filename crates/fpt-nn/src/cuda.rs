@@ -7,6 +7,7 @@
 //! Every kernel takes contiguous f32 buffers; the callers check the dtype and make their
 //! operands contiguous, and name the op in the error otherwise.
 
+use crate::ops::dropout::mask_params;
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::{CudaDevice, WrapErr};
@@ -64,13 +65,6 @@ macro_rules! func {
 fn output(dev: &CudaDevice, n: usize) -> Result<CudaSlice<f32>> {
     // SAFETY: the kernel the caller launches next writes every element.
     unsafe { dev.alloc::<f32>(n.max(1)) }
-}
-
-/// The dropout mask's parameters as the kernels take them: the threshold on the hash's
-/// top 24 bits and the kept elements' multiplier (fastmath::dropout_multipliers).
-pub(crate) fn mask_params(p: f64) -> (i32, f32) {
-    let thr = (p * (1u32 << 24) as f64).round().clamp(0.0, (1u32 << 24) as f64) as i32;
-    (thr, (1.0 / (1.0 - p)) as f32)
 }
 
 /// `x * mask` with the mask of blocks of `block` elements drawn from `seed` on the device.
@@ -475,4 +469,97 @@ pub(crate) fn ce_bwd(
     // SAFETY: x and out hold rows * c elements, t and g rows.
     unsafe { b.launch(per_row(rows)) }.w()?;
     Ok(CudaStorage::wrap_cuda_slice(out, dev))
+}
+
+// SAFETY: AttnGeom is #[repr(C)] of 8-byte integers and floats only, laid out as
+// fpt_ops.h's fpt_attn_geom, which the attention kernels take by value.
+unsafe impl candle_core::cuda_backend::cudarc::driver::DeviceRepr for crate::ops::attention_tiled::AttnGeom {}
+
+/// The attention kernels' per-row launch (one warp per query or key row).
+fn attn_rows(g: &crate::ops::attention_tiled::AttnGeom, t: i64) -> LaunchConfig {
+    per_row((g.batch * g.heads * t) as usize)
+}
+
+/// The examples' valid key counts as the kernels read them, or a null pointer.
+fn keylen_view<'a>(k: Option<(&'a CudaStorage, &'a Layout)>) -> Result<Option<CudaView<'a, u32>>> {
+    k.map(|(s, l)| u32_view(s, l, "attention_tiled (key lengths)"))
+        .transpose()
+}
+
+/// Attention tiled over keys on Q, K, V read in place from `qkv` ([b, t, 3c], `g`'s
+/// strides): the output [b, t, c] and each row's log-sum-exp [b * heads * t].
+pub(crate) fn attn_fwd(
+    qkv: (&CudaStorage, &Layout),
+    keylen: Option<(&CudaStorage, &Layout)>,
+    g: &crate::ops::attention_tiled::AttnGeom,
+) -> Result<(CudaStorage, CudaSlice<f32>)> {
+    let dev = qkv.0.device().clone();
+    let x = f32_view(qkv.0, qkv.1, "attention_tiled")?;
+    let c = (g.heads * g.d) as usize;
+    let (q, k, v) = (x.slice(..), x.slice(c..), x.slice(2 * c..));
+    let lens = keylen_view(keylen)?;
+    let o = output(&dev, (g.batch * g.tq) as usize * c)?;
+    let lse = output(&dev, (g.batch * g.heads * g.tq) as usize)?;
+    let f = func!(dev, "fpt_attn_fwd_f32")?;
+    let mut b = f.builder();
+    let null = 0u64;
+    b.arg(&q).arg(&k).arg(&v).arg(&o).arg(&lse);
+    match &lens {
+        Some(l) => b.arg(l),
+        None => b.arg(&null),
+    };
+    b.arg(g);
+    // SAFETY: qkv holds batch * t rows of stride 3c (= sq = sk = sv) with Q, K, V at 0, c,
+    // 2c (the caller built `g` from its shape); o holds batch * t * c (stride so = c) and
+    // lse batch * heads * t; keylen, when given, holds batch values (null otherwise, with
+    // has_len 0).
+    unsafe { b.launch(attn_rows(g, g.tq)) }.w()?;
+    Ok((CudaStorage::wrap_cuda_slice(o, dev), lse))
+}
+
+/// The backward of [`attn_fwd`]: the packed gradient [b, t, 3c] of `qkv` from the output
+/// `o`, its gradient `dout` and the forward's log-sum-exp.
+pub(crate) fn attn_bwd(
+    qkv: (&CudaStorage, &Layout),
+    o: (&CudaStorage, &Layout),
+    dout: (&CudaStorage, &Layout),
+    lse: &CudaSlice<f32>,
+    keylen: Option<(&CudaStorage, &Layout)>,
+    g: &crate::ops::attention_tiled::AttnGeom,
+) -> Result<CudaStorage> {
+    let dev = qkv.0.device().clone();
+    let x = f32_view(qkv.0, qkv.1, "attention_tiled backward")?;
+    let ov = f32_view(o.0, o.1, "attention_tiled backward")?;
+    let gv = f32_view(dout.0, dout.1, "attention_tiled backward")?;
+    let c = (g.heads * g.d) as usize;
+    let (q, k, v) = (x.slice(..), x.slice(c..), x.slice(2 * c..));
+    let lens = keylen_view(keylen)?;
+    let rows = (g.batch * g.heads * g.tq) as usize;
+    let dd = output(&dev, rows)?;
+    let dqkv = output(&dev, (g.batch * g.tq) as usize * 3 * c)?;
+    let null = 0u64;
+    let f = func!(dev, "fpt_attn_bwd_q_f32")?;
+    let mut b = f.builder();
+    b.arg(&q).arg(&k).arg(&v).arg(&ov).arg(&gv).arg(lse).arg(&dd).arg(&dqkv);
+    match &lens {
+        Some(l) => b.arg(l),
+        None => b.arg(&null),
+    };
+    b.arg(g);
+    // SAFETY: as attn_fwd's, and o, dout hold batch * t * c (stride so = c), lse and dd
+    // batch * heads * t, dqkv batch * t * 3c (stride sg = 3c; this pass writes its dQ third
+    // and every dd).
+    unsafe { b.launch(attn_rows(g, g.tq)) }.w()?;
+    let f = func!(dev, "fpt_attn_bwd_kv_f32")?;
+    let mut b = f.builder();
+    b.arg(&q).arg(&k).arg(&v).arg(&gv).arg(lse).arg(&dd).arg(&dqkv);
+    match &lens {
+        Some(l) => b.arg(l),
+        None => b.arg(&null),
+    };
+    b.arg(g);
+    // SAFETY: as above; this pass reads the first pass's dd (the same stream orders them)
+    // and writes the dK and dV thirds of dqkv, every row of each.
+    unsafe { b.launch(attn_rows(g, g.tk)) }.w()?;
+    Ok(CudaStorage::wrap_cuda_slice(dqkv, dev))
 }

@@ -213,6 +213,33 @@ pub fn agreement(device: &Device) -> Result<Vec<KernelCheck>> {
             |x| ops::attention_packed(x[0], spec),
         )?;
     }
+    // Attention tiled over keys (its CUDA kernels on a GPU; on the CPU the same bodies over
+    // the host grid), with dropout and padding: values and the packed gradient.
+    for (t, c, heads, mask, lens) in [
+        (33usize, 32usize, 4usize, Mask::Causal, None),
+        (64, 32, 4, Mask::None, Some([64u32, 40])),
+        (100, 32, 4, Mask::Band(7), Some([100, 97])),
+        (64, 768, 12, Mask::Causal, None),
+    ] {
+        let spec = AttentionSpec {
+            heads,
+            scale: 1.0 / ((c / heads) as f64).sqrt(),
+            mask,
+            dropout: Some((0.1, 11)),
+        };
+        op_check(
+            &mut out,
+            device,
+            &format!("attention_tiled t={t} c={c} {mask:?} lengths {lens:?} with dropout"),
+            &[&[2, t, 3 * c]],
+            |x| {
+                let keylen = lens
+                    .map(|l| fpt_nn::transfer::upload_slice(&l, 2, x[0].device()))
+                    .transpose()?;
+                ops::attention_tiled_packed(x[0], spec, keylen.as_ref())
+            },
+        )?;
+    }
     // Adam: in place, the CPU's roundings.
     let n = 10_000;
     let coefs = ops::AdamCoefs {
@@ -338,6 +365,7 @@ mod tests {
             "swiglu gradient of input 1",
             "rotary gradient of input 0",
             "cross_entropy 7x1000 gradient",
+            "attention_tiled t=64 c=32 None lengths Some([64, 40]) with dropout gradient of input 0",
         ] {
             assert!(names.contains(&want), "{want} not in {names:?}");
         }

@@ -1,6 +1,9 @@
 //! Which attention runs where: the fused CPU op for f32 on a CPU ([`super::attention`]'s
 //! module), on a GPU one node whose backward recomputes the probabilities
-//! ([`super::attention_recomputed`]), the composed candle ops otherwise. The dispatch lives
+//! ([`super::attention_recomputed`]), the composed candle ops otherwise. `FPT_ATTENTION=tiled`
+//! runs the attention tiled over keys ([`super::attention_tiled`]) on every device instead
+//! (f32): its CUDA kernels on a GPU, their host-grid bodies on the CPU (a reference there,
+//! one thread); it is not the default until a GPU has measured it. The dispatch lives
 //! here so that the two implementations depend one way: the recomputed node uses the
 //! composed ops; neither knows of the other's dispatch.
 
@@ -12,6 +15,9 @@ use candle_core::{Result, Tensor, D};
 /// recomputes the probabilities ([`super::attention_recomputed`]); composed of candle ops
 /// otherwise ([`attention_composed`]). The same dropout mask everywhere.
 pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, spec: AttentionSpec) -> Result<Tensor> {
+    if tiled_requested()? && q.dtype() == candle_core::DType::F32 {
+        return super::attention_tiled(q, k, v, spec, None);
+    }
     if !q.device().is_cpu() {
         return super::attention_recomputed(q, k, v, spec);
     }
@@ -24,6 +30,9 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, spec: AttentionSpec) -> Res
 /// [`attention`] on Q, K and V packed side by side in `[b, t, 3c]` (GPT-2's `c_attn`
 /// output): the gradient comes back as one `[b, t, 3c]` tensor.
 pub fn attention_packed(qkv: &Tensor, spec: AttentionSpec) -> Result<Tensor> {
+    if tiled_requested()? && qkv.dtype() == candle_core::DType::F32 {
+        return super::attention_tiled_packed(qkv, spec, None);
+    }
     if !qkv.device().is_cpu() {
         return super::attention_packed_recomputed(qkv, spec);
     }
@@ -44,10 +53,42 @@ pub fn attention_packed(qkv: &Tensor, spec: AttentionSpec) -> Result<Tensor> {
 /// without dropout (with dropout the mask is drawn for the `last x t` scores only). What a
 /// causal model's last block needs when only its last positions are read out.
 pub fn attention_packed_last(qkv: &Tensor, spec: AttentionSpec, last: usize) -> Result<Tensor> {
-    if !fused_ok(qkv) {
+    if !fused_ok(qkv) || tiled_requested()? {
         let full = attention_packed(qkv, spec)?;
         let t = full.dim(1)?;
         return full.narrow(1, t.saturating_sub(last), last.min(t));
     }
     attention_packed_fused(qkv, spec, Some(last))
+}
+
+/// Whether `FPT_ATTENTION` asks for the attention tiled over keys: `tiled`; unset, empty or
+/// `auto` keep the dispatch above; anything else is refused, naming the variable.
+pub fn tiled_requested() -> Result<bool> {
+    static CHOICE: std::sync::OnceLock<std::result::Result<bool, String>> = std::sync::OnceLock::new();
+    CHOICE
+        .get_or_init(|| parse_choice(std::env::var("FPT_ATTENTION").ok().as_deref()))
+        .clone()
+        .map_err(candle_core::Error::Msg)
+}
+
+fn parse_choice(v: Option<&str>) -> std::result::Result<bool, String> {
+    match v.map(str::trim) {
+        None | Some("") | Some("auto") => Ok(false),
+        Some("tiled") => Ok(true),
+        Some(other) => Err(format!(
+            "FPT_ATTENTION=`{other}`: the choices are `tiled` (attention tiled over keys on every device) and `auto` (the default)"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_attention_choice_is_read_and_bad_ones_named() {
+        assert_eq!(super::parse_choice(None), Ok(false));
+        assert_eq!(super::parse_choice(Some("auto")), Ok(false));
+        assert_eq!(super::parse_choice(Some(" tiled ")), Ok(true));
+        let e = super::parse_choice(Some("flash")).unwrap_err();
+        assert!(e.contains("FPT_ATTENTION") && e.contains("flash"), "{e}");
+    }
 }

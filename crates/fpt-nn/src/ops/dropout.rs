@@ -19,6 +19,14 @@ use rayon::prelude::*;
 /// Elements per mask block of [`dropout`] and [`dropout_add`] (one random stream each).
 pub(crate) const CHUNK: usize = 16_384;
 
+/// The dropout mask's parameters as fpt's kernels take them (fpt_ops.h's
+/// `fpt_dropout_mult`): the threshold on the hash's top 24 bits and the kept elements'
+/// multiplier (as `fastmath::dropout_multipliers` draws them).
+pub(crate) fn mask_params(p: f64) -> (i32, f32) {
+    let thr = (p * (1u32 << 24) as f64).round().clamp(0.0, (1u32 << 24) as f64) as i32;
+    (thr, (1.0 / (1.0 - p)) as f32)
+}
+
 /// The hash key of block `block` of a mask seeded by `seed`.
 pub(crate) fn chunk_key(seed: u64, block: usize) -> u32 {
     (Rng::stream(seed, block as u64).next_u64() >> 32) as u32

@@ -29,6 +29,7 @@ mod adam;
 mod attention;
 mod attention_dispatch;
 mod attention_recomputed;
+pub(crate) mod attention_tiled;
 pub mod bf16;
 pub(crate) mod dropout;
 pub(crate) mod fastmath;
@@ -46,8 +47,9 @@ mod swiglu;
 
 pub use adam::{adam_update, adam_update_composed, AdamCoefs};
 pub use attention::{attention_composed, attention_probs, dropout_mask as attention_dropout_mask, AttentionSpec};
-pub use attention_dispatch::{attention, attention_packed, attention_packed_last};
+pub use attention_dispatch::{attention, attention_packed, attention_packed_last, tiled_requested};
 pub use attention_recomputed::{attention_packed_recomputed, attention_recomputed};
+pub use attention_tiled::{attention_tiled, attention_tiled_packed};
 pub use dropout::{dropout, dropout_add, dropout_mask_values};
 pub use gelu::{gelu_erf, gelu_erf_composed, gelu_new, gelu_new_composed};
 pub use layer_norm::{layer_norm, layer_norm_composed, rms_norm, rms_norm_composed};

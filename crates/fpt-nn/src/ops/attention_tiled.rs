@@ -1,0 +1,577 @@
+//! Attention tiled over keys (issue 56 item 5): the probabilities are never stored. The
+//! forward walks each query row's keys a tile of 32 at a time with an online softmax (a
+//! running maximum and sum, the output rescaled as the maximum grows) and keeps only the
+//! row's log-sum-exp; the backward recomputes each probability from it, a first pass per
+//! query row (D = dO . O and dQ), a second per key row (dK and dV), so no gradient is
+//! accumulated across threads. Causal, band and padding masks (each example's valid key
+//! count: the keys past it are hidden from every query) and dropout on the probabilities
+//! (the composed op's mask, drawn from its seed in both passes).
+//!
+//! The arithmetic is `kernels/fpt_ops.h`'s, in three CUDA kernels (`fpt_kernels.cu`) and,
+//! lane by lane, on the host (`host_grid.c`): the CPU runs the same bodies, so this op has
+//! a path on every device and its tests here check the kernels' indexing and numbers
+//! against the composed ops, forward and backward. On the CPU it is a reference (one
+//! thread, no SIMD), not the fast path: the fused CPU op of `attention.rs` is that.
+//!
+//! Q, K and V are read in place from one packed `[b, t, 3c]` tensor (GPT-2's `c_attn`
+//! output; separate Q, K, V are concatenated first), and the gradient is one tensor of
+//! that shape.
+
+use super::attention::AttentionSpec;
+use super::softmax::Mask;
+use super::{cpu_slice, tracks};
+use candle_core::backend::BackendStorage as _;
+#[cfg(feature = "cuda")]
+use candle_core::CudaStorage;
+use candle_core::{CpuStorage, CustomOp1, CustomOp3, DType, Layout, Result, Shape, Storage, Tensor};
+use std::sync::{Arc, Mutex};
+
+/// The widest head the kernels take (32 lanes x `FPT_ATTN_MAXU` dims each).
+pub const MAX_HEAD_DIM: usize = 256;
+
+/// The kernels' geometry, fpt_ops.h's `fpt_attn_geom` field for field (every field 8 bytes,
+/// so `#[repr(C)]` lays it out as C does).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct AttnGeom {
+    pub(crate) batch: i64,
+    pub(crate) heads: i64,
+    pub(crate) tq: i64,
+    pub(crate) tk: i64,
+    pub(crate) d: i64,
+    pub(crate) sq: i64,
+    pub(crate) sk: i64,
+    pub(crate) sv: i64,
+    pub(crate) so: i64,
+    pub(crate) sg: i64,
+    pub(crate) kind: i64,
+    pub(crate) band: i64,
+    pub(crate) seed: u64,
+    pub(crate) thr: i64,
+    pub(crate) keep: f64,
+    pub(crate) scale: f64,
+    pub(crate) has_len: i64,
+}
+
+impl AttnGeom {
+    /// Self-attention over `qkv: [b, t, 3c]` with `spec`'s heads, scale, mask and dropout.
+    fn packed(b: usize, t: usize, c: usize, spec: &AttentionSpec, has_len: bool) -> Result<Self> {
+        let h = spec.heads;
+        if h == 0 || !c.is_multiple_of(h) {
+            candle_core::bail!("attention_tiled: a width of {c} does not split into {h} heads")
+        }
+        let d = c / h;
+        if d > MAX_HEAD_DIM {
+            candle_core::bail!("attention_tiled: heads of {d} dims exceed the kernel's {MAX_HEAD_DIM}")
+        }
+        let (kind, band) = match spec.mask {
+            Mask::None => (0, 0),
+            Mask::Causal => (1, 0),
+            Mask::Band(w) => (2, w as i64),
+        };
+        let (seed, thr, keep) = match spec.dropout {
+            Some((p, seed)) if p > 0.0 => {
+                let (thr, keep) = super::dropout::mask_params(p);
+                (seed, thr as i64, keep as f64)
+            }
+            _ => (0, 0, 1.0),
+        };
+        let (b, t, c, h, d) = (b as i64, t as i64, c as i64, h as i64, d as i64);
+        Ok(AttnGeom {
+            batch: b,
+            heads: h,
+            tq: t,
+            tk: t,
+            d,
+            sq: 3 * c,
+            sk: 3 * c,
+            sv: 3 * c,
+            so: c,
+            sg: 3 * c,
+            kind,
+            band,
+            seed,
+            thr,
+            keep,
+            scale: spec.scale,
+            has_len: i64::from(has_len),
+        })
+    }
+
+    fn width(&self) -> usize {
+        (self.heads * self.d) as usize
+    }
+
+    fn rows(&self) -> usize {
+        (self.batch * self.heads * self.tq) as usize
+    }
+
+    fn shape(&self) -> Shape {
+        Shape::from((self.batch as usize, self.tq as usize, self.width()))
+    }
+}
+
+extern "C" {
+    fn fpt_host_attn_fwd_f32(
+        q: *const f32,
+        k: *const f32,
+        v: *const f32,
+        o: *mut f32,
+        lse: *mut f32,
+        keylen: *const u32,
+        g: *const AttnGeom,
+    );
+    fn fpt_host_attn_bwd_f32(
+        q: *const f32,
+        k: *const f32,
+        v: *const f32,
+        o: *const f32,
+        dout: *const f32,
+        lse: *const f32,
+        dd: *mut f32,
+        dq: *mut f32,
+        dk: *mut f32,
+        dv: *mut f32,
+        keylen: *const u32,
+        g: *const AttnGeom,
+    );
+}
+
+/// Each row's log-sum-exp, kept by the forward for the backward.
+enum Lse {
+    Cpu(Vec<f32>),
+    #[cfg(feature = "cuda")]
+    Cuda(candle_core::cuda_backend::cudarc::driver::CudaSlice<f32>),
+}
+
+type Saved = Arc<Mutex<Option<Lse>>>;
+
+/// The op's inputs checked: `qkv`'s f32 elements, contiguous, holding the geometry's rows.
+fn packed_f32<'a>(s: &'a CpuStorage, l: &Layout, g: &AttnGeom, op: &'static str) -> Result<&'a [f32]> {
+    if s.dtype() != DType::F32 {
+        candle_core::bail!("{op}: takes f32, got {:?}", s.dtype())
+    }
+    let x = cpu_slice::<f32>(s, l, op)?;
+    if x.len() != (g.batch * g.tq) as usize * g.width() * 3 {
+        candle_core::bail!(
+            "{op}: {} values where [{}, {}, {}] was expected",
+            x.len(),
+            g.batch,
+            g.tq,
+            3 * g.width()
+        )
+    }
+    Ok(x)
+}
+
+/// The key lengths on the CPU (a null pointer when there are none).
+fn host_keylen(keylen: &Option<Tensor>, g: &AttnGeom) -> Result<Option<Vec<u32>>> {
+    let Some(t) = keylen else { return Ok(None) };
+    let (s, l) = t.storage_and_layout();
+    match &*s {
+        Storage::Cpu(c) => {
+            let v = cpu_slice::<u32>(c, l, "attention_tiled (key lengths)")?.to_vec();
+            if v.len() != g.batch as usize {
+                candle_core::bail!("attention_tiled: {} key lengths for a batch of {}", v.len(), g.batch)
+            }
+            Ok(Some(v))
+        }
+        _ => candle_core::bail!("attention_tiled: the key lengths are on another device than the activations"),
+    }
+}
+
+/// The graph's node: the forward on `qkv`, its backward through [`TiledBackward`].
+struct Tiled {
+    g: AttnGeom,
+    keylen: Option<Tensor>,
+    lse: Saved,
+}
+
+impl CustomOp1 for Tiled {
+    fn name(&self) -> &'static str {
+        "fpt-attention-tiled"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let g = &self.g;
+        let x = packed_f32(s, l, g, self.name())?;
+        let lens = host_keylen(&self.keylen, g)?;
+        let c = g.width();
+        let mut o = vec![0f32; (g.batch * g.tq) as usize * c];
+        let mut lse = vec![0f32; g.rows()];
+        let kl = lens.as_ref().map_or(std::ptr::null(), |v| v.as_ptr());
+        // SAFETY: x holds batch * t rows of 3c (checked), read as Q, K, V at offsets 0, c,
+        // 2c with stride 3c (g.sq = sk = sv); o holds batch * t * c (stride g.so = c), lse
+        // g.rows(); kl is null with g.has_len = 0, else batch values (host_keylen checked).
+        unsafe {
+            fpt_host_attn_fwd_f32(
+                x.as_ptr(),
+                x.as_ptr().add(c),
+                x.as_ptr().add(2 * c),
+                o.as_mut_ptr(),
+                lse.as_mut_ptr(),
+                kl,
+                g,
+            )
+        };
+        *self.lse.lock().unwrap_or_else(|e| e.into_inner()) = Some(Lse::Cpu(lse));
+        Ok((CpuStorage::F32(o), g.shape()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(&self, s: &CudaStorage, l: &Layout) -> Result<(CudaStorage, Shape)> {
+        let held = self.keylen.as_ref().map(|t| t.storage_and_layout());
+        let kl = match &held {
+            Some((st, l)) => match &**st {
+                Storage::Cuda(c) => Some((c, *l)),
+                _ => candle_core::bail!("attention_tiled: the key lengths are on another device than the activations"),
+            },
+            None => None,
+        };
+        let (o, lse) = crate::cuda::attn_fwd((s, l), kl, &self.g)?;
+        *self.lse.lock().unwrap_or_else(|e| e.into_inner()) = Some(Lse::Cuda(lse));
+        Ok((o, self.g.shape()))
+    }
+
+    fn bwd(&self, qkv: &Tensor, res: &Tensor, dy: &Tensor) -> Result<Option<Tensor>> {
+        if !tracks(qkv) {
+            return Ok(None);
+        }
+        let op = TiledBackward {
+            g: self.g,
+            keylen: self.keylen.clone(),
+            lse: self.lse.clone(),
+        };
+        let g = qkv
+            .detach()
+            .apply_op3_no_bwd(&res.detach(), &dy.detach().contiguous()?, &op)?;
+        Ok(Some(g))
+    }
+}
+
+/// The backward: `(qkv, o, dO)` -> the packed gradient `[b, t, 3c]`.
+struct TiledBackward {
+    g: AttnGeom,
+    keylen: Option<Tensor>,
+    lse: Saved,
+}
+
+impl CustomOp3 for TiledBackward {
+    fn name(&self) -> &'static str {
+        "fpt-attention-tiled-backward"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let g = &self.g;
+        let x = packed_f32(s1, l1, g, self.name())?;
+        let (o, dout) = (
+            cpu_slice::<f32>(s2, l2, self.name())?,
+            cpu_slice::<f32>(s3, l3, self.name())?,
+        );
+        let c = g.width();
+        let n = (g.batch * g.tq) as usize * c;
+        if o.len() != n || dout.len() != n {
+            candle_core::bail!(
+                "{}: the output or its gradient is not [{}, {}, {c}]",
+                self.name(),
+                g.batch,
+                g.tq
+            )
+        }
+        let lens = host_keylen(&self.keylen, g)?;
+        let saved = self.lse.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(Lse::Cpu(lse)) = &*saved else {
+            candle_core::bail!("{}: no forward on the CPU kept its log-sum-exp", self.name())
+        };
+        let mut dd = vec![0f32; g.rows()];
+        let mut grad = vec![0f32; 3 * n];
+        let kl = lens.as_ref().map_or(std::ptr::null(), |v| v.as_ptr());
+        let gp = grad.as_mut_ptr();
+        // SAFETY: as the forward's, and o, dout hold batch * t * c (stride so = c), lse and
+        // dd g.rows(), grad batch * t * 3c written as dQ, dK, dV at 0, c, 2c with stride
+        // g.sg = 3c (the three never overlap: each row's thirds are disjoint).
+        unsafe {
+            fpt_host_attn_bwd_f32(
+                x.as_ptr(),
+                x.as_ptr().add(c),
+                x.as_ptr().add(2 * c),
+                o.as_ptr(),
+                dout.as_ptr(),
+                lse.as_ptr(),
+                dd.as_mut_ptr(),
+                gp,
+                gp.add(c),
+                gp.add(2 * c),
+                kl,
+                g,
+            )
+        };
+        Ok((
+            CpuStorage::F32(grad),
+            Shape::from((g.batch as usize, g.tq as usize, 3 * c)),
+        ))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &CudaStorage,
+        l1: &Layout,
+        s2: &CudaStorage,
+        l2: &Layout,
+        s3: &CudaStorage,
+        l3: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        let held = self.keylen.as_ref().map(|t| t.storage_and_layout());
+        let kl = match &held {
+            Some((st, l)) => match &**st {
+                Storage::Cuda(c) => Some((c, *l)),
+                _ => candle_core::bail!("attention_tiled: the key lengths are on another device than the activations"),
+            },
+            None => None,
+        };
+        let saved = self.lse.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(Lse::Cuda(lse)) = &*saved else {
+            candle_core::bail!("{}: no forward on this GPU kept its log-sum-exp", self.name())
+        };
+        let grad = crate::cuda::attn_bwd((s1, l1), (s2, l2), (s3, l3), lse, kl, &self.g)?;
+        let c = self.g.width();
+        Ok((grad, Shape::from((self.g.batch as usize, self.g.tq as usize, 3 * c))))
+    }
+}
+
+/// Multi-head self-attention of Q, K and V packed in `qkv: [b, t, 3c]` (f32), tiled over
+/// keys: `[b, t, c]`, equal to [`super::attention_composed`] on the thirds within rounding
+/// (the online softmax sums in another order), with the same dropout mask. `keylen`
+/// (`[b]`, u32, on `qkv`'s device): each example's valid keys, the rest hidden from every
+/// query (a count above `t` counts as `t`; 0 leaves the example's output 0). The gradient
+/// is one `[b, t, 3c]` tensor.
+pub fn attention_tiled_packed(qkv: &Tensor, spec: AttentionSpec, keylen: Option<&Tensor>) -> Result<Tensor> {
+    let (b, t, w) = qkv.dims3()?;
+    if w % 3 != 0 {
+        candle_core::bail!("attention_tiled: a packed qkv of width {w} is not three equal parts")
+    }
+    if qkv.dtype() != DType::F32 {
+        candle_core::bail!("attention_tiled: takes f32, got {:?}", qkv.dtype())
+    }
+    let keylen = match keylen {
+        Some(k) => {
+            if k.dims1()? != b {
+                candle_core::bail!("attention_tiled: {} key lengths for a batch of {b}", k.dims1()?)
+            }
+            if !k.device().same_device(qkv.device()) {
+                candle_core::bail!("attention_tiled: the key lengths are on another device than the activations")
+            }
+            Some(k.to_dtype(DType::U32)?.contiguous()?)
+        }
+        None => None,
+    };
+    let g = AttnGeom::packed(b, t, w / 3, &spec, keylen.is_some())?;
+    qkv.contiguous()?.apply_op1(Tiled {
+        g,
+        keylen,
+        lse: Arc::new(Mutex::new(None)),
+    })
+}
+
+/// [`attention_tiled_packed`] of separate `q, k, v: [b, t, c]` (concatenated into one
+/// packed tensor first; their gradients come back through the concatenation).
+pub fn attention_tiled(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    spec: AttentionSpec,
+    keylen: Option<&Tensor>,
+) -> Result<Tensor> {
+    attention_tiled_packed(&Tensor::cat(&[q, k, v], 2)?, spec, keylen)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Rng;
+    use candle_core::{Device, Var, D};
+
+    /// The probabilities written out with stock candle ops, every mask an explicit additive
+    /// `-inf`: the mask kind's and the padding's (keys at or past an example's length).
+    fn reference(qkv: &Tensor, spec: AttentionSpec, keylen: Option<&[u32]>) -> Result<Tensor> {
+        let (b, t, w) = qkv.dims3()?;
+        let (c, h) = (w / 3, spec.heads);
+        let split = |x: Tensor| x.reshape((b, t, h, c / h))?.transpose(1, 2)?.contiguous();
+        let (q, k, v) = (
+            split(qkv.narrow(2, 0, c)?)?,
+            split(qkv.narrow(2, c, c)?)?,
+            split(qkv.narrow(2, 2 * c, c)?)?,
+        );
+        let mut add = vec![0f32; b * t * t];
+        for e in 0..b {
+            for i in 0..t {
+                for j in 0..t {
+                    let (lo, hi) = spec.mask.range(i, t, t);
+                    let len = keylen.map_or(t, |l| l[e] as usize);
+                    if j < lo || j >= hi || j >= len {
+                        add[(e * t + i) * t + j] = f32::NEG_INFINITY;
+                    }
+                }
+            }
+        }
+        let add = Tensor::from_vec(add, (b, 1, t, t), qkv.device())?;
+        let scores = (q.matmul(&k.t()?)? * spec.scale)?.broadcast_add(&add)?;
+        // The shift is a constant to the softmax: detached, so no gradient goes through max.
+        let e = scores.broadcast_sub(&scores.max_keepdim(D::Minus1)?.detach())?.exp()?;
+        let mut p = e.broadcast_div(&e.sum_keepdim(D::Minus1)?)?;
+        if let Some((pr, seed)) = spec.dropout {
+            p = (p * super::super::attention_dropout_mask(b, h, t, pr, seed, qkv.device())?)?;
+        }
+        p.matmul(&v)?.transpose(1, 2)?.reshape((b, t, c))
+    }
+
+    fn max_rel(a: &Tensor, b: &Tensor) -> f32 {
+        let (a, b) = (
+            a.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+            b.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+        );
+        assert_eq!(a.len(), b.len());
+        a.iter()
+            .zip(&b)
+            .map(|(x, y)| {
+                assert!(x.is_finite() && y.is_finite(), "{x} vs {y}");
+                (x - y).abs() / (1.0 + y.abs())
+            })
+            .fold(0.0, f32::max)
+    }
+
+    /// Forward and gradient of the tiled op against the written-out reference, over the
+    /// mask kinds, padding, dropout, heads narrower and wider than a warp and sequences of
+    /// one to three tiles; and without padding against the composed op the GPU path runs.
+    #[test]
+    fn tiled_attention_equals_the_composed_ops_forward_and_backward() -> Result<()> {
+        let dev = Device::Cpu;
+        // (batch, t, heads, mask, dropout, key lengths)
+        type Case = (usize, usize, usize, Mask, Option<(f64, u64)>, Option<Vec<u32>>);
+        let cases: [Case; 7] = [
+            (2, 37, 3, Mask::None, None, None),
+            (2, 37, 3, Mask::Causal, Some((0.1, 7)), None),
+            // (Band 5 with 33 valid keys: the last query still sees two; with fewer it would
+            // see none, which the reference cannot take: tested apart below.)
+            (2, 37, 3, Mask::Band(5), None, Some(vec![37, 33])),
+            (3, 33, 2, Mask::Causal, Some((0.2, 9)), Some(vec![10, 33, 1])),
+            (2, 70, 2, Mask::None, None, Some(vec![64, 70])),
+            (1, 5, 4, Mask::None, Some((0.5, 3)), None),
+            (2, 9, 1, Mask::Band(2), Some((0.1, 4)), Some(vec![9, 7])),
+        ];
+        for (case, (b, t, h, mask, dropout, lens)) in cases.into_iter().enumerate() {
+            // Head widths: 40 (two lane slots, the second partly empty) and 64, 16, 8.
+            let d = [40, 40, 40, 64, 24, 16, 8][case];
+            let c = h * d;
+            let spec = AttentionSpec {
+                heads: h,
+                scale: 1.0 / (d as f64).sqrt(),
+                mask,
+                dropout,
+            };
+            let qkv = Var::from_vec(
+                Rng::new(case as u64).normal_vec(b * t * 3 * c, 0.0, 1.0),
+                (b, t, 3 * c),
+                &dev,
+            )?;
+            let up = Tensor::from_vec(
+                Rng::new(100 + case as u64).normal_vec(b * t * c, 0.0, 1.0),
+                (b, t, c),
+                &dev,
+            )?;
+            let keylen = lens.as_ref().map(|l| Tensor::new(l.as_slice(), &dev)).transpose()?;
+            let ours = attention_tiled_packed(qkv.as_tensor(), spec, keylen.as_ref())?;
+            let want = reference(qkv.as_tensor(), spec, lens.as_deref())?;
+            let e = max_rel(&ours, &want);
+            assert!(e < 2e-5, "case {case}: forward {e}");
+            let g_ours = (ours * &up)?
+                .sum_all()?
+                .backward()?
+                .get(qkv.as_tensor())
+                .unwrap()
+                .clone();
+            let g_want = (want * &up)?
+                .sum_all()?
+                .backward()?
+                .get(qkv.as_tensor())
+                .unwrap()
+                .clone();
+            let e = max_rel(&g_ours, &g_want);
+            assert!(e < 1e-4, "case {case}: gradient {e}");
+            if lens.is_none() {
+                let third = |i: usize| qkv.as_tensor().narrow(2, i * c, c);
+                let composed = super::super::attention_composed(&third(0)?, &third(1)?, &third(2)?, spec)?;
+                let e = max_rel(&attention_tiled_packed(qkv.as_tensor(), spec, None)?, &composed);
+                assert!(e < 2e-5, "case {case}: against attention_composed {e}");
+            }
+        }
+        Ok(())
+    }
+
+    /// Separate Q, K, V get their gradients through the concatenation; an example with no
+    /// valid key gives zeros and zero gradients; bad inputs are named.
+    #[test]
+    fn tiled_attention_splits_pads_and_refuses() -> Result<()> {
+        let dev = Device::Cpu;
+        let (b, t, h, d) = (2, 6, 2, 8);
+        let c = h * d;
+        let spec = AttentionSpec {
+            heads: h,
+            scale: 0.3,
+            mask: Mask::Causal,
+            dropout: None,
+        };
+        let var = |s: u64| Var::from_vec(Rng::new(s).normal_vec(b * t * c, 0.0, 1.0), (b, t, c), &dev);
+        let (q, k, v) = (var(1)?, var(2)?, var(3)?);
+        let out = attention_tiled(q.as_tensor(), k.as_tensor(), v.as_tensor(), spec, None)?;
+        let composed = super::super::attention_composed(q.as_tensor(), k.as_tensor(), v.as_tensor(), spec)?;
+        assert!(max_rel(&out, &composed) < 2e-5);
+        let grads = out.sum_all()?.backward()?;
+        let want = composed.sum_all()?.backward()?;
+        for x in [&q, &k, &v] {
+            assert!(max_rel(grads.get(x.as_tensor()).unwrap(), want.get(x.as_tensor()).unwrap()) < 1e-4);
+        }
+        // Example 1 has no valid key: its output is 0, and nothing flows back from it.
+        let qkv = Var::from_vec(Rng::new(4).normal_vec(b * t * 3 * c, 0.0, 1.0), (b, t, 3 * c), &dev)?;
+        let lens = Tensor::new(&[6u32, 0], &dev)?;
+        let out = attention_tiled_packed(qkv.as_tensor(), spec, Some(&lens))?;
+        let second = out.narrow(0, 1, 1)?.abs()?.sum_all()?.to_scalar::<f32>()?;
+        assert_eq!(second, 0.0);
+        let g = out.sum_all()?.backward()?;
+        let g = g.get(qkv.as_tensor()).unwrap().narrow(0, 1, 1)?;
+        assert_eq!(g.abs()?.sum_all()?.to_scalar::<f32>()?, 0.0);
+        // Refusals, each naming what is wrong.
+        let bad = |r: Result<Tensor>, what: &str| {
+            let e = r.unwrap_err().to_string();
+            assert!(e.contains("attention_tiled") && e.contains(what), "{e}");
+        };
+        bad(
+            attention_tiled_packed(&Tensor::zeros((1, 4, 10), DType::F32, &dev)?, spec, None),
+            "three",
+        );
+        bad(
+            attention_tiled_packed(&Tensor::zeros((1, 4, 12), DType::F64, &dev)?, spec, None),
+            "f32",
+        );
+        let lens3 = Tensor::new(&[1u32, 2, 3], &dev)?;
+        bad(
+            attention_tiled_packed(qkv.as_tensor(), spec, Some(&lens3)),
+            "key lengths",
+        );
+        let wide = AttentionSpec { heads: 1, ..spec };
+        bad(
+            attention_tiled_packed(&Tensor::zeros((1, 2, 3 * 300), DType::F32, &dev)?, wide, None),
+            "256",
+        );
+        Ok(())
+    }
+}
