@@ -180,6 +180,20 @@ fn host_keylen(keylen: &Option<Tensor>, g: &AttnGeom) -> Result<Option<Vec<u32>>
     }
 }
 
+/// `f` of the key lengths' device storage (none without lengths), held while it runs.
+#[cfg(feature = "cuda")]
+fn with_device_keylen<R>(
+    keylen: &Option<Tensor>,
+    f: impl FnOnce(Option<(&CudaStorage, &Layout)>) -> Result<R>,
+) -> Result<R> {
+    let Some(t) = keylen else { return f(None) };
+    let (st, l) = t.storage_and_layout();
+    match &*st {
+        Storage::Cuda(c) => f(Some((c, l))),
+        _ => candle_core::bail!("attention_tiled: the key lengths are on another device than the activations"),
+    }
+}
+
 /// The graph's node: the forward on `qkv`, its backward through [`TiledBackward`].
 struct Tiled {
     g: AttnGeom,
@@ -220,15 +234,7 @@ impl CustomOp1 for Tiled {
 
     #[cfg(feature = "cuda")]
     fn cuda_fwd(&self, s: &CudaStorage, l: &Layout) -> Result<(CudaStorage, Shape)> {
-        let held = self.keylen.as_ref().map(|t| t.storage_and_layout());
-        let kl = match &held {
-            Some((st, l)) => match &**st {
-                Storage::Cuda(c) => Some((c, *l)),
-                _ => candle_core::bail!("attention_tiled: the key lengths are on another device than the activations"),
-            },
-            None => None,
-        };
-        let (o, lse) = crate::cuda::attn_fwd((s, l), kl, &self.g)?;
+        let (o, lse) = with_device_keylen(&self.keylen, |kl| crate::cuda::attn_fwd((s, l), kl, &self.g))?;
         *self.lse.lock().unwrap_or_else(|e| e.into_inner()) = Some(Lse::Cuda(lse));
         Ok((o, self.g.shape()))
     }
@@ -330,19 +336,13 @@ impl CustomOp3 for TiledBackward {
         s3: &CudaStorage,
         l3: &Layout,
     ) -> Result<(CudaStorage, Shape)> {
-        let held = self.keylen.as_ref().map(|t| t.storage_and_layout());
-        let kl = match &held {
-            Some((st, l)) => match &**st {
-                Storage::Cuda(c) => Some((c, *l)),
-                _ => candle_core::bail!("attention_tiled: the key lengths are on another device than the activations"),
-            },
-            None => None,
-        };
         let saved = self.lse.lock().unwrap_or_else(|e| e.into_inner());
         let Some(Lse::Cuda(lse)) = &*saved else {
             candle_core::bail!("{}: no forward on this GPU kept its log-sum-exp", self.name())
         };
-        let grad = crate::cuda::attn_bwd((s1, l1), (s2, l2), (s3, l3), lse, kl, &self.g)?;
+        let grad = with_device_keylen(&self.keylen, |kl| {
+            crate::cuda::attn_bwd((s1, l1), (s2, l2), (s3, l3), lse, kl, &self.g)
+        })?;
         let c = self.g.width();
         Ok((grad, Shape::from((self.g.batch as usize, self.g.tq as usize, 3 * c))))
     }
