@@ -6,6 +6,7 @@
 #   machine.txt, gpu-check.{json,log}        the check (bench/gpu/run.sh)
 #   probes/<name>/{spec.json,metrics.jsonl,history.jsonl,result.json?}, probes/<name>.log
 #   at-once.jsonl                            N campaign MNIST steps at once, fpt and PyTorch
+#   tiled-bench.jsonl                        FPT_ATTENTION=tiled against the default, per shape
 #   campaign/<key>/ and campaign.log         runs to copy into results/campaign/ here
 # Carried (ignored paths): target/cuda/fpt-cuda.gz (`cargo xtask cuda-build`) and
 # target/device-hub.tgz (`bash bench/gpu/campaign.sh --prepare [--weights]`, then
@@ -76,6 +77,21 @@ for r in $(seq "${AT_ONCE_ROUNDS:-3}"); do
     done
 done
 [ -s "$OUT/at-once.jsonl" ] && echo "session: at-once measured after $(( $(date +%s) - start )) s ($(wc -l < "$OUT/at-once.jsonl") processes)" | tee -a "$OUT/session.log"
+
+# 1c. The attention tiled over keys (issue 56 item 5) against the default recomputing node,
+# the long-sequence shapes, alternating rounds: one JSON line per process in
+# tiled-bench.jsonl ({"attention": "auto"|"tiled", "round": R, "out": <fpt bench --json>}).
+# TILED_SHAPES="" skips it.
+for r in $(seq "${TILED_ROUNDS:-3}"); do
+    for s in ${TILED_SHAPES-lra listops minilm-listops}; do
+        for a in auto tiled; do
+            o=$(FPT_ATTENTION=$a timeout 120 /tmp/fpt-cuda bench --json --no-full --shape "$s" --steps 20 --warmup 3 \
+                --device "$dev" 2>>"$OUT/tiled-bench.err" | tail -1)
+            [ -n "$o" ] && echo "{\"attention\":\"$a\",\"round\":$r,\"out\":$o}" >> "$OUT/tiled-bench.jsonl"
+        done
+    done
+done
+[ -s "$OUT/tiled-bench.jsonl" ] && echo "session: tiled attention timed after $(( $(date +%s) - start )) s" | tee -a "$OUT/session.log"
 
 # 2. ListOps probes and campaign runs, side by side, for WORK_S seconds.
 export HF_HUB_CACHE="$PWD/target/device-hub" HF_HUB_OFFLINE=1 FPT_HOME="${FPT_HOME:-/tmp/fpt-home}"
