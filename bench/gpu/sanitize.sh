@@ -32,15 +32,18 @@ timeout "${SAN_S:-110}" compute-sanitizer --tool memcheck --print-limit 20 --sho
 echo "memcheck exit $? at $(( $(date +%s) - t0 )) s" >> "$OUT/times.txt"
 # Plain, then reading every upload and the embedding's ids back (FPT_CHECK_DEVICE=1: an
 # error names an upload the device holds differently, or an id outside the table), then
-# with every launch synchronous (a race between streams, if any, goes away).
-for v in plain check blocking; do
+# with every launch synchronous (a race between streams, if any, goes away), then with the
+# attention tiled over keys instead of the composed ops (FPT_ATTENTION=tiled: if the fault
+# lives in the attention's path, this run does not have it).
+for v in plain check blocking tiled; do
     case $v in
         plain) env=() ;;
         check) env=(FPT_CHECK_DEVICE=1) ;;
         blocking) env=(CUDA_LAUNCH_BLOCKING=1) ;;
+        tiled) env=(FPT_ATTENTION=tiled) ;;
     esac
     env "${env[@]}" FPT_LOG=info timeout "${PLAIN_S:-40}" $B "${args[@]}" --steps 2000 --eval-every 2 \
         --out /tmp/probe/$v > "$OUT/$v.log" 2>&1
     echo "$v exit $? at $(( $(date +%s) - t0 )) s" >> "$OUT/times.txt"
 done
-cat "$OUT/times.txt"; tail -5 "$OUT/memcheck.log"; for v in plain check blocking; do grep -v '<unknown>' "$OUT/$v.log" | tail -3; done
+cat "$OUT/times.txt"; tail -5 "$OUT/memcheck.log"; for v in plain check blocking tiled; do grep -v '<unknown>' "$OUT/$v.log" | tail -3; done
