@@ -440,30 +440,8 @@ pub struct RunState {
     pub secs_per_step: Option<f64>,
     /// For a done run: its accuracy, converged or not.
     pub outcome: Option<String>,
-    /// Seconds spent evaluating and seconds in all over the stretches between timed
-    /// evaluations ([`eval_time`]), and how many were timed.
-    pub eval_time: Option<(f64, f64, usize)>,
-}
-
-/// The time a run spent evaluating: over each pair of consecutive lines of `metrics.jsonl`
-/// whose later one timed its evaluation (`eval_s`) in the same stretch (its `elapsed_s`
-/// grew by more than the evaluation took), the evaluation's seconds and the seconds between
-/// the two lines (the steps between them and that evaluation). `None` before any was timed.
-pub fn eval_time(dir: &Path) -> Option<(f64, f64, usize)> {
-    let text = std::fs::read_to_string(dir.join("metrics.jsonl")).ok()?;
-    let recs: Vec<fpt_train::EvalRecord> = text.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
-    let (mut eval, mut all, mut n) = (0.0, 0.0, 0);
-    for w in recs.windows(2) {
-        let (Some(e), span) = (w[1].eval_s, w[1].elapsed_s - w[0].elapsed_s) else {
-            continue;
-        };
-        if w[1].step > w[0].step && span > e {
-            eval += e;
-            all += span;
-            n += 1;
-        }
-    }
-    (n > 0).then_some((eval, all, n))
+    /// The share of its time the run spent evaluating ([`crate::campaign_time::eval_time`]).
+    pub eval_time: Option<crate::campaign_time::EvalShare>,
 }
 
 /// Seconds a step on a CPU: from the run's CPU stretches in `history.jsonl` where it has
@@ -546,7 +524,7 @@ pub fn status(cells: &[Cell], rows: &[String], cols: &[String], out: &Path, task
                 cap: spec.train.steps,
                 floor: spec.train.converge_floor,
                 secs_per_step: secs_per_step(&dir),
-                eval_time: eval_time(&dir),
+                eval_time: crate::campaign_time::eval_time(&dir),
                 outcome,
             }
         })
@@ -607,10 +585,9 @@ pub fn status_lines(states: &[RunState], jobs: usize) -> Vec<String> {
                     s.floor.map_or(String::new(), |f| format!(" (floor {f})")),
                     s.secs_per_step
                         .map_or(String::new(), |p| format!(", {p:.3} s a step on a CPU")),
-                    s.eval_time.map_or(String::new(), |(e, a, n)| format!(
-                        ", evaluating {:.0}% of its time ({n} evaluations timed)",
-                        100.0 * e / a
-                    )),
+                    s.eval_time
+                        .as_ref()
+                        .map_or(String::new(), |e| format!(", evaluating {}", e.describe())),
                 )
             }
         };
@@ -624,14 +601,15 @@ pub fn status_lines(states: &[RunState], jobs: usize) -> Vec<String> {
     unpaced.sort();
     unpaced.dedup();
     let jobs = jobs.max(1) as f64;
-    let timed: Vec<(f64, f64, usize)> = states.iter().filter_map(|s| s.eval_time).collect();
+    let timed: Vec<&crate::campaign_time::EvalShare> = states.iter().filter_map(|s| s.eval_time.as_ref()).collect();
     if !timed.is_empty() {
-        let (e, a, n) = timed
-            .iter()
-            .fold((0.0, 0.0, 0), |(e, a, n), t| (e + t.0, a + t.1, n + t.2));
+        let all = crate::campaign_time::EvalShare {
+            shares: timed.iter().flat_map(|t| t.shares.iter().copied()).collect(),
+        };
         lines.push(format!(
-            "evaluations took {:.0}% of the time between timed evaluations ({n} evaluations of {} runs; the converge scale spaces them to keep this under a fifth)",
-            100.0 * e / a,
+            "evaluations took {:.0}% of the time between timed evaluations (the median of {} evaluations of {} runs; the converge scale spaces them to keep this under a fifth)",
+            100.0 * all.typical(),
+            all.shares.len(),
             timed.len()
         ));
     }
@@ -687,33 +665,6 @@ mod tests {
         lr.train.lr = 0.5;
         assert!(!movable(&was, &lr));
         assert!(!movable(&was, &was), "nothing to move");
-    }
-
-    /// The evaluation share counts each timed evaluation with the stretch before it, and
-    /// never a span across a restart that lost time (elapsed not above the evaluation).
-    #[test]
-    fn eval_time_sums_timed_evaluations_over_their_stretches() {
-        let dir = std::env::temp_dir().join(format!("fpt-eval-time-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let line = |step: usize, elapsed: f64, eval: Option<f64>| {
-            let mut v = serde_json::json!({"step": step, "train_loss": 1.0, "test_loss": 1.0,
-                "test_accuracy": 0.5, "lr": 0.001, "grad_norm": 1.0, "elapsed_s": elapsed});
-            if let Some(e) = eval {
-                v["eval_s"] = serde_json::json!(e);
-            }
-            v.to_string()
-        };
-        let lines = [
-            line(1000, 100.0, None),
-            line(2000, 220.0, Some(20.0)),
-            line(3000, 340.0, Some(30.0)),
-            line(4000, 345.0, Some(30.0)),
-        ];
-        std::fs::write(dir.join("metrics.jsonl"), lines.join("\n") + "\n").unwrap();
-        assert_eq!(eval_time(&dir), Some((50.0, 240.0, 2)));
-        std::fs::write(dir.join("metrics.jsonl"), line(1000, 100.0, None)).unwrap();
-        assert_eq!(eval_time(&dir), None);
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// A fake run directory at `step`, finished or not (a checkpoint either way).

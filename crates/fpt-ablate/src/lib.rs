@@ -17,6 +17,7 @@
 
 pub mod bootstrap;
 pub mod campaign;
+pub mod campaign_time;
 pub mod chart;
 pub mod claims;
 pub mod compare;

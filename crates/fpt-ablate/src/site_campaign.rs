@@ -20,8 +20,8 @@ struct Row {
     cap: usize,
     evals: Vec<(usize, f64)>,
     stretches: Vec<fpt_train::Segment>,
-    /// Seconds evaluating, seconds in all, evaluations timed ([`crate::campaign::eval_time`]).
-    eval_time: Option<(f64, f64, usize)>,
+    /// Its evaluations' share of its time ([`crate::campaign_time::eval_time`]).
+    eval_time: Option<crate::campaign_time::EvalShare>,
 }
 
 /// The row label of a run, as Table 2 names its rows (the critics' by their shape: no
@@ -98,7 +98,7 @@ fn read_row(dir: &Path) -> Option<Row> {
         cap: spec.train.steps,
         evals,
         stretches,
-        eval_time: crate::campaign::eval_time(dir),
+        eval_time: crate::campaign_time::eval_time(dir),
     })
 }
 
@@ -129,9 +129,7 @@ pub(crate) fn campaign_page(results: &Path) -> Option<String> {
             .iter()
             .map(|s| format!("{}-{} on {} ({})", s.from_step, s.to_step, s.device, s.machine))
             .collect();
-        let evaluating = r.eval_time.map_or("not timed".to_string(), |(e, a, n)| {
-            format!("{:.0}% ({n} evaluations timed)", 100.0 * e / a)
-        });
+        let evaluating = r.eval_time.as_ref().map_or("not timed".to_string(), |e| e.describe());
         let _ = writeln!(
             b,
             "<tr><td>{}</td><td><code>{}</code></td><td>{}</td><td>{}</td><td>{last}</td><td>{}</td><td>{}</td><td>{evaluating}</td><td class=\"small\">{}</td></tr>",
