@@ -17,7 +17,11 @@
 # states within 1.9e-3 relative of f32's) from a probe hub that no campaign run reads.
 #   run(command="bash bench/gpu/session.sh", carry=["target/cuda/fpt-cuda.gz",
 #       "target/device-hub.tgz"], timeout_s=560)
-# Times (seconds): CHECK_S for the check, WORK_S for probes and campaign together;
+# Times (seconds): CHECK_S for the check (190), then the runs-at-once measurement (about 15 s
+# a side and N: ~180 s for AT_ONCE="1 4 8" over 2 rounds, an estimate: never run yet) and
+# the tiled attention's (~60 s: 2 rounds of 2 shapes, each way), then WORK_S for probes
+# and campaign together: a 560 s call leaves WORK_S=120 or less, or skip a part
+# (AT_ONCE="", TILED_SHAPES="", CHECK_S=0);
 # FPT_CAMPAIGN_RUNS the campaign's keys; PROBES "name:batch:brackets ..." the probes.
 # FPT_GPU_DEVICE=cpu tries the whole command on a machine without a GPU.
 set -uo pipefail
@@ -70,7 +74,7 @@ at_once_round() { # side n round
         [ -s "$dir/out-$i" ] && echo "{\"side\":\"$side\",\"at_once\":$n,\"round\":$r,\"out\":$(tail -1 "$dir/out-$i")}" >> "$OUT/at-once.jsonl"
     done
 }
-for r in $(seq "${AT_ONCE_ROUNDS:-3}"); do
+for r in $(seq "${AT_ONCE_ROUNDS:-2}"); do
     for n in ${AT_ONCE-1 4 8}; do
         at_once_round fpt "$n" "$r"
         at_once_round pytorch "$n" "$r"
@@ -82,8 +86,8 @@ done
 # the long-sequence shapes, alternating rounds: one JSON line per process in
 # tiled-bench.jsonl ({"attention": "auto"|"tiled", "round": R, "out": <fpt bench --json>}).
 # TILED_SHAPES="" skips it.
-for r in $(seq "${TILED_ROUNDS:-3}"); do
-    for s in ${TILED_SHAPES-lra listops minilm-listops}; do
+for r in $(seq "${TILED_ROUNDS:-2}"); do
+    for s in ${TILED_SHAPES-lra minilm-listops}; do
         for a in auto tiled; do
             o=$(FPT_ATTENTION=$a timeout 120 /tmp/fpt-cuda bench --json --no-full --shape "$s" --steps 20 --warmup 3 \
                 --device "$dev" 2>>"$OUT/tiled-bench.err" | tail -1)
