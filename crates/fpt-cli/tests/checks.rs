@@ -448,4 +448,18 @@ fn the_tiled_attention_trains_as_the_default_does() {
     let o = train("flash", "bad");
     assert!(!o.status.success());
     assert!(stderr(&o).contains("FPT_ATTENTION"), "{}", stderr(&o));
+    // The linear layer's switch (the bias in cuBLASLt's product on a GPU) likewise.
+    let o = Command::new(env!("CARGO_BIN_EXE_fpt"))
+        .args(["train", "--task", "bit-xor", "--backbone", "gpt2", "--init", "random"])
+        .args(["--layers", "1", "--hidden", "16", "--heads", "2", "--steps", "1", "-q"])
+        .arg("--out")
+        .arg(tmp.path().join("bad-linear"))
+        .env("FPT_LINEAR", "fused")
+        .output()
+        .unwrap();
+    assert!(
+        !o.status.success() && stderr(&o).contains("FPT_LINEAR"),
+        "{}",
+        stderr(&o)
+    );
 }

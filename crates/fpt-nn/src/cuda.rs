@@ -563,3 +563,79 @@ pub(crate) fn attn_bwd(
     unsafe { b.launch(attn_rows(g, g.tk)) }.w()?;
     Ok(CudaStorage::wrap_cuda_slice(dqkv, dev))
 }
+
+/// cuBLASLt's handles, one per device (each with its workspace on that device's stream),
+/// made at their first use.
+fn blas_lt(dev: &CudaDevice) -> Result<std::sync::Arc<candle_core::cuda_backend::cudarc::cublaslt::CudaBlasLT>> {
+    use candle_core::cuda_backend::cudarc::cublaslt::CudaBlasLT;
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex, OnceLock};
+    type Handles = Mutex<HashMap<candle_core::cuda_backend::DeviceId, Arc<CudaBlasLT>>>;
+    static LT: OnceLock<Handles> = OnceLock::new();
+    let mut handles = LT
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    if let Some(h) = handles.get(&dev.id()) {
+        return Ok(h.clone());
+    }
+    let h = Arc::new(
+        CudaBlasLT::new(dev.cuda_stream())
+            .map_err(|e| candle_core::Error::Cuda(format!("cuBLASLt: no handle: {e:?}").into()))?,
+    );
+    handles.insert(dev.id(), h.clone());
+    Ok(h)
+}
+
+/// `x W^T + b` for `x: [m, k]`, `W: [n, k]`, `b: [n]` (f32, contiguous) in one cuBLASLt
+/// product, the bias added by its epilogue: `[m, n]`.
+pub(crate) fn linear_bias_lt(
+    x: (&CudaStorage, &Layout),
+    w: (&CudaStorage, &Layout),
+    b: (&CudaStorage, &Layout),
+    (m, n, k): (usize, usize, usize),
+) -> Result<CudaStorage> {
+    use candle_core::cuda_backend::cudarc::cublaslt::{Matmul, MatmulConfig};
+    let dev = x.0.device().clone();
+    let (xv, wv, bv) = (
+        f32_view(x.0, x.1, "linear (cuBLASLt)")?,
+        f32_view(w.0, w.1, "linear (cuBLASLt)")?,
+        f32_view(b.0, b.1, "linear (cuBLASLt)")?,
+    );
+    if xv.len() != m * k || wv.len() != n * k || bv.len() != n {
+        candle_core::bail!(
+            "linear (cuBLASLt): operands of {}, {} and {} values for [{m}, {k}] x [{n}, {k}]^T + [{n}]",
+            xv.len(),
+            wv.len(),
+            bv.len()
+        )
+    }
+    let mut y = output(&dev, m * n)?;
+    // Column-major, as cuBLAS reads: y^T [n x m] = W [n x k] (row-major W read as its
+    // transpose) times x^T [k x m], the bias (length n) added to every column.
+    let cfg = MatmulConfig {
+        transa: true,
+        transb: false,
+        transc: false,
+        m: n as u64,
+        n: m as u64,
+        k: k as u64,
+        alpha: 1.0,
+        lda: k as i64,
+        ldb: k as i64,
+        beta: 0.0,
+        ldc: n as i64,
+        stride_a: None,
+        stride_b: None,
+        stride_c: None,
+        stride_bias: None,
+        batch_size: None,
+    };
+    let lt = blas_lt(&dev)?;
+    // SAFETY: W holds n * k, x m * k, b n and y m * n f32 values (checked above), with the
+    // leading dimensions of those row-major shapes; beta is 0, so y's uninitialised values
+    // are never read.
+    unsafe { lt.matmul(cfg, &wv, &xv, &mut y, Some(&bv), None) }
+        .map_err(|e| candle_core::Error::Cuda(format!("cuBLASLt: the product failed: {e:?}").into()))?;
+    Ok(CudaStorage::wrap_cuda_slice(y, dev))
+}

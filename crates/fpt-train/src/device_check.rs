@@ -240,6 +240,17 @@ pub fn agreement(device: &Device) -> Result<Vec<KernelCheck>> {
             },
         )?;
     }
+    // The linear layer with its bias added in cuBLASLt's product (FPT_LINEAR=epilogue) on a
+    // GPU, against the CPU's product; the input, weight and bias all take gradients.
+    for (rows, inn, width) in [(64usize, 384usize, 1536usize), (7, 33, 10)] {
+        op_check(
+            &mut out,
+            device,
+            &format!("linear_epilogue {rows}x{inn} -> {width}"),
+            &[&[rows, inn], &[width, inn], &[width]],
+            |x| ops::linear_epilogue(x[0], x[1], x[2]),
+        )?;
+    }
     // Adam: in place, the CPU's roundings.
     let n = 10_000;
     let coefs = ops::AdamCoefs {
@@ -366,6 +377,7 @@ mod tests {
             "rotary gradient of input 0",
             "cross_entropy 7x1000 gradient",
             "attention_tiled t=64 c=32 None lengths Some([64, 40]) with dropout gradient of input 0",
+            "linear_epilogue 7x33 -> 10 gradient of input 2",
         ] {
             assert!(names.contains(&want), "{want} not in {names:?}");
         }

@@ -66,29 +66,33 @@ pub fn attention_packed_last(qkv: &Tensor, spec: AttentionSpec, last: usize) -> 
 pub fn tiled_requested() -> Result<bool> {
     static CHOICE: std::sync::OnceLock<std::result::Result<bool, String>> = std::sync::OnceLock::new();
     CHOICE
-        .get_or_init(|| parse_choice(std::env::var("FPT_ATTENTION").ok().as_deref()))
+        .get_or_init(|| {
+            let v = std::env::var("FPT_ATTENTION").ok();
+            super::parse_switch(
+                "FPT_ATTENTION",
+                v.as_deref(),
+                "tiled",
+                "attention tiled over keys on every device",
+            )
+        })
         .clone()
         .map_err(candle_core::Error::Msg)
 }
 
-fn parse_choice(v: Option<&str>) -> std::result::Result<bool, String> {
-    match v.map(str::trim) {
-        None | Some("") | Some("auto") => Ok(false),
-        Some("tiled") => Ok(true),
-        Some(other) => Err(format!(
-            "FPT_ATTENTION=`{other}`: the choices are `tiled` (attention tiled over keys on every device) and `auto` (the default)"
-        )),
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use super::super::parse_switch;
+
     #[test]
-    fn the_attention_choice_is_read_and_bad_ones_named() {
-        assert_eq!(super::parse_choice(None), Ok(false));
-        assert_eq!(super::parse_choice(Some("auto")), Ok(false));
-        assert_eq!(super::parse_choice(Some(" tiled ")), Ok(true));
-        let e = super::parse_choice(Some("flash")).unwrap_err();
-        assert!(e.contains("FPT_ATTENTION") && e.contains("flash"), "{e}");
+    fn switches_are_read_and_bad_values_named() {
+        let p = |v| parse_switch("FPT_ATTENTION", v, "tiled", "the tiled op");
+        assert_eq!(p(None), Ok(false));
+        assert_eq!(p(Some("auto")), Ok(false));
+        assert_eq!(p(Some(" tiled ")), Ok(true));
+        let e = p(Some("flash")).unwrap_err();
+        assert!(
+            e.contains("FPT_ATTENTION") && e.contains("flash") && e.contains("tiled"),
+            "{e}"
+        );
     }
 }

@@ -23,6 +23,10 @@ struct LinearOp {
     /// A bf16 weight packed for the input gradient's product (`W`), when the caller keeps
     /// one.
     packed_t: Option<std::sync::Arc<super::sgemm::PackedB>>,
+    /// On a GPU, with a bias and f32 operands: the bias added in the product (cuBLASLt's
+    /// epilogue) instead of a second pass ([`linear_epilogue`], `FPT_LINEAR=epilogue`).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    epilogue: bool,
 }
 
 /// Whether `p` (packed for a `k x n` product) runs on `path` for a weight of dtype `w`: f32
@@ -426,6 +430,13 @@ impl super::ThreeOperands for LinearOp {
         &self,
         [(s1, l1), (s2, l2), (s3, l3)]: [(&CudaStorage, &Layout); 3],
     ) -> Result<(CudaStorage, Shape)> {
+        #[cfg(feature = "cuda")]
+        if self.epilogue && [s1.dtype(), s2.dtype(), s3.dtype()] == [DType::F32; 3] {
+            let (n, k) = self.check(l1, l2)?;
+            let m = l1.shape().elem_count() / k;
+            let y = crate::cuda::linear_bias_lt((s1, l1), (s2, l2), (s3, l3), (m, n, k))?;
+            return Ok((y, self.out_shape(n)));
+        }
         self.generic(s1, l1, s2, l2, Some((s3, l3)))
     }
     fn gradients(&self, [x, w, b]: [&Tensor; 3], _res: &Tensor, dy: &Tensor) -> Result<[Option<Tensor>; 3]> {
@@ -492,11 +503,48 @@ fn apply_linear(
     let x = x.contiguous()?;
     let w = w.contiguous()?;
     let lead = x.dims()[..x.rank().saturating_sub(1)].to_vec();
-    let op = LinearOp { lead, packed, packed_t };
+    let op = LinearOp {
+        lead,
+        packed,
+        packed_t,
+        epilogue: epilogue_requested()?,
+    };
     match b {
         Some(b) => x.apply_op3(&w, &b.contiguous()?, super::Three(op)),
         None => x.apply_op2(&w, op),
     }
+}
+
+/// Whether `FPT_LINEAR` asks for the bias in the product on a GPU: `epilogue`; unset,
+/// empty or `auto` keep the product then the addition; anything else is refused, naming
+/// the variable. Not the default until a GPU has measured it (bench/README.md).
+pub fn epilogue_requested() -> Result<bool> {
+    static CHOICE: std::sync::OnceLock<std::result::Result<bool, String>> = std::sync::OnceLock::new();
+    CHOICE
+        .get_or_init(|| {
+            let v = std::env::var("FPT_LINEAR").ok();
+            super::parse_switch(
+                "FPT_LINEAR",
+                v.as_deref(),
+                "epilogue",
+                "the bias added in cuBLASLt's product on a GPU",
+            )
+        })
+        .clone()
+        .map_err(candle_core::Error::Msg)
+}
+
+/// [`linear`] with the bias added in the product on a GPU (cuBLASLt's bias epilogue, f32),
+/// whatever `FPT_LINEAR` says; on the CPU, [`linear`]. Its backward is [`linear`]'s.
+pub fn linear_epilogue(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
+    let op = LinearOp {
+        lead: x.dims()[..x.rank().saturating_sub(1)].to_vec(),
+        packed: None,
+        packed_t: None,
+        epilogue: true,
+    };
+    x.contiguous()?
+        .apply_op3(&w.contiguous()?, &b.contiguous()?, super::Three(op))
 }
 
 /// `x W^T (+ b)` with stock candle ops: every operand gets a gradient (used for trainable

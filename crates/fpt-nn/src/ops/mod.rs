@@ -54,7 +54,7 @@ pub use dropout::{dropout, dropout_add, dropout_mask_values};
 pub use gelu::{gelu_erf, gelu_erf_composed, gelu_new, gelu_new_composed};
 pub use layer_norm::{layer_norm, layer_norm_composed, rms_norm, rms_norm_composed};
 pub(crate) use linear::linear_prepacked;
-pub use linear::{linear, linear_composed};
+pub use linear::{epilogue_requested, linear, linear_composed, linear_epilogue};
 pub use loss::{correct, cross_entropy, cross_entropy_composed};
 pub use lstm::{ln_lstm, ln_lstm_composed, LnLstmParams};
 pub use rotary::{rotary, rotary_composed};
@@ -64,6 +64,19 @@ pub use swiglu::{swiglu, swiglu_composed};
 use candle_core::{
     CpuStorage, CudaStorage, CustomOp3, DType, Error, Layout, Result, Shape, Storage, Tensor, WithDType,
 };
+
+/// An opt-in switch from the environment (`FPT_ATTENTION=tiled`, `FPT_LINEAR=epilogue`):
+/// `on` gives true; unset, empty or `auto` false; anything else an error naming `var`, `on`
+/// and `what` it turns on.
+pub(crate) fn parse_switch(var: &str, value: Option<&str>, on: &str, what: &str) -> std::result::Result<bool, String> {
+    match value.map(str::trim) {
+        None | Some("") | Some("auto") => Ok(false),
+        Some(v) if v == on => Ok(true),
+        Some(other) => Err(format!(
+            "{var}=`{other}`: the choices are `{on}` ({what}) and `auto` (the default)"
+        )),
+    }
+}
 
 /// `n` uninitialised slots for a kernel output: cheaper than `vec![0; n]`, whose zero-fill
 /// is a sequential pass over memory before the (parallel) kernel writes it again.
