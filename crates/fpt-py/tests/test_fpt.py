@@ -208,9 +208,10 @@ def test_an_image_run_predicts_on_uint8_images(tmp_path):
 def test_ctrl_c_stops_training_and_resume_gives_the_unbroken_result(trained, tmp_path):
     """SIGINT to a Python process inside fpt.train: it ends with KeyboardInterrupt,
     leaving a checkpoint and no result (so it stopped before its 30000 steps); fpt.resume
-    then ends where an unbroken run of the same spec ends. The wait is bounded generously
-    (25 s): on a machine busy with other work the checkpoint and the teardown once took
-    8.6 s, and this test is about stopping, not about its speed."""
+    then ends where an unbroken run of the same spec ends. The child sets Python's own
+    SIGINT handler first: a shell that starts the suite in the background (`cmd &` without
+    job control) leaves SIGINT ignored in every process under it, and Python then installs
+    no KeyboardInterrupt at all (two local CI runs saw the whole run finish: 8.6 s, exit 0)."""
     import signal
     import sys
     import time
@@ -225,7 +226,9 @@ def test_ctrl_c_stops_training_and_resume_gives_the_unbroken_result(trained, tmp
     spec_path.write_text(json.dumps(spec))
     out = tmp_path / "interrupted"
     child = subprocess.Popen(
-        [sys.executable, "-c", "import sys, fpt; fpt.train(sys.argv[1], sys.argv[2], progress=False)",
+        [sys.executable, "-c",
+         "import signal, sys, fpt; signal.signal(signal.SIGINT, signal.default_int_handler); "
+         "fpt.train(sys.argv[1], sys.argv[2], progress=False)",
          str(spec_path), str(out)],
         stderr=subprocess.PIPE,
         text=True,
@@ -240,7 +243,7 @@ def test_ctrl_c_stops_training_and_resume_gives_the_unbroken_result(trained, tmp
     t0 = time.monotonic()
     _, err = child.communicate(timeout=30)
     took = time.monotonic() - t0
-    assert took < 25, f"Ctrl-C took {took:.1f} s to stop the run"
+    assert took < 10, f"Ctrl-C took {took:.1f} s to stop the run"
     assert child.returncode != 0 and "KeyboardInterrupt" in err, err
     assert not (out / "result.json").exists(), "an interrupted run has no result"
     assert (out / "checkpoints" / "LATEST").exists(), "an interrupted run leaves a checkpoint"
