@@ -6,7 +6,7 @@
 #   machine.txt, gpu-check.{json,log}        the check (bench/gpu/run.sh)
 #   probes/<name>/{spec.json,metrics.jsonl,history.jsonl,result.json?}, probes/<name>.log
 #   at-once.jsonl                            N campaign MNIST steps at once, fpt and PyTorch
-#   tiled-bench.jsonl                        FPT_ATTENTION=tiled, FPT_LINEAR=epilogue, the default
+#   tiled-bench.jsonl                        FPT_ATTENTION=tiled, FPT_LINEAR=epilogue, FPT_BRANCH=composed, the default
 #   campaign/<key>/ and campaign.log         runs to copy into results/campaign/ here
 # Carried (ignored paths): target/cuda/fpt-cuda.gz (`cargo xtask cuda-build`) and
 # target/device-hub.tgz (`bash bench/gpu/campaign.sh --prepare [--weights]`, then
@@ -19,7 +19,8 @@
 #       "target/device-hub.tgz"], timeout_s=560)
 # Times (seconds): CHECK_S for the check (190), then the runs-at-once measurement (about 15 s
 # a side and N: ~180 s for AT_ONCE="1 4 8" over 2 rounds, an estimate: never run yet) and
-# the tiled attention's and the epilogue's (~90 s: 2 rounds of 2 shapes, 3 ways), then WORK_S for probes
+# the tiled attention's, the epilogue's and the composed branch's (~120 s: 2 rounds of 2 shapes, 4
+# ways), then WORK_S for probes
 # and campaign together: a 560 s call leaves WORK_S=120 or less, or skip a part
 # (AT_ONCE="", TILED_SHAPES="", CHECK_S=0);
 # FPT_CAMPAIGN_RUNS the campaign's keys; PROBES "name:batch:brackets ..." the probes.
@@ -83,19 +84,22 @@ done
 [ -s "$OUT/at-once.jsonl" ] && echo "session: at-once measured after $(( $(date +%s) - start )) s ($(wc -l < "$OUT/at-once.jsonl") processes)" | tee -a "$OUT/session.log"
 
 # 1c. The attention tiled over keys and the bias in cuBLASLt's product (issue 56 items 5
-# and 4) against the default, the long-sequence shapes, alternating rounds: one JSON line
+# and 4), and the residual branches composed of candle's ops (FPT_BRANCH=composed: each
+# intermediate's gradient started from zero and added into, as before the branch node of
+# item 3) against the default, the long-sequence shapes, alternating rounds: one JSON line
 # per process in tiled-bench.jsonl ({"variant": "auto"|"FPT_ATTENTION=tiled"|
-# "FPT_LINEAR=epilogue", "round": R, "out": <fpt bench --json>}). TILED_SHAPES="" skips it.
+# "FPT_LINEAR=epilogue"|"FPT_BRANCH=composed", "round": R, "out": <fpt bench --json>}).
+# TILED_SHAPES="" skips it.
 for r in $(seq "${TILED_ROUNDS:-2}"); do
     for s in ${TILED_SHAPES-lra minilm-listops}; do
-        for v in auto FPT_ATTENTION=tiled FPT_LINEAR=epilogue; do
+        for v in auto FPT_ATTENTION=tiled FPT_LINEAR=epilogue FPT_BRANCH=composed; do
             o=$(env "$([ "$v" = auto ] && echo FPT_ATTENTION=auto || echo "$v")" timeout 120 /tmp/fpt-cuda bench --json \
                 --no-full --shape "$s" --steps 20 --warmup 3 --device "$dev" 2>>"$OUT/tiled-bench.err" | tail -1)
             [ -n "$o" ] && echo "{\"variant\":\"$v\",\"round\":$r,\"out\":$o}" >> "$OUT/tiled-bench.jsonl"
         done
     done
 done
-[ -s "$OUT/tiled-bench.jsonl" ] && echo "session: tiled attention and epilogue timed after $(( $(date +%s) - start )) s" | tee -a "$OUT/session.log"
+[ -s "$OUT/tiled-bench.jsonl" ] && echo "session: tiled attention, epilogue and composed branch timed after $(( $(date +%s) - start )) s" | tee -a "$OUT/session.log"
 
 # 2. ListOps probes and campaign runs, side by side, for WORK_S seconds.
 export HF_HUB_CACHE="$PWD/target/device-hub" HF_HUB_OFFLINE=1 FPT_HOME="${FPT_HOME:-/tmp/fpt-home}"

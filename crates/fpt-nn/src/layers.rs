@@ -60,6 +60,15 @@ impl Linear {
         ops::linear_prepacked(x, &w, b.as_ref(), packed, packed_t)
     }
 
+    /// The bf16 weight packed for the input gradient's product, as [`Self::forward`] keeps
+    /// it for a tracked `x` (none for an f32 weight or where nothing is packed).
+    pub(crate) fn input_grad_pack(&self, x: &Tensor) -> Result<Option<Arc<PackedB>>> {
+        match self.packs_for(x) && self.weight.tensor().dtype() == DType::BF16 {
+            true => Ok(Some(self.packed_weight(true)?)),
+            false => Ok(None),
+        }
+    }
+
     /// Whether the weight is kept packed for `x`: frozen, on the CPU with `x` f32, and
     /// either f32 on the AVX2 or AVX-512 kernel path or bf16 on the `avx512bf16` path.
     fn packs_for(&self, x: &Tensor) -> bool {
@@ -157,8 +166,10 @@ impl Linear {
 /// the first layer's output (and, post-norm, the sum the norm reads) for backward. On the
 /// AVX2 and AVX-512 paths both linear layers keep their weight packed for the forward and
 /// the backward products; on the portable path the products read the weights as they are.
-/// Elsewhere (a trained weight, another dtype or device) it runs
-/// [`ResidualBranch::forward_composed`].
+/// On a GPU (f32, frozen layers, an operand in backprop) it runs
+/// [`ResidualBranch::forward_node`]: the composed ops' values, the same hand-chained
+/// backward over those ops' own backward passes. Elsewhere (a trained weight, another
+/// dtype or device) it runs [`ResidualBranch::forward_composed`].
 #[derive(Debug, Clone, Copy)]
 pub struct ResidualBranch<'a> {
     /// The norm: on the branch input or on the residual sum (`norm_at`).
@@ -193,9 +204,13 @@ impl ResidualBranch<'_> {
     }
 
     /// The branch with residual dropout `(p, seed)` (as [`ops::dropout_add`]; `None`: plain
-    /// sum). Fused when [`Self::is_fused`], else [`Self::forward_composed`]; the two agree.
+    /// sum). Fused when [`Self::is_fused`], one node when [`Self::is_node`], else
+    /// [`Self::forward_composed`]; the three agree.
     pub fn forward(&self, x: &Tensor, dropout: Option<(f64, u64)>) -> Result<Tensor> {
         if !self.is_fused(x) {
+            if self.is_node(x)? {
+                return self.forward_node(x, dropout);
+            }
             return self.forward_composed(x, dropout);
         }
         let layer = |l: &Linear| -> Result<ops::residual_branch::FrozenLinear> {
@@ -226,6 +241,90 @@ impl ResidualBranch<'_> {
             [x, &gamma, &beta].iter().any(|t| t.track_op()),
         );
         x.contiguous()?.apply_op3(&gamma, &beta, ops::Three(op))
+    }
+
+    /// Whether [`Self::forward`] runs [`Self::forward_node`] for `x`: on a GPU, f32, both
+    /// linear layers frozen, and an operand taking part in backprop; unless
+    /// `FPT_BRANCH=composed` asks for the composed ops there.
+    pub fn is_node(&self, x: &Tensor) -> Result<bool> {
+        let norm = [&self.norm.weight, &self.norm.bias];
+        Ok(x.device().is_cuda()
+            && x.dtype() == DType::F32
+            && (x.rank() == 3 || !matches!(self.mid, BranchMid::Attention(_)))
+            && norm.iter().all(|p| p.tensor().dtype() == DType::F32)
+            && [self.input, self.output]
+                .iter()
+                .all(|l| !l.weight.is_trainable() && l.bias_frozen())
+            && (x.track_op() || norm.iter().any(|p| p.is_trainable()))
+            && !ops::branch_node::composed_requested()?)
+    }
+
+    /// The branch as one node of candle's graph, on any device: the values of
+    /// [`Self::forward_composed`] (its ops, run on detached operands) and a backward that
+    /// chains those ops' own backward passes by hand (`ops/branch_node.rs`), so the
+    /// intermediates' gradients never reach candle's gradient store, which would start each
+    /// from a zero tensor and add into it. What a GPU runs ([`Self::is_node`]); the linear
+    /// layers must be frozen (their weights get no gradient here).
+    pub fn forward_node(&self, x: &Tensor, dropout: Option<(f64, u64)>) -> Result<Tensor> {
+        use ops::branch_node::{BranchNode, NodeLinear, NodeMid};
+        if let Some(l) = [self.input, self.output]
+            .iter()
+            .find(|l| l.weight.is_trainable() || !l.bias_frozen())
+        {
+            candle_core::bail!(
+                "residual branch node: the linear layer {:?} trains; the node computes no weight gradient",
+                l.weight.tensor().dims()
+            )
+        }
+        let (gamma, beta) = (self.norm.weight.get(), self.norm.bias.get());
+        let (xd, gd, bd) = (x.detach(), gamma.detach(), beta.detach());
+        let eps = self.norm.eps;
+        let a = match self.norm_at {
+            NormAt::Input => ops::layer_norm(&xd, &gd, &bd, eps)?,
+            NormAt::Output => xd.clone(),
+        };
+        let u = self.input.forward(&a)?;
+        let (v, mid) = match self.mid {
+            BranchMid::GeluNew => (ops::gelu_new(&u)?, NodeMid::Gelu { erf: false, u }),
+            BranchMid::GeluErf => (ops::gelu_erf(&u)?, NodeMid::Gelu { erf: true, u }),
+            BranchMid::Attention(spec) => {
+                let (v, grad) = ops::attention_packed_detached(&u, spec)?;
+                (v, NodeMid::Attention(grad))
+            }
+        };
+        let z = self.output.forward(&v)?;
+        let (v_shape, output_pack) = (v.shape().clone(), self.output.input_grad_pack(&v)?);
+        drop(v);
+        let sum = match dropout {
+            Some((p, seed)) => ops::dropout_add(&xd, &z, p, seed)?,
+            None => (&xd + z)?,
+        };
+        let (y, sum) = match self.norm_at {
+            NormAt::Input => (sum, None),
+            NormAt::Output => (ops::layer_norm(&sum, &gd, &bd, eps)?, Some(sum)),
+        };
+        if ![x, &gamma, &beta].iter().any(|t| t.track_op()) {
+            return Ok(y);
+        }
+        let node = BranchNode {
+            out: ops::Computed::new("residual branch node", y),
+            input: NodeLinear {
+                weight: self.input.weight.tensor().clone(),
+                packed_t: self.input.input_grad_pack(&a)?,
+                input_shape: a.shape().clone(),
+            },
+            mid,
+            output: NodeLinear {
+                weight: self.output.weight.tensor().clone(),
+                packed_t: output_pack,
+                input_shape: v_shape,
+            },
+            norm_at: self.norm_at,
+            eps,
+            dropout,
+            sum,
+        };
+        x.apply_op3(&gamma, &beta, ops::Three(node))
     }
 
     /// The branch composed of the layers' own ops (the reference; every device).

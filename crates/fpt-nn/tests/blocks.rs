@@ -131,6 +131,136 @@ fn fused_residual_branch_matches_composed_and_finite_differences_on_one_path() -
     Ok(())
 }
 
+/// The residual branch as one node of the graph (`forward_node`, what a GPU runs: the
+/// composed ops' forward on detached operands, their backward passes chained by hand)
+/// against the same branch composed of the separate ops, on the CPU on every kernel path:
+/// values and the gradients of x and the norm's parameters equal to the last bit (f32 `==`,
+/// which takes +0 and -0 as equal: candle starts every gradient from +0), for both norms,
+/// GELU and attention middles, with and without dropout, f32 and bf16 frozen weights. And
+/// candle's backward has four nodes fewer per branch to start from zero and add into.
+#[test]
+fn branch_node_equals_the_composed_branch_bit_for_bit() -> Result<()> {
+    every_path(branch_node_equals_the_composed_branch_bit_for_bit_on_one_path)
+}
+
+fn branch_node_equals_the_composed_branch_bit_for_bit_on_one_path() -> Result<()> {
+    use fpt_nn::NormAt;
+    let (b, t, heads, d) = (2, 7, 2, 8);
+    let c = heads * d;
+    // The nodes whose gradients candle's backward starts from zero and adds into.
+    let walked = |y: &Tensor| -> Result<usize> {
+        let l = loss(y, 8)?;
+        Ok(l.sorted_nodes().iter().filter(|n| !n.is_variable()).count())
+    };
+    for norm_at in [NormAt::Input, NormAt::Output] {
+        for attention in [false, true] {
+            for dropout in [None, Some((0.2, 17u64))] {
+                for bf16 in [false, true] {
+                    let (mid, mid_in, mid_out) = match (attention, norm_at) {
+                        (true, _) => {
+                            let mask = match norm_at {
+                                NormAt::Input => ops::Mask::Causal,
+                                NormAt::Output => ops::Mask::None,
+                            };
+                            let dropout = dropout.map(|(p, s)| (p, s + 1));
+                            let spec = ops::AttentionSpec {
+                                heads,
+                                scale: 0.35,
+                                mask,
+                                dropout,
+                            };
+                            (fpt_nn::BranchMid::Attention(spec), 3 * c, c)
+                        }
+                        (false, NormAt::Input) => (fpt_nn::BranchMid::GeluNew, 4 * c, 4 * c),
+                        (false, NormAt::Output) => (fpt_nn::BranchMid::GeluErf, 4 * c, 4 * c),
+                    };
+                    let (norm, mut input, mut output) = branch_layers(c, mid_in, mid_out, 50)?;
+                    if bf16 {
+                        for l in [&mut input, &mut output] {
+                            let w = l.weight.tensor().to_dtype(DType::BF16)?;
+                            *l = fpt_nn::Linear::new(fpt_nn::Param::Frozen(w), l.bias.clone());
+                        }
+                    }
+                    let branch = fpt_nn::ResidualBranch {
+                        norm: &norm,
+                        norm_at,
+                        input: &input,
+                        mid,
+                        output: &output,
+                    };
+                    let what = format!("norm at {norm_at:?}, attention {attention}, dropout {dropout:?}, bf16 {bf16}");
+                    let x = Var::from_tensor(&randn(&[b, t, c], 5, DType::F32)?)?;
+                    let composed = branch.forward_composed(x.as_tensor(), dropout)?;
+                    let node = branch.forward_node(x.as_tensor(), dropout)?;
+                    let same = |a: &Tensor, b: &Tensor| -> Result<bool> {
+                        Ok(a.flatten_all()?.to_vec1::<f32>()? == b.flatten_all()?.to_vec1::<f32>()?)
+                    };
+                    assert!(same(&node, &composed)?, "{what}: values differ");
+                    let (gc, gn) = (loss(&composed, 8)?.backward()?, loss(&node, 8)?.backward()?);
+                    let vars = [&x, norm.weight.var().unwrap(), norm.bias.var().unwrap()];
+                    for (i, v) in vars.iter().enumerate() {
+                        let got = gn
+                            .get(v)
+                            .unwrap_or_else(|| panic!("{what}: no gradient for operand {i}"));
+                        let want = gc.get(v).expect("the composed branch's gradient");
+                        assert!(
+                            same(got, want)?,
+                            "{what}: gradient {i} differs by {}",
+                            max_abs_diff(got, want)?
+                        );
+                    }
+                    let (nc, nn) = (walked(&composed)?, walked(&node)?);
+                    assert_eq!(
+                        nc,
+                        nn + 4,
+                        "{what}: nodes candle's backward walks, composed {nc}, node {nn}"
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The branch node where only the norm trains (x is data): no gradient for x, the norm's
+/// equal to the composed branch's; and a trained linear layer is refused by name.
+#[test]
+fn branch_node_with_data_input_and_trained_layer() -> Result<()> {
+    let c = 8;
+    let (norm, input, output) = branch_layers(c, 4 * c, 4 * c, 60)?;
+    let branch = fpt_nn::ResidualBranch {
+        norm: &norm,
+        norm_at: fpt_nn::NormAt::Output,
+        input: &input,
+        mid: fpt_nn::BranchMid::GeluErf,
+        output: &output,
+    };
+    let x = randn(&[3, c], 6, DType::F32)?;
+    let (gc, gn) = (
+        loss(&branch.forward_composed(&x, None)?, 2)?.backward()?,
+        loss(&branch.forward_node(&x, None)?, 2)?.backward()?,
+    );
+    assert!(gn.get(&x).is_none(), "data gets no gradient");
+    for v in [norm.weight.var().unwrap(), norm.bias.var().unwrap()] {
+        assert_eq!(
+            max_abs_diff(gn.get(v).expect("norm gradient"), gc.get(v).expect("reference"))?,
+            0.0
+        );
+    }
+    let w = Var::from_tensor(&randn(&[c, 4 * c], 61, DType::F32)?)?;
+    let trained = fpt_nn::Linear::new(fpt_nn::Param::Trainable(w), None);
+    let branch = fpt_nn::ResidualBranch {
+        output: &trained,
+        ..branch
+    };
+    let err = branch
+        .forward_node(&x, None)
+        .expect_err("a trained layer is refused")
+        .to_string();
+    assert!(err.contains("trains"), "{err}");
+    Ok(())
+}
+
 #[test]
 fn fused_ln_lstm_matches_the_composed_recurrence() -> Result<()> {
     every_path(fused_ln_lstm_matches_the_composed_recurrence_on_one_path)

@@ -251,6 +251,61 @@ pub fn agreement(device: &Device) -> Result<Vec<KernelCheck>> {
             |x| ops::linear_epilogue(x[0], x[1], x[2]),
         )?;
     }
+    // A residual branch as one node (what a GPU runs for the frozen blocks' halves: the
+    // composed ops forward, their backward passes chained by hand), BERT's post-norm
+    // attention half with dropout and GPT-2's pre-norm feed-forward half: the output and the
+    // gradients of x and the norm's scale and shift.
+    let (t, c, heads) = (17usize, 64usize, 4usize);
+    let attention = fpt_nn::BranchMid::Attention(AttentionSpec {
+        heads,
+        scale: 0.25,
+        mask: Mask::None,
+        dropout: Some((0.1, 13)),
+    });
+    for (what, norm_at, mid, widths) in [
+        ("post-norm attention", fpt_nn::NormAt::Output, attention, (3 * c, c)),
+        (
+            "pre-norm gelu_new",
+            fpt_nn::NormAt::Input,
+            fpt_nn::BranchMid::GeluNew,
+            (4 * c, 4 * c),
+        ),
+    ] {
+        let weights = [
+            randn(&[widths.0, c], 60, &cpu)?,
+            randn(&[widths.0], 61, &cpu)?,
+            randn(&[c, widths.1], 62, &cpu)?,
+            randn(&[c], 63, &cpu)?,
+        ];
+        op_check(
+            &mut out,
+            device,
+            &format!("residual branch node, {what}"),
+            &[&[2, t, c], &[c], &[c]],
+            |x| {
+                let on = |w: &Tensor| -> candle_core::Result<fpt_nn::Param> {
+                    Ok(fpt_nn::Param::Frozen(
+                        (fpt_nn::transfer::to_device(w, x[0].device())? * 0.1)?,
+                    ))
+                };
+                let norm = fpt_nn::LayerNorm {
+                    weight: fpt_nn::Param::Trainable(Var::from_tensor(x[1])?),
+                    bias: fpt_nn::Param::Trainable(Var::from_tensor(x[2])?),
+                    eps: 1e-5,
+                };
+                let input = fpt_nn::Linear::new(on(&weights[0])?, Some(on(&weights[1])?));
+                let output = fpt_nn::Linear::new(on(&weights[2])?, Some(on(&weights[3])?));
+                let branch = fpt_nn::ResidualBranch {
+                    norm: &norm,
+                    norm_at,
+                    input: &input,
+                    mid,
+                    output: &output,
+                };
+                branch.forward_node(x[0], Some((0.1, 14)))
+            },
+        )?;
+    }
     // Adam: in place, the CPU's roundings.
     let n = 10_000;
     let coefs = ops::AdamCoefs {
@@ -378,6 +433,8 @@ mod tests {
             "cross_entropy 7x1000 gradient",
             "attention_tiled t=64 c=32 None lengths Some([64, 40]) with dropout gradient of input 0",
             "linear_epilogue 7x33 -> 10 gradient of input 2",
+            "residual branch node, post-norm attention gradient of input 2",
+            "residual branch node, pre-norm gelu_new gradient of input 0",
         ] {
             assert!(names.contains(&want), "{want} not in {names:?}");
         }

@@ -395,6 +395,7 @@ fn backward(g: Geom, x: Ptrs, dout: &[f32], dx: OutPtrs, row_out: usize, spec: &
 }
 
 /// Q, K and V packed as `[b, t, 3c]` (GPT-2's `c_attn` output); the last `.1` queries.
+#[derive(Clone, Copy)]
 struct Packed(AttentionSpec, Option<usize>);
 /// Q, K and V as three `[b, t, c]` tensors.
 struct Split(AttentionSpec);
@@ -518,13 +519,29 @@ impl CustomOp1 for Packed {
         if !tracks(arg) {
             return Ok(None);
         }
+        Ok(Some(self.input_grad(arg, dy)?))
+    }
+}
+
+impl Packed {
+    /// The packed input's gradient from the output's.
+    fn input_grad(&self, arg: &Tensor, dy: &Tensor) -> Result<Tensor> {
         let dx = super::with_cpu_slice::<f32, _>(arg, "attention", |x| {
             super::with_cpu_slice::<f32, _>(dy, "attention", |dout| {
                 packed_backward(x, dout, arg.shape(), &self.0, self.1)
             })
         })?;
-        Ok(Some(Tensor::from_vec(dx, arg.shape(), arg.device())?))
+        Tensor::from_vec(dx, arg.shape(), arg.device())
     }
+}
+
+/// The fused CPU op of [`super::attention_packed`] on a detached `qkv`, its backward kept
+/// beside it (the same kernels as the op's own backward).
+pub(super) fn attention_packed_fused_detached(qkv: &Tensor, spec: AttentionSpec) -> Result<(Tensor, super::InputGrad)> {
+    let qkv = qkv.detach().contiguous()?;
+    let op = Packed(spec, None);
+    let out = qkv.apply_op1_no_bwd(&op)?;
+    Ok((out, Box::new(move |dy: &Tensor| op.input_grad(&qkv, dy))))
 }
 
 impl super::ThreeOperands for Split {

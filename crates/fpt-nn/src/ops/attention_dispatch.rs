@@ -48,6 +48,28 @@ pub fn attention_packed(qkv: &Tensor, spec: AttentionSpec) -> Result<Tensor> {
     attention_packed_fused(qkv, spec, None)
 }
 
+/// [`attention_packed`]'s values on a detached `qkv`, the same dispatch, with the chosen
+/// op's backward kept beside them: what a hand-chained backward ([`super::branch_node`])
+/// calls instead of candle's backprop through the op.
+pub(crate) fn attention_packed_detached(qkv: &Tensor, spec: AttentionSpec) -> Result<(Tensor, super::InputGrad)> {
+    if tiled_requested()? && qkv.dtype() == candle_core::DType::F32 {
+        return super::attention_tiled::attention_tiled_packed_detached(qkv, spec);
+    }
+    if !qkv.device().is_cpu() {
+        return super::attention_recomputed::attention_packed_recomputed_detached(qkv, spec);
+    }
+    if !fused_ok(qkv) {
+        let qkv = qkv.detach();
+        let composed = move |x: &Tensor| {
+            let c = x.dim(D::Minus1)? / 3;
+            attention_composed(&x.narrow(2, 0, c)?, &x.narrow(2, c, c)?, &x.narrow(2, 2 * c, c)?, spec)
+        };
+        let out = composed(&qkv)?;
+        return Ok((out, Box::new(move |dy: &Tensor| super::vjp(&qkv, dy, composed))));
+    }
+    super::attention::attention_packed_fused_detached(qkv, spec)
+}
+
 /// [`attention_packed`] for the last `last` query positions only (all positions still act
 /// as keys and values): `[b, last, c]`, equal to the last `last` rows of the full result
 /// without dropout (with dropout the mask is drawn for the `last x t` scores only). What a
@@ -94,5 +116,66 @@ mod tests {
             e.contains("FPT_ATTENTION") && e.contains("flash") && e.contains("tiled"),
             "{e}"
         );
+    }
+}
+
+#[cfg(test)]
+mod detached_tests {
+    use super::super::{attention_packed_recomputed, attention_tiled_packed, Mask};
+    use super::*;
+    use candle_core::{DType, Device, Var};
+
+    /// Each attention op's detached twin (what `branch_node` chains) against the op through
+    /// candle's backprop: the same values and, from the same output gradient, the same
+    /// input gradient, to the last bit. The fused CPU op, the recomputed one, the tiled one
+    /// and the composed ops (f64), with dropout and a causal mask.
+    #[test]
+    fn detached_attention_and_its_kept_backward_equal_the_op() -> Result<()> {
+        let (b, t, c) = (2, 6, 8);
+        let spec = AttentionSpec {
+            heads: 2,
+            scale: 0.4,
+            mask: Mask::Causal,
+            dropout: Some((0.25, 9)),
+        };
+        let mut rng = crate::Rng::new(4);
+        let dev = Device::Cpu;
+        let qkv = crate::init::normal(&[b, t, 3 * c], 0.0, 1.0, &mut rng, &dev)?;
+        let dy = crate::init::normal(&[b, t, c], 0.0, 1.0, &mut rng, &dev)?;
+        type Op = fn(&Tensor, AttentionSpec) -> Result<Tensor>;
+        type Detached = fn(&Tensor, AttentionSpec) -> Result<(Tensor, crate::ops::InputGrad)>;
+        let composed: Op = |x, spec| {
+            let c = x.dim(D::Minus1)? / 3;
+            attention_composed(&x.narrow(2, 0, c)?, &x.narrow(2, c, c)?, &x.narrow(2, 2 * c, c)?, spec)
+        };
+        let cases: [(&str, DType, Op, Detached); 4] = [
+            ("fused", DType::F32, attention_packed, |x, s| {
+                crate::ops::attention::attention_packed_fused_detached(x, s)
+            }),
+            ("recomputed", DType::F32, attention_packed_recomputed, |x, s| {
+                crate::ops::attention_recomputed::attention_packed_recomputed_detached(x, s)
+            }),
+            (
+                "tiled",
+                DType::F32,
+                |x, s| attention_tiled_packed(x, s, None),
+                |x, s| crate::ops::attention_tiled::attention_tiled_packed_detached(x, s),
+            ),
+            ("composed", DType::F64, composed, attention_packed_detached),
+        ];
+        for (what, dtype, op, detached) in cases {
+            let (x, dy) = (qkv.to_dtype(dtype)?, dy.to_dtype(dtype)?);
+            let var = Var::from_tensor(&x)?;
+            let out = op(var.as_tensor(), spec)?;
+            let want = (&out * &dy)?.sum_all()?.backward()?;
+            let want = want.get(var.as_tensor()).expect("the op's gradient");
+            let (got, grad) = detached(&x, spec)?;
+            let bits = |t: &Tensor| t.to_dtype(DType::F64)?.flatten_all()?.to_vec1::<f64>();
+            assert_eq!(bits(&got)?, bits(&out)?, "{what}: values");
+            assert_eq!(bits(&grad(&dy)?)?, bits(want)?, "{what}: gradients");
+            // The kept backward runs again (a step's backward may be retried).
+            assert_eq!(bits(&grad(&dy)?)?, bits(want)?, "{what}: gradients, twice");
+        }
+        Ok(())
     }
 }

@@ -17,58 +17,8 @@
 
 use super::attention::{attention_composed, AttentionSpec};
 use super::dropout::DropoutMul;
-use super::{tracks, Three, ThreeOperands};
-use candle_core::backend::BackendStorage;
-use candle_core::{CpuStorage, CudaStorage, CustomOp1, Layout, Result, Shape, Storage, Tensor, D};
-use std::sync::Mutex;
-
-/// The forward's result, computed before the op is applied and handed over once.
-struct Computed(Mutex<Option<Tensor>>);
-
-impl Computed {
-    fn new(t: Tensor) -> Self {
-        Computed(Mutex::new(Some(t)))
-    }
-
-    /// The result's storage (a copy: `[b, t, c]`, small beside the scores), for the op's
-    /// forward; the op keeps nothing after.
-    fn take<S: BackendStorage>(&self, get: impl Fn(&Storage) -> Option<&S>) -> Result<(S, Shape)> {
-        let t = self
-            .0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-            .ok_or_else(|| candle_core::Error::Msg("attention: the op's forward ran twice".into()))?;
-        let t = t.contiguous()?;
-        let (storage, layout) = t.storage_and_layout();
-        let s = get(&storage)
-            .ok_or_else(|| candle_core::Error::Msg("attention: the result is on another device than the op".into()))?;
-        if layout.start_offset() != 0 {
-            candle_core::bail!("attention: the result does not start its storage")
-        }
-        Ok((s.try_clone(layout)?, t.shape().clone()))
-    }
-}
-
-fn cpu(s: &Storage) -> Option<&CpuStorage> {
-    match s {
-        Storage::Cpu(c) => Some(c),
-        _ => None,
-    }
-}
-
-#[cfg(feature = "cuda")]
-fn cuda(s: &Storage) -> Option<&CudaStorage> {
-    match s {
-        Storage::Cuda(c) => Some(c),
-        _ => None,
-    }
-}
-
-#[cfg(not(feature = "cuda"))]
-fn cuda(_: &Storage) -> Option<&CudaStorage> {
-    None
-}
+use super::{tracks, Computed, Three, ThreeOperands};
+use candle_core::{CpuStorage, CudaStorage, CustomOp1, Layout, Result, Shape, Tensor, D};
 
 /// dQ, dK, dV (each `[b, t, c]`, `None` where `want` says no) from the forward's inputs and
 /// the output's gradient, the probabilities recomputed.
@@ -122,11 +72,11 @@ impl ThreeOperands for Split {
     }
 
     fn forward_cpu(&self, _: [(&CpuStorage, &Layout); 3]) -> Result<(CpuStorage, Shape)> {
-        self.out.take(cpu)
+        self.out.take(super::computed_cpu)
     }
 
     fn forward_cuda(&self, _: [(&CudaStorage, &Layout); 3]) -> Result<(CudaStorage, Shape)> {
-        self.out.take(cuda)
+        self.out.take(super::computed_cuda)
     }
 
     fn gradients(&self, [q, k, v]: [&Tensor; 3], _res: &Tensor, dy: &Tensor) -> Result<[Option<Tensor>; 3]> {
@@ -151,30 +101,48 @@ impl CustomOp1 for Packed {
     }
 
     fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
-        self.out.take(cpu)
+        self.out.take(super::computed_cpu)
     }
 
     #[cfg(feature = "cuda")]
     fn cuda_fwd(&self, _: &CudaStorage, _: &Layout) -> Result<(CudaStorage, Shape)> {
-        self.out.take(cuda)
+        self.out.take(super::computed_cuda)
     }
 
     fn bwd(&self, qkv: &Tensor, _res: &Tensor, dy: &Tensor) -> Result<Option<Tensor>> {
         if !tracks(qkv) {
             return Ok(None);
         }
-        let [q, k, v] = thirds(&qkv.detach())?;
-        let [dq, dk, dv] = gradients(&q, &k, &v, dy, &self.spec, [true; 3])?;
-        let missing = || candle_core::Error::Msg("attention: a wanted gradient was not computed".into());
-        Ok(Some(Tensor::cat(
-            &[
-                dq.ok_or_else(missing)?,
-                dk.ok_or_else(missing)?,
-                dv.ok_or_else(missing)?,
-            ],
-            2,
-        )?))
+        Ok(Some(packed_grad(&qkv.detach(), dy, &self.spec)?))
     }
+}
+
+/// The packed `qkv`'s gradient (`[b, t, 3c]`) from the output's, the probabilities
+/// recomputed.
+fn packed_grad(qkv: &Tensor, dy: &Tensor, spec: &AttentionSpec) -> Result<Tensor> {
+    let [q, k, v] = thirds(qkv)?;
+    let [dq, dk, dv] = gradients(&q, &k, &v, dy, spec, [true; 3])?;
+    let missing = || candle_core::Error::Msg("attention: a wanted gradient was not computed".into());
+    Tensor::cat(
+        &[
+            dq.ok_or_else(missing)?,
+            dk.ok_or_else(missing)?,
+            dv.ok_or_else(missing)?,
+        ],
+        2,
+    )
+}
+
+/// [`attention_packed_recomputed`]'s values on a detached `qkv`, its backward kept beside
+/// them (the probabilities recomputed when it runs).
+pub(super) fn attention_packed_recomputed_detached(
+    qkv: &Tensor,
+    spec: AttentionSpec,
+) -> Result<(Tensor, super::InputGrad)> {
+    let qkv = qkv.detach();
+    let [q, k, v] = thirds(&qkv)?;
+    let out = attention_composed(&q, &k, &v, spec)?;
+    Ok((out, Box::new(move |dy: &Tensor| packed_grad(&qkv, dy, &spec))))
 }
 
 /// Multi-head self-attention of `q, k, v: [b, t, c]` as one node of the graph, on any device
@@ -188,7 +156,7 @@ pub fn attention_recomputed(q: &Tensor, k: &Tensor, v: &Tensor, spec: AttentionS
         v,
         Three(Split {
             spec,
-            out: Computed::new(out),
+            out: Computed::new("attention", out),
         }),
     )
 }
@@ -200,6 +168,6 @@ pub fn attention_packed_recomputed(qkv: &Tensor, spec: AttentionSpec) -> Result<
     let out = attention_composed(&q, &k, &v, spec)?;
     qkv.apply_op1(Packed {
         spec,
-        out: Computed::new(out),
+        out: Computed::new("attention", out),
     })
 }

@@ -355,6 +355,30 @@ impl CustomOp3 for TiledBackward {
 /// query (a count above `t` counts as `t`; 0 leaves the example's output 0). The gradient
 /// is one `[b, t, 3c]` tensor.
 pub fn attention_tiled_packed(qkv: &Tensor, spec: AttentionSpec, keylen: Option<&Tensor>) -> Result<Tensor> {
+    qkv.contiguous()?.apply_op1(tiled_op(qkv, spec, keylen)?)
+}
+
+/// [`attention_tiled_packed`] (no key lengths) on a detached `qkv`, its backward kept
+/// beside it (the forward's log-sum-exp and output, as the op's own backward reads them).
+pub(super) fn attention_tiled_packed_detached(qkv: &Tensor, spec: AttentionSpec) -> Result<(Tensor, super::InputGrad)> {
+    let qkv = qkv.detach().contiguous()?;
+    let op = tiled_op(&qkv, spec, None)?;
+    let (g, lse) = (op.g, op.lse.clone());
+    let out = qkv.apply_op1_no_bwd(&op)?;
+    let o = out.clone();
+    let grad = move |dy: &Tensor| {
+        let back = TiledBackward {
+            g,
+            keylen: None,
+            lse: lse.clone(),
+        };
+        qkv.apply_op3_no_bwd(&o, &dy.detach().contiguous()?, &back)
+    };
+    Ok((out, Box::new(grad)))
+}
+
+/// The tiled op for `qkv` (its shape, dtype and key lengths checked).
+fn tiled_op(qkv: &Tensor, spec: AttentionSpec, keylen: Option<&Tensor>) -> Result<Tiled> {
     let (b, t, w) = qkv.dims3()?;
     if w % 3 != 0 {
         candle_core::bail!("attention_tiled: a packed qkv of width {w} is not three equal parts")
@@ -375,7 +399,7 @@ pub fn attention_tiled_packed(qkv: &Tensor, spec: AttentionSpec, keylen: Option<
         None => None,
     };
     let g = AttnGeom::packed(b, t, w / 3, &spec, keylen.is_some())?;
-    qkv.contiguous()?.apply_op1(Tiled {
+    Ok(Tiled {
         g,
         keylen,
         lse: Arc::new(Mutex::new(None)),

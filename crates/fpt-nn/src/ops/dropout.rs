@@ -212,19 +212,21 @@ impl CustomOp2 for DropoutAdd {
 
     fn bwd(&self, x: &Tensor, y: &Tensor, _res: &Tensor, dy: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
         let dyv = if tracks(y) {
-            Some(
-                DropoutMul {
-                    p: self.p,
-                    seed: self.seed,
-                    block: CHUNK,
-                }
-                .apply(dy)?,
-            )
+            Some(dropout_add_grad(dy, self.p, self.seed)?)
         } else {
             None
         };
         Ok((tracks(x).then(|| dy.clone()), dyv))
     }
+}
+
+/// The gradient of [`dropout_add`]`(x, y, p, seed)`'s `y` from the output's `dy` (`x`'s is
+/// `dy` itself): `dy` times the mask, as the op's backward computes it.
+pub(crate) fn dropout_add_grad(dy: &Tensor, p: f64, seed: u64) -> Result<Tensor> {
+    if p <= 0.0 {
+        return Ok(dy.clone());
+    }
+    DropoutMul { p, seed, block: CHUNK }.apply(dy)
 }
 
 /// `x + dropout(y)` (a residual branch), with the mask drawn from `seed`: one fused op for

@@ -283,6 +283,24 @@ impl<A: Activation> candle_core::CustomOp2 for GeluBackward<A> {
     }
 }
 
+/// The input's gradient of [`gelu_new`] (`erf: false`) or [`gelu_erf`] at `x` from the
+/// output's `dy`, as the op's own backward computes it (the fused kernels, or the composed
+/// ops' backprop where no fused op runs).
+pub(crate) fn gelu_grad(erf: bool, x: &Tensor, dy: &Tensor) -> Result<Tensor> {
+    if !super::fused_here(x) {
+        return match erf {
+            true => super::vjp(x, dy, gelu_erf_composed),
+            false => super::vjp(x, dy, gelu_new_composed),
+        };
+    }
+    let x = x.contiguous()?;
+    let dx = match erf {
+        true => ActOp::<Erf>(PhantomData).bwd(&x, &x, dy)?,
+        false => ActOp::<New>(PhantomData).bwd(&x, &x, dy)?,
+    };
+    dx.ok_or_else(|| candle_core::Error::Msg("gelu: the backward computed no gradient".into()))
+}
+
 /// `gelu_new` (tanh-approximated GELU, GPT-2's activation). Fused on the CPU and on a GPU
 /// (f32), composed of candle ops otherwise.
 pub fn gelu_new(x: &Tensor) -> Result<Tensor> {

@@ -171,48 +171,56 @@ impl super::ThreeOperands for LayerNormOp {
     }
 
     fn gradients(&self, [x, g, b]: [&Tensor; 3], _res: &Tensor, dy: &Tensor) -> Result<[Option<Tensor>; 3]> {
-        if !x.device().is_cpu() {
-            let (dx, dg) = device_norm_grads(x, g, dy, self.eps, true)?;
-            let db = if tracks(b) {
-                Some(sum_rows(dy, g.elem_count())?)
-            } else {
-                None
-            };
-            return Ok([tracks(x).then_some(dx), tracks(g).then_some(dg), db]);
-        }
-        fn run<T: Float>(op: &LayerNormOp, x: &Tensor, g: &Tensor, dy: &Tensor) -> Result<(Vec<T>, Vec<T>, Vec<T>)> {
-            with_cpu_slice::<T, _>(x, "layer_norm", |xs| {
-                with_cpu_slice::<T, _>(g, "layer_norm", |gs| {
-                    with_cpu_slice::<T, _>(dy, "layer_norm", |dys| Ok(bwd_kernel(xs, gs, dys, op.eps)))
-                })
-            })
-        }
-        let dev = x.device();
-        let (dx, dg, db) = match x.dtype() {
-            DType::F32 => {
-                let (a, b, c) = run::<f32>(self, x, g, dy)?;
-                (
-                    Tensor::from_vec(a, x.shape(), dev)?,
-                    Tensor::from_vec(b, g.shape(), dev)?,
-                    Tensor::from_vec(c, g.shape(), dev)?,
-                )
-            }
-            DType::F64 => {
-                let (a, b, c) = run::<f64>(self, x, g, dy)?;
-                (
-                    Tensor::from_vec(a, x.shape(), dev)?,
-                    Tensor::from_vec(b, g.shape(), dev)?,
-                    Tensor::from_vec(c, g.shape(), dev)?,
-                )
-            }
-            dt => return Err(unsupported("layer_norm", dt)),
-        };
-        Ok([
-            tracks(x).then_some(dx),
-            tracks(g).then_some(dg),
-            tracks(b).then_some(db),
-        ])
+        layer_norm_grads(x, g, dy, self.eps, [tracks(x), tracks(g), tracks(b)])
     }
+}
+
+/// [`layer_norm`]'s gradients of `x`, `gamma` and `beta` (`None` where `want` says no) from
+/// the output's `dy`, as the fused op's backward computes them.
+pub(crate) fn layer_norm_grads(
+    x: &Tensor,
+    g: &Tensor,
+    dy: &Tensor,
+    eps: f64,
+    want: [bool; 3],
+) -> Result<[Option<Tensor>; 3]> {
+    if !x.device().is_cpu() {
+        let (dx, dg) = device_norm_grads(x, g, dy, eps, true)?;
+        let db = if want[2] {
+            Some(sum_rows(dy, g.elem_count())?)
+        } else {
+            None
+        };
+        return Ok([want[0].then_some(dx), want[1].then_some(dg), db]);
+    }
+    fn run<T: Float>(eps: f64, x: &Tensor, g: &Tensor, dy: &Tensor) -> Result<(Vec<T>, Vec<T>, Vec<T>)> {
+        with_cpu_slice::<T, _>(x, "layer_norm", |xs| {
+            with_cpu_slice::<T, _>(g, "layer_norm", |gs| {
+                with_cpu_slice::<T, _>(dy, "layer_norm", |dys| Ok(bwd_kernel(xs, gs, dys, eps)))
+            })
+        })
+    }
+    let dev = x.device();
+    let (dx, dg, db) = match x.dtype() {
+        DType::F32 => {
+            let (a, b, c) = run::<f32>(eps, x, g, dy)?;
+            (
+                Tensor::from_vec(a, x.shape(), dev)?,
+                Tensor::from_vec(b, g.shape(), dev)?,
+                Tensor::from_vec(c, g.shape(), dev)?,
+            )
+        }
+        DType::F64 => {
+            let (a, b, c) = run::<f64>(eps, x, g, dy)?;
+            (
+                Tensor::from_vec(a, x.shape(), dev)?,
+                Tensor::from_vec(b, g.shape(), dev)?,
+                Tensor::from_vec(c, g.shape(), dev)?,
+            )
+        }
+        dt => return Err(unsupported("layer_norm", dt)),
+    };
+    Ok([want[0].then_some(dx), want[1].then_some(dg), want[2].then_some(db)])
 }
 
 /// `dy` summed over every row of `d` values: `[d]`.

@@ -318,10 +318,10 @@ impl LinearOp {
 
     /// dx = dy @ W, on CPU with gemm, elsewhere with a candle matmul. With a bf16 `W`, `dy`
     /// is rounded to bf16 too (bf16 operands, f32 sums; `ops/bf16.rs`).
-    fn grad_input(&self, x: &Tensor, w: &Tensor, dy: &Tensor) -> Result<Tensor> {
+    fn grad_input(&self, x_shape: &Shape, w: &Tensor, dy: &Tensor) -> Result<Tensor> {
         let (n, k) = w.dims2()?;
         if !dy.device().is_cpu() || dy.dtype() == DType::BF16 {
-            return dy.reshape(((), n))?.matmul(w)?.reshape(x.shape());
+            return dy.reshape(((), n))?.matmul(w)?.reshape(x_shape);
         }
         if w.dtype() == DType::BF16 {
             let path = KernelPath::active();
@@ -331,7 +331,7 @@ impl LinearOp {
                     super::bf16::widened_product(path, g, ws, (n, k), true, None)
                 }),
             })?;
-            return Tensor::from_vec(dx, x.shape(), x.device());
+            return Tensor::from_vec(dx, x_shape, dy.device());
         }
         fn run<T: WithDType>(w: &Tensor, dy: &Tensor, n: usize, k: usize) -> Result<Vec<T>> {
             with_cpu_slice::<T, _>(w, "linear", |ws| {
@@ -343,8 +343,8 @@ impl LinearOp {
             })
         }
         match dy.dtype() {
-            DType::F32 => Tensor::from_vec(run::<f32>(w, dy, n, k)?, x.shape(), x.device()),
-            DType::F64 => Tensor::from_vec(run::<f64>(w, dy, n, k)?, x.shape(), x.device()),
+            DType::F32 => Tensor::from_vec(run::<f32>(w, dy, n, k)?, x_shape, dy.device()),
+            DType::F64 => Tensor::from_vec(run::<f64>(w, dy, n, k)?, x_shape, dy.device()),
             dt => Err(unsupported("linear", dt)),
         }
     }
@@ -383,7 +383,7 @@ impl LinearOp {
         dy: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let dx = if tracks(x) {
-            Some(self.grad_input(x, w, dy)?)
+            Some(self.grad_input(x.shape(), w, dy)?)
         } else {
             None
         };
@@ -513,6 +513,28 @@ fn apply_linear(
         Some(b) => x.apply_op3(&w, &b.contiguous()?, super::Three(op)),
         None => x.apply_op2(&w, op),
     }
+}
+
+/// The input's gradient `dy W` of a frozen linear layer applied by [`linear_prepacked`] to an
+/// input of shape `x_shape`, computed as that op's backward computes it (the same products:
+/// `packed_t` is the bf16 weight packed for it, when the layer keeps one; a bf16 weight on
+/// a GPU goes back through the casts around its bf16 product).
+pub(crate) fn frozen_input_grad(
+    dy: &Tensor,
+    w: &Tensor,
+    packed_t: Option<std::sync::Arc<super::sgemm::PackedB>>,
+    x_shape: &Shape,
+) -> Result<Tensor> {
+    if w.dtype() == DType::BF16 && !dy.device().is_cpu() && dy.dtype() == DType::F32 {
+        return frozen_input_grad(&dy.to_dtype(DType::BF16)?, w, None, x_shape)?.to_dtype(DType::F32);
+    }
+    let op = LinearOp {
+        lead: Vec::new(),
+        packed: None,
+        packed_t,
+        epilogue: false,
+    };
+    op.grad_input(x_shape, &w.contiguous()?, dy)
 }
 
 /// Whether `FPT_LINEAR` asks for the bias in the product on a GPU: `epilogue`; unset,

@@ -31,6 +31,7 @@ mod attention_dispatch;
 mod attention_recomputed;
 pub(crate) mod attention_tiled;
 pub mod bf16;
+pub(crate) mod branch_node;
 pub(crate) mod dropout;
 pub(crate) mod fastmath;
 mod gelu;
@@ -47,6 +48,7 @@ mod swiglu;
 
 pub use adam::{adam_update, adam_update_composed, AdamCoefs};
 pub use attention::{attention_composed, attention_probs, dropout_mask as attention_dropout_mask, AttentionSpec};
+pub(crate) use attention_dispatch::attention_packed_detached;
 pub use attention_dispatch::{attention, attention_packed, attention_packed_last, tiled_requested};
 pub use attention_recomputed::{attention_packed_recomputed, attention_recomputed};
 pub use attention_tiled::{attention_tiled, attention_tiled_packed};
@@ -227,6 +229,86 @@ pub(crate) fn fused_here(x: &Tensor) -> bool {
 /// ever computed or stored.
 pub(crate) fn tracks(t: &Tensor) -> bool {
     t.track_op()
+}
+
+/// An op's result computed before the op is applied (by other ops, on detached operands)
+/// and handed to candle once, so the op is one node of the graph whose backward is its
+/// own ([`attention_recomputed`], [`branch_node`]).
+pub(crate) struct Computed {
+    op: &'static str,
+    out: std::sync::Mutex<Option<Tensor>>,
+}
+
+impl Computed {
+    pub(crate) fn new(op: &'static str, t: Tensor) -> Self {
+        Computed {
+            op,
+            out: std::sync::Mutex::new(Some(t)),
+        }
+    }
+
+    /// The result's storage (a copy, the size of the op's output), for the op's forward;
+    /// the op keeps nothing after.
+    pub(crate) fn take<S: candle_core::backend::BackendStorage>(
+        &self,
+        get: impl Fn(&Storage) -> Option<&S>,
+    ) -> Result<(S, Shape)> {
+        let op = self.op;
+        let t = self
+            .out
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+            .ok_or_else(|| Error::Msg(format!("{op}: the op's forward ran twice")))?;
+        let t = t.contiguous()?;
+        let (storage, layout) = t.storage_and_layout();
+        let s =
+            get(&storage).ok_or_else(|| Error::Msg(format!("{op}: the result is on another device than the op")))?;
+        if layout.start_offset() != 0 {
+            candle_core::bail!("{op}: the result does not start its storage")
+        }
+        Ok((s.try_clone(layout)?, t.shape().clone()))
+    }
+}
+
+/// A storage's CPU half, for [`Computed::take`].
+pub(crate) fn computed_cpu(s: &Storage) -> Option<&CpuStorage> {
+    match s {
+        Storage::Cpu(c) => Some(c),
+        _ => None,
+    }
+}
+
+/// A storage's CUDA half, for [`Computed::take`].
+#[cfg(feature = "cuda")]
+pub(crate) fn computed_cuda(s: &Storage) -> Option<&CudaStorage> {
+    match s {
+        Storage::Cuda(c) => Some(c),
+        _ => None,
+    }
+}
+
+/// Without the `cuda` feature no storage is on a GPU.
+#[cfg(not(feature = "cuda"))]
+pub(crate) fn computed_cuda(_: &Storage) -> Option<&CudaStorage> {
+    None
+}
+
+/// An op's backward kept beside its detached forward: the input's gradient from the
+/// output's (what [`branch_node`] chains by hand).
+pub(crate) type InputGrad = Box<dyn Fn(&Tensor) -> Result<Tensor> + Send + Sync>;
+
+/// `x`'s gradient through `f` for the output gradient `dy`, by candle's backprop over a
+/// copy of `x` made a `Var` (the vector-Jacobian product; `sum(f(x) * dy)`'s gradient is
+/// `dy` pulled back exactly: the product by the ones of the sum is exact). For the composed
+/// ops a hand-chained backward meets where no fused op runs.
+pub(crate) fn vjp(x: &Tensor, dy: &Tensor, f: impl Fn(&Tensor) -> Result<Tensor>) -> Result<Tensor> {
+    let var = candle_core::Var::from_tensor(&x.detach())?;
+    let grads = (f(var.as_tensor())? * dy)?.sum_all()?.backward()?;
+    grads
+        .get(var.as_tensor())
+        .cloned()
+        .ok_or_else(|| Error::Msg("vjp: the output does not depend on the input".into()))
 }
 
 /// A gradient computed as `v`, shaped like the operand `like`, where `keep` (the operand

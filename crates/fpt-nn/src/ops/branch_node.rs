@@ -1,0 +1,140 @@
+//! A residual branch over frozen linear layers ([`crate::ResidualBranch`]) as one node of
+//! candle's graph on any device: what a GPU runs (the CPU runs the fused op of
+//! `residual_branch.rs`, whose kernels are its own).
+//!
+//! Composed of the layers' ops, the branch leaves every intermediate in the graph (the
+//! first layer's output `u`, the middle's `v`, the second layer's `z`, the residual sum),
+//! and candle's backprop starts each of their gradients as a zero tensor and adds into it:
+//! a memset and a pass over memory per intermediate, for gradients that have one
+//! contributor each (candle's `badd` took 14 ms of a 54 ms step on an H100, issue 56).
+//! Here the forward runs the same ops on detached operands, so nothing of it is in the
+//! graph but the branch's output, and the node's backward chains the ops' own backward
+//! passes by hand: each intermediate's gradient is the one product or kernel that makes
+//! it, and `x`'s two contributions (the residual path's and the branch's) are added once,
+//! starting from the first. Its values are the composed ops' to the last bit, forward and
+//! backward (the same ops in the same order; the two contributions' sum is commutative),
+//! which `tests` below check on the CPU, on every kernel path.
+
+use super::residual_branch::NormAt;
+use super::{tracks, InputGrad, ThreeOperands};
+use candle_core::{CpuStorage, Layout, Result, Shape, Tensor};
+use std::sync::Arc;
+
+/// A frozen linear layer as the node's backward multiplies by it.
+pub(crate) struct NodeLinear {
+    /// `W` (`[n_out, n_in]`, f32 or bf16).
+    pub(crate) weight: Tensor,
+    /// A bf16 `W` packed for the input gradient's product on the CPU, when the layer keeps one.
+    pub(crate) packed_t: Option<Arc<super::sgemm::PackedB>>,
+    /// The shape of the layer's input.
+    pub(crate) input_shape: Shape,
+}
+
+impl NodeLinear {
+    /// The layer input's gradient from its output's.
+    fn input_grad(&self, dy: &Tensor) -> Result<Tensor> {
+        super::linear::frozen_input_grad(dy, &self.weight, self.packed_t.clone(), &self.input_shape)
+    }
+}
+
+/// The middle's backward: a GELU's at its input `u`, or the attention op's kept backward.
+pub(crate) enum NodeMid {
+    /// `gelu_erf` (`erf: true`) or `gelu_new` at `u`.
+    Gelu { erf: bool, u: Tensor },
+    /// The chosen attention op's backward ([`super::attention_dispatch`]).
+    Attention(InputGrad),
+}
+
+/// The branch node: its output (computed beforehand) and what its backward reads.
+pub(crate) struct BranchNode {
+    pub(crate) out: super::Computed,
+    pub(crate) input: NodeLinear,
+    pub(crate) mid: NodeMid,
+    pub(crate) output: NodeLinear,
+    pub(crate) norm_at: NormAt,
+    pub(crate) eps: f64,
+    /// The residual dropout `(p, seed)`, as [`super::dropout_add`] draws it.
+    pub(crate) dropout: Option<(f64, u64)>,
+    /// Post-norm: the residual sum the norm reads.
+    pub(crate) sum: Option<Tensor>,
+}
+
+impl BranchNode {
+    /// From the gradient `d` of the residual sum's branch term to the gradient of the first
+    /// layer's input: `W1^T mid'(W2^T (d * mask))`.
+    fn branch_grad(&self, d: &Tensor) -> Result<Tensor> {
+        let dz = match self.dropout {
+            Some((p, seed)) => super::dropout::dropout_add_grad(d, p, seed)?,
+            None => d.clone(),
+        };
+        let dv = self.output.input_grad(&dz)?;
+        drop(dz);
+        let du = match &self.mid {
+            NodeMid::Gelu { erf, u } => super::gelu::gelu_grad(*erf, u, &dv)?,
+            NodeMid::Attention(grad) => grad(&dv)?,
+        };
+        drop(dv);
+        self.input.input_grad(&du)
+    }
+}
+
+impl ThreeOperands for BranchNode {
+    fn name(&self) -> &'static str {
+        match self.norm_at {
+            NormAt::Input => "fpt-pre-norm-branch-node",
+            NormAt::Output => "fpt-post-norm-branch-node",
+        }
+    }
+
+    fn forward_cpu(&self, _: [(&CpuStorage, &Layout); 3]) -> Result<(CpuStorage, Shape)> {
+        self.out.take(super::computed_cpu)
+    }
+
+    #[cfg(feature = "cuda")]
+    fn forward_cuda(&self, _: [(&candle_core::CudaStorage, &Layout); 3]) -> Result<(candle_core::CudaStorage, Shape)> {
+        self.out.take(super::computed_cuda)
+    }
+
+    fn gradients(&self, [x, gamma, beta]: [&Tensor; 3], _res: &Tensor, dy: &Tensor) -> Result<[Option<Tensor>; 3]> {
+        let want = [tracks(x), tracks(gamma), tracks(beta)];
+        let gamma = gamma.detach();
+        match (self.norm_at, &self.sum) {
+            (NormAt::Input, _) => {
+                let da = self.branch_grad(dy)?;
+                let [dxn, dg, db] = super::layer_norm::layer_norm_grads(&x.detach(), &gamma, &da, self.eps, want)?;
+                // The residual path's contribution and the norm's.
+                let dx = dxn.map(|d| dy + d).transpose()?;
+                Ok([dx, dg, db])
+            }
+            (NormAt::Output, Some(s)) => {
+                let [ds, dg, db] = super::layer_norm::layer_norm_grads(s, &gamma, dy, self.eps, want)?;
+                // x's gradient: the sum's (the residual path) plus the branch's.
+                let dx = match ds {
+                    Some(ds) => Some((&ds + self.branch_grad(&ds)?)?),
+                    None => None,
+                };
+                Ok([dx, dg, db])
+            }
+            (NormAt::Output, None) => candle_core::bail!("{}: forward kept no sum", self.name()),
+        }
+    }
+}
+
+/// Whether `FPT_BRANCH` asks for the composed branch on a GPU (`composed`: each
+/// intermediate a node of candle's graph, as before this node); unset, empty or `auto` run
+/// the node; anything else is refused, naming the variable.
+pub fn composed_requested() -> Result<bool> {
+    static CHOICE: std::sync::OnceLock<std::result::Result<bool, String>> = std::sync::OnceLock::new();
+    CHOICE
+        .get_or_init(|| {
+            let v = std::env::var("FPT_BRANCH").ok();
+            super::parse_switch(
+                "FPT_BRANCH",
+                v.as_deref(),
+                "composed",
+                "the residual branches composed of candle's ops on a GPU",
+            )
+        })
+        .clone()
+        .map_err(candle_core::Error::Msg)
+}
