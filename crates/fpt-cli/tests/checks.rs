@@ -463,3 +463,48 @@ fn the_tiled_attention_trains_as_the_default_does() {
         stderr(&o)
     );
 }
+
+/// `FPT_BRANCH=node` trains through the residual branch a GPU runs (one node of the graph,
+/// its backward chained by hand) on the CPU: three steps of a small GPT-2 (pre-norm) and a
+/// small BERT (post-norm), dropouts on, end with the losses of `FPT_BRANCH=composed` (the
+/// layers' ops, each intermediate a node) to the last bit: the same ops in the same order.
+/// A value it does not know is refused, naming the variable.
+#[test]
+fn the_branch_node_trains_as_the_composed_branch_does() {
+    let tmp = tempfile::tempdir().unwrap();
+    let train = |backbone: &str, choice: &str| {
+        let out = tmp.path().join(format!("{backbone}-{choice}"));
+        let o = Command::new(env!("CARGO_BIN_EXE_fpt"))
+            .args(["train", "--task", "bit-xor", "--backbone", backbone, "--init", "random"])
+            .args(["--layers", "2", "--hidden", "32", "--heads", "4", "--steps", "3"])
+            .args(["--eval-every", "1", "-q"])
+            .arg("--out")
+            .arg(&out)
+            .env("FPT_BRANCH", choice)
+            .output()
+            .unwrap();
+        (o, out)
+    };
+    for backbone in ["gpt2", "minilm"] {
+        let losses: Vec<Vec<String>> = ["node", "composed"]
+            .iter()
+            .map(|choice| {
+                let (o, out) = train(backbone, choice);
+                assert!(o.status.success(), "{backbone} {choice}: {}", stderr(&o));
+                std::fs::read_to_string(out.join("metrics.jsonl"))
+                    .unwrap()
+                    .lines()
+                    .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["test_loss"].to_string())
+                    .collect()
+            })
+            .collect();
+        assert_eq!(losses[0].len(), 3, "{backbone}: {losses:?}");
+        assert_eq!(losses[0], losses[1], "{backbone}: node vs composed");
+    }
+    let (o, _) = train("gpt2", "fused");
+    assert!(
+        !o.status.success() && stderr(&o).contains("FPT_BRANCH"),
+        "{}",
+        stderr(&o)
+    );
+}

@@ -207,10 +207,10 @@ impl ResidualBranch<'_> {
     /// sum). Fused when [`Self::is_fused`], one node when [`Self::is_node`], else
     /// [`Self::forward_composed`]; the three agree.
     pub fn forward(&self, x: &Tensor, dropout: Option<(f64, u64)>) -> Result<Tensor> {
-        if !self.is_fused(x) {
-            if self.is_node(x)? {
-                return self.forward_node(x, dropout);
-            }
+        if self.is_node(x)? {
+            return self.forward_node(x, dropout);
+        }
+        if !self.is_fused(x) || ops::branch_node::branch_choice()? == ops::branch_node::BranchChoice::Composed {
             return self.forward_composed(x, dropout);
         }
         let layer = |l: &Linear| -> Result<ops::residual_branch::FrozenLinear> {
@@ -243,20 +243,25 @@ impl ResidualBranch<'_> {
         x.contiguous()?.apply_op3(&gamma, &beta, ops::Three(op))
     }
 
-    /// Whether [`Self::forward`] runs [`Self::forward_node`] for `x`: on a GPU, f32, both
-    /// linear layers frozen, and an operand taking part in backprop; unless
-    /// `FPT_BRANCH=composed` asks for the composed ops there.
+    /// Whether [`Self::forward`] runs [`Self::forward_node`] for `x`: f32, both linear layers
+    /// frozen, an operand taking part in backprop, and on a GPU (`FPT_BRANCH` unset or
+    /// `auto`) or on any device (`FPT_BRANCH=node`); never under `FPT_BRANCH=composed`.
     pub fn is_node(&self, x: &Tensor) -> Result<bool> {
+        use ops::branch_node::BranchChoice;
         let norm = [&self.norm.weight, &self.norm.bias];
-        Ok(x.device().is_cuda()
-            && x.dtype() == DType::F32
+        let fits = x.dtype() == DType::F32
             && (x.rank() == 3 || !matches!(self.mid, BranchMid::Attention(_)))
             && norm.iter().all(|p| p.tensor().dtype() == DType::F32)
             && [self.input, self.output]
                 .iter()
                 .all(|l| !l.weight.is_trainable() && l.bias_frozen())
-            && (x.track_op() || norm.iter().any(|p| p.is_trainable()))
-            && !ops::branch_node::composed_requested()?)
+            && (x.track_op() || norm.iter().any(|p| p.is_trainable()));
+        Ok(fits
+            && match ops::branch_node::branch_choice()? {
+                BranchChoice::Auto => x.device().is_cuda(),
+                BranchChoice::Node => true,
+                BranchChoice::Composed => false,
+            })
     }
 
     /// The branch as one node of candle's graph, on any device: the values of

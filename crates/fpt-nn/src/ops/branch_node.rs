@@ -120,21 +120,57 @@ impl ThreeOperands for BranchNode {
     }
 }
 
-/// Whether `FPT_BRANCH` asks for the composed branch on a GPU (`composed`: each
-/// intermediate a node of candle's graph, as before this node); unset, empty or `auto` run
-/// the node; anything else is refused, naming the variable.
-pub fn composed_requested() -> Result<bool> {
-    static CHOICE: std::sync::OnceLock<std::result::Result<bool, String>> = std::sync::OnceLock::new();
+/// How `FPT_BRANCH` says a [`crate::ResidualBranch`] over frozen layers runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BranchChoice {
+    /// Unset, empty or `auto`: the fused op on the CPU, the node on a GPU.
+    Auto,
+    /// `node`: the node on every device (on the CPU in place of the fused op: how the
+    /// tests train through the GPU's branch without a GPU).
+    Node,
+    /// `composed`: the layers' ops, each intermediate a node of candle's graph, on every
+    /// device (the reference; the GPU's branch before the node).
+    Composed,
+}
+
+/// `FPT_BRANCH`'s value as a [`BranchChoice`]; anything else an error naming the variable
+/// and the choices.
+pub fn parse_branch_choice(value: Option<&str>) -> std::result::Result<BranchChoice, String> {
+    match value.map(str::trim) {
+        None | Some("") | Some("auto") => Ok(BranchChoice::Auto),
+        Some("node") => Ok(BranchChoice::Node),
+        Some("composed") => Ok(BranchChoice::Composed),
+        Some(other) => Err(format!(
+            "FPT_BRANCH=`{other}`: the choices are `node` (each residual branch one node of the graph, \
+             on every device), `composed` (the layers' ops, on every device) and `auto` (the default: \
+             fused on the CPU, a node on a GPU)"
+        )),
+    }
+}
+
+/// `FPT_BRANCH` as this process reads it (once).
+pub fn branch_choice() -> Result<BranchChoice> {
+    static CHOICE: std::sync::OnceLock<std::result::Result<BranchChoice, String>> = std::sync::OnceLock::new();
     CHOICE
-        .get_or_init(|| {
-            let v = std::env::var("FPT_BRANCH").ok();
-            super::parse_switch(
-                "FPT_BRANCH",
-                v.as_deref(),
-                "composed",
-                "the residual branches composed of candle's ops on a GPU",
-            )
-        })
+        .get_or_init(|| parse_branch_choice(std::env::var("FPT_BRANCH").ok().as_deref()))
         .clone()
         .map_err(candle_core::Error::Msg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_branch_switch_is_read_and_a_bad_value_named() {
+        assert_eq!(parse_branch_choice(None), Ok(BranchChoice::Auto));
+        assert_eq!(parse_branch_choice(Some(" auto")), Ok(BranchChoice::Auto));
+        assert_eq!(parse_branch_choice(Some("node")), Ok(BranchChoice::Node));
+        assert_eq!(parse_branch_choice(Some("composed ")), Ok(BranchChoice::Composed));
+        let e = parse_branch_choice(Some("fused")).unwrap_err();
+        assert!(
+            e.contains("FPT_BRANCH") && e.contains("fused") && e.contains("node"),
+            "{e}"
+        );
+    }
 }
