@@ -30,6 +30,7 @@ pub mod transfer;
 
 pub use kernels::KernelPath;
 pub use layers::{BranchMid, Embedding, LayerNorm, Linear, NormAt, ResidualBranch};
+pub use ops::branch_node::{branch_choice, with_branch, BranchChoice};
 pub use param::{grad_disabled, no_grad, Param};
 pub use rng::Rng;
 
@@ -141,15 +142,20 @@ pub fn pool() -> Option<&'static rayon::ThreadPool> {
 /// (`bench/HISTORY.md`, "Steps on a pool worker"). `fpt_train::Trainer` runs each step and
 /// evaluation through it.
 ///
-/// What this thread set for itself goes along: [`no_grad`] and [`kernels::with_path`] hold
-/// inside `f` as they do here.
+/// What this thread set for itself goes along: [`no_grad`], [`kernels::with_path`] and
+/// [`with_branch`] hold inside `f` as they do here.
 pub fn on_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     let Some(pool) = pool().filter(|_| rayon::current_thread_index().is_none()) else {
         return f();
     };
     let path = kernels::overridden();
     let detached = grad_disabled();
-    pool.install(move || kernels::with_override(path, || param::with_grad_disabled(detached, f)))
+    let branch = ops::branch_node::overridden();
+    pool.install(move || {
+        kernels::with_override(path, || {
+            param::with_grad_disabled(detached, || ops::branch_node::with_branch(branch, f))
+        })
+    })
 }
 
 /// Forward-pass context: training mode (dropout on) and the random stream dropout draws

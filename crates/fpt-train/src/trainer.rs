@@ -214,13 +214,30 @@ impl Trainer {
     /// [`Trainer::micro_batch_grads`] with the loss left where it was computed (a one-element
     /// f64 tensor), so a GPU step need not wait for it.
     fn micro_batch_loss(&mut self) -> Result<(Tensor, candle_core::backprop::GradStore)> {
+        let loss = self.micro_batch_graph()?;
+        let grads = loss.backward()?;
+        Ok((loss.detach().to_dtype(DType::F64)?.reshape(1)?, grads))
+    }
+
+    /// A fresh training micro-batch's loss, its autograd graph still attached.
+    fn micro_batch_graph(&mut self) -> Result<Tensor> {
         let n = self.spec.train.micro_batch_size;
         let batch = self.task.train_batch(n, &mut self.data_rng, &self.device)?;
         let logits = self.model.forward(&batch.inputs, &mut self.ctx)?;
         let classes = logits.dim(2)?;
-        let loss = ops::cross_entropy(&logits.reshape(((), classes))?, &batch.labels.flatten_all()?)?;
-        let grads = loss.backward()?;
-        Ok((loss.detach().to_dtype(DType::F64)?.reshape(1)?, grads))
+        Ok(ops::cross_entropy(
+            &logits.reshape(((), classes))?,
+            &batch.labels.flatten_all()?,
+        )?)
+    }
+
+    /// How many nodes of a fresh micro-batch's graph candle's backward gives a gradient of
+    /// its own (every node but the trained tensors themselves): each starts as a zero
+    /// tensor and is added into, what the residual branch's node saves on a GPU
+    /// ([`fpt_nn::with_branch`] picks the branch; the micro-batch is drawn as a step draws it).
+    pub fn backward_nodes(&mut self) -> Result<usize> {
+        let loss = fpt_nn::on_pool(|| self.micro_batch_graph())?;
+        Ok(loss.sorted_nodes().iter().filter(|n| !n.is_variable()).count())
     }
 
     /// One optimizer step: gradients averaged over `batch_size / micro_batch_size`

@@ -148,8 +148,36 @@ pub fn parse_branch_choice(value: Option<&str>) -> std::result::Result<BranchCho
     }
 }
 
-/// `FPT_BRANCH` as this process reads it (once).
+thread_local! {
+    /// [`with_branch`]'s choice on this thread, over `FPT_BRANCH`.
+    static OVERRIDE: std::cell::Cell<Option<BranchChoice>> = const { std::cell::Cell::new(None) };
+}
+
+/// Runs `f` with the residual branches run as `choice` says on this thread (`None`: as
+/// `FPT_BRANCH` says), whatever `FPT_BRANCH` is; [`crate::on_pool`] carries it to the pool's
+/// worker. How the tests compare the GPU's branch with the composed one in one process.
+pub fn with_branch<R>(choice: Option<BranchChoice>, f: impl FnOnce() -> R) -> R {
+    struct Restore(Option<BranchChoice>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            OVERRIDE.with(|o| o.set(self.0));
+        }
+    }
+    let _restore = Restore(OVERRIDE.with(|o| o.replace(choice)));
+    f()
+}
+
+/// This thread's [`with_branch`] choice, if any.
+pub fn overridden() -> Option<BranchChoice> {
+    OVERRIDE.with(|o| o.get())
+}
+
+/// The choice in force: this thread's [`with_branch`], else `FPT_BRANCH` as this process
+/// reads it (once).
 pub fn branch_choice() -> Result<BranchChoice> {
+    if let Some(c) = overridden() {
+        return Ok(c);
+    }
     static CHOICE: std::sync::OnceLock<std::result::Result<BranchChoice, String>> = std::sync::OnceLock::new();
     CHOICE
         .get_or_init(|| parse_branch_choice(std::env::var("FPT_BRANCH").ok().as_deref()))
@@ -172,5 +200,18 @@ mod tests {
             e.contains("FPT_BRANCH") && e.contains("fused") && e.contains("node"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn the_override_holds_inside_and_on_the_pool_and_is_restored() {
+        let before = branch_choice().unwrap();
+        with_branch(Some(BranchChoice::Node), || {
+            assert_eq!(branch_choice().unwrap(), BranchChoice::Node);
+            with_branch(Some(BranchChoice::Composed), || {
+                assert_eq!(crate::on_pool(|| branch_choice().unwrap()), BranchChoice::Composed);
+            });
+            assert_eq!(branch_choice().unwrap(), BranchChoice::Node);
+        });
+        assert_eq!(branch_choice().unwrap(), before);
     }
 }
