@@ -30,6 +30,36 @@ fn branch_layers(
     Ok((norm, input, output))
 }
 
+/// A branch's middle and its layers' widths: GPT-2's (pre-norm: `gelu_new`, causal
+/// attention) or BERT's (post-norm: exact GELU, unmasked attention), attention dropout
+/// seeded beside the residual's.
+fn branch_mid(
+    norm_at: fpt_nn::NormAt,
+    attention: bool,
+    dropout: Option<(f64, u64)>,
+    heads: usize,
+    c: usize,
+) -> (fpt_nn::BranchMid, usize, usize) {
+    use fpt_nn::NormAt;
+    match (attention, norm_at) {
+        (true, _) => {
+            let mask = match norm_at {
+                NormAt::Input => ops::Mask::Causal,
+                NormAt::Output => ops::Mask::None,
+            };
+            let spec = ops::AttentionSpec {
+                heads,
+                scale: 0.35,
+                mask,
+                dropout: dropout.map(|(p, s)| (p, s + 1)),
+            };
+            (fpt_nn::BranchMid::Attention(spec), 3 * c, c)
+        }
+        (false, NormAt::Input) => (fpt_nn::BranchMid::GeluNew, 4 * c, 4 * c),
+        (false, NormAt::Output) => (fpt_nn::BranchMid::GeluErf, 4 * c, 4 * c),
+    }
+}
+
 /// The fused residual branch, pre-norm (GPT-2: `gelu_new` and causal packed-attention
 /// middles) and post-norm (BERT: exact GELU and unmasked packed attention), with and without
 /// residual and attention dropout, against the same branch composed of the separate ops: values and
@@ -51,23 +81,7 @@ fn fused_residual_branch_matches_composed_and_finite_differences_on_one_path() -
         .flat_map(|(n, a)| [None, Some((0.2, 17u64))].map(|d| (n, a, d)))
     {
         {
-            let (mid, mid_in, mid_out) = match (attention, norm_at) {
-                (true, _) => {
-                    let spec = ops::AttentionSpec {
-                        heads,
-                        scale: 0.35,
-                        mask: if norm_at == NormAt::Input {
-                            ops::Mask::Causal
-                        } else {
-                            ops::Mask::None
-                        },
-                        dropout: dropout.map(|(p, s)| (p, s + 1)),
-                    };
-                    (fpt_nn::BranchMid::Attention(spec), 3 * c, c)
-                }
-                (false, NormAt::Input) => (fpt_nn::BranchMid::GeluNew, 4 * c, 4 * c),
-                (false, NormAt::Output) => (fpt_nn::BranchMid::GeluErf, 4 * c, 4 * c),
-            };
+            let (mid, mid_in, mid_out) = branch_mid(norm_at, attention, dropout, heads, c);
             let (norm, input, output) = branch_layers(c, mid_in, mid_out, 30)?;
             let branch = fpt_nn::ResidualBranch {
                 norm: &norm,
@@ -156,24 +170,7 @@ fn branch_node_equals_the_composed_branch_bit_for_bit_on_one_path() -> Result<()
         for attention in [false, true] {
             for dropout in [None, Some((0.2, 17u64))] {
                 for bf16 in [false, true] {
-                    let (mid, mid_in, mid_out) = match (attention, norm_at) {
-                        (true, _) => {
-                            let mask = match norm_at {
-                                NormAt::Input => ops::Mask::Causal,
-                                NormAt::Output => ops::Mask::None,
-                            };
-                            let dropout = dropout.map(|(p, s)| (p, s + 1));
-                            let spec = ops::AttentionSpec {
-                                heads,
-                                scale: 0.35,
-                                mask,
-                                dropout,
-                            };
-                            (fpt_nn::BranchMid::Attention(spec), 3 * c, c)
-                        }
-                        (false, NormAt::Input) => (fpt_nn::BranchMid::GeluNew, 4 * c, 4 * c),
-                        (false, NormAt::Output) => (fpt_nn::BranchMid::GeluErf, 4 * c, 4 * c),
-                    };
+                    let (mid, mid_in, mid_out) = branch_mid(norm_at, attention, dropout, heads, c);
                     let (norm, mut input, mut output) = branch_layers(c, mid_in, mid_out, 50)?;
                     if bf16 {
                         for l in [&mut input, &mut output] {
