@@ -526,7 +526,7 @@ pub(crate) fn frozen_input_grad(
     x_shape: &Shape,
 ) -> Result<Tensor> {
     if w.dtype() == DType::BF16 && !dy.device().is_cpu() && dy.dtype() == DType::F32 {
-        return frozen_input_grad(&dy.to_dtype(DType::BF16)?, w, None, x_shape)?.to_dtype(DType::F32);
+        return autocast_input_grad(dy, w, x_shape);
     }
     let op = LinearOp {
         lead: Vec::new(),
@@ -535,6 +535,13 @@ pub(crate) fn frozen_input_grad(
         epilogue: false,
     };
     op.grad_input(x_shape, &w.contiguous()?, dy)
+}
+
+/// [`linear_autocast_bf16`]'s input gradient from the output's (f32), as candle's backprop
+/// through its casts computes it: `dy` rounded to bf16, the bf16 product with `W`, widened
+/// back to f32. Any device.
+fn autocast_input_grad(dy: &Tensor, w: &Tensor, x_shape: &Shape) -> Result<Tensor> {
+    frozen_input_grad(&dy.to_dtype(DType::BF16)?, w, None, x_shape)?.to_dtype(DType::F32)
 }
 
 /// Whether `FPT_LINEAR` asks for the bias in the product on a GPU: `epilogue`; unset,
@@ -583,6 +590,31 @@ pub fn linear_composed(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Ten
 mod tests {
     use super::*;
     use candle_core::{Device, Var};
+
+    /// The GPU's bf16 product's input gradient as the branch node computes it by hand
+    /// equals candle's backprop through `linear_autocast_bf16`'s casts, to the last bit
+    /// (both run here on the CPU, as any device runs them).
+    #[test]
+    fn autocast_input_grad_equals_backprop_through_the_casts() -> Result<()> {
+        let dev = Device::Cpu;
+        let (m, k, n) = (6, 40, 24);
+        let x = Var::from_vec(values(m * k, 1), (2, 3, k), &dev)?;
+        let w = Tensor::from_vec(values(n * k, 2), (n, k), &dev)?.to_dtype(DType::BF16)?;
+        let b = Tensor::from_vec(values(n, 3), n, &dev)?;
+        let dy = Tensor::from_vec(values(m * n, 4), (2, 3, n), &dev)?;
+        let y = linear_autocast_bf16(x.as_tensor(), &w, Some(&b))?;
+        let grads = (&y * &dy)?.sum_all()?.backward()?;
+        let want = grads
+            .get(x.as_tensor())
+            .expect("x's gradient")
+            .flatten_all()?
+            .to_vec1::<f32>()?;
+        let got = autocast_input_grad(&dy, &w, x.shape())?
+            .flatten_all()?
+            .to_vec1::<f32>()?;
+        assert_eq!(got, want);
+        Ok(())
+    }
 
     fn values(n: usize, seed: u32) -> Vec<f32> {
         (0..n)
