@@ -7,6 +7,7 @@
 #   probes/<name>/{spec.json,metrics.jsonl,history.jsonl,result.json?}, probes/<name>.log
 #   at-once.jsonl                            N campaign MNIST steps at once, fpt and PyTorch
 #   tiled-bench.jsonl                        FPT_ATTENTION=tiled, FPT_LINEAR=epilogue, FPT_BRANCH=composed, the default
+#   graph.json, graph.err                    the MiniLM step as a replayed CUDA graph beside it eager
 #   campaign/<key>/ and campaign.log         runs to copy into results/campaign/ here
 # Carried (ignored paths): target/cuda/fpt-cuda.gz (`cargo xtask cuda-build`) and
 # target/device-hub.tgz (`bash bench/gpu/campaign.sh --prepare [--weights]`, then
@@ -20,9 +21,9 @@
 # Times (seconds): CHECK_S for the check (190), then the runs-at-once measurement (about 15 s
 # a side and N: ~180 s for AT_ONCE="1 4 8" over 2 rounds, an estimate: never run yet) and
 # the tiled attention's, the epilogue's and the composed branch's (~120 s: 2 rounds of 2 shapes, 4
-# ways), then WORK_S for probes
+# ways), the graph experiment (~20 s), then WORK_S for probes
 # and campaign together: a 560 s call leaves WORK_S=120 or less, or skip a part
-# (AT_ONCE="", TILED_SHAPES="", CHECK_S=0);
+# (AT_ONCE="", TILED_SHAPES="", GRAPH_SHAPES="", CHECK_S=0);
 # FPT_CAMPAIGN_RUNS the campaign's keys; PROBES "name:batch:brackets ..." the probes.
 # FPT_GPU_DEVICE=cpu tries the whole command on a machine without a GPU.
 set -uo pipefail
@@ -100,6 +101,16 @@ for r in $(seq "${TILED_ROUNDS:-2}"); do
     done
 done
 [ -s "$OUT/tiled-bench.jsonl" ] && echo "session: tiled attention, epilogue and composed branch timed after $(( $(date +%s) - start )) s" | tee -a "$OUT/session.log"
+
+# 1d. The step as one CUDA graph (issue 56 item 1, an experiment: `fpt bench --graph`
+# captures the MiniLM step on one batch and replays it, beside the same step launched kernel
+# by kernel; ~20 s). One JSON object in graph.json, errors (a capture candle's ops refuse)
+# in graph.err. GRAPH_SHAPES="" skips it.
+if [ -n "${GRAPH_SHAPES-minilm-mnist minilm-listops}" ]; then
+    timeout 90 /tmp/fpt-cuda bench --graph --json $(for s in ${GRAPH_SHAPES-minilm-mnist minilm-listops}; do echo --shape "$s"; done) \
+        --steps 20 --warmup 3 --device "$dev" > "$OUT/graph.json" 2> "$OUT/graph.err"
+    echo "session: graph experiment exited $? after $(( $(date +%s) - start )) s" | tee -a "$OUT/session.log"
+fi
 
 # 2. ListOps probes and campaign runs, side by side, for WORK_S seconds.
 export HF_HUB_CACHE="$PWD/target/device-hub" HF_HUB_OFFLINE=1 FPT_HOME="${FPT_HOME:-/tmp/fpt-home}"

@@ -49,6 +49,11 @@ pub(crate) struct BenchArgs {
     /// up naming the directory.
     #[arg(long, value_name = "SECS", default_value_t = 900, requires = "barrier")]
     pub(crate) barrier_timeout: u64,
+    /// Time the FPT step captured as one CUDA graph and replayed, beside the same step
+    /// launched kernel by kernel (a GPU; an experiment: one batch, replayed as captured,
+    /// bench/README.md).
+    #[arg(long, conflicts_with_all = ["barrier", "list"])]
+    pub(crate) graph: bool,
 }
 
 pub(crate) fn bench(a: BenchArgs) -> Result<()> {
@@ -75,6 +80,9 @@ pub(crate) fn bench(a: BenchArgs) -> Result<()> {
             })
             .collect::<Result<_>>()?
     };
+    if a.graph {
+        return graph(&a, &shapes, &device);
+    }
     let gate = match (&a.barrier, a.at_once) {
         (Some(dir), Some(n)) => {
             if shapes.len() != 1 {
@@ -119,6 +127,36 @@ pub(crate) fn bench(a: BenchArgs) -> Result<()> {
                 100.0 * r.peak_fraction,
                 r.peak_gflops,
                 r.peak_rss_mb.map(|m| format!("{m:.0} MB")).unwrap_or_else(|| "n/a".into())
+            );
+        }
+        out.insert(s.name.to_string(), serde_json::to_value(&r)?);
+    }
+    if a.json {
+        println!("{}", serde_json::Value::Object(out));
+    }
+    Ok(())
+}
+
+/// `fpt bench --graph`: each shape's step eagerly and as a replayed CUDA graph.
+fn graph(a: &BenchArgs, shapes: &[fpt_train::bench::Shape], device: &candle_core::Device) -> Result<()> {
+    let mut out = serde_json::Map::new();
+    for s in shapes {
+        let groups = fpt_spec::TrainGroups::fpt();
+        let r = fpt_train::bench_graph::time_graph_steps(s, groups, a.precision, a.warmup, a.steps, device)
+            .with_context(|| format!("fpt bench --graph: {}", s.name))?;
+        if !a.json {
+            println!(
+                "{:<14} eager step {:>8.2} ms (min {:.2}, max {:.2})  graph replay {:>8.2} ms (min {:.2}, max {:.2})  replay/eager {:.2}  loss {:.4} -> {:.4}",
+                s.name,
+                r.eager.median_ms,
+                r.eager.min_ms,
+                r.eager.max_ms,
+                r.replay.median_ms,
+                r.replay.min_ms,
+                r.replay.max_ms,
+                r.replay.median_ms / r.eager.median_ms,
+                r.loss_first,
+                r.loss_last
             );
         }
         out.insert(s.name.to_string(), serde_json::to_value(&r)?);

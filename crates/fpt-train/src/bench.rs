@@ -308,7 +308,7 @@ impl Shape {
         }
     }
 
-    fn dims(&self) -> TaskDims {
+    pub(crate) fn dims(&self) -> TaskDims {
         TaskDims {
             input: self.input,
             seq_len: self.tokens,
@@ -335,13 +335,13 @@ pub struct Timing {
     pub to_unix: f64,
 }
 
-fn unix_now() -> f64 {
+pub(crate) fn unix_now() -> f64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64())
 }
 
-fn timing(mut ms: Vec<f64>, from_unix: f64, to_unix: f64) -> Timing {
+pub(crate) fn timing(mut ms: Vec<f64>, from_unix: f64, to_unix: f64) -> Timing {
     ms.sort_by(|a, b| a.total_cmp(b));
     Timing {
         median_ms: ms[ms.len() / 2],

@@ -34,6 +34,7 @@
 //! and stays within it at every later evaluation.
 
 pub mod bench;
+pub mod bench_graph;
 pub mod checkpoint;
 pub mod convergence;
 pub mod device_check;
