@@ -7,7 +7,7 @@
 # found 0 errors but the evaluation's loss was 2^60 at step 2; the plain run stopped on
 # index_select's assert `ids[id_i] < src_dim_size` (the embedding's ids outside its table),
 # ids that the CPU path, which checks them, never sees. Now also initcheck (reads of device
-# memory nothing wrote), ~110 s more: the whole call is ~430 s.
+# memory nothing wrote), at most 110 s more (its timeout): the whole call stays under ~430 s.
 # Prepared here:
 #   mkdir -p target/gpu-probe/home/data/listops   # 1000/200/200 lines of ListOps' splits
 #   xz -c target/cuda/fpt-cuda > target/gpu-probe/fpt-cuda.xz; tar cJf target/gpu-probe/home.txz -C target/gpu-probe home

@@ -21,8 +21,8 @@
 # Times (seconds): CHECK_S for the check (190), then the runs-at-once measurement (about 15 s
 # a side and N: ~180 s for AT_ONCE="1 4 8" over 2 rounds, an estimate: never run yet) and
 # the tiled attention's, the epilogue's and the composed branch's (~160 s: 2 rounds of 2 shapes, 4
-# ways), the graph experiment (~20 s, at most 90), then WORK_S for probes and campaign
-# together. All of it at the defaults is ~550 s before WORK_S: one 560 s call cannot hold
+# ways), the graph experiment (~20 s, at most 90; these two are estimates too, never run),
+# then WORK_S for probes and campaign together. All of it at the defaults is ~550 s before WORK_S: one 560 s call cannot hold
 # everything, so choose (AT_ONCE="1 4", TILED_ROUNDS=1, TILED_SHAPES="", GRAPH_SHAPES="",
 # CHECK_S=0 each cut a part) or split it over two calls (the second with CHECK_S=0);
 # FPT_CAMPAIGN_RUNS the campaign's keys; PROBES "name:batch:brackets ..." the probes.
@@ -105,7 +105,7 @@ done
 
 # 1d. The step as one CUDA graph (issue 56 item 1, an experiment: `fpt bench --graph`
 # captures the MiniLM step on one batch and replays it, beside the same step launched kernel
-# by kernel; ~20 s). One JSON object in graph.json, errors (a capture candle's ops refuse)
+# by kernel; ~20 s estimated). One JSON object in graph.json, errors (a capture candle's ops refuse)
 # in graph.err. GRAPH_SHAPES="" skips it.
 if [ -n "${GRAPH_SHAPES-minilm-mnist minilm-listops}" ]; then
     timeout 90 /tmp/fpt-cuda bench --graph --json $(for s in ${GRAPH_SHAPES-minilm-mnist minilm-listops}; do echo --shape "$s"; done) \
