@@ -587,8 +587,35 @@ fn blas_lt(dev: &CudaDevice) -> Result<std::sync::Arc<candle_core::cuda_backend:
     Ok(h)
 }
 
+/// A cuBLASLt handle whose f32 products compute in f32. cudarc's own `Matmul<f32>` asks for
+/// `CUBLAS_COMPUTE_32F_FAST_TF32`: inputs rounded to TF32's 10-bit mantissa, 1.8e-2 off
+/// candle's f32 product on an H100 (`fpt gpu-check`, 2026-11-27), and not what PyTorch's f32
+/// step computes (its TF32 is off by default). Same handle, workspace and stream.
+struct F32Lt(std::sync::Arc<candle_core::cuda_backend::cudarc::cublaslt::CudaBlasLT>);
+
+impl candle_core::cuda_backend::cudarc::cublaslt::MatmulShared for F32Lt {
+    fn handle(&self) -> &candle_core::cuda_backend::cudarc::cublaslt::sys::cublasLtHandle_t {
+        self.0.handle()
+    }
+    fn workspace(&self) -> &candle_core::cuda_backend::cudarc::cublaslt::Workspace {
+        self.0.workspace()
+    }
+    fn stream(&self) -> &std::sync::Arc<candle_core::cuda_backend::cudarc::driver::CudaStream> {
+        self.0.stream()
+    }
+}
+
+impl candle_core::cuda_backend::cudarc::cublaslt::Matmul<f32> for F32Lt {
+    fn matrix_type() -> candle_core::cuda_backend::cudarc::cublaslt::sys::cudaDataType {
+        candle_core::cuda_backend::cudarc::cublaslt::sys::cudaDataType_t::CUDA_R_32F
+    }
+    fn compute_type() -> candle_core::cuda_backend::cudarc::cublaslt::sys::cublasComputeType_t {
+        candle_core::cuda_backend::cudarc::cublaslt::sys::cublasComputeType_t::CUBLAS_COMPUTE_32F
+    }
+}
+
 /// `x W^T + b` for `x: [m, k]`, `W: [n, k]`, `b: [n]` (f32, contiguous) in one cuBLASLt
-/// product, the bias added by its epilogue: `[m, n]`.
+/// product computed in f32, the bias added by its epilogue: `[m, n]`.
 pub(crate) fn linear_bias_lt(
     x: (&CudaStorage, &Layout),
     w: (&CudaStorage, &Layout),
@@ -631,7 +658,7 @@ pub(crate) fn linear_bias_lt(
         stride_bias: None,
         batch_size: None,
     };
-    let lt = blas_lt(&dev)?;
+    let lt = F32Lt(blas_lt(&dev)?);
     // SAFETY: W holds n * k, x m * k, b n and y m * n f32 values (checked above), with the
     // leading dimensions of those row-major shapes; beta is 0, so y's uninitialised values
     // are never read.

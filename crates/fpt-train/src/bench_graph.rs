@@ -69,9 +69,14 @@ fn capture_and_time(
     let graph_err = |what: &str, e: &dyn std::fmt::Debug| {
         crate::TrainError::Candle(candle_core::Error::Msg(format!("--graph: {what}: {e:?}")))
     };
-    // SAFETY: every tensor of this process lives on the device's one stream (fpt starts no
-    // other), so no use on another stream needs an event to wait on.
-    unsafe { cuda.disable_event_tracking() };
+    // The device (`fpt_nn::device::parse`) has a stream of its own, every step's work on it
+    // whichever thread enqueues it, and its event tracking off: what a capture needs.
+    if cuda.is_event_tracking() {
+        return Err(graph_err(
+            "the device records cudarc's events (FPT_CUDA_EVENTS=on)",
+            &"a capture takes the device as `fpt_nn::device::parse` makes it, without them",
+        ));
+    }
     let mut tr = Trainer::with_task(
         &shape.spec(groups, precision),
         Box::new(fpt_tasks::Synthetic::new(shape.dims())),
