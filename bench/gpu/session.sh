@@ -34,6 +34,11 @@ export OUT
 mkdir -p "$OUT/probes"
 start=$(date +%s)
 dev="${FPT_GPU_DEVICE:-cuda:0}"
+# DEADLINE_S (seconds from the start) bounds the whole script: each part's timeout is cut to
+# what is left, and a part with under 10 s left is skipped, so a call's timeout_s set above it
+# always brings the files back. `left N` prints min(N, what is left).
+deadline="${DEADLINE_S:-100000}"
+left() { local l=$(( deadline - ($(date +%s) - start) )); [ "$l" -gt "$1" ] && l=$1; echo "$l"; }
 for hub in device-hub probe-hub; do
     if [ -s "target/$hub.tgz" ]; then
         tar xzf "target/$hub.tgz" -C target || exit 2
@@ -42,9 +47,10 @@ done
 gunzip -c target/cuda/fpt-cuda.gz > /tmp/fpt-cuda && chmod +x /tmp/fpt-cuda || exit 2
 
 # 1. The check and a reduced bench (run.sh records the machine); CHECK_S=0 skips it.
+# CHECK_SHAPES the bench's shapes after the checks.
 if [ "${CHECK_S:-190}" != 0 ]; then
-    FPT_GPU_CHECK_TIMEOUT="${CHECK_S:-190}" bash bench/gpu/run.sh --steps 100 \
-        --shape minilm-mnist --shape lstm-listops --shape smollm2-mnist --precision f32 >/dev/null 2>&1
+    FPT_GPU_CHECK_TIMEOUT="$(left "${CHECK_S:-190}")" bash bench/gpu/run.sh --steps 100 \
+        $(for s in ${CHECK_SHAPES-minilm-mnist lstm-listops smollm2-mnist}; do echo --shape "$s"; done) --precision f32 >/dev/null 2>&1
     echo "session: gpu-check exited $? after $(( $(date +%s) - start )) s" | tee -a "$OUT/session.log"
 fi
 
@@ -63,11 +69,12 @@ at_once_round() { # side n round
     local side=$1 n=$2 r=$3 dir="/tmp/at-once-$1-$2-$3" pids=() i
     rm -rf "$dir" && mkdir -p "$dir"
     for i in $(seq "$n"); do
+        [ "$(left 120)" -lt 10 ] && return
         if [ "$side" = fpt ]; then
-            timeout 120 /tmp/fpt-cuda bench --json --no-full --shape minilm-mnist --steps "${AT_ONCE_STEPS:-200}" \
+            timeout "$(left 120)" /tmp/fpt-cuda bench --json --no-full --shape minilm-mnist --steps "${AT_ONCE_STEPS:-200}" \
                 --warmup 20 --device "$dev" --barrier "$dir" --at-once "$n" --barrier-timeout 60 > "$dir/out-$i" 2>/dev/null &
         else
-            timeout 120 "$py" bench/pytorch_fpt_step.py --fpt /tmp/fpt-cuda --shape minilm-mnist --no-full \
+            timeout "$(left 120)" "$py" bench/pytorch_fpt_step.py --fpt /tmp/fpt-cuda --shape minilm-mnist --no-full \
                 --steps "${AT_ONCE_STEPS:-200}" --warmup 20 --device "$dev" --barrier "$dir" --at-once "$n" > "$dir/out-$i" 2>/dev/null &
         fi
         pids+=($!)
@@ -95,7 +102,8 @@ done
 for r in $(seq "${TILED_ROUNDS:-2}"); do
     for s in ${TILED_SHAPES-lra minilm-listops}; do
         for v in auto FPT_ATTENTION=tiled FPT_LINEAR=epilogue FPT_BRANCH=composed; do
-            o=$(env "$([ "$v" = auto ] && echo FPT_ATTENTION=auto || echo "$v")" timeout 120 /tmp/fpt-cuda bench --json \
+            [ "$(left 120)" -lt 10 ] && continue
+            o=$(env "$([ "$v" = auto ] && echo FPT_ATTENTION=auto || echo "$v")" timeout "$(left "${TILED_TIMEOUT:-120}")" /tmp/fpt-cuda bench --json \
                 --no-full --shape "$s" --steps 20 --warmup 3 --device "$dev" 2>>"$OUT/tiled-bench.err" | tail -1)
             [ -n "$o" ] && echo "{\"variant\":\"$v\",\"round\":$r,\"out\":$o}" >> "$OUT/tiled-bench.jsonl"
         done
@@ -107,8 +115,8 @@ done
 # captures the MiniLM step on one batch and replays it, beside the same step launched kernel
 # by kernel; ~20 s estimated). One JSON object in graph.json, errors (a capture candle's ops refuse)
 # in graph.err. GRAPH_SHAPES="" skips it.
-if [ -n "${GRAPH_SHAPES-minilm-mnist minilm-listops}" ]; then
-    timeout 90 /tmp/fpt-cuda bench --graph --json $(for s in ${GRAPH_SHAPES-minilm-mnist minilm-listops}; do echo --shape "$s"; done) \
+if [ -n "${GRAPH_SHAPES-minilm-mnist minilm-listops}" ] && [ "$(left 90)" -ge 10 ]; then
+    timeout "$(left "${GRAPH_S:-90}")" /tmp/fpt-cuda bench --graph --json $(for s in ${GRAPH_SHAPES-minilm-mnist minilm-listops}; do echo --shape "$s"; done) \
         --steps 20 --warmup 3 --device "$dev" > "$OUT/graph.json" 2> "$OUT/graph.err"
     echo "session: graph experiment exited $? after $(( $(date +%s) - start )) s" | tee -a "$OUT/session.log"
 fi
@@ -116,7 +124,8 @@ fi
 # 2. ListOps probes and campaign runs, side by side, for WORK_S seconds.
 export HF_HUB_CACHE="$PWD/target/device-hub" HF_HUB_OFFLINE=1 FPT_HOME="${FPT_HOME:-/tmp/fpt-home}"
 /tmp/fpt-cuda fetch listops > "$OUT/fetch.log" 2>&1
-work="${WORK_S:-300}"
+work="$(left "${WORK_S:-300}")"
+if [ "$work" -lt 10 ]; then PROBES=" "; FPT_CAMPAIGN_RUNS=""; fi
 for p in ${PROBES:-b16-drop:16:drop b16-keep:16:keep b4-keep:4:keep}; do
     IFS=: read -r name batch brackets <<< "$p"
     HF_HUB_CACHE="$PWD/target/${PROBE_HUB:-device-hub}" FPT_LOG=info timeout -s INT "$work" /tmp/fpt-cuda train --task listops --backbone sentence-transformers/all-MiniLM-L6-v2 \
@@ -133,7 +142,7 @@ wait
 for d in "$OUT"/probes/*/; do
     n=$(basename "$d")
     echo "probe $n: $(wc -l < "$d/metrics.jsonl" 2>/dev/null) evaluations, last: $(tail -1 "$d/metrics.jsonl" 2>/dev/null)" | tee -a "$OUT/session.log"
-    if [ -f "$d/checkpoints/LATEST" ] && [ -n "${EVAL_CHECK:-1}" ]; then
+    if [ -f "$d/checkpoints/LATEST" ] && [ -n "${EVAL_CHECK-1}" ]; then
         for on in "$dev" cpu; do
             echo "probe $n: fpt eval --device $on: $(HF_HUB_CACHE="$PWD/target/${PROBE_HUB:-device-hub}" timeout 120 /tmp/fpt-cuda eval --device "$on" "$d" 2>&1 | tail -2 | tr '\n' ' ')" | tee -a "$OUT/session.log"
         done

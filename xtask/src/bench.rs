@@ -53,10 +53,14 @@ pub(crate) struct AtOnceArgs {
     /// Print one JSON object instead of the table
     #[arg(long)]
     json: bool,
-    /// Also write a dated record in bench/records/ (the machine line is this machine's:
-    /// name the GPU in the commit that adds it)
+    /// Also write a dated record in bench/records/, its machine line the device machine's
+    /// (`--machine`, or the `...-machine.txt` bench/gpu/ keeps beside the file)
     #[arg(long)]
     record: bool,
+    /// The machine the file was measured on, as the record names it (default: from the
+    /// `<stamp>-machine.txt` beside the file, as bench/gpu/session.sh writes it)
+    #[arg(long)]
+    machine: Option<String>,
 }
 
 /// `cargo xtask bench step`'s flags.
@@ -173,7 +177,16 @@ pub(crate) fn bench(which: &Bench) -> Result<()> {
                     .next()
                     .and_then(|r| r["backbone"].as_str())
                     .unwrap_or("minilm");
-                let path = crate::bench_records::record(&serde_json::Value::Object(all.clone()), backbone, None)?;
+                let machine = match &x.machine {
+                    Some(m) => m.clone(),
+                    None => crate::bench_at_once::device_machine(&x.file)?,
+                };
+                let path = crate::bench_records::record_on(
+                    &serde_json::Value::Object(all.clone()),
+                    backbone,
+                    None,
+                    Some(machine),
+                )?;
                 eprintln!("xtask: recorded in {}", path.display());
             }
             if x.json {

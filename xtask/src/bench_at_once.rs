@@ -204,6 +204,50 @@ pub(crate) fn at_once_row(
     })
 }
 
+/// The machine an `<stamp>-at-once.jsonl` was measured on, from the `<stamp>-machine.txt`
+/// beside it (bench/gpu/run.sh's: date, nvidia-smi's CSV header and GPU line, versions, the
+/// CPU count): "NVIDIA H100 80GB HBM3, 16 cores (device machine)". An error naming the file
+/// when it is missing or names no GPU: pass `--machine` then.
+pub(crate) fn device_machine(file: &Path) -> Result<String> {
+    let name = file.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    let Some(stamp) = name.strip_suffix("at-once.jsonl") else {
+        bail!(
+            "{}: not a `<stamp>-at-once.jsonl`, so no machine file beside it: pass --machine",
+            file.display()
+        )
+    };
+    let txt = file.with_file_name(format!("{stamp}machine.txt"));
+    let text = std::fs::read_to_string(&txt).with_context(|| {
+        format!(
+            "reading {} (the machine of {}; or pass --machine)",
+            txt.display(),
+            file.display()
+        )
+    })?;
+    machine_line(&text).with_context(|| format!("{}: no GPU line (pass --machine)", txt.display()))
+}
+
+/// [`device_machine`]'s reading of a machine file's text.
+fn machine_line(text: &str) -> Option<String> {
+    let mut lines = text.lines().map(str::trim);
+    let gpu = lines
+        .by_ref()
+        .skip_while(|l| !l.starts_with("name,"))
+        .nth(1)?
+        .split(',')
+        .next()?
+        .trim()
+        .to_string();
+    let cores = text
+        .lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty() && l.bytes().all(|b| b.is_ascii_digit()));
+    Some(match cores {
+        Some(n) => format!("{gpu}, {n} cores (device machine)"),
+        None => format!("{gpu} (device machine)"),
+    })
+}
+
 /// `cargo xtask bench at-once FILE`: the rows of an `at-once.jsonl` a device call wrote
 /// (bench/gpu/session.sh: one line per process, `{"side": "fpt"|"pytorch", "at_once": N,
 /// "round": R, "out": <its JSON>}`), as `--at-once` makes them here.
@@ -322,6 +366,25 @@ mod tests {
         let t = together(&pt, "pytorch_ms").unwrap();
         assert_eq!(t["overlap"].as_f64(), Some(0.0), "windows that never met share nothing");
         assert!(together(&[serde_json::json!({"x": 1})], "ours_ms").is_none());
+    }
+
+    #[test]
+    fn the_device_machine_is_read_from_its_file() {
+        let text = "2026-11-27T21:47Z\nname, memory.total [MiB], driver_version\nNVIDIA H100 80GB HBM3, 81559 MiB, 580.159.04\ntorch 2.11.0+cu130 transformers 5.17.0\n16\n6.18.44\n";
+        assert_eq!(
+            super::machine_line(text).as_deref(),
+            Some("NVIDIA H100 80GB HBM3, 16 cores (device machine)")
+        );
+        assert_eq!(super::machine_line("2026-11-27\nno gpu here\n"), None);
+        let dir = std::env::temp_dir().join(format!("xtask-machine-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("2026-11-27T2147Z-h100-at-once.jsonl");
+        let e = super::device_machine(&file).unwrap_err();
+        assert!(format!("{e:#}").contains("2026-11-27T2147Z-h100-machine.txt"), "{e:#}");
+        std::fs::write(dir.join("2026-11-27T2147Z-h100-machine.txt"), text).unwrap();
+        assert!(super::device_machine(&file).unwrap().starts_with("NVIDIA H100"));
+        assert!(super::device_machine(&dir.join("other.jsonl")).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// A device call's `at-once.jsonl`: per N, the rounds of both sides; a round with a

@@ -58,6 +58,17 @@ fn output(cmd: &mut Command) -> Option<String> {
 /// Writes one record of a bench run (`rows` as `--json` prints them) and regenerates the
 /// README's current table; returns the record's path.
 pub(crate) fn record(rows: &serde_json::Value, backbone: &str, torch: Option<String>) -> Result<PathBuf> {
+    record_on(rows, backbone, torch, None)
+}
+
+/// [`record`], its machine line `machine` where the rows were measured elsewhere (a device
+/// call's file), else this machine's.
+pub(crate) fn record_on(
+    rows: &serde_json::Value,
+    backbone: &str,
+    torch: Option<String>,
+    machine: Option<String>,
+) -> Result<PathBuf> {
     let stamp = output(Command::new("date").args(["-u", "+%Y-%m-%dT%H:%MZ"])).context("running date")?;
     let mut commit = output(
         Command::new("git")
@@ -77,7 +88,7 @@ pub(crate) fn record(rows: &serde_json::Value, backbone: &str, torch: Option<Str
     let args: Vec<String> = std::env::args().skip(1).collect();
     let rec = serde_json::json!({
         "date": stamp,
-        "machine": machine(),
+        "machine": machine.unwrap_or_else(self::machine),
         "commit": commit,
         "command": format!("cargo xtask {}", args.join(" ")),
         "pytorch": torch,
