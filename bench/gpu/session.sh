@@ -6,7 +6,7 @@
 #   machine.txt, gpu-check.{json,log}        the check (bench/gpu/run.sh)
 #   probes/<name>/{spec.json,metrics.jsonl,history.jsonl,result.json?}, probes/<name>.log
 #   at-once.jsonl                            N campaign MNIST steps at once, fpt and PyTorch
-#   tiled-bench.jsonl                        FPT_ATTENTION=tiled, FPT_LINEAR=epilogue, FPT_BRANCH=composed, the default
+#   tiled-bench.jsonl                        FPT_ATTENTION=tiled, FPT_LINEAR=product, FPT_BRANCH=composed, the default
 #   graph.json, graph.err                    the MiniLM step as a replayed CUDA graph beside it eager
 #   campaign/<key>/ and campaign.log         runs to copy into results/campaign/ here
 # Carried (ignored paths): target/cuda/fpt-cuda.gz (`cargo xtask cuda-build`) and
@@ -92,16 +92,17 @@ for r in $(seq "${AT_ONCE_ROUNDS:-2}"); do
 done
 [ -s "$OUT/at-once.jsonl" ] && echo "session: at-once measured after $(( $(date +%s) - start )) s ($(wc -l < "$OUT/at-once.jsonl") processes)" | tee -a "$OUT/session.log"
 
-# 1c. The attention tiled over keys and the bias in cuBLASLt's product (issue 56 items 5
-# and 4), and the residual branches composed of candle's ops (FPT_BRANCH=composed: each
-# intermediate's gradient started from zero and added into, as before the branch node of
-# item 3) against the default, the long-sequence shapes, alternating rounds: one JSON line
+# 1c. The attention tiled over keys (issue 56 item 5), the bias added after cuBLAS's product
+# (FPT_LINEAR=product: before item 4's epilogue, the default since 2026-11-27), and the
+# residual branches composed of candle's ops (FPT_BRANCH=composed: each intermediate's
+# gradient started from zero and added into, as before the branch node of item 3) against
+# the default, the long-sequence shapes, alternating rounds: one JSON line
 # per process in tiled-bench.jsonl ({"variant": "auto"|"FPT_ATTENTION=tiled"|
-# "FPT_LINEAR=epilogue"|"FPT_BRANCH=composed", "round": R, "out": <fpt bench --json>}).
+# "FPT_LINEAR=product"|"FPT_BRANCH=composed", "round": R, "out": <fpt bench --json>}).
 # TILED_SHAPES="" skips it.
 for r in $(seq "${TILED_ROUNDS:-2}"); do
     for s in ${TILED_SHAPES-lra minilm-listops}; do
-        for v in auto FPT_ATTENTION=tiled FPT_LINEAR=epilogue FPT_BRANCH=composed; do
+        for v in auto FPT_ATTENTION=tiled FPT_LINEAR=product FPT_BRANCH=composed; do
             [ "$(left 120)" -lt 10 ] && continue
             o=$(env "$([ "$v" = auto ] && echo FPT_ATTENTION=auto || echo "$v")" timeout "$(left "${TILED_TIMEOUT:-120}")" /tmp/fpt-cuda bench --json \
                 --no-full --shape "$s" --steps 20 --warmup 3 --device "$dev" 2>>"$OUT/tiled-bench.err" | tail -1)

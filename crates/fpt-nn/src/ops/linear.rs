@@ -544,23 +544,29 @@ fn autocast_input_grad(dy: &Tensor, w: &Tensor, x_shape: &Shape) -> Result<Tenso
     frozen_input_grad(&dy.to_dtype(DType::BF16)?, w, None, x_shape)?.to_dtype(DType::F32)
 }
 
-/// Whether `FPT_LINEAR` asks for the bias in the product on a GPU: `epilogue`; unset,
-/// empty or `auto` keep the product then the addition; anything else is refused, naming
-/// the variable. Not the default until a GPU has measured it (bench/README.md).
+/// Whether a linear layer with a bias adds it in cuBLASLt's product on a GPU (f32): yes
+/// unless `FPT_LINEAR=product` asks for cuBLAS's product then a second pass for the bias;
+/// unset, empty, `auto` or `epilogue` keep the epilogue; anything else is refused, naming the
+/// variable. The default since an H100 timed it (2026-11-27, bench/README.md: 5% off an lra
+/// and a MiniLM ListOps step, computed in f32, not TF32). The CPU has its own fused bias.
 pub fn epilogue_requested() -> Result<bool> {
     static CHOICE: std::sync::OnceLock<std::result::Result<bool, String>> = std::sync::OnceLock::new();
     CHOICE
-        .get_or_init(|| {
-            let v = std::env::var("FPT_LINEAR").ok();
-            super::parse_switch(
-                "FPT_LINEAR",
-                v.as_deref(),
-                "epilogue",
-                "the bias added in cuBLASLt's product on a GPU",
-            )
-        })
+        .get_or_init(|| parse_linear_choice(std::env::var("FPT_LINEAR").ok().as_deref()))
         .clone()
         .map_err(candle_core::Error::Msg)
+}
+
+/// `FPT_LINEAR`'s value read: whether the epilogue is on.
+fn parse_linear_choice(v: Option<&str>) -> std::result::Result<bool, String> {
+    match v.map(str::trim) {
+        None | Some("") | Some("auto") | Some("epilogue") => Ok(true),
+        Some("product") => Ok(false),
+        Some(other) => Err(format!(
+            "FPT_LINEAR=`{other}`: the choices are `epilogue` (the bias added in cuBLASLt's product on a GPU; \
+             the default, also `auto`) and `product` (cuBLAS's product, then the bias in a second pass)"
+        )),
+    }
 }
 
 /// [`linear`] with the bias added in the product on a GPU (cuBLASLt's bias epilogue, f32),
@@ -589,6 +595,19 @@ pub fn linear_composed(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Ten
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_linear_switch_is_read_and_a_bad_value_named() {
+        for on in [None, Some(""), Some(" auto"), Some("epilogue")] {
+            assert_eq!(super::parse_linear_choice(on), Ok(true), "{on:?}");
+        }
+        assert_eq!(super::parse_linear_choice(Some("product ")), Ok(false));
+        let e = super::parse_linear_choice(Some("fused")).unwrap_err();
+        assert!(
+            e.contains("FPT_LINEAR") && e.contains("fused") && e.contains("product"),
+            "{e}"
+        );
+    }
     use candle_core::{Device, Var};
 
     /// The GPU's bf16 product's input gradient as the branch node computes it by hand

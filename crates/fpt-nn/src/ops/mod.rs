@@ -67,7 +67,7 @@ use candle_core::{
     CpuStorage, CudaStorage, CustomOp3, DType, Error, Layout, Result, Shape, Storage, Tensor, WithDType,
 };
 
-/// An opt-in switch from the environment (`FPT_ATTENTION=tiled`, `FPT_LINEAR=epilogue`):
+/// An opt-in switch from the environment (`FPT_ATTENTION=tiled`):
 /// `on` gives true; unset, empty or `auto` false; anything else an error naming `var`, `on`
 /// and `what` it turns on.
 pub(crate) fn parse_switch(var: &str, value: Option<&str>, on: &str, what: &str) -> std::result::Result<bool, String> {
