@@ -61,6 +61,10 @@ pub(crate) struct AtOnceArgs {
     /// `<stamp>-machine.txt` beside the file, as bench/gpu/session.sh writes it)
     #[arg(long)]
     machine: Option<String>,
+    /// The commit the device's binary was built from (gpu-check.json's `build`), when it is
+    /// not this checkout's HEAD
+    #[arg(long)]
+    commit: Option<String>,
 }
 
 /// `cargo xtask bench step`'s flags.
@@ -186,6 +190,7 @@ pub(crate) fn bench(which: &Bench) -> Result<()> {
                     backbone,
                     None,
                     Some(machine),
+                    x.commit.clone(),
                 )?;
                 eprintln!("xtask: recorded in {}", path.display());
             }

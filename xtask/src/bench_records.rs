@@ -58,18 +58,11 @@ fn output(cmd: &mut Command) -> Option<String> {
 /// Writes one record of a bench run (`rows` as `--json` prints them) and regenerates the
 /// README's current table; returns the record's path.
 pub(crate) fn record(rows: &serde_json::Value, backbone: &str, torch: Option<String>) -> Result<PathBuf> {
-    record_on(rows, backbone, torch, None)
+    record_on(rows, backbone, torch, None, None)
 }
 
-/// [`record`], its machine line `machine` where the rows were measured elsewhere (a device
-/// call's file), else this machine's.
-pub(crate) fn record_on(
-    rows: &serde_json::Value,
-    backbone: &str,
-    torch: Option<String>,
-    machine: Option<String>,
-) -> Result<PathBuf> {
-    let stamp = output(Command::new("date").args(["-u", "+%Y-%m-%dT%H:%MZ"])).context("running date")?;
+/// This checkout's HEAD, `+dirty` when tracked files differ from it.
+fn this_commit() -> String {
     let mut commit = output(
         Command::new("git")
             .current_dir(root())
@@ -85,6 +78,20 @@ pub(crate) fn record_on(
     {
         commit.push_str("+dirty");
     }
+    commit
+}
+
+/// [`record`], its machine line `machine` and its commit `commit` where the rows were
+/// measured elsewhere (a device call's file), else this machine's and this checkout's.
+pub(crate) fn record_on(
+    rows: &serde_json::Value,
+    backbone: &str,
+    torch: Option<String>,
+    machine: Option<String>,
+    commit: Option<String>,
+) -> Result<PathBuf> {
+    let stamp = output(Command::new("date").args(["-u", "+%Y-%m-%dT%H:%MZ"])).context("running date")?;
+    let commit = commit.unwrap_or_else(this_commit);
     let args: Vec<String> = std::env::args().skip(1).collect();
     let rec = serde_json::json!({
         "date": stamp,
