@@ -14,7 +14,7 @@
 //! non-contiguous operands), and the CPU-only kernels' results, which never leave the host
 //! (those use candle's constructors directly and say so where they do).
 
-use candle_core::{Device, DeviceLocation, Result, Shape, Tensor, WithDType};
+use candle_core::{Device, Result, Shape, Tensor, WithDType};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
@@ -140,7 +140,10 @@ pub fn download_scalar<T: WithDType>(t: &Tensor) -> Result<T> {
 /// one per distinct shape of mask or table).
 const CONSTANT_SLOTS: usize = 256;
 
-type ConstantCache = Mutex<HashMap<(String, DeviceLocation), Tensor>>;
+/// Keyed by the device itself (its `Debug`: `Cuda(CudaDevice(DeviceId(n)))`), not its
+/// location: two devices on one GPU are two streams (`crate::device::parse`), and a constant
+/// one made must not be read on the other's stream unordered.
+type ConstantCache = Mutex<HashMap<(String, String), Tensor>>;
 
 fn constants() -> &'static ConstantCache {
     static C: OnceLock<ConstantCache> = OnceLock::new();
@@ -151,7 +154,7 @@ fn constants() -> &'static ConstantCache {
 /// buckets): made by `make` (which uploads it, counted) at its first use on that device,
 /// the same tensor afterwards. `key` must name everything the value depends on.
 pub fn constant(key: String, device: &Device, make: impl FnOnce() -> Result<Tensor>) -> Result<Tensor> {
-    let slot = (key, device.location());
+    let slot = (key, format!("{device:?}"));
     if let Some(t) = constants().lock().unwrap_or_else(|e| e.into_inner()).get(&slot) {
         return Ok(t.clone());
     }

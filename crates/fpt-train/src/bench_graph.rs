@@ -83,7 +83,7 @@ fn capture_and_time(
         &device,
     )?;
     for _ in 0..warmup {
-        tr.step()?;
+        tr.step().map_err(|e| graph_err("a warm-up step (eager)", &e))?;
     }
     let batch = tr.draw_batch()?;
     let timed = |f: &mut dyn FnMut() -> Result<()>| -> Result<Timing> {
@@ -98,7 +98,8 @@ fn capture_and_time(
         }
         Ok(timing(ms, from, unix_now()))
     };
-    let eager = timed(&mut || tr.step_queued(&batch).map(drop))?;
+    let eager =
+        timed(&mut || tr.step_queued(&batch).map(drop)).map_err(|e| graph_err("the queued step (eager)", &e))?;
     let loss_out = candle_core::Var::zeros(1, candle_core::DType::F64, &device)?;
     let stream = cuda.cuda_stream();
     device.synchronize()?;
@@ -114,7 +115,9 @@ fn capture_and_time(
     graph.upload().map_err(|e| graph_err("upload the graph", &e))?;
     let read = || -> Result<f64> { Ok(fpt_nn::transfer::download_vec::<f64>(loss_out.as_tensor())?[0]) };
     graph.launch().map_err(|e| graph_err("launch the graph", &e))?;
-    device.synchronize()?;
+    // A fault of the replay itself (a pointer the capture took to memory freed since, say)
+    // surfaces here, named so.
+    device.synchronize().map_err(|e| graph_err("the first replay", &e))?;
     let loss_first = read()?;
     let replay = timed(&mut || graph.launch().map_err(|e| graph_err("launch the graph", &e)))?;
     let loss_last = read()?;
