@@ -6,6 +6,7 @@
 #   machine.txt, gpu-check.{json,log}        the check (bench/gpu/run.sh)
 #   probes/<name>/{spec.json,metrics.jsonl,history.jsonl,result.json?}, probes/<name>.log
 #   at-once.jsonl                            N campaign MNIST steps at once, fpt and PyTorch
+#   streams.jsonl                            the same step as N runs in one process (a stream each)
 #   tiled-bench.jsonl                        FPT_ATTENTION=tiled, FPT_LINEAR=product, FPT_BRANCH=composed, the default
 #   graph.json, graph.err                    the MiniLM step as a replayed CUDA graph beside it eager
 #   campaign/<key>/ and campaign.log         runs to copy into results/campaign/ here
@@ -91,6 +92,20 @@ for r in $(seq "${AT_ONCE_ROUNDS:-2}"); do
     done
 done
 [ -s "$OUT/at-once.jsonl" ] && echo "session: at-once measured after $(( $(date +%s) - start )) s ($(wc -l < "$OUT/at-once.jsonl") processes)" | tee -a "$OUT/session.log"
+
+# 1b'. The same step as N runs in one process, each on a stream of its own (`fpt bench
+# --streams N`: their kernels may overlap on the GPU, which N processes' cannot without MPS),
+# N from STREAMS, rounds alternating: one JSON line per measurement in streams.jsonl
+# ({"streams": N, "round": R, "out": <fpt bench --json>}). STREAMS="" skips it.
+for r in $(seq "${STREAMS_ROUNDS:-2}"); do
+    for n in ${STREAMS-1 2 4 8}; do
+        [ "$(left 60)" -lt 10 ] && continue
+        o=$(timeout "$(left 60)" /tmp/fpt-cuda bench --json --no-full --shape minilm-mnist --streams "$n" \
+            --steps "${AT_ONCE_STEPS:-200}" --warmup 20 --device "$dev" 2>>"$OUT/streams.err" | tail -1)
+        [ -n "$o" ] && echo "{\"streams\":$n,\"round\":$r,\"out\":$o}" >> "$OUT/streams.jsonl"
+    done
+done
+[ -s "$OUT/streams.jsonl" ] && echo "session: runs in one process timed after $(( $(date +%s) - start )) s" | tee -a "$OUT/session.log"
 
 # 1c. The attention tiled over keys (issue 56 item 5), the bias added after cuBLAS's product
 # (FPT_LINEAR=product: before item 4's epilogue, the default since 2026-11-27), and the

@@ -54,6 +54,12 @@ pub(crate) struct BenchArgs {
     /// bench/README.md).
     #[arg(long, conflicts_with_all = ["barrier", "list"])]
     pub(crate) graph: bool,
+    /// Train N runs of one shape side by side in this process, each on a device of its own
+    /// (on a GPU, a stream of its own), their timed steps started together: the steps a
+    /// second of all of them (against N processes, `--at-once`, which a GPU time-slices).
+    #[arg(long, value_name = "N", conflicts_with_all = ["barrier", "list", "graph"],
+          value_parser = clap::value_parser!(u64).range(1..=64))]
+    pub(crate) streams: Option<u64>,
 }
 
 pub(crate) fn bench(a: BenchArgs) -> Result<()> {
@@ -82,6 +88,9 @@ pub(crate) fn bench(a: BenchArgs) -> Result<()> {
     };
     if a.graph {
         return graph(&a, &shapes, &device);
+    }
+    if let Some(n) = a.streams {
+        return streams(&a, &shapes, n as usize);
     }
     let gate = match (&a.barrier, a.at_once) {
         (Some(dir), Some(n)) => {
@@ -133,6 +142,41 @@ pub(crate) fn bench(a: BenchArgs) -> Result<()> {
     }
     if a.json {
         println!("{}", serde_json::Value::Object(out));
+    }
+    Ok(())
+}
+
+/// `fpt bench --streams N`: N runs of one shape side by side in this process.
+fn streams(a: &BenchArgs, shapes: &[fpt_train::bench::Shape], n: usize) -> Result<()> {
+    let [s] = shapes else {
+        anyhow::bail!(
+            "--streams times one shape; name it with --shape (this call names {})",
+            shapes.len()
+        )
+    };
+    let make = || -> fpt_train::Result<candle_core::Device> { Ok(fpt_nn::device::parse(&a.device)?) };
+    let t = fpt_train::bench_streams::time_streams(
+        s,
+        fpt_spec::TrainGroups::fpt(),
+        a.precision,
+        a.warmup,
+        a.steps,
+        n,
+        &make,
+    )
+    .with_context(|| format!("fpt bench --streams {n}: {}", s.name))?;
+    if a.json {
+        println!("{}", serde_json::json!({ s.name: t }));
+    } else {
+        let each: Vec<String> = t.per_run.iter().map(|r| format!("{:.2}", r.median_ms)).collect();
+        println!(
+            "{:<14} {n} runs in one process on {}: {:.1} steps/s in all; each run's median step {} ms; timed together {:.0}% of the window",
+            s.name,
+            a.device,
+            t.steps_per_s,
+            each.join(", "),
+            100.0 * t.overlap
+        );
     }
     Ok(())
 }

@@ -35,6 +35,7 @@
 
 pub mod bench;
 pub mod bench_graph;
+pub mod bench_streams;
 pub mod checkpoint;
 pub mod convergence;
 pub mod device_check;
