@@ -488,6 +488,9 @@ pub(crate) fn plan_at(
     }
     .filter(|_| !task.name.is_generated());
     task.data.max_len = o.max_len;
+    if let Some(b) = o.brackets {
+        task.data.brackets = b;
+    }
     if metric.is_counted() {
         // Counted from the paper's own backbone config: no weights, no substitution.
         return Plan::Count(Box::new(Counted {
@@ -702,6 +705,10 @@ pub(crate) fn paper_differences(
         d("bits per string", opt(h.task.n_bits), opt(p.task.n_bits));
         d("bits per token", opt(h.task.patch), opt(p.task.patch));
         d("max tokens", opt(h.task.data.max_len), opt(p.task.data.max_len));
+        if h.task.name == fpt_spec::TaskName::ListOps {
+            let b = |t: &TaskSpec| format!("{:?}", t.data.brackets).to_lowercase();
+            d("brackets", b(&h.task), b(&p.task));
+        }
         if let (Some(a), Some(b)) = (h.backbone.bit_pretrain, p.backbone.bit_pretrain) {
             d(
                 "Bit pretraining",

@@ -429,6 +429,9 @@ optional_settings! {
         patch: usize,
         /// Maximum sequence length.
         max_len: usize,
+        /// ListOps' brackets: `drop` (the reference code's tokens, the default) or `keep`
+        /// (LRA's pipeline).
+        brackets: crate::Brackets,
         /// Learning rate.
         lr: f64,
         /// Epochs of output-only training on cached features (Table 10).
