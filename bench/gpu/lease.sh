@@ -9,10 +9,18 @@
 # (bench/gpu/sanitize.sh says how). The call:
 #   run(command="bash bench/gpu/lease.sh", carry=["target/cuda/fpt-cuda.gz",
 #       "target/gpu-probe/home.txz", "target/device-hub.tgz"], timeout_s=580)
-# Times (seconds): SESSION_S (330) for the session: its check on the campaign's MNIST shape
-# alone (CHECK_SHAPES, CHECK_S 175), one round of the tiled/epilogue/branch timings and the
-# graph experiment (GRAPH_S 60), no runs-at-once (AT_ONCE) and no probes; then the sanitizer
-# part: initcheck (INIT_S 90) and 30 s (PLAIN_S) each of the check, blocking and tiled runs.
+# Times (seconds): SESSION_S (330) for the session: its check (CHECK_S 175; on an H100 the
+# checks took ~50 s, then each bench shape of CHECK_SHAPES ~40 s), one round of the
+# variants' timings and the graph experiment (GRAPH_S 60), the runs in one process
+# (STREAMS "1 2 4 8", ~10 s each), no runs-at-once processes (AT_ONCE) and no probes; then
+# the sanitizer part: initcheck (INIT_S 90) and 30 s (PLAIN_S) each of its runs.
+# Both calls of 2026-11-27 (bench/gpu/2026-11-27T2131Z-h100-*, ...T2147Z-h100-*) ran this
+# script; the second, with the knobs below, took 488 s of a 560 s call:
+#   CHECK_S=200 CHECK_SHAPES="minilm-mnist lstm-listops smollm2-mnist" AT_ONCE="1 4"
+#   AT_ONCE_ROUNDS=1 TILED_ROUNDS=2 GRAPH_S=60 PROBES="b16-keep:16:keep b4-keep:4:keep"
+#   PROBE_HUB=probe-hub WORK_S=90 EVAL_CHECK="" SESSION_S=440 VARIANTS="check plain"
+#   INIT_S=0 SAN_S=0 PLAIN_S=30 (carrying target/probe-hub.tgz too; lstm-listops' 3.3 s
+#   steps ran the check out of time: leave it to a call of its own).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 final="${OUT:-$(mktemp -d)}"
@@ -20,7 +28,8 @@ work=/tmp/lease
 rm -rf "$work" && mkdir -p "$work/session" "$work/sanitize"
 t0=$(date +%s)
 OUT="$work/session" DEADLINE_S="${SESSION_S:-330}" CHECK_S="${CHECK_S:-175}" \
-    CHECK_SHAPES="${CHECK_SHAPES-minilm-mnist}" AT_ONCE="${AT_ONCE-}" TILED_ROUNDS="${TILED_ROUNDS:-1}" \
+    CHECK_SHAPES="${CHECK_SHAPES-minilm-mnist smollm2-mnist}" AT_ONCE="${AT_ONCE-}" TILED_ROUNDS="${TILED_ROUNDS:-1}" \
+    STREAMS="${STREAMS-1 2 4 8}" STREAMS_ROUNDS="${STREAMS_ROUNDS:-1}" \
     GRAPH_S="${GRAPH_S:-60}" PROBES="${PROBES- }" WORK_S="${WORK_S:-0}" bash bench/gpu/session.sh
 echo "lease: session part done after $(( $(date +%s) - t0 )) s" >> "$work/session/session.log"
 OUT="$work/sanitize" SAN_S="${SAN_S:-0}" INIT_S="${INIT_S:-90}" PLAIN_S="${PLAIN_S:-30}" \
