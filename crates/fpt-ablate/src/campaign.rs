@@ -34,6 +34,18 @@ const KEPT: &[&str] = &[
 pub fn progress(dir: &Path) -> std::result::Result<Option<(bool, usize)>, String> {
     // A result an older convergence rule wrote, with a checkpoint to go on from, is not
     // finished ([`fpt_train::reopen_reason`]).
+    if let Some(seg) = raced_stretch(dir) {
+        return Err(format!(
+            "{}: steps {}-{} ran on {} under a build ({}) whose GPU steps raced their uploads \
+             (per-thread streams, fixed in 2cadb44): not evidence; remove the run (its committed copy \
+             and results/runs/<key>) to train it again",
+            dir.join("history.jsonl").display(),
+            seg.from_step,
+            seg.to_step,
+            seg.device,
+            seg.commit
+        ));
+    }
     if let Some(r) = fpt_train::finished_result(dir) {
         return Ok(Some((true, r.steps)));
     }
@@ -45,6 +57,15 @@ pub fn progress(dir: &Path) -> std::result::Result<Option<(bool, usize)>, String
         .strip_prefix("step-")
         .and_then(|s| s.parse().ok())
         .map(|s| (false, s)))
+}
+
+/// The first stretch of a run that ran on a GPU under the stream race
+/// ([`fpt_train::Segment::raced`]).
+fn raced_stretch(dir: &Path) -> Option<fpt_train::Segment> {
+    stretches(dir)
+        .iter()
+        .filter_map(|l| serde_json::from_str::<fpt_train::Segment>(l).ok())
+        .find(fpt_train::Segment::raced)
 }
 
 /// The stretches of a run's `history.jsonl`, one per whole line that parses (a torn or
@@ -668,6 +689,28 @@ mod tests {
     }
 
     /// A fake run directory at `step`, finished or not (a checkpoint either way).
+    /// A run with a GPU stretch from before the one-stream fix is refused, naming the file
+    /// and the stretch; the same stretch marked as run on the device's own stream is not.
+    #[test]
+    fn gpu_stretches_from_the_racing_builds_are_refused() {
+        let t = tempfile::tempdir().unwrap();
+        let a = t.path().join("a");
+        fake_run(&a, 10, false);
+        let seg = |stream: &str| {
+            format!(
+                "{{\"ended_utc\":\"2026-11-27T01:27:44Z\",\"from_step\":0,\"to_step\":10,\"seconds\":1.0,\"device\":\"cuda:0\",\"machine\":\"cuda:0\",\"commit\":\"b1a994f\",\"how\":\"stopped\"{stream}}}\n"
+            )
+        };
+        std::fs::write(a.join("history.jsonl"), seg("")).unwrap();
+        let e = progress(&a).unwrap_err();
+        assert!(
+            e.contains("history.jsonl") && e.contains("steps 0-10") && e.contains("b1a994f"),
+            "{e}"
+        );
+        std::fs::write(a.join("history.jsonl"), seg(",\"cuda_stream\":\"own\"")).unwrap();
+        assert_eq!(progress(&a), Ok(Some((false, 10))));
+    }
+
     fn fake_run(dir: &Path, step: usize, finished: bool) {
         let _ = std::fs::remove_dir_all(dir);
         let ck = fpt_train::checkpoint::root(dir).join(format!("step-{step:06}"));

@@ -728,6 +728,19 @@ pub struct Segment {
     pub commit: String,
     /// How it ended.
     pub how: String,
+    /// On a GPU, `own`: the device ran on a stream of its own ([`fpt_nn::device::parse`]).
+    /// A GPU stretch without it came from a build before that fix, whose steps and uploads
+    /// raced on per-thread streams: not evidence ([`Segment::raced`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cuda_stream: Option<String>,
+}
+
+impl Segment {
+    /// Whether this stretch ran on a GPU under the per-thread-stream race (builds before
+    /// `2cadb44`, 2026-11-27: token ids and labels overwritten on an H100, docs/correctness.md).
+    pub fn raced(&self) -> bool {
+        self.device.starts_with("cuda") && self.cuda_stream.as_deref() != Some("own")
+    }
 }
 
 fn append_history(
@@ -752,6 +765,7 @@ fn append_history(
         },
         commit: p.commit,
         how: how.to_string(),
+        cuda_stream: (!device.is_cpu()).then(|| "own".to_string()),
     };
     crate::run_dir::append_line(
         &out_dir.join("history.jsonl"),
