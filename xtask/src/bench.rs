@@ -65,6 +65,10 @@ pub(crate) struct AtOnceArgs {
     /// not this checkout's HEAD
     #[arg(long)]
     commit: Option<String>,
+    /// The same call's `streams.jsonl` (N runs in one process, `fpt bench --streams`): rows
+    /// beside PyTorch's N processes from FILE
+    #[arg(long, value_name = "FILE")]
+    streams: Option<std::path::PathBuf>,
 }
 
 /// `cargo xtask bench step`'s flags.
@@ -173,8 +177,14 @@ pub(crate) fn bench(which: &Bench) -> Result<()> {
         Bench::Readme => return crate::bench_records::readme(),
         Bench::AtOnce(x) => {
             let text = std::fs::read_to_string(&x.file).with_context(|| format!("reading {}", x.file.display()))?;
-            let all = crate::bench_at_once::import_at_once(&text, &x.device)
+            let mut all = crate::bench_at_once::import_at_once(&text, &x.device)
                 .with_context(|| format!("{}", x.file.display()))?;
+            if let Some(f) = &x.streams {
+                let lines = std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
+                let rows = crate::bench_at_once::import_streams(&lines, &x.device, &all)
+                    .with_context(|| format!("{}", f.display()))?;
+                all.extend(rows);
+            }
             if x.record {
                 let backbone = all
                     .values()

@@ -310,6 +310,68 @@ pub(crate) fn import_at_once(lines: &str, device: &str) -> Result<serde_json::Ma
         .collect())
 }
 
+/// The rows of a `streams.jsonl` a device call wrote (bench/gpu/session.sh: one line per
+/// measurement, `{"streams": N, "round": R, "out": <fpt bench --streams N --json>}`): N runs in
+/// one process, each round's steps a second in all beside PyTorch's N processes of the same
+/// call (`at_once`'s rows, from its at-once.jsonl), keyed `<shape> [<device> streams] xN`.
+pub(crate) fn import_streams(
+    lines: &str,
+    device: &str,
+    at_once: &serde_json::Map<String, serde_json::Value>,
+) -> Result<serde_json::Map<String, serde_json::Value>> {
+    use std::collections::BTreeMap;
+    let mut per_n: BTreeMap<usize, Vec<serde_json::Value>> = BTreeMap::new();
+    let mut shape = None;
+    for (i, line) in lines.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        let v: serde_json::Value =
+            serde_json::from_str(line).with_context(|| format!("line {}: not JSON: {line}", i + 1))?;
+        let (Some(n), Some((name, t))) = (
+            v["streams"].as_u64(),
+            v["out"].as_object().and_then(|o| o.iter().next()),
+        ) else {
+            bail!(
+                "line {}: wants `streams` and `out` (fpt bench --streams --json): {line}",
+                i + 1
+            );
+        };
+        shape.get_or_insert_with(|| name.clone());
+        let runs: Vec<f64> = t["per_run"]
+            .as_array()
+            .map(|r| r.iter().filter_map(|x| x["median_ms"].as_f64()).collect())
+            .unwrap_or_default();
+        let (Some(sps), false) = (t["steps_per_s"].as_f64(), runs.len() != n as usize) else {
+            bail!(
+                "line {}: {} of {n} runs reported, or no steps a second: {line}",
+                i + 1,
+                runs.len()
+            );
+        };
+        let mut sorted = runs.clone();
+        sorted.sort_by(|a, b| a.total_cmp(b));
+        per_n.entry(n as usize).or_default().push(serde_json::json!({
+            "processes": n,
+            "steps_per_s": sps,
+            "median_ms": sorted[sorted.len() / 2],
+            "per_process_ms": runs,
+            "overlap": t["overlap"],
+        }));
+    }
+    let shape = shape.context("no measurement in the file")?;
+    let backbone = shape.split('-').next().unwrap_or("?").to_string();
+    Ok(per_n
+        .into_iter()
+        .map(|(n, ours)| {
+            let theirs = at_once
+                .get(&format!("{shape} [{device}] x{n}"))
+                .and_then(|r| r["pytorch_rounds"].as_array().cloned())
+                .unwrap_or_default();
+            let kernels = format!("{device}, {n} runs in one process");
+            let row = at_once_row(&shape, &backbone, &kernels, "f32", n, ours, theirs);
+            (format!("{shape} [{device} streams] x{n}"), row)
+        })
+        .collect())
+}
+
 /// The `--at-once` table.
 pub(crate) fn print_at_once(all: &serde_json::Map<String, serde_json::Value>) {
     let fmt = |v: &serde_json::Value, k: &str, p: usize| {
@@ -366,6 +428,37 @@ mod tests {
         let t = together(&pt, "pytorch_ms").unwrap();
         assert_eq!(t["overlap"].as_f64(), Some(0.0), "windows that never met share nothing");
         assert!(together(&[serde_json::json!({"x": 1})], "ours_ms").is_none());
+    }
+
+    /// A device call's `streams.jsonl` beside its `at-once.jsonl`: each N's rounds of runs in
+    /// one process, PyTorch's N processes beside them; a line missing a run is an error.
+    #[test]
+    fn streams_become_rows_beside_pytorchs_processes() {
+        let pt = |n: usize, ms: f64| {
+            format!("{{\"side\":\"pytorch\",\"at_once\":{n},\"round\":1,\"out\":{{\"pytorch_ms\":{ms},\"from_unix\":1.0,\"to_unix\":2.0}}}}")
+        };
+        let fpt = r#"{"side":"fpt","at_once":1,"round":1,"out":{"minilm-mnist":{"ours_ms":8.0,"ours":{"median_ms":8.0,"from_unix":1.0,"to_unix":2.0}}}}"#;
+        let at_once = super::import_at_once(
+            &[fpt.to_string(), pt(1, 13.0), pt(2, 12.0), pt(2, 12.0)].join("\n"),
+            "cuda:0",
+        )
+        .unwrap();
+        let line = |n: usize, sps: f64, runs: &str| {
+            format!("{{\"streams\":{n},\"round\":1,\"out\":{{\"minilm-mnist\":{{\"runs\":{n},\"steps_per_s\":{sps},\"overlap\":0.9,\"per_run\":[{runs}]}}}}}}")
+        };
+        let text = [
+            line(1, 120.0, r#"{"median_ms":8.3}"#),
+            line(2, 200.0, r#"{"median_ms":10.0},{"median_ms":10.2}"#),
+        ]
+        .join("\n");
+        let rows = super::import_streams(&text, "cuda:0", &at_once).unwrap();
+        let two = &rows["minilm-mnist [cuda:0 streams] x2"];
+        assert_eq!(two["steps_per_s"].as_f64(), Some(200.0));
+        assert_eq!(two["kernel_path"].as_str(), Some("cuda:0, 2 runs in one process"));
+        // PyTorch's two processes at 12 ms: 166.7 steps a second against fpt's 200.
+        let ratio = two["ratio_vs_pytorch"].as_f64().unwrap();
+        assert!((ratio - (2e3 / 12.0) / 200.0).abs() < 1e-9, "{ratio}");
+        assert!(super::import_streams(&line(2, 200.0, r#"{"median_ms":10.0}"#), "cuda:0", &at_once).is_err());
     }
 
     #[test]
