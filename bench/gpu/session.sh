@@ -65,14 +65,16 @@ fi
 # each N of AT_ONCE, N processes of the campaign's MNIST step (`minilm-mnist`) side by
 # side, their timed steps started together (`--barrier`), then N of PyTorch's same step;
 # rounds alternate. One JSON line per process in at-once.jsonl; `cargo xtask bench
-# at-once bench/gpu/<stamp>-at-once.jsonl --record` makes the record here. AT_ONCE="" skips it.
+# at-once bench/gpu/<stamp>-at-once.jsonl --record` makes the record here. AT_ONCE="" skips it;
+# AT_ONCE_THREADS sets each fpt process's thread pool (default: one thread a core, 16 on
+# the H100 machines: four processes start 64).
 at_once_round() { # side n round
     local side=$1 n=$2 r=$3 dir="/tmp/at-once-$1-$2-$3" pids=() i
     rm -rf "$dir" && mkdir -p "$dir"
     for i in $(seq "$n"); do
         [ "$(left 120)" -lt 10 ] && return
         if [ "$side" = fpt ]; then
-            timeout "$(left 120)" /tmp/fpt-cuda bench --json --no-full --shape minilm-mnist --steps "${AT_ONCE_STEPS:-200}" \
+            RAYON_NUM_THREADS="${AT_ONCE_THREADS:-}" timeout "$(left 120)" /tmp/fpt-cuda bench --json --no-full --shape minilm-mnist --steps "${AT_ONCE_STEPS:-200}" \
                 --warmup 20 --device "$dev" --barrier "$dir" --at-once "$n" --barrier-timeout 60 > "$dir/out-$i" 2>/dev/null &
         else
             timeout "$(left 120)" "$py" bench/pytorch_fpt_step.py --fpt /tmp/fpt-cuda --shape minilm-mnist --no-full \
