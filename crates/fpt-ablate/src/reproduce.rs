@@ -104,7 +104,8 @@ pub fn scales_with(tables: &Path, scale: &str) -> Result<BTreeMap<String, ScaleS
 /// How runs spread over `device`: on a CPU, `jobs` runs at once (default
 /// [`worker::auto_jobs`] of the machine's cores), each in a child process of `exe` (the
 /// binary with the `run-cell` subcommand) on cores / jobs threads, or one at a time in this
-/// process on every core (`jobs` 1); on a GPU, `jobs` runs in this process (default 1).
+/// process on every core (`jobs` 1); on a GPU, `jobs` runs in this process (default 1), each
+/// job on a stream of its own.
 pub fn run_options(
     device: Device,
     jobs: Option<usize>,

@@ -100,9 +100,18 @@ pub fn run(cells: &[Cell], out: &Path, opts: &RunOptions, log: &mut (dyn FnMut(&
     let say = |s: String| (log.lock().expect("log lock"))(&s);
     let done = std::sync::atomic::AtomicUsize::new(0);
     let stopped = std::sync::Mutex::new(Vec::new());
+    let jobs = opts.jobs.max(1);
     std::thread::scope(|scope| {
-        for _ in 0..opts.jobs.max(1) {
-            scope.spawn(|| loop {
+        for _ in 0..jobs {
+            scope.spawn(|| {
+                // On a GPU each job trains on a device of its own: a stream of its own
+                // (`fpt_nn::device::parse` makes one per call), so the jobs' kernels may
+                // overlap on the GPU instead of queueing on one stream.
+                let device = match job_device(opts.device.as_ref(), jobs) {
+                    Ok(d) => d,
+                    Err(e) => return say(format!("a job could not open its device: {e}; it trains nothing")),
+                };
+                loop {
                 if let Some(why) = fpt_train::stop::due() {
                     say(format!("no further run starts: {why}"));
                     break;
@@ -133,7 +142,6 @@ pub fn run(cells: &[Cell], out: &Path, opts: &RunOptions, log: &mut (dyn FnMut(&
                         eval_line(r.step, r.test_accuracy, r.elapsed_s)
                     }
                 };
-                let device = opts.device.clone().unwrap_or(candle_core::Device::Cpu);
                 // A panic inside one run is that run's failure, not the table's.
                 let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match workers {
                     Some(w) => w.train(&spec, &dir, opts.force, &mut |e| {
@@ -175,6 +183,7 @@ pub fn run(cells: &[Cell], out: &Path, opts: &RunOptions, log: &mut (dyn FnMut(&
                     }
                     Err(e) => say(format!("[{}/{total}] run {key} FAILED: {e}", i + 1)),
                 }
+                }
             });
         }
     });
@@ -191,6 +200,17 @@ pub fn run(cells: &[Cell], out: &Path, opts: &RunOptions, log: &mut (dyn FnMut(&
             None => format!("{} at once in this process", opts.jobs.max(1)),
         },
     })
+}
+
+/// The device one of `jobs` jobs trains on: `device` itself on a CPU or for one job; on a
+/// GPU with several jobs, the same GPU opened again, a stream of its own.
+fn job_device(device: Option<&candle_core::Device>, jobs: usize) -> Result<candle_core::Device> {
+    match device {
+        None => Ok(candle_core::Device::Cpu),
+        Some(d) if d.is_cpu() || jobs == 1 => Ok(d.clone()),
+        Some(d) => fpt_nn::device::parse(&fpt_nn::device::name(d))
+            .map_err(|e| AblateError::Train(fpt_train::TrainError::Candle(e))),
+    }
 }
 
 /// What [`run`] trained.
