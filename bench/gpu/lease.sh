@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A lent GPU's whole 15 minutes as one call (issues 54 and 56): the session's check and
-# timings (bench/gpu/session.sh, bounded by SESSION_S), then the ListOps fault's sanitizer
-# and plain runs (bench/gpu/sanitize.sh, without memcheck, which found nothing before).
+# timings (bench/gpu/session.sh, bounded by SESSION_S), then ListOps under the sanitizer
+# and plain (bench/gpu/sanitize.sh: the fault it was written for is fixed, 2cadb44; it now
+# guards the fix).
 # A call brings back at most 8 files, so everything lands packed in $OUT:
 #   machine.txt, gpu-check.json, gpu-check.log, session.log   (copies, for a quick look)
 #   lease.tgz                                                   (both scripts' whole output)
