@@ -112,77 +112,77 @@ pub fn run(cells: &[Cell], out: &Path, opts: &RunOptions, log: &mut (dyn FnMut(&
                     Err(e) => return say(format!("a job could not open its device: {e}; it trains nothing")),
                 };
                 loop {
-                if let Some(why) = fpt_train::stop::due() {
-                    say(format!("no further run starts: {why}"));
-                    break;
-                }
-                let Some((i, (key, spec))) = queue.lock().expect("queue lock").next() else {
-                    break;
-                };
-                let dir = run_dir(out, &key);
-                say(format!(
-                    "[{}/{total}] run {key}: {} on {} ({}, train {}), {} steps",
-                    i + 1,
-                    spec.task.label(),
-                    spec.backbone.source,
-                    spec.backbone.init,
-                    spec.train_groups,
-                    spec.train.steps
-                ));
-                let t0 = std::time::Instant::now();
-                let eval_line = |step: usize, acc: f64, secs: f64| {
+                    if let Some(why) = fpt_train::stop::due() {
+                        say(format!("no further run starts: {why}"));
+                        break;
+                    }
+                    let Some((i, (key, spec))) = queue.lock().expect("queue lock").next() else {
+                        break;
+                    };
+                    let dir = run_dir(out, &key);
                     say(format!(
-                        "[{}/{total}]     step {step}/{}: test_accuracy {acc:.4}, {secs:.0} s",
+                        "[{}/{total}] run {key}: {} on {} ({}, train {}), {} steps",
                         i + 1,
-                        spec.train.steps,
-                    ))
-                };
-                let mut progress = |e: &fpt_train::Event| {
-                    if let fpt_train::Event::Eval(r) = e {
-                        eval_line(r.step, r.test_accuracy, r.elapsed_s)
-                    }
-                };
-                // A panic inside one run is that run's failure, not the table's.
-                let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match workers {
-                    Some(w) => w.train(&spec, &dir, opts.force, &mut |e| {
-                        eval_line(e.step, e.test_accuracy, e.elapsed_s)
-                    }),
-                    None => run_one(&spec, &dir, opts.force, &device, &mut progress),
-                }))
-                .unwrap_or_else(|p| {
-                    let why = p
-                        .downcast_ref::<String>()
-                        .cloned()
-                        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-                        .unwrap_or_else(|| "a panic".into());
-                    Err(AblateError::Panicked {
-                        dir: dir.clone(),
-                        msg: format!("the run panicked: {why}"),
-                    })
-                });
-                let secs = t0.elapsed().as_secs_f64();
-                let what = format!("{} {} ({})", key, spec.task.label(), spec.backbone.init);
-                times.lock().expect("times lock").push((what, secs, outcome.is_ok()));
-                if let Err(AblateError::Train(fpt_train::TrainError::Stopped { step, steps, why, .. })) = &outcome {
-                    stopped.lock().expect("stopped lock").push((key.clone(), *step, *steps));
-                    say(format!(
-                        "[{}/{total}] run {key}: stopped at step {step} of {steps} ({why}); its checkpoint is written, the next call resumes it",
-                        i + 1
+                        spec.task.label(),
+                        spec.backbone.source,
+                        spec.backbone.init,
+                        spec.train_groups,
+                        spec.train.steps
                     ));
-                    continue;
-                }
-                match outcome {
-                    Ok(r) => {
-                        done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let t0 = std::time::Instant::now();
+                    let eval_line = |step: usize, acc: f64, secs: f64| {
                         say(format!(
-                            "[{}/{total}] run {key}: test_accuracy {:.4} in {:.0} s",
+                            "[{}/{total}]     step {step}/{}: test_accuracy {acc:.4}, {secs:.0} s",
                             i + 1,
-                            r.test_accuracy,
-                            t0.elapsed().as_secs_f64()
+                            spec.train.steps,
                         ))
+                    };
+                    let mut progress = |e: &fpt_train::Event| {
+                        if let fpt_train::Event::Eval(r) = e {
+                            eval_line(r.step, r.test_accuracy, r.elapsed_s)
+                        }
+                    };
+                    // A panic inside one run is that run's failure, not the table's.
+                    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match workers {
+                        Some(w) => w.train(&spec, &dir, opts.force, &mut |e| {
+                            eval_line(e.step, e.test_accuracy, e.elapsed_s)
+                        }),
+                        None => run_one(&spec, &dir, opts.force, &device, &mut progress),
+                    }))
+                    .unwrap_or_else(|p| {
+                        let why = p
+                            .downcast_ref::<String>()
+                            .cloned()
+                            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                            .unwrap_or_else(|| "a panic".into());
+                        Err(AblateError::Panicked {
+                            dir: dir.clone(),
+                            msg: format!("the run panicked: {why}"),
+                        })
+                    });
+                    let secs = t0.elapsed().as_secs_f64();
+                    let what = format!("{} {} ({})", key, spec.task.label(), spec.backbone.init);
+                    times.lock().expect("times lock").push((what, secs, outcome.is_ok()));
+                    if let Err(AblateError::Train(fpt_train::TrainError::Stopped { step, steps, why, .. })) = &outcome {
+                        stopped.lock().expect("stopped lock").push((key.clone(), *step, *steps));
+                        say(format!(
+                            "[{}/{total}] run {key}: stopped at step {step} of {steps} ({why}); its checkpoint is written, the next call resumes it",
+                            i + 1
+                        ));
+                        continue;
                     }
-                    Err(e) => say(format!("[{}/{total}] run {key} FAILED: {e}", i + 1)),
-                }
+                    match outcome {
+                        Ok(r) => {
+                            done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            say(format!(
+                                "[{}/{total}] run {key}: test_accuracy {:.4} in {:.0} s",
+                                i + 1,
+                                r.test_accuracy,
+                                t0.elapsed().as_secs_f64()
+                            ))
+                        }
+                        Err(e) => say(format!("[{}/{total}] run {key} FAILED: {e}", i + 1)),
+                    }
                 }
             });
         }
