@@ -707,9 +707,8 @@ mod tests {
     }
 }
 
-/// One segment of a run (from a start or resume to its end or stop), as `history.jsonl` in
-/// the run directory records it: a run that crosses machines (a campaign resumed on another
-/// CPU, or on a GPU from a carried run directory) says where each stretch of it ran.
+/// One segment of a run (a start or resume to its end or stop), a line of its `history.jsonl`:
+/// where each stretch of a run that crossed machines (CPUs, a GPU) ran.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Segment {
     /// When the segment ended (UTC, RFC 3339 to the second).
@@ -728,16 +727,13 @@ pub struct Segment {
     pub commit: String,
     /// How it ended.
     pub how: String,
-    /// On a GPU, `own`: the device ran on a stream of its own ([`fpt_nn::device::parse`]).
-    /// A GPU stretch without it came from a build before that fix, whose steps and uploads
-    /// raced on per-thread streams: not evidence ([`Segment::raced`]).
+    /// On a GPU, `own`: the device had a stream of its own (else see [`Segment::raced`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cuda_stream: Option<String>,
 }
 
 impl Segment {
-    /// Whether this stretch ran on a GPU under the per-thread-stream race (builds before
-    /// `2cadb44`, 2026-11-27: token ids and labels overwritten on an H100, docs/correctness.md).
+    /// A GPU stretch of a build before `2cadb44`'s one-stream fix (docs/correctness.md).
     pub fn raced(&self) -> bool {
         self.device.starts_with("cuda") && self.cuda_stream.as_deref() != Some("own")
     }
