@@ -129,10 +129,12 @@ for r in $(seq "${TILED_ROUNDS:-2}"); do
 done
 [ -s "$OUT/tiled-bench.jsonl" ] && echo "session: tiled attention, epilogue and composed branch timed after $(( $(date +%s) - start )) s" | tee -a "$OUT/session.log"
 
-# 1d. The step as one CUDA graph (issue 56 item 1, an experiment: `fpt bench --graph`
-# captures the MiniLM step on one batch and replays it, beside the same step launched kernel
-# by kernel; ~20 s estimated). One JSON object in graph.json, errors (a capture candle's ops refuse)
-# in graph.err. GRAPH_SHAPES="" skips it.
+# 1d. The step as one CUDA graph (issue 56 item 1: `fpt bench --graph` trains the MiniLM
+# step replayed from device memory, captured once and replayed on fresh batches, beside the
+# eager step; ~20 s estimated). One JSON object in graph.json (both timings, the replays'
+# first and last training loss, skipped steps), errors (a capture the driver or candle refuse,
+# named by stage) in graph.err. `fpt gpu-check` checks the replay against the eager step.
+# GRAPH_SHAPES="" skips it.
 if [ -n "${GRAPH_SHAPES-minilm-mnist minilm-listops}" ] && [ "$(left 90)" -ge 10 ]; then
     timeout "$(left "${GRAPH_S:-90}")" /tmp/fpt-cuda bench --graph --json $(for s in ${GRAPH_SHAPES-minilm-mnist minilm-listops}; do echo --shape "$s"; done) \
         --steps 20 --warmup 3 --device "$dev" > "$OUT/graph.json" 2> "$OUT/graph.err"

@@ -190,7 +190,7 @@ fn graph(a: &BenchArgs, shapes: &[fpt_train::bench::Shape], device: &candle_core
             .with_context(|| format!("fpt bench --graph: {}", s.name))?;
         if !a.json {
             println!(
-                "{:<14} eager step {:>8.2} ms (min {:.2}, max {:.2})  graph replay {:>8.2} ms (min {:.2}, max {:.2})  replay/eager {:.2}  loss {:.4} -> {:.4}",
+                "{:<14} eager step {:>8.2} ms (min {:.2}, max {:.2})  graph replay {:>8.2} ms (min {:.2}, max {:.2})  replay/eager {:.2}  training loss {:.4} -> {:.4}, {} skipped",
                 s.name,
                 r.eager.median_ms,
                 r.eager.min_ms,
@@ -200,7 +200,8 @@ fn graph(a: &BenchArgs, shapes: &[fpt_train::bench::Shape], device: &candle_core
                 r.replay.max_ms,
                 r.replay.median_ms / r.eager.median_ms,
                 r.loss_first,
-                r.loss_last
+                r.loss_last,
+                r.skipped
             );
         }
         out.insert(s.name.to_string(), serde_json::to_value(&r)?);

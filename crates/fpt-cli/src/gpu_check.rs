@@ -242,7 +242,8 @@ pub fn gpu_check(a: GpuCheckArgs) -> Result<()> {
     save(&result)?;
 
     eprintln!("fpt gpu-check: fpt's kernels on {} against the CPU ops", a.device);
-    let kernels = fpt_train::device_check::agreement(&device)?;
+    let mut kernels = fpt_train::device_check::agreement(&device)?;
+    kernels.extend(fpt_train::device_check::replay_agreement(&device)?);
     for k in &kernels {
         eprintln!(
             "  {:<34} {:<6} max diff {:.1e} (allowed {:.0e})",

@@ -24,14 +24,17 @@ __device__ __forceinline__ float fpt_warp_max(float v) {
          i += (uint64_t)gridDim.x * blockDim.x)
 
 // y = x * mask (mask: blocks of `block` elements, see fpt_dropout_mult).
+// `seed_at`, when not null, holds the seed instead (a replayed step's slot, src/replay.rs).
 extern "C" __global__ void fpt_dropout_mul_f32(const float *x, float *y, uint64_t n, uint64_t seed, uint64_t block,
-                                               int32_t thr, float keep) {
+                                               int32_t thr, float keep, const uint64_t *seed_at) {
+    if (seed_at) seed = *seed_at;
     FPT_FOR_EACH(i, n) { y[i] = x[i] * fpt_dropout_mult(seed, block, i, thr, keep); }
 }
 
 // out = a + b * mask: the residual branch x + dropout(y).
 extern "C" __global__ void fpt_dropout_add_f32(const float *a, const float *b, float *out, uint64_t n, uint64_t seed,
-                                               uint64_t block, int32_t thr, float keep) {
+                                               uint64_t block, int32_t thr, float keep, const uint64_t *seed_at) {
+    if (seed_at) seed = *seed_at;
     // Rounded as the CPU rounds (product, then sum): nvcc would otherwise fuse them into an FMA.
     FPT_FOR_EACH(i, n) { out[i] = __fadd_rn(a[i], __fmul_rn(b[i], fpt_dropout_mult(seed, block, i, thr, keep))); }
 }
@@ -75,6 +78,27 @@ extern "C" __global__ void fpt_moment_f32(float *x, const float *g, uint64_t n, 
 // Adam's parameter update in place from the updated moments.
 extern "C" __global__ void fpt_adam_step_f32(float *p, const float *m, const float *v, uint64_t n, float inv_sqrt_bc2,
                                              float eps, float step_size) {
+    FPT_FOR_EACH(i, n) { p[i] = fpt_adam_step_elem(p[i], m[i], v[i], inv_sqrt_bc2, eps, step_size); }
+}
+
+// A replayed step's gate (src/ops/adam_gate.rs): records the step's loss and gradient norm
+// and decides on the device whether Adam's update applies. One thread.
+extern "C" __global__ void fpt_step_gate_f64(const double *loss, const double *norm, double *state) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) fpt_step_gate(*loss, *norm, state);
+}
+
+// Adam's moment update when the gate let the step through; nothing otherwise.
+extern "C" __global__ void fpt_moment_gated_f32(float *x, const float *g, uint64_t n, float decay, float rest,
+                                                int32_t square, const double *state) {
+    if (!fpt_gate_open(state)) return;
+    FPT_FOR_EACH(i, n) { x[i] = fpt_moment_elem(x[i], g[i], decay, rest, square); }
+}
+
+// Adam's parameter update with the coefficients of the gate's step from `table`.
+extern "C" __global__ void fpt_adam_step_gated_f32(float *p, const float *m, const float *v, uint64_t n, float eps,
+                                                   const double *state, const float *table) {
+    float step_size, inv_sqrt_bc2;
+    if (!fpt_gate_coefs(state, table, &step_size, &inv_sqrt_bc2)) return;
     FPT_FOR_EACH(i, n) { p[i] = fpt_adam_step_elem(p[i], m[i], v[i], inv_sqrt_bc2, eps, step_size); }
 }
 

@@ -166,6 +166,42 @@ FPT_HD float fpt_adam_step_elem(float p, float m, float v, float inv_sqrt_bc2, f
     return p - FPT_MUL(m / denom, step_size);
 }
 
+/* ---- a replayed step's gate (src/ops/adam_gate.rs) --------------------------------- */
+
+/* The gate's state, f64: [0] the last step's verdict (1 applied, 0 skipped: a non-finite
+ * loss or norm, -1 skipped: past the coefficient table), [1] Adam's step count t (updates
+ * applied), [2] steps recorded, [3] t before the table's first row, [4] the table's rows,
+ * [5] the ring's length R, then R records of (loss, norm, verdict), step k at k % R. */
+#define FPT_GATE_HEAD 6
+
+/* Records one step and decides whether its update applies; t counts the applied ones. */
+FPT_HD void fpt_step_gate(double loss, double norm, double *state) {
+    double verdict = 1.0;
+    if (!(isfinite(loss) && isfinite(norm))) verdict = 0.0;
+    else if (state[1] - state[3] >= state[4]) verdict = -1.0;
+    state[0] = verdict;
+    if (verdict == 1.0) state[1] += 1.0;
+    uint64_t ring = (uint64_t)state[5];
+    double *rec = state + FPT_GATE_HEAD + 3 * ((uint64_t)state[2] % ring);
+    rec[0] = loss;
+    rec[1] = norm;
+    rec[2] = verdict;
+    state[2] += 1.0;
+}
+
+/* Whether the gate let the last step through. */
+FPT_HD int fpt_gate_open(const double *state) { return state[0] == 1.0; }
+
+/* The step size and 1 / sqrt(1 - b2^t) of the step the gate let through (table row t - 1
+ * counted from the table's first step), or 0 when it did not. */
+FPT_HD int fpt_gate_coefs(const double *state, const float *table, float *step_size, float *inv_sqrt_bc2) {
+    if (!fpt_gate_open(state)) return 0;
+    uint64_t row = (uint64_t)(state[1] - state[3]) - 1;
+    *step_size = table[2 * row];
+    *inv_sqrt_bc2 = table[2 * row + 1];
+    return 1;
+}
+
 /* ---- LayerNorm and RMSNorm over rows of d ------------------------------------------- */
 
 /* One lane's part of sum(x) over a row (LayerNorm's mean). */

@@ -293,3 +293,9 @@ void fpt_host_attn_bwd_f32(const float *q, const float *k, const float *v, const
             }
     }
 }
+
+void fpt_host_step_gate(const double *loss, const double *norm, double *state) { fpt_step_gate(*loss, *norm, state); }
+
+int fpt_host_gate_coefs(const double *state, const float *table, float *step_size, float *inv_sqrt_bc2) {
+    return fpt_gate_coefs(state, table, step_size, inv_sqrt_bc2);
+}

@@ -67,6 +67,26 @@ fn output(dev: &CudaDevice, n: usize) -> Result<CudaSlice<f32>> {
     unsafe { dev.alloc::<f32>(n.max(1)) }
 }
 
+/// Runs `launch` with the device address of `seed`'s slot when a replayed step is bound
+/// on this thread (see [`crate::replay`]; the kernels read their seed from there), null
+/// otherwise (they take the argument).
+fn with_seed_at<R>(seed: u64, launch: impl FnOnce(u64) -> Result<R>) -> Result<R> {
+    let Some((buf, i)) = crate::replay::seed_slot(seed) else {
+        return launch(0);
+    };
+    let (st, l) = buf.storage_and_layout();
+    let candle_core::Storage::Cuda(cs) = &*st else {
+        candle_core::bail!("seed slots: the slots live on {:?}, the kernel on a GPU", buf.device())
+    };
+    let slots = cs.as_cuda_slice::<i64>()?;
+    let at = l.start_offset() + i;
+    if at >= slots.len() {
+        candle_core::bail!("seed slots: slot {i} is outside the buffer of {}", slots.len())
+    }
+    let (ptr, _sync) = candle_core::cuda_backend::cudarc::driver::DevicePtr::device_ptr(slots, slots.stream());
+    launch(ptr + (at * std::mem::size_of::<i64>()) as u64)
+}
+
 /// `x * mask` with the mask of blocks of `block` elements drawn from `seed` on the device.
 pub(crate) fn dropout_mul(x: &CudaStorage, l: &Layout, p: f64, seed: u64, block: usize) -> Result<CudaStorage> {
     let dev = x.device().clone();
@@ -75,17 +95,21 @@ pub(crate) fn dropout_mul(x: &CudaStorage, l: &Layout, p: f64, seed: u64, block:
     let out = output(&dev, n)?;
     let (thr, keep) = mask_params(p);
     let f = func!(dev, "fpt_dropout_mul_f32")?;
-    let mut b = f.builder();
     let (n64, block64) = (n as u64, block as u64);
-    b.arg(&xs)
-        .arg(&out)
-        .arg(&n64)
-        .arg(&seed)
-        .arg(&block64)
-        .arg(&thr)
-        .arg(&keep);
-    // SAFETY: the kernel reads n elements of x and writes n of out, both that long.
-    unsafe { b.launch(elementwise(n)) }.w()?;
+    with_seed_at(seed, |seed_at| {
+        let mut b = f.builder();
+        b.arg(&xs)
+            .arg(&out)
+            .arg(&n64)
+            .arg(&seed)
+            .arg(&block64)
+            .arg(&thr)
+            .arg(&keep)
+            .arg(&seed_at);
+        // SAFETY: the kernel reads n elements of x and writes n of out, both that long;
+        // seed_at is null or the address of a live slot of the bound step's buffer.
+        unsafe { b.launch(elementwise(n)) }.w()
+    })?;
     Ok(CudaStorage::wrap_cuda_slice(out, dev))
 }
 
@@ -103,18 +127,22 @@ pub(crate) fn dropout_add(
     let out = output(&dev, n)?;
     let (thr, keep) = mask_params(p);
     let f = func!(dev, "fpt_dropout_add_f32")?;
-    let mut b = f.builder();
     let (n64, block64) = (n as u64, block as u64);
-    b.arg(&av)
-        .arg(&yv)
-        .arg(&out)
-        .arg(&n64)
-        .arg(&seed)
-        .arg(&block64)
-        .arg(&thr)
-        .arg(&keep);
-    // SAFETY: a, y and out hold n elements each (same shapes, checked by the caller).
-    unsafe { b.launch(elementwise(n)) }.w()?;
+    with_seed_at(seed, |seed_at| {
+        let mut b = f.builder();
+        b.arg(&av)
+            .arg(&yv)
+            .arg(&out)
+            .arg(&n64)
+            .arg(&seed)
+            .arg(&block64)
+            .arg(&thr)
+            .arg(&keep)
+            .arg(&seed_at);
+        // SAFETY: a, y and out hold n elements each (same shapes, checked by the caller);
+        // seed_at is null or the address of a live slot of the bound step's buffer.
+        unsafe { b.launch(elementwise(n)) }.w()
+    })?;
     Ok(CudaStorage::wrap_cuda_slice(out, dev))
 }
 
@@ -186,6 +214,7 @@ pub(crate) fn moment(
     decay: f32,
     rest: f32,
     square: bool,
+    gate: Option<&CudaView<'_, f64>>,
 ) -> Result<()> {
     let dev = x.device().clone();
     let gv = f32_view(g.0, g.1, "adam_update")?;
@@ -194,12 +223,51 @@ pub(crate) fn moment(
     if xs.len() != n {
         candle_core::bail!("adam_update: {} moment values for {n} gradient values", xs.len())
     }
-    let f = func!(dev, "fpt_moment_f32")?;
+    let f = match gate {
+        None => func!(dev, "fpt_moment_f32")?,
+        Some(_) => func!(dev, "fpt_moment_gated_f32")?,
+    };
     let mut b = f.builder();
     let (n64, sq) = (n as u64, i32::from(square));
     b.arg(xs).arg(&gv).arg(&n64).arg(&decay).arg(&rest).arg(&sq);
-    // SAFETY: x and g hold n elements each.
+    if let Some(state) = gate {
+        b.arg(state);
+    }
+    // SAFETY: x and g hold n elements each; a gate's state holds its head (fpt_ops.h).
     unsafe { b.launch(elementwise(n)) }.w()?;
+    Ok(())
+}
+
+/// Where Adam's parameter update takes `inv_sqrt_bc2` and the step size from.
+pub(crate) enum StepCoefs<'a> {
+    /// Kernel arguments.
+    Args(f32, f32),
+    /// A replayed step's gate: its state and coefficient table (`ops/adam_gate.rs`).
+    Gate(CudaView<'a, f64>, CudaView<'a, f32>),
+}
+
+/// A replayed step's gate: records `loss` and `norm` (one f64 each) in `state` and decides
+/// there whether the step's update applies.
+pub(crate) fn step_gate(
+    state: &mut CudaStorage,
+    loss: (&CudaStorage, &Layout),
+    norm: (&CudaStorage, &Layout),
+) -> Result<()> {
+    let dev = state.device().clone();
+    fn one<'a>(s: &'a CudaStorage, l: &Layout, what: &str) -> Result<CudaView<'a, f64>> {
+        match l.contiguous_offsets() {
+            Some((a, b)) if b == a + 1 => Ok(s.as_cuda_slice::<f64>()?.slice(a..b)),
+            _ => candle_core::bail!("step gate: the {what} must be one contiguous f64, got {:?}", l.shape()),
+        }
+    }
+    let (lv, nv) = (one(loss.0, loss.1, "loss")?, one(norm.0, norm.1, "norm")?);
+    let st = state.as_cuda_slice_mut::<f64>()?;
+    let f = func!(dev, "fpt_step_gate_f64")?;
+    let mut b = f.builder();
+    b.arg(&lv).arg(&nv).arg(st);
+    // SAFETY: loss and norm hold one f64 each; the state its head and ring (the caller
+    // made it so: ops/adam_gate.rs).
+    unsafe { b.launch(LaunchConfig::for_num_elems(1)) }.w()?;
     Ok(())
 }
 
@@ -208,9 +276,8 @@ pub(crate) fn adam_step(
     p: &mut CudaStorage,
     m: (&CudaStorage, &Layout),
     v: (&CudaStorage, &Layout),
-    inv_sqrt_bc2: f32,
     eps: f32,
-    step_size: f32,
+    coefs: StepCoefs<'_>,
 ) -> Result<()> {
     let dev = p.device().clone();
     let (mv, vv) = (f32_view(m.0, m.1, "adam_update")?, f32_view(v.0, v.1, "adam_update")?);
@@ -219,18 +286,30 @@ pub(crate) fn adam_step(
     if ps.len() != n || v.1.shape().elem_count() != n {
         candle_core::bail!("adam_update: moments of {n} values for {}", ps.len())
     }
-    let f = func!(dev, "fpt_adam_step_f32")?;
-    let mut b = f.builder();
     let n64 = n as u64;
-    b.arg(ps)
-        .arg(&mv)
-        .arg(&vv)
-        .arg(&n64)
-        .arg(&inv_sqrt_bc2)
-        .arg(&eps)
-        .arg(&step_size);
-    // SAFETY: p, m and v hold n elements each.
-    unsafe { b.launch(elementwise(n)) }.w()?;
+    match coefs {
+        StepCoefs::Args(inv_sqrt_bc2, step_size) => {
+            let f = func!(dev, "fpt_adam_step_f32")?;
+            let mut b = f.builder();
+            b.arg(ps)
+                .arg(&mv)
+                .arg(&vv)
+                .arg(&n64)
+                .arg(&inv_sqrt_bc2)
+                .arg(&eps)
+                .arg(&step_size);
+            // SAFETY: p, m and v hold n elements each.
+            unsafe { b.launch(elementwise(n)) }.w()?;
+        }
+        StepCoefs::Gate(state, table) => {
+            let f = func!(dev, "fpt_adam_step_gated_f32")?;
+            let mut b = f.builder();
+            b.arg(ps).arg(&mv).arg(&vv).arg(&n64).arg(&eps).arg(&state).arg(&table);
+            // SAFETY: p, m and v hold n elements each; the gate's table has a row for every
+            // step its state lets through (fpt_step_gate refuses the others).
+            unsafe { b.launch(elementwise(n)) }.w()?;
+        }
+    }
     Ok(())
 }
 
@@ -488,11 +567,23 @@ fn keylen_view<'a>(k: Option<(&'a CudaStorage, &'a Layout)>) -> Result<Option<Cu
 
 /// Attention tiled over keys on Q, K, V read in place from `qkv` ([b, t, 3c], `g`'s
 /// strides): the output [b, t, c] and each row's log-sum-exp [b * heads * t].
+/// The tiled attention's dropout seed is a field of its geometry, not a slot: a replayed
+/// step with it would repeat its masks, so it refuses to run under one.
+fn tiled_not_replayed(g: &crate::ops::attention_tiled::AttnGeom) -> Result<()> {
+    if g.thr != 0 && crate::replay::bound() {
+        candle_core::bail!(
+            "FPT_ATTENTION=tiled with dropout cannot run in a replayed step (its seed is not read from a slot)"
+        )
+    }
+    Ok(())
+}
+
 pub(crate) fn attn_fwd(
     qkv: (&CudaStorage, &Layout),
     keylen: Option<(&CudaStorage, &Layout)>,
     g: &crate::ops::attention_tiled::AttnGeom,
 ) -> Result<(CudaStorage, CudaSlice<f32>)> {
+    tiled_not_replayed(g)?;
     let dev = qkv.0.device().clone();
     let x = f32_view(qkv.0, qkv.1, "attention_tiled")?;
     let c = (g.heads * g.d) as usize;
@@ -527,6 +618,7 @@ pub(crate) fn attn_bwd(
     keylen: Option<(&CudaStorage, &Layout)>,
     g: &crate::ops::attention_tiled::AttnGeom,
 ) -> Result<CudaStorage> {
+    tiled_not_replayed(g)?;
     let dev = qkv.0.device().clone();
     let x = f32_view(qkv.0, qkv.1, "attention_tiled backward")?;
     let ov = f32_view(o.0, o.1, "attention_tiled backward")?;

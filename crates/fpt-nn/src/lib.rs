@@ -25,6 +25,7 @@ pub mod kernels;
 pub mod layers;
 pub mod ops;
 mod param;
+pub mod replay;
 mod rng;
 pub mod transfer;
 

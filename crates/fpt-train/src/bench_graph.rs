@@ -1,17 +1,14 @@
 //! A CUDA graph of the training step, as the bench's experiment (`fpt bench --graph`; issue
-//! 56 item 1): how fast the step runs when its kernels are launched as one replayed graph
+//! 56 item 1): how fast the step trains when its kernels are launched as one replayed graph
 //! instead of one by one, beside the same step launched eagerly.
 //!
-//! The step captured is [`crate::Trainer::step_queued`] on one batch uploaded beforehand (a capture
-//! takes no host copies): forward, backward, clip and Adam, nothing read back. Replays
-//! repeat it exactly, the same batch and the same dropout masks (their seeds were kernel
-//! arguments at the capture) and Adam's coefficients of the captured step, updating the
-//! parameters in place each time: a measurement of the launches saved, not training. The
-//! loss is copied into a tensor made before the capture, so it can be read after a replay
-//! (the graph's own allocations are freed at its next launch). Tensors are made without
-//! cuda event tracking in this process (one stream: a capture cannot wait on events
-//! recorded before it). What stops a training run from replaying its step is listed in
-//! bench/README.md.
+//! The replayed step is [`crate::ReplayStep`]: each step's batch (drawn as the trainer
+//! draws it) uploaded and copied into fixed buffers, its dropout seeds written into slots,
+//! Adam's step count, coefficients and non-finite skip decided on the device, nothing read
+//! back until the losses are drained at the end; the eager step is [`crate::Trainer::step`].
+//! Both train: the losses of the first and last timed replays show the replays learn.
+//! Tensors are made without cuda event tracking in this process (one stream: a capture
+//! cannot wait on events recorded before it).
 
 use crate::bench::{Shape, Timing};
 use crate::Result;
@@ -22,16 +19,19 @@ use serde::Serialize;
 /// The step launched eagerly and replayed as a graph, in one process on one batch.
 #[derive(Debug, Clone, Serialize)]
 pub struct GraphTiming {
-    /// [`crate::Trainer::step_queued`] launched kernel by kernel, the device synchronised around
-    /// each step.
+    /// [`crate::Trainer::step`] launched kernel by kernel (its batch drawn and uploaded, its
+    /// loss and norm read back), the device synchronised around each step.
     pub eager: Timing,
-    /// The captured graph launched once per step, synchronised the same way.
+    /// [`crate::ReplayStep::step`] replaying the captured graph (its batch drawn, uploaded
+    /// and copied into the graph's buffers, its seeds written), synchronised the same way.
     pub replay: Timing,
-    /// The loss after the first replay and after the last (the same batch each time: a
-    /// replay that trains lowers it).
+    /// The training loss of the first timed replay and of the last (each replay trains on
+    /// a fresh batch: a replay that trains lowers it over the run).
     pub loss_first: f64,
     /// See `loss_first`.
     pub loss_last: f64,
+    /// Replayed steps whose update the device skipped (a non-finite loss or norm).
+    pub skipped: usize,
 }
 
 /// Times `steps` eager queued steps and `steps` replays of their captured graph after
@@ -62,8 +62,8 @@ fn capture_and_time(
     steps: usize,
 ) -> Result<GraphTiming> {
     use crate::bench::{timing, unix_now};
+    use crate::replay_step::WARM_STEPS;
     use crate::Trainer;
-    use candle_core::cuda_backend::cudarc::driver::sys;
     use std::time::Instant;
     let device = Device::Cuda(cuda.clone());
     let graph_err = |what: &str, e: &dyn std::fmt::Debug| {
@@ -77,15 +77,11 @@ fn capture_and_time(
             &"a capture takes the device as `fpt_nn::device::parse` makes it, without them",
         ));
     }
-    let mut tr = Trainer::with_task(
-        &shape.spec(groups, precision),
-        Box::new(fpt_tasks::Synthetic::new(shape.dims())),
-        &device,
-    )?;
-    for _ in 0..warmup {
-        tr.step().map_err(|e| graph_err("a warm-up step (eager)", &e))?;
-    }
-    let batch = tr.draw_batch()?;
+    let mut spec = shape.spec(groups, precision);
+    // The replay's coefficient table covers every step the bench runs.
+    spec.train.steps = spec.train.steps.max(warmup + 2 * steps + WARM_STEPS + 2);
+    let mut tr = Trainer::with_task(&spec, Box::new(fpt_tasks::Synthetic::new(shape.dims())), &device)
+        .map_err(|e| graph_err("build the model", &e))?;
     let timed = |f: &mut dyn FnMut() -> Result<()>| -> Result<Timing> {
         let mut ms = Vec::with_capacity(steps);
         let from = unix_now();
@@ -98,34 +94,33 @@ fn capture_and_time(
         }
         Ok(timing(ms, from, unix_now()))
     };
-    let eager =
-        timed(&mut || tr.step_queued(&batch).map(drop)).map_err(|e| graph_err("the queued step (eager)", &e))?;
-    let loss_out = candle_core::Var::zeros(1, candle_core::DType::F64, &device)?;
-    let stream = cuda.cuda_stream();
-    device.synchronize()?;
-    stream
-        .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
-        .map_err(|e| graph_err("begin the capture", &e))?;
-    let captured = tr.step_queued(&batch).and_then(|loss| Ok(loss_out.set(&loss)?));
-    let graph = stream.end_capture(sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH);
-    captured.map_err(|e| graph_err("the step under capture", &e))?;
-    let graph = graph
-        .map_err(|e| graph_err("end the capture", &e))?
-        .ok_or_else(|| graph_err("end the capture", &"no graph was captured"))?;
-    graph.upload().map_err(|e| graph_err("upload the graph", &e))?;
-    let read = || -> Result<f64> { Ok(fpt_nn::transfer::download_vec::<f64>(loss_out.as_tensor())?[0]) };
-    graph.launch().map_err(|e| graph_err("launch the graph", &e))?;
-    // A fault of the replay itself (a pointer the capture took to memory freed since, say)
-    // surfaces here, named so.
+    for _ in 0..warmup {
+        tr.step().map_err(|e| graph_err("a warm-up step (eager)", &e))?;
+    }
+    let eager = timed(&mut || tr.step().map(drop)).map_err(|e| graph_err("the eager steps", &e))?;
+    let mut replay = tr
+        .replay_step(steps + WARM_STEPS + 2)
+        .map_err(|e| graph_err("the replay's buffers", &e))?;
+    while !replay.captured() {
+        if replay.steps() > WARM_STEPS + 1 {
+            return Err(graph_err("the capture", &"the step was not captured"));
+        }
+        replay
+            .step(&mut tr)
+            .map_err(|e| graph_err("the steps before the capture and the capture", &e))?;
+    }
     device.synchronize().map_err(|e| graph_err("the first replay", &e))?;
-    let loss_first = read()?;
-    let replay = timed(&mut || graph.launch().map_err(|e| graph_err("launch the graph", &e)))?;
-    let loss_last = read()?;
+    let replayed = timed(&mut || replay.step(&mut tr)).map_err(|e| graph_err("the timed replays", &e))?;
+    let outcomes = replay
+        .drain(&mut tr)
+        .map_err(|e| graph_err("read the replays' losses", &e))?;
+    let first = outcomes.len() - steps;
     Ok(GraphTiming {
         eager,
-        replay,
-        loss_first,
-        loss_last,
+        replay: replayed,
+        loss_first: outcomes[first].loss,
+        loss_last: outcomes[outcomes.len() - 1].loss,
+        skipped: outcomes.iter().filter(|o| !o.finite).count(),
     })
 }
 

@@ -365,6 +365,134 @@ pub fn agreement(device: &Device) -> Result<Vec<KernelCheck>> {
         Ok(Tensor::cat(&[p.as_tensor(), &m, &v], 0)?)
     };
     check(&mut out, "adam_update".into(), &run(device)?, &run(&cpu)?, 1e-6)?;
+    // Adam through a replayed step's gate: the same updates, the non-finite step skipped
+    // on the device, the ring and step count as the CPU's.
+    let run = |d: &Device| -> Result<Tensor> {
+        let gate = ops::AdamGate::new(
+            0,
+            3,
+            4,
+            |t| ops::AdamCoefs {
+                step_size: 1e-3 * t as f64,
+                ..coefs
+            },
+            d,
+        )?;
+        let p = Var::from_tensor(&fpt_nn::transfer::to_device(&randn(&[n], 30, &cpu)?, d)?)?;
+        let (m, v) = (
+            Tensor::zeros(n, candle_core::DType::F32, d)?,
+            Tensor::zeros(n, candle_core::DType::F32, d)?,
+        );
+        for (k, loss) in [1.5f64, f64::NAN, 0.5, 0.25].into_iter().enumerate() {
+            let g = fpt_nn::transfer::to_device(&randn(&[n], 40 + k as u64, &cpu)?, d)?;
+            gate.record(&Tensor::new(&[loss], d)?, &Tensor::new(&[1.0 + k as f64], d)?)?;
+            gate.update(&p, &m, &v, &g)?;
+        }
+        let s = gate.read()?;
+        let mut book = vec![s.t as f32, s.recorded as f32];
+        // The NaN loss as -1 (both sides must hold NaN there; the comparison takes numbers).
+        let loss = |r: &ops::GateRecord| if r.loss.is_nan() { -1.0 } else { r.loss as f32 };
+        book.extend(
+            s.records
+                .iter()
+                .flat_map(|r| [loss(r), r.grad_norm as f32, f32::from(u8::from(r.applied))]),
+        );
+        let book = Tensor::new(book.as_slice(), &cpu)?;
+        Ok(Tensor::cat(
+            &[
+                &p.as_tensor().to_device(&cpu)?,
+                &m.to_device(&cpu)?,
+                &v.to_device(&cpu)?,
+                &book,
+            ],
+            0,
+        )?)
+    };
+    check(
+        &mut out,
+        "adam_gate (4 steps, one not finite)".into(),
+        &run(device)?,
+        &run(&cpu)?,
+        1e-6,
+    )?;
+    Ok(out)
+}
+
+/// The training step replayed from device memory ([`crate::ReplayStep`], captured as a CUDA
+/// graph on a GPU) against [`crate::Trainer::step`] on the same device: twelve steps of a
+/// small random GPT-2 with every dropout on, the same losses and parameters. An error of
+/// the replay (a capture the driver refuses, say) is a failed check that names it.
+pub fn replay_agreement(device: &Device) -> Result<Vec<KernelCheck>> {
+    use fpt_spec::{BackboneSpec, Init, RunSpec, ShapeOverrides, TaskName, TaskSpec, TrainSpec};
+    let steps = 12;
+    let spec = RunSpec {
+        train: TrainSpec {
+            steps: 100,
+            batch_size: 8,
+            micro_batch_size: 8,
+            seed: 5,
+            ..TrainSpec::default()
+        },
+        ..RunSpec::new(
+            TaskSpec::new(TaskName::BitXor),
+            BackboneSpec {
+                shape: ShapeOverrides {
+                    layers: Some(2),
+                    hidden: Some(64),
+                    heads: Some(4),
+                    ..Default::default()
+                },
+                ..BackboneSpec::new("gpt2", Init::Random)
+            },
+        )
+    };
+    let params = |t: &crate::Trainer| -> Result<Tensor> {
+        let flat = t
+            .model()
+            .trainable()
+            .iter()
+            .map(|(_, v)| Ok(v.as_tensor().flatten_all()?.to_device(&Device::Cpu)?))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Tensor::cat(&flat, 0)?)
+    };
+    let mut eager = crate::Trainer::new(&spec, device)?;
+    let want = (0..steps)
+        .map(|_| Ok(eager.step()?.loss))
+        .collect::<Result<Vec<f64>>>()?;
+    let mut tr = crate::Trainer::new(&spec, device)?;
+    let replayed = (|| -> Result<(Vec<f64>, bool)> {
+        let mut r = tr.replay_step(steps)?;
+        for _ in 0..steps {
+            r.step(&mut tr)?;
+        }
+        let losses = r.drain(&mut tr)?.iter().map(|o| o.loss).collect();
+        Ok((losses, r.captured()))
+    })();
+    let mut out = Vec::new();
+    let failed = |name: String| KernelCheck {
+        name,
+        max_diff: f64::INFINITY,
+        allowed: 1e-6,
+        passed: false,
+    };
+    match replayed {
+        Err(e) => out.push(failed(format!("replayed step: {e}"))),
+        Ok((_, false)) if device.is_cuda() => out.push(failed("replayed step: not captured on the GPU".into())),
+        Ok((got, captured)) => {
+            let how = if captured { "captured" } else { "eager" };
+            let f32s =
+                |v: &[f64]| Tensor::new(v.iter().map(|&x| x as f32).collect::<Vec<_>>().as_slice(), &Device::Cpu);
+            let (got, want) = (f32s(&got)?, f32s(&want)?);
+            check(&mut out, format!("replayed step ({how}) losses"), &got, &want, 1e-6)?;
+            check(
+                &mut out,
+                format!("replayed step ({how}) parameters"),
+                &params(&tr)?,
+                &params(&eager)?,
+                1e-6,
+            )?;
+        }
+    }
     Ok(out)
 }
 
@@ -481,6 +609,17 @@ mod tests {
         }
         let failed: Vec<&KernelCheck> = checks.iter().filter(|c| !c.passed).collect();
         assert!(failed.is_empty(), "{failed:?}");
+    }
+
+    /// The replay check runs on the CPU (eagerly through the replay's buffers) and agrees
+    /// exactly there.
+    #[test]
+    fn the_replay_check_runs_on_the_cpu() {
+        let checks = replay_agreement(&Device::Cpu).unwrap();
+        assert_eq!(checks.len(), 2, "{checks:?}");
+        for c in &checks {
+            assert!(c.passed && c.max_diff == 0.0, "{c:?}");
+        }
     }
 
     /// The normwise metric the products are checked with passes a product added in another

@@ -44,19 +44,24 @@ impl Adam {
     /// then updated too).
     pub fn step(&mut self, grads: &[Tensor]) -> Result<()> {
         self.t += 1;
-        let bc1 = 1.0 - self.beta1.powi(self.t as i32);
-        let bc2 = 1.0 - self.beta2.powi(self.t as i32);
-        let coefs = AdamCoefs {
-            beta1: self.beta1,
-            beta2: self.beta2,
-            step_size: self.lr / bc1,
-            inv_sqrt_bc2: 1.0 / bc2.sqrt(),
-            eps: self.eps,
-        };
+        let coefs = self.coefs_at(self.t, self.lr);
         for (i, var) in self.vars.iter().enumerate() {
             adam_update(var, &mut self.m[i], &mut self.v[i], &grads[i], &coefs)?;
         }
         Ok(())
+    }
+
+    /// The coefficients of update number `t` (counted from 1) at learning rate `lr`.
+    pub fn coefs_at(&self, t: usize, lr: f64) -> AdamCoefs {
+        let bc1 = 1.0 - self.beta1.powi(t as i32);
+        let bc2 = 1.0 - self.beta2.powi(t as i32);
+        AdamCoefs {
+            beta1: self.beta1,
+            beta2: self.beta2,
+            step_size: lr / bc1,
+            inv_sqrt_bc2: 1.0 / bc2.sqrt(),
+            eps: self.eps,
+        }
     }
 
     /// Replaces the step counter and moments (from a checkpoint), in `vars` order.

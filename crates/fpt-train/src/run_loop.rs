@@ -99,8 +99,7 @@ pub(crate) fn evaluate_now(
     };
     metrics_append(metrics, &rec)?;
     run.metrics_lines += 1;
-    run.window_loss = 0.0;
-    run.window_steps = 0;
+    (run.window_loss, run.window_steps) = (0.0, 0);
     run.evals.push(rec.clone());
     run.recent.push(outcomes::EvalScores::new(
         rec.step,
@@ -142,8 +141,9 @@ pub(crate) fn run_loop(
     let mut last_tally: Option<(usize, outcomes::Tally)> = None;
     // The task's trivial baseline, for stopping within noise (built at the first evaluation).
     let mut stop_baseline: Option<fpt_tasks::Baseline> = None;
+    let mut stepper = crate::replay_step::Stepper::for_run(&tr)?;
     while tr.steps_done() < t.steps {
-        let out = tr.step()?;
+        let out = stepper.step(&mut tr)?;
         let why = if !out.finite {
             // The update was skipped: the step did not happen.
             Some((

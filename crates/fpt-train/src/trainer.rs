@@ -232,7 +232,7 @@ impl Trainer {
     }
 
     /// `batch`'s loss, its autograd graph attached.
-    fn loss_on(&mut self, batch: &fpt_tasks::Batch) -> Result<Tensor> {
+    pub(crate) fn loss_on(&mut self, batch: &fpt_tasks::Batch) -> Result<Tensor> {
         let logits = self.model.forward(&batch.inputs, &mut self.ctx)?;
         let classes = logits.dim(2)?;
         Ok(ops::cross_entropy(

@@ -120,7 +120,7 @@ pub fn adam_update_composed(
 /// not qualify).
 /// Whether `t` is f32 and owns all of its storage from offset 0 (so an in-place update
 /// writes exactly its elements), on the CPU or (with the `cuda` feature) a GPU.
-fn owns_storage(t: &Tensor) -> bool {
+pub(super) fn owns_storage(t: &Tensor) -> bool {
     if t.dtype() != DType::F32 {
         return false;
     }
@@ -151,18 +151,15 @@ const CHUNK: usize = 1 << 14;
 
 /// `x := decay x + rest g` (or `rest g^2`), with the composed ops' roundings (candle's
 /// `affine` computes `x * mul + add`, here with `add = 0`).
-struct MomentOp {
-    decay: f32,
-    rest: f32,
-    square: bool,
+pub(super) struct MomentOp {
+    pub(super) decay: f32,
+    pub(super) rest: f32,
+    pub(super) square: bool,
 }
 
-impl candle_core::InplaceOp2 for MomentOp {
-    fn name(&self) -> &'static str {
-        "adam-moment"
-    }
-
-    fn cpu_fwd(&self, s1: &mut CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> Result<()> {
+impl MomentOp {
+    /// The update on the CPU.
+    pub(super) fn cpu(&self, s1: &mut CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> Result<()> {
         let x = f32_slice_mut(s1, l1)?;
         let g = f32_slice(s2, l2)?;
         if x.len() != g.len() {
@@ -182,6 +179,16 @@ impl candle_core::InplaceOp2 for MomentOp {
         }
         Ok(())
     }
+}
+
+impl candle_core::InplaceOp2 for MomentOp {
+    fn name(&self) -> &'static str {
+        "adam-moment"
+    }
+
+    fn cpu_fwd(&self, s1: &mut CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> Result<()> {
+        self.cpu(s1, l1, s2, l2)
+    }
 
     #[cfg(feature = "cuda")]
     fn cuda_fwd(
@@ -191,7 +198,7 @@ impl candle_core::InplaceOp2 for MomentOp {
         s2: &candle_core::CudaStorage,
         l2: &Layout,
     ) -> Result<()> {
-        crate::cuda::moment(s1, (s2, l2), self.decay, self.rest, self.square)
+        crate::cuda::moment(s1, (s2, l2), self.decay, self.rest, self.square, None)
     }
 }
 
@@ -199,6 +206,46 @@ impl candle_core::InplaceOp2 for MomentOp {
 /// ops' roundings.
 struct StepOp {
     c: F32Coefs,
+}
+
+/// The parameter update on the CPU with `eps`, `inv_sqrt_bc2` and `step_size`.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn step_cpu(
+    s1: &mut CpuStorage,
+    l1: &Layout,
+    s2: &CpuStorage,
+    l2: &Layout,
+    s3: &CpuStorage,
+    l3: &Layout,
+    eps: f32,
+    inv_sqrt_bc2: f32,
+    step_size: f32,
+) -> Result<()> {
+    let p = f32_slice_mut(s1, l1)?;
+    let (m, v) = (f32_slice(s2, l2)?, f32_slice(s3, l3)?);
+    if m.len() != p.len() || v.len() != p.len() {
+        candle_core::bail!(
+            "adam_update: moments of {} and {} values for {}",
+            m.len(),
+            v.len(),
+            p.len()
+        );
+    }
+    let body = |((p, m), v): ((&mut [f32], &[f32]), &[f32])| {
+        for ((p, &m), &v) in p.iter_mut().zip(m).zip(v) {
+            let denom = (v.sqrt() * inv_sqrt_bc2 + 0.0) * 1.0 + eps;
+            *p -= (m / denom) * step_size + 0.0;
+        }
+    };
+    if use_par(p.len()) {
+        p.par_chunks_mut(CHUNK)
+            .zip(m.par_chunks(CHUNK))
+            .zip(v.par_chunks(CHUNK))
+            .for_each(body);
+    } else {
+        body(((p, m), v));
+    }
+    Ok(())
 }
 
 impl candle_core::InplaceOp3 for StepOp {
@@ -215,32 +262,8 @@ impl candle_core::InplaceOp3 for StepOp {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<()> {
-        let p = f32_slice_mut(s1, l1)?;
-        let (m, v) = (f32_slice(s2, l2)?, f32_slice(s3, l3)?);
-        if m.len() != p.len() || v.len() != p.len() {
-            candle_core::bail!(
-                "adam_update: moments of {} and {} values for {}",
-                m.len(),
-                v.len(),
-                p.len()
-            );
-        }
         let c = self.c;
-        let body = |((p, m), v): ((&mut [f32], &[f32]), &[f32])| {
-            for ((p, &m), &v) in p.iter_mut().zip(m).zip(v) {
-                let denom = (v.sqrt() * c.inv_sqrt_bc2 + 0.0) * 1.0 + c.eps;
-                *p -= (m / denom) * c.step_size + 0.0;
-            }
-        };
-        if use_par(p.len()) {
-            p.par_chunks_mut(CHUNK)
-                .zip(m.par_chunks(CHUNK))
-                .zip(v.par_chunks(CHUNK))
-                .for_each(body);
-        } else {
-            body(((p, m), v));
-        }
-        Ok(())
+        step_cpu(s1, l1, s2, l2, s3, l3, c.eps, c.inv_sqrt_bc2, c.step_size)
     }
 
     #[cfg(feature = "cuda")]
@@ -254,7 +277,13 @@ impl candle_core::InplaceOp3 for StepOp {
         l3: &Layout,
     ) -> Result<()> {
         let c = self.c;
-        crate::cuda::adam_step(s1, (s2, l2), (s3, l3), c.inv_sqrt_bc2, c.eps, c.step_size)
+        crate::cuda::adam_step(
+            s1,
+            (s2, l2),
+            (s3, l3),
+            c.eps,
+            crate::cuda::StepCoefs::Args(c.inv_sqrt_bc2, c.step_size),
+        )
     }
 }
 

@@ -459,6 +459,14 @@ fn packed_geom(
     Ok(g)
 }
 
+/// Notes the dropout seed the heads' masks come from (drawn per head on the pool's
+/// threads; see [`crate::replay`]).
+fn note_seed(spec: &AttentionSpec) {
+    if let Some((_, seed)) = spec.dropout {
+        crate::replay::seed_slot(seed);
+    }
+}
+
 /// The attention output `[b, tq, c]` of a packed `qkv` (`[b, t, 3c]`, contiguous, f32)
 /// whose shape is `shape`.
 pub(super) fn packed_forward(
@@ -467,6 +475,7 @@ pub(super) fn packed_forward(
     spec: &AttentionSpec,
     last: Option<usize>,
 ) -> Result<Vec<f32>> {
+    note_seed(spec);
     let g = packed_geom(qkv, None, shape, spec, last)?;
     Ok(forward(g, packed_ptrs(qkv, &g), spec))
 }
@@ -480,6 +489,7 @@ pub(super) fn packed_backward(
     spec: &AttentionSpec,
     last: Option<usize>,
 ) -> Result<Vec<f32>> {
+    note_seed(spec);
     let g = packed_geom(qkv, Some(dout), shape, spec, last)?;
     // Every slot is written unless only the last queries ran (then the other rows of dQ
     // stay zero).

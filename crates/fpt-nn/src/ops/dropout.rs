@@ -60,6 +60,7 @@ fn fill_with_mask<T: Send>(
     seed: u64,
     g: impl Fn(usize, f32) -> T + Send + Sync,
 ) {
+    crate::replay::seed_slot(seed);
     let fill = |c: usize, o: &mut [std::mem::MaybeUninit<T>]| {
         let first = c * CHUNK;
         for_mask_pieces(first, first + o.len(), block, p, seed, |s, m| {
@@ -113,6 +114,12 @@ impl DropoutMul {
     /// host and uploaded (a counted copy, see [`crate::transfer`]).
     pub(crate) fn apply(&self, x: &Tensor) -> Result<Tensor> {
         if !x.device().is_cpu() && x.dtype() != DType::F32 {
+            if crate::replay::bound() {
+                candle_core::bail!(
+                    "dropout: a {:?} tensor on a GPU gets a mask drawn on the host, which a replayed step cannot redraw",
+                    x.dtype()
+                )
+            }
             let m = mask_values(x.elem_count(), self.block, self.p, self.seed);
             let m = crate::transfer::upload(m, x.shape(), x.device())?.to_dtype(x.dtype())?;
             return x.mul(&m);

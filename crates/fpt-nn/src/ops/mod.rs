@@ -26,6 +26,7 @@ macro_rules! gpu_only_cpu_fwd3 {
 }
 
 mod adam;
+mod adam_gate;
 mod attention;
 mod attention_dispatch;
 mod attention_recomputed;
@@ -47,6 +48,7 @@ mod softmax;
 mod swiglu;
 
 pub use adam::{adam_update, adam_update_composed, AdamCoefs};
+pub use adam_gate::{AdamGate, GateRecord, GateState};
 pub use attention::{attention_composed, attention_probs, dropout_mask as attention_dropout_mask, AttentionSpec};
 pub(crate) use attention_dispatch::attention_packed_detached;
 pub use attention_dispatch::{attention, attention_packed, attention_packed_last, tiled_requested};

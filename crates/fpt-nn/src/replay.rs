@@ -1,0 +1,193 @@
+//! The dropout seeds of a step replayed from device memory (issue 56 item 1).
+//!
+//! A CUDA graph freezes its kernels' arguments at the capture, so a replayed step that
+//! passed its dropout seeds as arguments would draw the same masks at every replay. A
+//! replayed step's seeds live in a small device buffer instead ([`SeedSlots`]): the host
+//! draws them before each replay from the run's dropout stream, in the order the step
+//! draws them, and writes them there; the kernels read their slot.
+//!
+//! While [`SeedSlots::bind`] runs a step, the seeds it was given are bound to their slots
+//! on this thread: every dropout kernel launched with one of those seeds reads it from its
+//! slot (`cuda.rs`), and every mask drawn from a seed, on any device, is noted here. When
+//! the step ends, each slot must have been read and no other seed used: a dropout site
+//! that escaped the slots, or a draw order that differs from the step's, is an error, not
+//! a replay that silently repeats its masks. On the CPU the step runs as it always does
+//! (the seeds are the values the step draws); what this checks there is the plumbing the
+//! GPU's capture relies on.
+
+use candle_core::{DType, Device, Result, Tensor, Var};
+use std::cell::RefCell;
+use std::collections::HashMap;
+
+/// A step's dropout seeds on the device: one slot per seed the step draws, in draw order.
+#[derive(Debug)]
+pub struct SeedSlots {
+    buf: Var,
+    k: usize,
+}
+
+struct Bound {
+    slots: HashMap<u64, usize>,
+    buf: Tensor,
+    read: Vec<bool>,
+    unknown: Vec<u64>,
+}
+
+thread_local! {
+    static BOUND: RefCell<Option<Bound>> = const { RefCell::new(None) };
+}
+
+impl SeedSlots {
+    /// Slots for `k` seeds on `device`.
+    pub fn new(k: usize, device: &Device) -> Result<Self> {
+        Ok(Self {
+            buf: Var::zeros(k.max(1), DType::I64, device)?,
+            k,
+        })
+    }
+
+    /// How many seeds a step draws.
+    pub fn len(&self) -> usize {
+        self.k
+    }
+
+    /// Whether the step draws no seed.
+    pub fn is_empty(&self) -> bool {
+        self.k == 0
+    }
+
+    /// Writes a step's seeds into the slots (an upload and a copy into the buffer the
+    /// captured kernels read, enqueued before the replay).
+    pub fn write(&self, seeds: &[u64]) -> Result<()> {
+        if seeds.len() != self.k {
+            candle_core::bail!("seed slots: {} seeds for {} slots", seeds.len(), self.k)
+        }
+        if self.k == 0 {
+            return Ok(());
+        }
+        let bits: Vec<i64> = seeds.iter().map(|&s| s as i64).collect();
+        self.buf.set(&crate::transfer::upload(bits, self.k, self.buf.device())?)
+    }
+
+    /// Runs `step` with `seeds` (which [`SeedSlots::write`] wrote into the slots: outside
+    /// a capture, which must not take host copies) bound to their slots on this thread,
+    /// then checks that the step read every slot and drew no other seed.
+    pub fn bind<R>(&self, seeds: &[u64], step: impl FnOnce() -> R) -> Result<R> {
+        if seeds.len() != self.k {
+            candle_core::bail!("seed slots: {} seeds for {} slots", seeds.len(), self.k)
+        }
+        let mut slots = HashMap::with_capacity(seeds.len());
+        for (i, &s) in seeds.iter().enumerate() {
+            if slots.insert(s, i).is_some() {
+                candle_core::bail!("seed slots: the step's seeds repeat ({s:#x} twice); slots cannot tell them apart")
+            }
+        }
+        let bound = Bound {
+            slots,
+            buf: self.buf.as_tensor().clone(),
+            read: vec![false; seeds.len()],
+            unknown: Vec::new(),
+        };
+        BOUND.with(|b| {
+            if b.borrow().is_some() {
+                candle_core::bail!("seed slots: a step is already bound on this thread")
+            }
+            *b.borrow_mut() = Some(bound);
+            Ok(())
+        })?;
+        let out = step();
+        let bound = BOUND.with(|b| b.borrow_mut().take()).expect("bound above");
+        if let Some(s) = bound.unknown.first() {
+            candle_core::bail!(
+                "seed slots: the step drew {} dropout seed(s) it was not given (first {s:#x}): its draws differ from the slots'",
+                bound.unknown.len()
+            )
+        }
+        if let Some(i) = bound.read.iter().position(|r| !r) {
+            candle_core::bail!(
+                "seed slots: slot {i} of {} was never read: a dropout site escaped the slots or the step draws fewer seeds",
+                seeds.len()
+            )
+        }
+        Ok(out)
+    }
+}
+
+/// Notes a mask drawn from `seed`; when a step is bound on this thread, returns the slots'
+/// buffer and the slot holding `seed` (a kernel reads it from there).
+pub(crate) fn seed_slot(seed: u64) -> Option<(Tensor, usize)> {
+    BOUND.with(|b| {
+        let mut b = b.borrow_mut();
+        let bound = b.as_mut()?;
+        match bound.slots.get(&seed) {
+            Some(&i) => {
+                bound.read[i] = true;
+                Some((bound.buf.clone(), i))
+            }
+            None => {
+                bound.unknown.push(seed);
+                None
+            }
+        }
+    })
+}
+
+/// Whether a step is bound on this thread (a kernel whose seed cannot come from a slot
+/// refuses to run under one).
+pub(crate) fn bound() -> bool {
+    BOUND.with(|b| b.borrow().is_some())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Rng;
+
+    /// Every seed the bound step draws is read from its slot; a seed it was not given, a
+    /// slot it never reads and repeated seeds are errors naming what went wrong.
+    #[test]
+    fn bound_steps_read_every_slot_and_nothing_else() -> Result<()> {
+        let dev = Device::Cpu;
+        let x = Tensor::ones(1000, DType::F32, &dev)?;
+        let slots = SeedSlots::new(2, &dev)?;
+        let mut rng = Rng::new(7);
+        let seeds = {
+            let mut r = rng.clone();
+            [r.next_u64(), r.next_u64()]
+        };
+        slots.write(&seeds)?;
+        let (a, b) = slots.bind(&seeds, || -> Result<_> {
+            let a = crate::ops::dropout(&x, 0.5, &mut rng)?;
+            let b = crate::ops::dropout_add(&x, &x, 0.5, rng.next_u64())?;
+            Ok((a, b))
+        })??;
+        assert_eq!(
+            a.to_vec1::<f32>()?,
+            crate::ops::dropout_mask_values(1000, 0.5, seeds[0])
+        );
+        let want: Vec<f32> = crate::ops::dropout_mask_values(1000, 0.5, seeds[1])
+            .iter()
+            .map(|m| 1.0 + m)
+            .collect();
+        assert_eq!(b.to_vec1::<f32>()?, want);
+        assert_eq!(
+            crate::transfer::download_vec::<i64>(slots.buf.as_tensor())?,
+            vec![seeds[0] as i64, seeds[1] as i64]
+        );
+
+        let err = slots
+            .bind(&seeds, || crate::ops::dropout(&x, 0.5, &mut Rng::new(8)).map(drop))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("not given"), "{err}");
+        let err = slots
+            .bind(&seeds, || crate::ops::dropout(&x, 0.5, &mut Rng::new(7)).map(drop))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("slot 1 of 2 was never read"), "{err}");
+        let err = SeedSlots::new(2, &dev)?.bind(&[5, 5], || ()).unwrap_err().to_string();
+        assert!(err.contains("repeat"), "{err}");
+        assert!(!bound(), "a failed bind leaves nothing bound");
+        Ok(())
+    }
+}

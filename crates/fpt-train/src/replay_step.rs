@@ -1,0 +1,352 @@
+//! The training step replayed from device memory (issue 56 item 1): what a CUDA graph of
+//! the step needs to train, not just to be timed.
+//!
+//! A captured graph replays its kernels with the pointers and arguments of the capture.
+//! So a [`ReplayStep`] keeps everything a step reads that changes from step to step in
+//! device memory the graph points at: the batch in fixed buffers (each step's batch is
+//! drawn as [`Trainer::step`] draws it, uploaded and copied in), the dropout seeds in
+//! slots ([`fpt_nn::replay::SeedSlots`], written before each step from the run's dropout
+//! stream in the order the step draws them), and Adam's step count, coefficient table and
+//! the non-finite skip in a gate ([`fpt_nn::ops::AdamGate`]), which also keeps the last
+//! steps' losses and norms. A step reads nothing back; [`ReplayStep::drain`] reads the
+//! gate once for every step since the last drain.
+//!
+//! On a GPU (the `cuda` feature), after its first steps run eagerly (the first learns how
+//! many seeds a step draws; the next ones fill candle's cache of small uploads, which a
+//! capture cannot take), the step is captured once and replayed. Everywhere else the
+//! step runs eagerly through the same buffers, slots and gate, with the slots bound (every
+//! seed the step draws must be the slot's), and equals [`Trainer::step`] to the last bit
+//! (`tests/replay_step.rs`): what this checks on the CPU is everything but the capture.
+
+use crate::{Result, StepOutcome, TrainError, Trainer};
+use candle_core::{Tensor, Var};
+use fpt_nn::ops::AdamGate;
+use fpt_nn::replay::SeedSlots;
+use fpt_nn::Rng;
+use fpt_tasks::{Batch, Inputs};
+
+fn msg(m: String) -> TrainError {
+    TrainError::Candle(candle_core::Error::Msg(m))
+}
+
+/// Eager steps on a GPU before the capture: one to count the seeds, then these, each
+/// filling candle's upload cache (`enable_cuda_graph_htod_cache`).
+pub const WARM_STEPS: usize = 2;
+
+/// A trainer's step replayed from device memory; see the module's documentation.
+pub struct ReplayStep {
+    gate: AdamGate,
+    fixed: Option<(Batch, Vec<Var>)>,
+    seeds: Option<SeedSlots>,
+    /// Adam's step count and the steps recorded at the last drain.
+    t: usize,
+    recorded: usize,
+    /// Steps run since the replay began.
+    steps: usize,
+    #[cfg(feature = "cuda")]
+    graph: Option<candle_core::cuda_backend::cudarc::driver::CudaGraph>,
+}
+
+impl Trainer {
+    /// A replayed step for this trainer, its gate keeping the last `ring` steps (drain at
+    /// least that often). The whole batch must be one micro-batch.
+    pub fn replay_step(&self, ring: usize) -> Result<ReplayStep> {
+        let t = &self.spec.train;
+        if t.batch_size != t.micro_batch_size {
+            return Err(msg(format!(
+                "replay: a batch of {} in micro-batches of {} accumulates; a replayed step takes the whole batch",
+                t.batch_size, t.micro_batch_size
+            )));
+        }
+        if self.adam.t != self.step {
+            return Err(msg(format!(
+                "replay: Adam has taken {} steps and the trainer {}; they must agree",
+                self.adam.t, self.step
+            )));
+        }
+        let rows = t.steps.saturating_sub(self.step).max(1);
+        let (lr, schedule, total) = (t.lr, &t.lr_schedule, t.steps);
+        let gate = AdamGate::new(
+            self.step,
+            rows,
+            ring,
+            |n| self.adam.coefs_at(n, schedule.lr_at(lr, n, total)),
+            &self.device,
+        )?;
+        Ok(ReplayStep {
+            gate,
+            fixed: None,
+            seeds: None,
+            t: self.step,
+            recorded: 0,
+            steps: 0,
+            #[cfg(feature = "cuda")]
+            graph: None,
+        })
+    }
+
+    /// One step on `batch` queued on the device, its update decided by `gate`: forward,
+    /// backward, clip, the gate's record, then Adam through the gate. Nothing read back.
+    fn step_gated(&mut self, batch: &Batch, gate: &AdamGate) -> Result<()> {
+        let clip = self.spec.train.clip_norm;
+        let loss = self.loss_on(batch)?;
+        let g = loss.backward()?;
+        let mut grads: Vec<Tensor> = self
+            .vars
+            .iter()
+            .map(|v| g.get(v.as_tensor()).cloned().map_or_else(|| v.zeros_like(), Ok))
+            .collect::<candle_core::Result<_>>()?;
+        drop(g);
+        let norm = crate::optim::clip_grad_norm_in_place(&mut grads, clip)?;
+        gate.record(&loss.detach(), &norm)?;
+        let (m, v) = self.adam.moments();
+        for (((var, g), m), v) in self.vars.iter().zip(&grads).zip(m).zip(v) {
+            gate.update(var, m, v, g)?;
+        }
+        Ok(())
+    }
+}
+
+/// How many draws took `from` to `to` (at most `limit`).
+fn draws_between(from: &Rng, to: &Rng, limit: usize) -> Option<usize> {
+    let mut r = from.clone();
+    for k in 0..=limit {
+        if &r == to {
+            return Some(k);
+        }
+        r.next_u64();
+    }
+    None
+}
+
+/// The tensors of `b` with storage of their own: the buffers replays read.
+fn fixed_copy(b: &Batch) -> Result<(Batch, Vec<Var>)> {
+    let fix = |t: &Tensor| -> Result<(Tensor, Var)> {
+        let v = Var::from_tensor(&t.copy()?)?;
+        Ok((v.as_tensor().detach(), v))
+    };
+    let (inputs, vi) = match &b.inputs {
+        Inputs::Vectors(t) => {
+            let (t, v) = fix(t)?;
+            (Inputs::Vectors(t), v)
+        }
+        Inputs::Tokens(t) => {
+            let (t, v) = fix(t)?;
+            (Inputs::Tokens(t), v)
+        }
+    };
+    let (labels, vl) = fix(&b.labels)?;
+    Ok((Batch { inputs, labels }, vec![vi, vl]))
+}
+
+impl ReplayStep {
+    /// Steps run so far.
+    pub fn steps(&self) -> usize {
+        self.steps
+    }
+
+    /// Whether the step is now a captured graph (always false without a GPU).
+    pub fn captured(&self) -> bool {
+        #[cfg(feature = "cuda")]
+        return self.graph.is_some();
+        #[cfg(not(feature = "cuda"))]
+        false
+    }
+
+    /// Copies `batch` into the fixed buffers (made from the first batch).
+    fn load(&mut self, batch: &Batch) -> Result<Batch> {
+        let (fixed, vars) = match &self.fixed {
+            Some(f) => f,
+            None => self.fixed.insert(fixed_copy(batch)?),
+        };
+        let src = match &batch.inputs {
+            Inputs::Vectors(t) | Inputs::Tokens(t) => t,
+        };
+        for (what, new, buf) in [("inputs", src, &vars[0]), ("labels", &batch.labels, &vars[1])] {
+            if new.shape() != buf.shape() || new.dtype() != buf.dtype() {
+                return Err(msg(format!(
+                    "replay: this batch's {what} are {:?} {:?}, the first's {:?} {:?}: a replayed step needs batches of one shape",
+                    new.dtype(),
+                    new.shape(),
+                    buf.dtype(),
+                    buf.shape()
+                )));
+            }
+        }
+        vars[0].set(&src.contiguous()?)?;
+        vars[1].set(&batch.labels.contiguous()?)?;
+        Ok(fixed.clone())
+    }
+
+    /// One training step: the next batch (drawn as [`Trainer::step`] draws it), its seeds,
+    /// then the step, eager or replayed. Nothing is read back.
+    pub fn step(&mut self, tr: &mut Trainer) -> Result<()> {
+        let batch = tr.draw_batch()?;
+        let fixed = self.load(&batch)?;
+        self.steps += 1;
+        let Some(slots) = &self.seeds else {
+            // The first step: it learns how many seeds a step draws.
+            let before = tr.ctx.rng.clone();
+            let gate = &self.gate;
+            fpt_nn::on_pool(|| tr.step_gated(&fixed, gate))?;
+            let k = draws_between(&before, &tr.ctx.rng, 1 << 20)
+                .ok_or_else(|| msg("replay: the step drew more than 2^20 dropout seeds".into()))?;
+            self.seeds = Some(SeedSlots::new(k, &tr.device)?);
+            return Ok(());
+        };
+        let mut after = tr.ctx.rng.clone();
+        let seeds: Vec<u64> = (0..slots.len()).map(|_| after.next_u64()).collect();
+        slots.write(&seeds)?;
+        #[cfg(feature = "cuda")]
+        if let candle_core::Device::Cuda(cuda) = &tr.device {
+            return self.step_on_gpu(tr, cuda.clone(), &fixed, &seeds, after);
+        }
+        let gate = &self.gate;
+        fpt_nn::on_pool(|| slots.bind(&seeds, || tr.step_gated(&fixed, gate)))??;
+        if tr.ctx.rng != after {
+            return Err(msg(
+                "replay: the step drew a different number of dropout seeds than its first".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    #[cfg(feature = "cuda")]
+    fn step_on_gpu(
+        &mut self,
+        tr: &mut Trainer,
+        cuda: candle_core::CudaDevice,
+        fixed: &Batch,
+        seeds: &[u64],
+        after: Rng,
+    ) -> Result<()> {
+        use candle_core::cuda_backend::cudarc::driver::sys;
+        let stage = |what: &'static str| move |e: &dyn std::fmt::Debug| msg(format!("replay on a GPU: {what}: {e:?}"));
+        if let Some(graph) = &self.graph {
+            tr.ctx.rng = after;
+            return graph.launch().map_err(|e| stage("launch the graph")(&e));
+        }
+        let slots = self.seeds.as_ref().expect("made at the first step");
+        let gate = &self.gate;
+        // Small uploads of the step (a strided op's dims, constants) are kept on the device
+        // from the eager steps on, so the capture finds them there.
+        let _htod = cuda.enable_cuda_graph_htod_cache();
+        if self.steps <= 1 + WARM_STEPS {
+            slots.bind(seeds, || tr.step_gated(fixed, gate))??;
+        } else {
+            let stream = cuda.cuda_stream();
+            stream
+                .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+                .map_err(|e| stage("begin the capture")(&e))?;
+            let captured = slots.bind(seeds, || tr.step_gated(fixed, gate));
+            let graph =
+                stream.end_capture(sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH);
+            captured.map_err(|e| stage("the step under capture")(&e))??;
+            let graph = graph
+                .map_err(|e| stage("end the capture")(&e))?
+                .ok_or_else(|| stage("end the capture")(&"no graph was captured"))?;
+            graph.upload().map_err(|e| stage("upload the graph")(&e))?;
+            // The capture recorded the step without running it: this step is its first replay.
+            graph.launch().map_err(|e| stage("the first replay")(&e))?;
+            self.graph = Some(graph);
+        }
+        if tr.ctx.rng != after {
+            return Err(msg(
+                "replay: the step drew a different number of dropout seeds than its first".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The outcomes of the steps since the last drain, read from the gate (one download),
+    /// and the trainer's step counts brought up to date.
+    pub fn drain(&mut self, tr: &mut Trainer) -> Result<Vec<StepOutcome>> {
+        let s = self.gate.read()?;
+        let new = s.recorded - self.recorded;
+        if new > s.records.len() {
+            return Err(msg(format!(
+                "replay: {new} steps since the last drain overran the gate's ring of {}; drain more often",
+                self.gate.ring()
+            )));
+        }
+        let t = &tr.spec.train;
+        let mut applied = self.t;
+        let mut out = Vec::with_capacity(new);
+        for r in &s.records[s.records.len() - new..] {
+            if r.past_table {
+                return Err(msg(format!(
+                    "replay: a step ran past the gate's table (the run's {} steps)",
+                    t.steps
+                )));
+            }
+            out.push(StepOutcome {
+                loss: r.loss,
+                grad_norm: r.grad_norm,
+                lr: t.lr_schedule.lr_at(t.lr, applied + 1, t.steps),
+                finite: r.applied,
+            });
+            applied += usize::from(r.applied);
+        }
+        if applied != s.t {
+            return Err(msg(format!(
+                "replay: the gate counts {} updates, its records {applied}",
+                s.t
+            )));
+        }
+        (self.t, self.recorded) = (s.t, s.recorded);
+        tr.step = s.t;
+        tr.adam.t = s.t;
+        Ok(out)
+    }
+}
+
+/// How a run takes its steps: [`Trainer::step`], or the replayed step drained after each
+/// step (`FPT_STEP=replay`; on a GPU captured as a CUDA graph after its first steps). The
+/// replay reads its gate back once a step, so a run's loop sees every step's outcome as
+/// the eager step gives it, and stops where it would.
+pub enum Stepper {
+    /// [`Trainer::step`].
+    Eager,
+    /// [`ReplayStep`], drained after every step.
+    Replay(ReplayStep),
+}
+
+/// The `FPT_STEP` variable: `eager` (the default) or `replay`.
+pub fn step_choice() -> Result<bool> {
+    match std::env::var("FPT_STEP").ok().as_deref() {
+        None | Some("") | Some("eager") => Ok(false),
+        Some("replay") => Ok(true),
+        Some(other) => Err(msg(format!("FPT_STEP={other}: expected `eager` or `replay`"))),
+    }
+}
+
+impl Stepper {
+    /// The stepper `FPT_STEP` asks for, for `tr`.
+    pub fn for_run(tr: &Trainer) -> Result<Self> {
+        Ok(if step_choice()? {
+            let r = tr.replay_step(16)?;
+            tracing::info!(
+                device = ?tr.device,
+                "FPT_STEP=replay: steps replayed from device memory (captured as a CUDA graph on a GPU)"
+            );
+            Stepper::Replay(r)
+        } else {
+            Stepper::Eager
+        })
+    }
+
+    /// One step and its outcome.
+    pub fn step(&mut self, tr: &mut Trainer) -> Result<StepOutcome> {
+        match self {
+            Stepper::Eager => tr.step(),
+            Stepper::Replay(r) => {
+                r.step(tr)?;
+                let mut out = r.drain(tr)?;
+                match (out.pop(), out.is_empty()) {
+                    (Some(o), true) => Ok(o),
+                    _ => Err(msg("replay: one step did not give one outcome".into())),
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,109 @@
+//! The replayed step (what a CUDA graph of a training step runs: the batch in fixed
+//! buffers, the dropout seeds in slots, Adam's update decided on the device) against the
+//! trainer's own step, on the CPU where it runs eagerly through the same buffers, slots
+//! and gate: the same losses, norms and learning rates, and the same parameters, moments
+//! and streams to the last bit. The capture itself needs a GPU (`fpt bench --graph`).
+
+use candle_core::Device;
+use fpt_spec::{BackboneSpec, Init, LrSchedule, RunSpec, ShapeOverrides, TaskName, TaskSpec, TrainSpec};
+use fpt_train::{StepOutcome, Trainer};
+
+fn spec(source: &str, task: TaskName, steps: usize, micro: usize) -> RunSpec {
+    RunSpec {
+        train: TrainSpec {
+            steps,
+            batch_size: 4,
+            micro_batch_size: micro,
+            seed: 11,
+            lr_schedule: LrSchedule::Linear { warmup_steps: 3 },
+            ..TrainSpec::default()
+        },
+        ..RunSpec::new(
+            TaskSpec::new(task),
+            BackboneSpec {
+                shape: ShapeOverrides {
+                    layers: Some(2),
+                    hidden: Some(32),
+                    heads: Some(2),
+                    ..Default::default()
+                },
+                ..BackboneSpec::new(source, Init::Random)
+            },
+        )
+    }
+}
+
+fn trained(t: &Trainer) -> Vec<(String, Vec<u32>)> {
+    t.model()
+        .trainable()
+        .iter()
+        .map(|(n, v)| {
+            let bits = v.as_tensor().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            (n.clone(), bits.iter().map(|x| x.to_bits()).collect())
+        })
+        .collect()
+}
+
+fn bits(o: &StepOutcome) -> (u64, u64, u64, bool) {
+    (o.loss.to_bits(), o.grad_norm.to_bits(), o.lr.to_bits(), o.finite)
+}
+
+/// Seven steps of a small GPT-2 and MiniLM (BERT) with every dropout on (input, embeddings,
+/// attention, residual) and a warm-up schedule, drained every third step: the replayed
+/// steps' outcomes and parameters equal the trainer's steps', and a step of each after
+/// them (the data and dropout streams where they should be) still agrees.
+#[test]
+fn replayed_steps_equal_the_trainers_steps_bit_for_bit() {
+    for (source, task) in [("gpt2", TaskName::BitXor), ("minilm", TaskName::BitMemory)] {
+        let s = spec(source, task, 20, 4);
+        let (mut a, mut b) = (
+            Trainer::new(&s, &Device::Cpu).unwrap(),
+            Trainer::new(&s, &Device::Cpu).unwrap(),
+        );
+        let want: Vec<_> = (0..7).map(|_| bits(&a.step().unwrap())).collect();
+        let mut r = b.replay_step(4).unwrap();
+        let mut got = Vec::new();
+        for i in 0..7 {
+            r.step(&mut b).unwrap();
+            if i % 3 == 2 || i == 6 {
+                got.extend(r.drain(&mut b).unwrap().iter().map(bits));
+            }
+        }
+        assert!(!r.captured(), "{source}: no capture without a GPU");
+        assert_eq!(got, want, "{source}: outcomes");
+        assert_eq!(trained(&b), trained(&a), "{source}: parameters");
+        assert_eq!(b.steps_done(), a.steps_done(), "{source}");
+        assert_eq!(
+            bits(&b.step().unwrap()),
+            bits(&a.step().unwrap()),
+            "{source}: the step after"
+        );
+        assert_eq!(trained(&b), trained(&a), "{source}: parameters after");
+    }
+}
+
+/// A drain later than the ring holds, a step past the table of the run's steps, and a
+/// batch in micro-batches are errors that say so.
+#[test]
+fn replays_refuse_what_they_cannot_account_for() {
+    let s = spec("gpt2", TaskName::BitXor, 3, 4);
+    let mut b = Trainer::new(&s, &Device::Cpu).unwrap();
+    let mut r = b.replay_step(2).unwrap();
+    for _ in 0..3 {
+        r.step(&mut b).unwrap();
+    }
+    let err = r.drain(&mut b).unwrap_err().to_string();
+    assert!(err.contains("overran the gate's ring of 2"), "{err}");
+
+    let mut b = Trainer::new(&s, &Device::Cpu).unwrap();
+    let mut r = b.replay_step(8).unwrap();
+    for _ in 0..4 {
+        r.step(&mut b).unwrap();
+    }
+    let err = r.drain(&mut b).unwrap_err().to_string();
+    assert!(err.contains("past the gate's table"), "{err}");
+
+    let b = Trainer::new(&spec("gpt2", TaskName::BitXor, 3, 2), &Device::Cpu).unwrap();
+    let err = b.replay_step(8).err().expect("refused").to_string();
+    assert!(err.contains("accumulates"), "{err}");
+}
