@@ -24,9 +24,8 @@ pub struct RunOptions {
     /// Train each run in a child process (CPU only; see [`worker`]).
     pub workers: Option<worker::Workers>,
     /// A campaign's order (the scale's `campaign_order`, task names): when set, runs go by
-    /// seed (every cell's first seed before any replica), then row kind (pretrained and
-    /// random inits, then other rows, then the Bit row), then this task order; otherwise by
-    /// key.
+    /// row kind (FPT and Random, then the Bit row, then the critics' and other rows), then
+    /// seed, then this task order ([`order_for_campaign`]); otherwise by key.
     pub task_order: Vec<String>,
     /// Train only these runs (keys; empty: every run): a lent GPU takes some of a campaign's
     /// runs while the CPU trains others.
@@ -275,24 +274,26 @@ pub(crate) fn order_for_builds(todo: &mut [(String, RunSpec)]) {
     }
 }
 
-/// A campaign's order ([`RunOptions::task_order`]): by seed, then row kind (pretrained and
-/// random inits first, other rows and the critics' next, the Bit row last), then `task_order` (tasks not in
-/// it after those in it), then key.
+/// A campaign's order ([`RunOptions::task_order`]): the paper's FPT and Random rows first,
+/// every seed of them (by seed, then `task_order`, tasks not in it after those in it); then
+/// the Bit row by seed; then the critics' rows and every other model by seed; then key.
+/// The claims the campaign decides need three seeds of FPT and Random before any other row.
 pub(crate) fn order_for_campaign(todo: &mut [(String, RunSpec)], task_order: &[String]) {
     let rank = |spec: &RunSpec| {
         // The critics' rows (no block at all, or attention-only blocks) after the paper's.
         let critic = spec.backbone.depth == Some(0) || spec.backbone.shape.attention_only == Some(true);
-        let init = match spec.backbone.init {
-            _ if critic => 1,
-            fpt_spec::Init::Pretrained | fpt_spec::Init::Random if spec.model == fpt_spec::ModelKind::Fpt => 0,
-            fpt_spec::Init::BitPretrained => 2,
-            _ => 1,
-        };
         let task = task_order
             .iter()
             .position(|t| *t == spec.task.name.to_string())
             .unwrap_or(task_order.len());
-        (spec.train.seed, init, task)
+        let seed = spec.train.seed;
+        let group = match spec.backbone.init {
+            _ if critic => 2,
+            fpt_spec::Init::Pretrained | fpt_spec::Init::Random if spec.model == fpt_spec::ModelKind::Fpt => 0,
+            fpt_spec::Init::BitPretrained => 1,
+            _ => 2,
+        };
+        (group, seed, task)
     };
     todo.sort_by(|a, b| rank(&a.1).cmp(&rank(&b.1)).then_with(|| a.0.cmp(&b.0)));
 }
@@ -336,4 +337,50 @@ pub(crate) fn run_one(
 pub fn command_for(out: &Path, key: &str) -> String {
     let d = run_dir(out, key);
     format!("fpt train --spec {}/spec.json --out <new dir>", d.display())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fpt_spec::{BackboneSpec, Init, TaskName, TaskSpec};
+
+    /// FPT and Random, every seed, first; then the Bit row; then the critics'.
+    #[test]
+    fn campaigns_train_the_paper_rows_seeds_first() {
+        let run = |row: &str, task: TaskName, seed: u64| {
+            let init = match row {
+                "FPT" => Init::Pretrained,
+                "Bit" => Init::BitPretrained,
+                _ => Init::Random,
+            };
+            let mut spec = RunSpec::new(TaskSpec::new(task), BackboneSpec::new("minilm", init));
+            spec.train.seed = seed;
+            if row == "w/o LLM" {
+                spec.backbone.depth = Some(0);
+            }
+            (format!("{row} / {task} / {seed}"), spec)
+        };
+        let mut todo = Vec::new();
+        for seed in [2, 1, 0] {
+            for row in ["w/o LLM", "Bit", "Random", "FPT"] {
+                for task in [TaskName::ListOps, TaskName::BitMemory, TaskName::Mnist] {
+                    todo.push(run(row, task, seed));
+                }
+            }
+        }
+        let order: Vec<String> = ["mnist", "bit-memory", "listops"].map(String::from).to_vec();
+        order_for_campaign(&mut todo, &order);
+        let names: Vec<&str> = todo.iter().map(|(n, _)| n.as_str()).collect();
+        let at = |n: &str| {
+            names
+                .iter()
+                .position(|x| *x == n)
+                .unwrap_or_else(|| panic!("{n} in {names:?}"))
+        };
+        assert!(at("FPT / listops / 0") < at("FPT / mnist / 1"), "{names:?}");
+        assert!(at("Random / mnist / 1") < at("Random / bit-memory / 1"), "{names:?}");
+        assert!(at("Random / listops / 2") < at("Bit / mnist / 0"), "{names:?}");
+        assert!(at("Bit / listops / 2") < at("w/o LLM / mnist / 0"), "{names:?}");
+        assert_eq!(names.len(), 36);
+    }
 }
