@@ -2,7 +2,9 @@
 # A lent GPU's leftover minutes for the Table 2 `converge` campaign (issue 49): trains the
 # campaign runs named by key from their committed copies (results/campaign/<key>/, carried
 # with the working tree) on the device until the budget, and puts the runs it moved and the
-# report in $OUT, to be copied back into results/campaign/ here and committed.
+# report in $OUT (campaign.tgz), to be unpacked into results/campaign/ here and committed.
+# FPT_STEP=replay trains through the replayed step (a CUDA graph of it), once `fpt
+# gpu-check`'s replay checks have passed on the device.
 #   FPT_CAMPAIGN_BUDGET=300s FPT_CAMPAIGN_RUNS=key1,key2 bash bench/gpu/campaign.sh
 # Carried (ignored paths): target/cuda/fpt-cuda.gz (`cargo xtask cuda-build`) and
 # target/device-hub, a Hugging Face cache holding only the stand-in backbones' config.json
@@ -60,9 +62,13 @@ res="${FPT_CAMPAIGN_OUT:-results}"
 "$bin" run-table table2 --scale converge --campaign --runs "$runs" --budget "${FPT_CAMPAIGN_BUDGET:-300s}" \
     --device "${FPT_GPU_DEVICE:-cuda:0}" --jobs "${FPT_CAMPAIGN_JOBS:-3}" --out "$res" 2>&1 | tee "$OUT/campaign.log"
 rc=${PIPESTATUS[0]}
-mkdir -p "$OUT/campaign"
+# A call brings back a few files only: the runs it moved come back as one archive
+# (unpack it into results/campaign/ here: `tar xzf campaign.tgz -C results/campaign`).
+moved=()
 for k in ${runs//,/ }; do
-    [ -d "$res/campaign/$k" ] && cp -r "$res/campaign/$k" "$OUT/campaign/"
+    [ -d "$res/campaign/$k" ] && moved+=("$k")
 done
+[ ${#moved[@]} -gt 0 ] && tar czf "$OUT/campaign.tgz" -C "$res/campaign" "${moved[@]}"
+echo "FPT_STEP=${FPT_STEP:-eager} FPT_CAMPAIGN_JOBS=${FPT_CAMPAIGN_JOBS:-3}: ${#moved[@]} runs packed" >> "$OUT/campaign.log"
 echo "bench/gpu/campaign.sh: exited $rc after $(( $(date +%s) - start )) s"
 exit "$rc"

@@ -127,7 +127,17 @@ pub(crate) fn campaign_page(results: &Path) -> Option<String> {
         let stretches: Vec<String> = r
             .stretches
             .iter()
-            .map(|s| format!("{}-{} on {} ({})", s.from_step, s.to_step, s.device, s.machine))
+            .map(|s| {
+                let replayed = if s.step.as_deref() == Some("replay") {
+                    ", steps replayed"
+                } else {
+                    ""
+                };
+                format!(
+                    "{}-{} on {} ({}{replayed})",
+                    s.from_step, s.to_step, s.device, s.machine
+                )
+            })
             .collect();
         let evaluating = r.eval_time.as_ref().map_or("not timed".to_string(), |e| e.describe());
         let _ = writeln!(

@@ -77,6 +77,10 @@ fn replayed_runs_end_as_eager_runs() {
     let metrics = |d: &Path| read(d, "metrics.jsonl", &["elapsed_s", "eval_s"]);
     assert_eq!(metrics(&replay), metrics(&eager));
     assert_eq!(metrics(&eager).len(), 3);
+    // Where and how each stretch ran: the replayed run's history says so.
+    let how = |d: &Path| read(d, "history.jsonl", &[])[0]["step"].clone();
+    assert_eq!(how(&replay), "replay");
+    assert!(how(&eager).is_null());
     let result = |d: &Path| {
         let mut v: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(d.join("result.json")).unwrap()).unwrap();

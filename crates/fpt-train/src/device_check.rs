@@ -385,7 +385,8 @@ pub fn agreement(device: &Device) -> Result<Vec<KernelCheck>> {
         );
         for (k, loss) in [1.5f64, f64::NAN, 0.5, 0.25].into_iter().enumerate() {
             let g = fpt_nn::transfer::to_device(&randn(&[n], 40 + k as u64, &cpu)?, d)?;
-            gate.record(&Tensor::new(&[loss], d)?, &Tensor::new(&[1.0 + k as f64], d)?)?;
+            let one = |x: f64| fpt_nn::transfer::upload(vec![x], 1, d);
+            gate.record(&one(loss)?, &one(1.0 + k as f64)?)?;
             gate.update(&p, &m, &v, &g)?;
         }
         let s = gate.read()?;
@@ -397,12 +398,12 @@ pub fn agreement(device: &Device) -> Result<Vec<KernelCheck>> {
                 .iter()
                 .flat_map(|r| [loss(r), r.grad_norm as f32, f32::from(u8::from(r.applied))]),
         );
-        let book = Tensor::new(book.as_slice(), &cpu)?;
+        let book = fpt_nn::transfer::upload(book.clone(), book.len(), &cpu)?;
         Ok(Tensor::cat(
             &[
-                &p.as_tensor().to_device(&cpu)?,
-                &m.to_device(&cpu)?,
-                &v.to_device(&cpu)?,
+                &fpt_nn::transfer::to_device(p.as_tensor(), &cpu)?,
+                &fpt_nn::transfer::to_device(&m, &cpu)?,
+                &fpt_nn::transfer::to_device(&v, &cpu)?,
                 &book,
             ],
             0,
@@ -451,7 +452,12 @@ pub fn replay_agreement(device: &Device) -> Result<Vec<KernelCheck>> {
             .model()
             .trainable()
             .iter()
-            .map(|(_, v)| Ok(v.as_tensor().flatten_all()?.to_device(&Device::Cpu)?))
+            .map(|(_, v)| {
+                Ok(fpt_nn::transfer::to_device(
+                    &v.as_tensor().flatten_all()?,
+                    &Device::Cpu,
+                )?)
+            })
             .collect::<Result<Vec<_>>>()?;
         Ok(Tensor::cat(&flat, 0)?)
     };
@@ -480,8 +486,9 @@ pub fn replay_agreement(device: &Device) -> Result<Vec<KernelCheck>> {
         Ok((_, false)) if device.is_cuda() => out.push(failed("replayed step: not captured on the GPU".into())),
         Ok((got, captured)) => {
             let how = if captured { "captured" } else { "eager" };
-            let f32s =
-                |v: &[f64]| Tensor::new(v.iter().map(|&x| x as f32).collect::<Vec<_>>().as_slice(), &Device::Cpu);
+            let f32s = |v: &[f64]| {
+                fpt_nn::transfer::upload(v.iter().map(|&x| x as f32).collect::<Vec<_>>(), v.len(), &Device::Cpu)
+            };
             let (got, want) = (f32s(&got)?, f32s(&want)?);
             check(&mut out, format!("replayed step ({how}) losses"), &got, &want, 1e-6)?;
             check(

@@ -40,6 +40,7 @@ pub mod checkpoint;
 pub mod convergence;
 pub mod device_check;
 mod evaluate;
+mod history;
 mod linear_baseline;
 pub mod memory;
 pub mod optim;
@@ -56,10 +57,11 @@ mod trainer;
 pub mod trajectory;
 
 pub use evaluate::{device_name, evaluate, evaluate_with, predict_run, tally_with, Predictions, Predictor};
+pub use history::Segment;
 pub use replay_step::ReplayStep;
 pub use run_dir::{finished_result, in_use_by, reopen_reason, respec_run, saved_spec, write_atomic, Holder, Respec};
 pub(crate) use run_dir::{metrics_append, metrics_truncate, run_dir_err, write_result, RunLock};
-pub use run_loop::{evaluate_run, resume, resume_task, train, train_task, RunState, Segment};
+pub use run_loop::{evaluate_run, resume, resume_task, train, train_task, RunState};
 pub use trainer::{root_rng, StepOutcome, Trainer};
 
 use candle_core::{DType, Device, Tensor, Var};

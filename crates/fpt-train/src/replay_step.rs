@@ -335,6 +335,11 @@ impl Stepper {
         })
     }
 
+    /// Whether steps are replayed.
+    pub fn replayed(&self) -> bool {
+        matches!(self, Stepper::Replay(_))
+    }
+
     /// One step and its outcome.
     pub fn step(&mut self, tr: &mut Trainer) -> Result<StepOutcome> {
         match self {

@@ -397,7 +397,7 @@ pub fn respec_run(dir: &Path, spec: &RunSpec, why: &str) -> Result<usize> {
         None => 0,
     };
     let line = Respec {
-        utc: crate::run_loop::utc_now(),
+        utc: crate::history::utc_now(),
         step,
         changes,
         why: why.to_string(),
