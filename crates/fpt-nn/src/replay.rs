@@ -31,6 +31,8 @@ struct Bound {
     buf: Tensor,
     read: Vec<bool>,
     unknown: Vec<u64>,
+    /// Host-device copies the step made ([`crate::transfer`]'s, named by direction).
+    copies: Vec<&'static str>,
 }
 
 thread_local! {
@@ -87,6 +89,7 @@ impl SeedSlots {
             buf: self.buf.as_tensor().clone(),
             read: vec![false; seeds.len()],
             unknown: Vec::new(),
+            copies: Vec::new(),
         };
         BOUND.with(|b| {
             if b.borrow().is_some() {
@@ -101,6 +104,12 @@ impl SeedSlots {
             candle_core::bail!(
                 "seed slots: the step drew {} dropout seed(s) it was not given (first {s:#x}): its draws differ from the slots'",
                 bound.unknown.len()
+            )
+        }
+        if let Some(first) = bound.copies.first() {
+            candle_core::bail!(
+                "seed slots: the step made {} copies between host and device (the first an {first}; host-drawn values such as an LSTM's dropout masks): a replayed step reads only what the device holds",
+                bound.copies.len()
             )
         }
         if let Some(i) = bound.read.iter().position(|r| !r) {
@@ -128,6 +137,16 @@ pub(crate) fn seed_slot(seed: u64) -> Option<(Tensor, usize)> {
                 bound.unknown.push(seed);
                 None
             }
+        }
+    })
+}
+
+/// Notes a host-device copy ([`crate::transfer`] calls it for each): a bound step must
+/// make none (a capture would freeze what it copied).
+pub(crate) fn note_copy(what: &'static str) {
+    BOUND.with(|b| {
+        if let Some(bound) = b.borrow_mut().as_mut() {
+            bound.copies.push(what);
         }
     })
 }

@@ -61,11 +61,13 @@ pub fn counts() -> Counts {
 }
 
 fn count_up(bytes: usize) {
+    crate::replay::note_copy("upload");
     UPLOADS.fetch_add(1, Ordering::Relaxed);
     UPLOAD_BYTES.fetch_add(bytes as u64, Ordering::Relaxed);
 }
 
 fn count_down(bytes: usize) {
+    crate::replay::note_copy("download");
     DOWNLOADS.fetch_add(1, Ordering::Relaxed);
     DOWNLOAD_BYTES.fetch_add(bytes as u64, Ordering::Relaxed);
 }

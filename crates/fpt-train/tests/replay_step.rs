@@ -107,3 +107,16 @@ fn replays_refuse_what_they_cannot_account_for() {
     let err = b.replay_step(8).err().expect("refused").to_string();
     assert!(err.contains("accumulates"), "{err}");
 }
+
+/// The LSTM draws its dropout masks on the host and uploads them: its steps cannot be
+/// replayed, and the replay says why at its first bound step instead of freezing a mask.
+#[test]
+fn host_drawn_masks_are_refused() {
+    let mut s = spec("lstm", TaskName::BitXor, 10, 4);
+    s.backbone.shape.heads = None;
+    let mut b = Trainer::new(&s, &Device::Cpu).unwrap();
+    let mut r = b.replay_step(4).unwrap();
+    r.step(&mut b).unwrap(); // the first step counts the seeds, unbound
+    let err = r.step(&mut b).expect_err("refused").to_string();
+    assert!(err.contains("copies between host and device"), "{err}");
+}
