@@ -190,7 +190,7 @@ fn graph(a: &BenchArgs, shapes: &[fpt_train::bench::Shape], device: &candle_core
             .with_context(|| format!("fpt bench --graph: {}", s.name))?;
         if !a.json {
             println!(
-                "{:<14} eager step {:>8.2} ms (min {:.2}, max {:.2})  graph replay {:>8.2} ms (min {:.2}, max {:.2})  replay/eager {:.2}  training loss {:.4} -> {:.4}, {} skipped",
+                "{:<14} eager step {:>8.2} ms (min {:.2}, max {:.2})  graph replay {:>8.2} ms (min {:.2}, max {:.2})  replay/eager {:.2}  back to back {:.2} ms  training loss {:.4} -> {:.4}, {} skipped",
                 s.name,
                 r.eager.median_ms,
                 r.eager.min_ms,
@@ -199,6 +199,7 @@ fn graph(a: &BenchArgs, shapes: &[fpt_train::bench::Shape], device: &candle_core
                 r.replay.min_ms,
                 r.replay.max_ms,
                 r.replay.median_ms / r.eager.median_ms,
+                r.pipelined_ms,
                 r.loss_first,
                 r.loss_last,
                 r.skipped

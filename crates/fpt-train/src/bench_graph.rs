@@ -32,6 +32,10 @@ pub struct GraphTiming {
     pub loss_last: f64,
     /// Replayed steps whose update the device skipped (a non-finite loss or norm).
     pub skipped: usize,
+    /// The mean step of `steps` replays launched back to back with nothing read and no wait
+    /// between them (one wait at the end): what a loop that drains the gate every few
+    /// steps would get, where the host draws the next batch while the device runs.
+    pub pipelined_ms: f64,
 }
 
 /// Times `steps` eager queued steps and `steps` replays of their captured graph after
@@ -79,7 +83,7 @@ fn capture_and_time(
     }
     let mut spec = shape.spec(groups, precision);
     // The replay's coefficient table covers every step the bench runs.
-    spec.train.steps = spec.train.steps.max(warmup + 2 * steps + WARM_STEPS + 2);
+    spec.train.steps = spec.train.steps.max(warmup + 3 * steps + WARM_STEPS + 4);
     let mut tr = Trainer::with_task(&spec, Box::new(fpt_tasks::Synthetic::new(shape.dims())), &device)
         .map_err(|e| graph_err("build the model", &e))?;
     let timed = |f: &mut dyn FnMut() -> Result<()>| -> Result<Timing> {
@@ -115,12 +119,27 @@ fn capture_and_time(
         .drain(&mut tr)
         .map_err(|e| graph_err("read the replays' losses", &e))?;
     let first = outcomes.len() - steps;
+    device.synchronize()?;
+    let t0 = Instant::now();
+    for _ in 0..steps {
+        replay
+            .step(&mut tr)
+            .map_err(|e| graph_err("the back-to-back replays", &e))?;
+    }
+    device
+        .synchronize()
+        .map_err(|e| graph_err("the back-to-back replays", &e))?;
+    let pipelined_ms = t0.elapsed().as_secs_f64() * 1e3 / steps as f64;
+    replay
+        .drain(&mut tr)
+        .map_err(|e| graph_err("read the back-to-back replays' losses", &e))?;
     Ok(GraphTiming {
         eager,
         replay: replayed,
         loss_first: outcomes[first].loss,
         loss_last: outcomes[outcomes.len() - 1].loss,
         skipped: outcomes.iter().filter(|o| !o.finite).count(),
+        pipelined_ms,
     })
 }
 
