@@ -190,11 +190,12 @@ fn graph(a: &BenchArgs, shapes: &[fpt_train::bench::Shape], device: &candle_core
             .with_context(|| format!("fpt bench --graph: {}", s.name))?;
         if !a.json {
             println!(
-                "{:<14} eager step {:>8.2} ms (min {:.2}, max {:.2})  graph replay {:>8.2} ms (min {:.2}, max {:.2})  replay/eager {:.2}  back to back {:.2} ms  training loss {:.4} -> {:.4}, {} skipped",
+                "{:<14} eager step {:>8.2} ms (min {:.2}, max {:.2})  {} {:>8.2} ms (min {:.2}, max {:.2})  replay/eager {:.2}  back to back {:.2} ms  training loss {:.4} -> {:.4}, {} skipped",
                 s.name,
                 r.eager.median_ms,
                 r.eager.min_ms,
                 r.eager.max_ms,
+                if r.captured { "graph replay" } else { "replay (eager, no capture off a GPU)" },
                 r.replay.median_ms,
                 r.replay.min_ms,
                 r.replay.max_ms,
