@@ -98,8 +98,17 @@ impl SeedSlots {
             *b.borrow_mut() = Some(bound);
             Ok(())
         })?;
+        // Unbound when the step returns or unwinds.
+        struct Unbind;
+        impl Drop for Unbind {
+            fn drop(&mut self) {
+                BOUND.with(|b| b.borrow_mut().take());
+            }
+        }
+        let unbind = Unbind;
         let out = step();
         let bound = BOUND.with(|b| b.borrow_mut().take()).expect("bound above");
+        drop(unbind);
         if let Some(s) = bound.unknown.first() {
             candle_core::bail!(
                 "seed slots: the step drew {} dropout seed(s) it was not given (first {s:#x}): its draws differ from the slots'",
@@ -207,6 +216,11 @@ mod tests {
         let err = SeedSlots::new(2, &dev)?.bind(&[5, 5], || ()).unwrap_err().to_string();
         assert!(err.contains("repeat"), "{err}");
         assert!(!bound(), "a failed bind leaves nothing bound");
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            slots.bind(&seeds, || panic!("a step that panics"))
+        }));
+        assert!(panicked.is_err());
+        assert!(!bound(), "a step that unwound leaves nothing bound");
         Ok(())
     }
 }
