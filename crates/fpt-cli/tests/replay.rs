@@ -31,6 +31,8 @@ fn train(out: &Path, step: &str, micro: &str) -> Output {
             micro,
             "--eval-every",
             "10",
+            "--checkpoint-every",
+            "7",
             "--eval-examples",
             "64",
             "--seed",
@@ -88,6 +90,27 @@ fn replayed_runs_end_as_eager_runs() {
         v
     };
     assert_eq!(result(&replay), result(&eager));
+    // The steps ran in chunks ending at each evaluation and checkpoint (7, 10, 14, ...): the
+    // last checkpoint's trained tensors and optimizer state are the eager run's.
+    let last = |d: &Path| {
+        let c = d.join("checkpoints");
+        let latest = std::fs::read_to_string(c.join("LATEST")).unwrap();
+        let dir = c.join(latest.trim());
+        let mut files: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+        files.sort();
+        files
+            .iter()
+            .filter(|f| f.extension().is_some_and(|x| x == "safetensors"))
+            .map(|f| (f.file_name().unwrap().to_owned(), std::fs::read(f).unwrap()))
+            .collect::<Vec<_>>()
+    };
+    let (a, b) = (last(&eager), last(&replay));
+    assert!(
+        a.len() >= 2,
+        "trained tensors and optimizer state: {:?}",
+        a.iter().map(|f| &f.0).collect::<Vec<_>>()
+    );
+    assert!(a == b, "the last checkpoints' tensors differ");
 }
 
 #[test]

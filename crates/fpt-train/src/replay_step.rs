@@ -300,16 +300,24 @@ impl ReplayStep {
     }
 }
 
-/// How a run takes its steps: [`Trainer::step`], or the replayed step drained after each
-/// step (`FPT_STEP=replay`; on a GPU captured as a CUDA graph after its first steps). The
-/// replay reads its gate back once a step, so a run's loop sees every step's outcome as
-/// the eager step gives it, and stops where it would.
+/// How a run takes its steps: [`Trainer::step`], or the replayed step (`FPT_STEP=replay`;
+/// on a GPU captured as a CUDA graph after its first steps), which runs up to the run's
+/// next evaluation, checkpoint or end (at most [`REPLAY_AHEAD`] steps) before it reads the
+/// gate back once, then hands the loop each step's outcome as the eager step gives it.
+/// The loop acts on the trainer's state only where the replay has settled (evaluations,
+/// checkpoints and stops fall there), so a replayed run ends as the eager run does; one
+/// that diverges stops at the same step, with the steps after it in its chunk already
+/// applied (a diverged run keeps its best evaluation's parameters either way).
 pub enum Stepper {
     /// [`Trainer::step`].
     Eager,
-    /// [`ReplayStep`], drained after every step.
-    Replay(ReplayStep),
+    /// [`ReplayStep`] and the outcomes read back but not yet handed out, each with Adam's
+    /// step count after it.
+    Replay(ReplayStep, std::collections::VecDeque<(StepOutcome, usize)>),
 }
+
+/// The most steps a replayed run takes before reading the gate back.
+pub const REPLAY_AHEAD: usize = 32;
 
 /// The `FPT_STEP` variable: `eager` (the default) or `replay`.
 pub fn step_choice() -> Result<bool> {
@@ -320,16 +328,21 @@ pub fn step_choice() -> Result<bool> {
     }
 }
 
+/// Steps from `done` to the next multiple of `every` (or of nothing).
+fn to_next(done: usize, every: Option<usize>) -> usize {
+    every.filter(|&e| e > 0).map_or(usize::MAX, |e| e - done % e)
+}
+
 impl Stepper {
     /// The stepper `FPT_STEP` asks for, for `tr`.
     pub fn for_run(tr: &Trainer) -> Result<Self> {
         Ok(if step_choice()? {
-            let r = tr.replay_step(16)?;
+            let r = tr.replay_step(REPLAY_AHEAD)?;
             tracing::info!(
                 device = ?tr.device,
                 "FPT_STEP=replay: steps replayed from device memory (captured as a CUDA graph on a GPU)"
             );
-            Stepper::Replay(r)
+            Stepper::Replay(r, Default::default())
         } else {
             Stepper::Eager
         })
@@ -337,21 +350,44 @@ impl Stepper {
 
     /// Whether steps are replayed.
     pub fn replayed(&self) -> bool {
-        matches!(self, Stepper::Replay(_))
+        matches!(self, Stepper::Replay(..))
     }
 
-    /// One step and its outcome.
-    pub fn step(&mut self, tr: &mut Trainer) -> Result<StepOutcome> {
+    /// Whether every step taken has been handed out: the trainer's state is the last
+    /// handed-out step's (always, for eager steps).
+    pub fn settled(&self) -> bool {
         match self {
-            Stepper::Eager => tr.step(),
-            Stepper::Replay(r) => {
+            Stepper::Eager => true,
+            Stepper::Replay(_, ahead) => ahead.is_empty(),
+        }
+    }
+
+    /// The next step's outcome, for a run with settings `t`: replayed steps run up to the
+    /// next evaluation, checkpoint or the run's end when none is waiting.
+    pub fn step(&mut self, tr: &mut Trainer, t: &fpt_spec::TrainSpec) -> Result<StepOutcome> {
+        let (r, ahead) = match self {
+            Stepper::Eager => return tr.step(),
+            Stepper::Replay(r, ahead) => (r, ahead),
+        };
+        if ahead.is_empty() {
+            let done = tr.step;
+            let n = to_next(done, Some(t.eval_every))
+                .min(to_next(done, t.checkpoint_every))
+                .min(t.steps.saturating_sub(done))
+                .clamp(1, REPLAY_AHEAD);
+            for _ in 0..n {
                 r.step(tr)?;
-                let mut out = r.drain(tr)?;
-                match (out.pop(), out.is_empty()) {
-                    (Some(o), true) => Ok(o),
-                    _ => Err(msg("replay: one step did not give one outcome".into())),
-                }
+            }
+            let mut applied = done;
+            for o in r.drain(tr)? {
+                applied += usize::from(o.finite);
+                ahead.push_back((o, applied));
             }
         }
+        let (o, applied) = ahead
+            .pop_front()
+            .ok_or_else(|| msg("replay: the steps gave no outcome".into()))?;
+        tr.step = applied;
+        Ok(o)
     }
 }

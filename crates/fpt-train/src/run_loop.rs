@@ -143,7 +143,7 @@ pub(crate) fn run_loop(
     let mut stop_baseline: Option<fpt_tasks::Baseline> = None;
     let mut stepper = crate::replay_step::Stepper::for_run(&tr)?;
     while tr.steps_done() < t.steps {
-        let out = stepper.step(&mut tr)?;
+        let out = stepper.step(&mut tr, t)?;
         let why = if !out.finite {
             // The update was skipped: the step did not happen.
             Some((
@@ -260,7 +260,7 @@ pub(crate) fn run_loop(
             break;
         }
         if step < t.steps {
-            if let Some(why) = crate::stop::due() {
+            if let Some(why) = crate::stop::due().filter(|_| stepper.settled()) {
                 // A deadline or an interrupt: a checkpoint here, and the caller is told the
                 // run stopped (not finished); resuming continues from this step.
                 let mut snapshot = run.clone();
