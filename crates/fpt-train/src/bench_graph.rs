@@ -57,9 +57,7 @@ pub fn time_graph_steps(
     use crate::Trainer;
     use std::time::Instant;
     let steps = steps.max(1);
-    let graph_err = |what: &str, e: &dyn std::fmt::Debug| {
-        crate::TrainError::Candle(candle_core::Error::Msg(format!("--graph: {what}: {e:?}")))
-    };
+    let graph_err = |what: &str, e: &dyn std::fmt::Debug| crate::TrainError::msg(format!("--graph: {what}: {e:?}"));
     // The device (`fpt_nn::device::parse`) has a stream of its own, every step's work on it
     // whichever thread enqueues it, and its event tracking off: what a capture needs.
     #[cfg(feature = "cuda")]

@@ -49,7 +49,9 @@ pub fn time_streams(
             ready.fetch_add(1, Ordering::SeqCst);
             while ready.load(Ordering::SeqCst) < runs {
                 if failed.load(Ordering::SeqCst) {
-                    return Err(msg(format!("run {i}: another run failed before the timed steps")));
+                    return Err(crate::TrainError::msg(format!(
+                        "run {i}: another run failed before the timed steps"
+                    )));
                 }
                 std::thread::sleep(Duration::from_millis(1));
             }
@@ -90,14 +92,14 @@ pub fn time_streams(
             .map(|(i, h)| match h {
                 Ok(h) => h
                     .join()
-                    .unwrap_or_else(|_| Err(msg(format!("run {i}: its thread panicked")))),
-                Err(e) => Err(msg(format!("run {i}: no thread ({e})"))),
+                    .unwrap_or_else(|_| Err(crate::TrainError::msg(format!("run {i}: its thread panicked")))),
+                Err(e) => Err(crate::TrainError::msg(format!("run {i}: no thread ({e})"))),
             })
             .collect()
     });
     let mut per_run = Vec::with_capacity(runs);
     for (i, r) in results.into_iter().enumerate() {
-        per_run.push(r.map_err(|e| msg(format!("fpt bench --streams: run {i} of {runs}: {e}")))?);
+        per_run.push(r.map_err(|e| crate::TrainError::msg(format!("fpt bench --streams: run {i} of {runs}: {e}")))?);
     }
     let first = per_run.iter().map(|t| t.from_unix).fold(f64::INFINITY, f64::min);
     let last = per_run.iter().map(|t| t.to_unix).fold(f64::NEG_INFINITY, f64::max);
@@ -110,10 +112,6 @@ pub fn time_streams(
         overlap: ((shared_to - shared_from) / window).clamp(0.0, 1.0),
         per_run,
     })
-}
-
-fn msg(s: String) -> crate::TrainError {
-    crate::TrainError::Candle(candle_core::Error::Msg(s))
 }
 
 #[cfg(test)]
@@ -132,7 +130,7 @@ mod tests {
         let made = AtomicUsize::new(0);
         let e = time_streams(&shape, TrainGroups::fpt(), Precision::F32, 1, 2, 2, &|| {
             if made.fetch_add(1, Ordering::SeqCst) == 1 {
-                Err(msg("no such device".into()))
+                Err(crate::TrainError::msg("no such device"))
             } else {
                 Ok(Device::Cpu)
             }

@@ -138,6 +138,13 @@ pub enum TrainError {
     },
 }
 
+impl TrainError {
+    /// An error that is only its message (candle's `Msg`).
+    pub(crate) fn msg(m: impl Into<String>) -> Self {
+        TrainError::Candle(candle_core::Error::Msg(m.into()))
+    }
+}
+
 /// Result alias for this crate.
 pub type Result<T> = std::result::Result<T, TrainError>;
 

@@ -25,10 +25,6 @@ use fpt_nn::replay::SeedSlots;
 use fpt_nn::Rng;
 use fpt_tasks::{Batch, Inputs};
 
-fn msg(m: String) -> TrainError {
-    TrainError::Candle(candle_core::Error::Msg(m))
-}
-
 /// Eager steps on a GPU before the capture: one to count the seeds, then these, each
 /// filling candle's upload cache (`enable_cuda_graph_htod_cache`).
 pub const WARM_STEPS: usize = 2;
@@ -53,13 +49,13 @@ impl Trainer {
     pub fn replay_step(&self, ring: usize) -> Result<ReplayStep> {
         let t = &self.spec.train;
         if t.batch_size != t.micro_batch_size {
-            return Err(msg(format!(
+            return Err(TrainError::msg(format!(
                 "replay: a batch of {} in micro-batches of {} accumulates; a replayed step takes the whole batch",
                 t.batch_size, t.micro_batch_size
             )));
         }
         if self.adam.t != self.step {
-            return Err(msg(format!(
+            return Err(TrainError::msg(format!(
                 "replay: Adam has taken {} steps and the trainer {}; they must agree",
                 self.adam.t, self.step
             )));
@@ -164,7 +160,7 @@ impl ReplayStep {
         };
         for (what, new, buf) in [("inputs", src, &vars[0]), ("labels", &batch.labels, &vars[1])] {
             if new.shape() != buf.shape() || new.dtype() != buf.dtype() {
-                return Err(msg(format!(
+                return Err(TrainError::msg(format!(
                     "replay: this batch's {what} are {:?} {:?}, the first's {:?} {:?}: a replayed step needs batches of one shape",
                     new.dtype(),
                     new.shape(),
@@ -190,7 +186,7 @@ impl ReplayStep {
             let gate = &self.gate;
             fpt_nn::on_pool(|| tr.step_gated(&fixed, gate))?;
             let k = draws_between(&before, &tr.ctx.rng, 1 << 20)
-                .ok_or_else(|| msg("replay: the step drew more than 2^20 dropout seeds".into()))?;
+                .ok_or_else(|| TrainError::msg("replay: the step drew more than 2^20 dropout seeds"))?;
             self.seeds = Some(SeedSlots::new(k, &tr.device)?);
             return Ok(());
         };
@@ -204,8 +200,8 @@ impl ReplayStep {
         let gate = &self.gate;
         fpt_nn::on_pool(|| slots.bind(&seeds, || tr.step_gated(&fixed, gate)))??;
         if tr.ctx.rng != after {
-            return Err(msg(
-                "replay: the step drew a different number of dropout seeds than its first".into(),
+            return Err(TrainError::msg(
+                "replay: the step drew a different number of dropout seeds than its first",
             ));
         }
         Ok(())
@@ -221,7 +217,9 @@ impl ReplayStep {
         after: Rng,
     ) -> Result<()> {
         use candle_core::cuda_backend::cudarc::driver::sys;
-        let stage = |what: &'static str| move |e: &dyn std::fmt::Debug| msg(format!("replay on a GPU: {what}: {e:?}"));
+        let stage = |what: &'static str| {
+            move |e: &dyn std::fmt::Debug| TrainError::msg(format!("replay on a GPU: {what}: {e:?}"))
+        };
         if let Some(graph) = &self.graph {
             tr.ctx.rng = after;
             return graph.launch().map_err(|e| stage("launch the graph")(&e));
@@ -251,8 +249,8 @@ impl ReplayStep {
             self.graph = Some(graph);
         }
         if tr.ctx.rng != after {
-            return Err(msg(
-                "replay: the step drew a different number of dropout seeds than its first".into(),
+            return Err(TrainError::msg(
+                "replay: the step drew a different number of dropout seeds than its first",
             ));
         }
         Ok(())
@@ -264,7 +262,7 @@ impl ReplayStep {
         let s = self.gate.read()?;
         let new = s.recorded - self.recorded;
         if new > s.records.len() {
-            return Err(msg(format!(
+            return Err(TrainError::msg(format!(
                 "replay: {new} steps since the last drain overran the gate's ring of {}; drain more often",
                 self.gate.ring()
             )));
@@ -274,7 +272,7 @@ impl ReplayStep {
         let mut out = Vec::with_capacity(new);
         for r in &s.records[s.records.len() - new..] {
             if r.past_table {
-                return Err(msg(format!(
+                return Err(TrainError::msg(format!(
                     "replay: a step ran past the gate's table (the run's {} steps)",
                     t.steps
                 )));
@@ -288,7 +286,7 @@ impl ReplayStep {
             applied += usize::from(r.applied);
         }
         if applied != s.t {
-            return Err(msg(format!(
+            return Err(TrainError::msg(format!(
                 "replay: the gate counts {} updates, its records {applied}",
                 s.t
             )));
@@ -324,7 +322,9 @@ pub fn step_choice() -> Result<bool> {
     match std::env::var("FPT_STEP").ok().as_deref() {
         None | Some("") | Some("eager") => Ok(false),
         Some("replay") => Ok(true),
-        Some(other) => Err(msg(format!("FPT_STEP={other}: expected `eager` or `replay`"))),
+        Some(other) => Err(TrainError::msg(format!(
+            "FPT_STEP={other}: expected `eager` or `replay`"
+        ))),
     }
 }
 
@@ -386,7 +386,7 @@ impl Stepper {
         }
         let (o, applied) = ahead
             .pop_front()
-            .ok_or_else(|| msg("replay: the steps gave no outcome".into()))?;
+            .ok_or_else(|| TrainError::msg("replay: the steps gave no outcome"))?;
         tr.step = applied;
         Ok(o)
     }

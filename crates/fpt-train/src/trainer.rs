@@ -241,36 +241,6 @@ impl Trainer {
         )?)
     }
 
-    /// One optimizer step on `batch` (the whole batch: no accumulation) with everything
-    /// queued on the device and nothing read back: forward, backward, clip, then Adam,
-    /// applied without the non-finite check [`Trainer::step`] makes (which needs the loss
-    /// and norm on the host). Returns the loss, a one-element f64 tensor where it was
-    /// computed. A finite step equals [`Trainer::step`] on the same batch to the last bit;
-    /// what a CUDA graph of the step captures (`fpt bench --graph`).
-    pub fn step_queued(&mut self, batch: &fpt_tasks::Batch) -> Result<Tensor> {
-        let t = &self.spec.train;
-        if t.batch_size != t.micro_batch_size {
-            return Err(TrainError::Candle(candle_core::Error::Msg(format!(
-                "step_queued: a batch of {} in micro-batches of {} accumulates; a queued step takes the whole batch",
-                t.batch_size, t.micro_batch_size
-            ))));
-        }
-        let (clip, lr) = (t.clip_norm, t.lr_schedule.lr_at(t.lr, self.step + 1, t.steps));
-        let loss = self.loss_on(batch)?;
-        let g = loss.backward()?;
-        let mut grads: Vec<Tensor> = self
-            .vars
-            .iter()
-            .map(|v| g.get(v.as_tensor()).cloned().map_or_else(|| v.zeros_like(), Ok))
-            .collect::<candle_core::Result<_>>()?;
-        drop(g);
-        optim::clip_grad_norm_in_place(&mut grads, clip)?;
-        self.adam.lr = lr;
-        self.adam.step(&grads)?;
-        self.step += 1;
-        Ok(loss.detach().to_dtype(DType::F64)?.reshape(1)?)
-    }
-
     /// How many nodes of a fresh micro-batch's graph candle's backward gives a gradient of
     /// its own (every node but the trained tensors themselves): each starts as a zero
     /// tensor and is added into, what the residual branch's node saves on a GPU

@@ -5,8 +5,7 @@
 //! branch than with the branch composed of the layers' ops (`FPT_BRANCH=composed`), so the
 //! whole step saves four per branch the model runs. Counted on the CPU (the node's forward
 //! is the composed ops', the same graph a GPU builds around it); the counts are printed
-//! (`--nocapture`). And the queued step (what a CUDA graph of the step captures) against
-//! the step.
+//! (`--nocapture`).
 
 use candle_core::Device;
 use fpt_nn::{with_branch, BranchChoice};
@@ -56,61 +55,4 @@ fn a_branch_node_saves_four_zero_and_add_gradients_per_branch_a_step() {
             );
         }
     }
-}
-
-/// A queued step (what a CUDA graph of the step captures: nothing read back, Adam applied
-/// without the host's non-finite check) equals `Trainer::step` on the same batches to the
-/// last bit, over three steps of a small GPT-2 with clipping; a step that accumulates
-/// micro-batches is refused by name.
-#[test]
-fn a_queued_step_equals_the_step() {
-    let spec = |micro: usize| RunSpec {
-        train: TrainSpec {
-            steps: 3,
-            batch_size: 8,
-            micro_batch_size: micro,
-            clip_norm: Some(0.5),
-            seed: 3,
-            ..TrainSpec::default()
-        },
-        ..RunSpec::new(
-            TaskSpec::new(TaskName::BitXor),
-            BackboneSpec {
-                shape: ShapeOverrides {
-                    layers: Some(2),
-                    hidden: Some(32),
-                    heads: Some(2),
-                    ..Default::default()
-                },
-                ..BackboneSpec::new("gpt2", Init::Random)
-            },
-        )
-    };
-    let (mut a, mut b) = (
-        Trainer::new(&spec(8), &Device::Cpu).unwrap(),
-        Trainer::new(&spec(8), &Device::Cpu).unwrap(),
-    );
-    for _ in 0..3 {
-        let stepped = a.step().unwrap();
-        let batch = b.draw_batch().unwrap();
-        let queued = b.step_queued(&batch).unwrap();
-        assert_eq!(queued.to_vec1::<f64>().unwrap(), vec![stepped.loss]);
-    }
-    let values = |t: &Trainer| -> Vec<(String, Vec<f32>)> {
-        t.model()
-            .trainable()
-            .iter()
-            .map(|(n, v)| {
-                (
-                    n.clone(),
-                    v.as_tensor().flatten_all().unwrap().to_vec1::<f32>().unwrap(),
-                )
-            })
-            .collect()
-    };
-    assert_eq!(values(&a), values(&b));
-    let mut c = Trainer::new(&spec(4), &Device::Cpu).unwrap();
-    let batch = c.draw_batch().unwrap();
-    let err = c.step_queued(&batch).unwrap_err().to_string();
-    assert!(err.contains("accumulates"), "{err}");
 }
