@@ -303,9 +303,12 @@ impl ReplayStep {
 /// next evaluation, checkpoint or end (at most [`REPLAY_AHEAD`] steps) before it reads the
 /// gate back once, then hands the loop each step's outcome as the eager step gives it.
 /// The loop acts on the trainer's state only where the replay has settled (evaluations,
-/// checkpoints and stops fall there), so a replayed run ends as the eager run does; one
-/// that diverges stops at the same step, with the steps after it in its chunk already
-/// applied (a diverged run keeps its best evaluation's parameters either way).
+/// checkpoints and stops fall there), so a replayed run ends as the eager run does. One
+/// that diverges stops at the same step with the steps after it in its chunk already
+/// applied; it keeps its best evaluation's parameters as the eager run does, and before its
+/// first evaluation (where a diverged run is evaluated as it stands) the replay reads the
+/// gate after every step, so nothing runs past a divergence there. The diverged run's last
+/// checkpoint holds Adam's moments of its chunk's end (it is not resumed: it has a result).
 pub enum Stepper {
     /// [`Trainer::step`].
     Eager,
@@ -363,8 +366,9 @@ impl Stepper {
     }
 
     /// The next step's outcome, for a run with settings `t`: replayed steps run up to the
-    /// next evaluation, checkpoint or the run's end when none is waiting.
-    pub fn step(&mut self, tr: &mut Trainer, t: &fpt_spec::TrainSpec) -> Result<StepOutcome> {
+    /// next evaluation, checkpoint or the run's end when none is waiting (one at a time
+    /// while the run has `no_evaluation` yet).
+    pub fn step(&mut self, tr: &mut Trainer, t: &fpt_spec::TrainSpec, no_evaluation: bool) -> Result<StepOutcome> {
         let (r, ahead) = match self {
             Stepper::Eager => return tr.step(),
             Stepper::Replay(r, ahead) => (r, ahead),
@@ -374,7 +378,7 @@ impl Stepper {
             let n = to_next(done, Some(t.eval_every))
                 .min(to_next(done, t.checkpoint_every))
                 .min(t.steps.saturating_sub(done))
-                .clamp(1, REPLAY_AHEAD);
+                .clamp(1, if no_evaluation { 1 } else { REPLAY_AHEAD });
             for _ in 0..n {
                 r.step(tr)?;
             }

@@ -143,7 +143,7 @@ pub(crate) fn run_loop(
     let mut stop_baseline: Option<fpt_tasks::Baseline> = None;
     let mut stepper = crate::replay_step::Stepper::for_run(&tr)?;
     while tr.steps_done() < t.steps {
-        let out = stepper.step(&mut tr, t)?;
+        let out = stepper.step(&mut tr, t, run.evals.is_empty())?;
         let why = if !out.finite {
             // The update was skipped: the step did not happen.
             Some((
