@@ -8,6 +8,7 @@
 #   at-once.jsonl                            N campaign MNIST steps at once, fpt and PyTorch
 #   streams.jsonl                            the same step as N runs in one process (a stream each)
 #   tiled-bench.jsonl                        FPT_ATTENTION=tiled, FPT_LINEAR=product, FPT_BRANCH=composed, the default
+#   lstm-bench.jsonl                         lstm-listops: the LSTM's block-per-row kernels and FPT_LSTM=composed
 #   graph.json, graph.err                    the MiniLM step as a replayed CUDA graph beside it eager
 #   campaign/<key>/ and campaign.log         runs to copy into results/campaign/ here
 # Carried (ignored paths): target/cuda/fpt-cuda.gz (`cargo xtask cuda-build`) and
@@ -128,6 +129,25 @@ for r in $(seq "${TILED_ROUNDS:-2}"); do
     done
 done
 [ -s "$OUT/tiled-bench.jsonl" ] && echo "session: tiled attention, epilogue and composed branch timed after $(( $(date +%s) - start )) s" | tee -a "$OUT/session.log"
+
+# 1c'. The layer-norm LSTM's recurrence as one block per batch row (kernels/fpt_lstm.h:
+# one launch a layer each way, the default on a GPU since 2026-11-28) against the composed
+# ops (FPT_LSTM=composed: a dozen launches a step, 3.3 s an lstm-listops step on the H100
+# of 2026-11-27), alternating rounds: one JSON line per process in lstm-bench.jsonl
+# ({"variant": "FPT_LSTM=auto"|"FPT_LSTM=composed", "round": R, "out": <fpt bench --json>}).
+# The composed side times 3 steps (about 15 s). LSTM_SHAPES="" skips it.
+for r in $(seq "${LSTM_ROUNDS:-2}"); do
+    for s in ${LSTM_SHAPES-lstm-listops}; do
+        for v in FPT_LSTM=auto FPT_LSTM=composed; do
+            [ "$(left 60)" -lt 10 ] && continue
+            n=20 && [ "$v" = FPT_LSTM=composed ] && n=3
+            o=$(env "$v" timeout "$(left 60)" /tmp/fpt-cuda bench --json --no-full --shape "$s" --steps "$n" \
+                --warmup 1 --device "$dev" 2>>"$OUT/lstm-bench.err" | tail -1)
+            [ -n "$o" ] && echo "{\"variant\":\"$v\",\"round\":$r,\"out\":$o}" >> "$OUT/lstm-bench.jsonl"
+        done
+    done
+done
+[ -s "$OUT/lstm-bench.jsonl" ] && echo "session: the LSTM's kernels and composed ops timed after $(( $(date +%s) - start )) s" | tee -a "$OUT/session.log"
 
 # 1d. The step as one CUDA graph (issue 56 item 1: `fpt bench --graph` trains the MiniLM
 # step replayed from device memory, captured once and replayed on fresh batches, beside the

@@ -11,11 +11,18 @@ use std::process::Command;
 
 fn main() {
     let kernels = PathBuf::from("kernels");
-    for f in ["fpt_ops.h", "host_grid.c", "fpt_kernels.cu"] {
+    for f in ["fpt_ops.h", "fpt_lstm.h", "host_grid.c", "fpt_kernels.cu"] {
         println!("cargo:rerun-if-changed=kernels/{f}");
     }
-    cc::Build::new()
-        .file(kernels.join("host_grid.c"))
+    // Under AddressSanitizer (`cargo xtask sanitize` sets -Zsanitizer=address in RUSTFLAGS)
+    // the C bodies are instrumented too, so their indexing is checked with the Rust side's.
+    println!("cargo:rerun-if-env-changed=CARGO_ENCODED_RUSTFLAGS");
+    let asan = std::env::var("CARGO_ENCODED_RUSTFLAGS").is_ok_and(|f| f.contains("sanitizer=address"));
+    let mut c = cc::Build::new();
+    if asan {
+        c.flag("-fsanitize=address");
+    }
+    c.file(kernels.join("host_grid.c"))
         .include(&kernels)
         .flag_if_supported("-std=c99")
         // Each product and sum rounded on its own, as the CUDA kernels' FPT_MUL/FPT_ADD.

@@ -508,3 +508,54 @@ fn the_branch_node_trains_as_the_composed_branch_does() {
         stderr(&o)
     );
 }
+
+/// `FPT_LSTM=grid` trains a layer-norm LSTM through the kernels a GPU runs (one block per
+/// batch row, `fpt_lstm.h`; here over the host grid): three steps of a two-layer LSTM with
+/// every parameter training and its dropout on end with the test losses of the default
+/// (the CPU's fused op) to within rounding, and of `FPT_LSTM=composed`. A value it does not
+/// know is refused, naming the variable.
+#[test]
+fn the_lstm_kernels_train_as_the_fused_op_does() {
+    let tmp = tempfile::tempdir().unwrap();
+    let train = |choice: &str| {
+        let out = tmp.path().join(choice);
+        let o = Command::new(env!("CARGO_BIN_EXE_fpt"))
+            .args(["train", "--task", "bit-xor", "--backbone", "lstm", "--init", "random"])
+            .args(["--layers", "2", "--hidden", "24", "--steps", "3", "--train", "all"])
+            .args(["--eval-every", "1", "-q"])
+            .arg("--out")
+            .arg(&out)
+            .env("FPT_LSTM", choice)
+            .output()
+            .unwrap();
+        (o, out)
+    };
+    let losses: Vec<Vec<f64>> = ["auto", "grid", "composed"]
+        .iter()
+        .map(|choice| {
+            let (o, out) = train(choice);
+            assert!(o.status.success(), "{choice}: {}", stderr(&o));
+            std::fs::read_to_string(out.join("metrics.jsonl"))
+                .unwrap()
+                .lines()
+                .map(|l| {
+                    serde_json::from_str::<serde_json::Value>(l).unwrap()["test_loss"]
+                        .as_f64()
+                        .unwrap()
+                })
+                .collect()
+        })
+        .collect();
+    assert_eq!(losses[0].len(), 3, "{losses:?}");
+    for (name, other) in [("grid", &losses[1]), ("composed", &losses[2])] {
+        for (x, y) in losses[0].iter().zip(other) {
+            assert!(
+                (x - y).abs() <= 1e-5 * x.abs().max(1.0),
+                "fused {:?} vs {name} {other:?}",
+                losses[0]
+            );
+        }
+    }
+    let (o, _) = train("cudnn");
+    assert!(!o.status.success() && stderr(&o).contains("FPT_LSTM"), "{}", stderr(&o));
+}

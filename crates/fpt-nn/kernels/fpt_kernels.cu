@@ -360,3 +360,98 @@ extern "C" __global__ void fpt_attn_bwd_kv_f32(const float *q, const float *k, c
         }
     }
 }
+
+// ---- the layer-norm LSTM (fpt_lstm.h) ------------------------------------------------
+
+#include "fpt_lstm.h"
+
+// The sum of every lane's v over the block, in every lane: each warp's shuffles, then the
+// warps' sums added in order (host_grid.c's lstm_block_sum). The first barrier also ends
+// the phase before (every lane's writes to shared and global memory are seen after it).
+// `red` holds a float per warp.
+__device__ float fpt_block_sum(float v, float *red) {
+    v = fpt_warp_sum(v);
+    __syncthreads();
+    if (threadIdx.x % FPT_WARP == 0) red[threadIdx.x / FPT_WARP] = v;
+    __syncthreads();
+    float s = 0.0f;
+    for (int w = 0; w < (int)(blockDim.x / FPT_WARP); w++) s += red[w];
+    return s;
+}
+
+// The recurrence forward: block b runs row b's T steps (grid-stride over rows). Shared:
+// h, c (H each), r (4H), cp (H), a float per warp. Inputs: xi [B, T, 4H], W_hh^T
+// [H, 4H], [W_hh | b_hh] [4H, H + 1], the norms [w_h2h, b_h2h, w_cell, b_cell] [10H],
+// h0, c0 [B, H], masks [T, B, H] or null. Writes y [B, T, H] and `saved` (fpt_lstm.h).
+extern "C" __global__ void fpt_lstm_fwd_f32(const float *xi, const float *wt, const float *wb, const float *ln,
+                                            const float *h0, const float *c0, const float *masks, float *y,
+                                            float *saved, int64_t batch, int64_t t, int64_t hs, float eps) {
+    extern __shared__ float fpt_smem[];
+    const int64_t g4 = 4 * hs;
+    float *h = fpt_smem, *c = h + hs, *r = c + hs, *cp = r + g4, *red = cp + hs;
+    const int lane = threadIdx.x, nl = blockDim.x;
+    for (int64_t b = blockIdx.x; b < batch; b += gridDim.x) {
+        __syncthreads();  // the row before is done with h and c
+        fpt_lstm_lane_init(h0 + b * hs, c0 + b * hs, h, c, hs, lane, nl);
+        for (int64_t s = 0; s < t; s++) {
+            fpt_lstm_rows k = fpt_lstm_saved_at(saved, t, batch, hs, s, b);
+            __syncthreads();  // the step before wrote h and c
+            fpt_lstm_lane_save(h, c, k.hprev, k.cprev, hs, lane, nl);
+            float mean = fpt_block_sum(fpt_lstm_lane_rec(h, wt, wb, r, hs, lane, nl), red) / (float)g4;
+            float var = fpt_block_sum(fpt_norm_lane_sqdev(r, g4, mean, lane, nl), red) / (float)(g4 - 1);
+            float rstd = 1.0f / sqrtf(var + eps);
+            if (lane == 0) *k.rrstd = rstd;
+            fpt_lstm_lane_gates(r, xi + (b * t + s) * g4, ln, ln + g4, k.rhat, k.gates, hs, mean, rstd, lane, nl);
+            __syncthreads();  // every gate is written
+            float cmean = fpt_block_sum(fpt_lstm_lane_cell(k.gates, c, cp, hs, lane, nl), red) / (float)hs;
+            float cvar = fpt_block_sum(fpt_norm_lane_sqdev(cp, hs, cmean, lane, nl), red) / (float)(hs - 1);
+            float crstd = 1.0f / sqrtf(cvar + eps);
+            if (lane == 0) *k.crstd = crstd;
+            const float *m = masks ? masks + (s * batch + b) * hs : 0;
+            fpt_lstm_lane_out(cp, k.gates, ln + 2 * g4, ln + 2 * g4 + hs, m, k.chat, k.tc, c, h, y + (b * t + s) * hs,
+                              hs, cmean, crstd, lane, nl);
+        }
+    }
+}
+
+// The recurrence backward through time: block b runs row b's steps from the last. Shared:
+// dh, dc, d (H each), drr (4H), a float per warp. Writes dxi [B, T, 4H] (the
+// pre-activations' gradient) and `part` [B, 14H]: row b's parts of the norms' gradients
+// ([w_h2h, b_h2h, w_cell, b_cell], 10H) and of b_hh's (4H). When `dr` is not null (W_hh
+// trains) also each step's dr [T, B, 4H] and the states it multiplied, `hout` [T, B, H].
+extern "C" __global__ void fpt_lstm_bwd_f32(const float *dy, const float *wb, const float *ln, const float *masks,
+                                            const float *saved, float *dxi, float *part, float *dr, float *hout,
+                                            int64_t batch, int64_t t, int64_t hs) {
+    extern __shared__ float fpt_smem[];
+    const int64_t g4 = 4 * hs;
+    float *dh = fpt_smem, *dc = dh + hs, *d = dc + hs, *drr = d + hs, *red = drr + g4;
+    const int lane = threadIdx.x, nl = blockDim.x;
+    for (int64_t b = blockIdx.x; b < batch; b += gridDim.x) {
+        float *pr = part + b * 14 * hs;
+        __syncthreads();  // the row before is done with dh and dc
+        for (int64_t j = lane; j < hs; j += nl) dh[j] = dc[j] = 0.0f;
+        for (int64_t j = lane; j < 14 * hs; j += nl) pr[j] = 0.0f;
+        for (int64_t s = t - 1; s >= 0; s--) {
+            fpt_lstm_rows k = fpt_lstm_saved_at((float *)saved, t, batch, hs, s, b);
+            float *dpre = dxi + (b * t + s) * g4;
+            const float *m = masks ? masks + (s * batch + b) * hs : 0;
+            __syncthreads();  // the step after wrote dh, dc and the parts
+            float a, q;
+            fpt_lstm_lane_bwd_out(dy + (b * t + s) * hs, dh, dc, m, k.gates, k.tc, k.chat, ln + 2 * g4, dpre, d,
+                                  pr + 2 * g4, pr + 2 * g4 + hs, hs, lane, nl, &a, &q);
+            float mean_d = fpt_block_sum(a, red) / (float)hs;
+            float dot = fpt_block_sum(q, red) / (float)(hs - 1);
+            fpt_lstm_lane_bwd_cell(d, k.chat, *k.crstd, mean_d, dot, k.gates, k.cprev, dpre, dc, hs, lane, nl);
+            __syncthreads();  // every gate's dpre is written
+            fpt_lstm_lane_bwd_rec(dpre, k.rhat, ln, drr, pr, pr + g4, hs, lane, nl, &a, &q);
+            float mr = fpt_block_sum(a, red) / (float)g4;
+            float rdot = fpt_block_sum(q, red) / (float)(g4 - 1);
+            fpt_lstm_lane_bwd_rnorm(drr, k.rhat, *k.rrstd, mr, rdot, dr ? dr + (s * batch + b) * g4 : 0,
+                                    pr + 10 * hs, hs, lane, nl);
+            if (dr)
+                for (int64_t j = lane; j < hs; j += nl) hout[(s * batch + b) * hs + j] = k.hprev[j];
+            __syncthreads();  // drr is whole
+            fpt_lstm_lane_bwd_dh(drr, wb, dh, hs, lane, nl);
+        }
+    }
+}

@@ -299,3 +299,98 @@ void fpt_host_step_gate(const double *loss, const double *norm, double *state) {
 int fpt_host_gate_coefs(const double *state, const float *table, float *step_size, float *inv_sqrt_bc2) {
     return fpt_gate_coefs(state, table, step_size, inv_sqrt_bc2);
 }
+
+/* ---- the layer-norm LSTM (fpt_lstm.h): one block of FPT_LSTM_THREADS lanes per row ---- */
+
+#include "fpt_lstm.h"
+#include <stdlib.h>
+
+#define NT FPT_LSTM_THREADS
+
+/* fpt_kernels.cu's fpt_block_sum: each warp's butterfly, then the warps' sums in order. */
+static float lstm_block_sum(float v[NT]) {
+    float s = 0.0f;
+    for (int w = 0; w < NT / LANES; w++) {
+        butterfly_sum(v + w * LANES);
+        s += v[w * LANES];
+    }
+    return s;
+}
+
+/* A scratch block of n floats, or 0 (the caller reports it). */
+static float *lstm_scratch(int64_t n) { return (float *)calloc((size_t)(n > 0 ? n : 1), sizeof(float)); }
+
+/* fpt_lstm_fwd_f32 over the host grid; returns 0, or 1 when scratch memory ran out. */
+int fpt_host_lstm_fwd_f32(const float *xi, const float *wt, const float *wb, const float *ln, const float *h0,
+                          const float *c0, const float *masks, float *y, float *saved, int64_t batch, int64_t t,
+                          int64_t hs, float eps) {
+    const int64_t g4 = 4 * hs;
+    float *mem = lstm_scratch(7 * hs);
+    if (!mem) return 1;
+    float *h = mem, *c = h + hs, *r = c + hs, *cp = r + g4;
+    float part[NT];
+    for (int64_t b = 0; b < batch; b++) {
+        for (int l = 0; l < NT; l++) fpt_lstm_lane_init(h0 + b * hs, c0 + b * hs, h, c, hs, l, NT);
+        for (int64_t s = 0; s < t; s++) {
+            fpt_lstm_rows k = fpt_lstm_saved_at(saved, t, batch, hs, s, b);
+            for (int l = 0; l < NT; l++) fpt_lstm_lane_save(h, c, k.hprev, k.cprev, hs, l, NT);
+            for (int l = 0; l < NT; l++) part[l] = fpt_lstm_lane_rec(h, wt, wb, r, hs, l, NT);
+            float mean = lstm_block_sum(part) / (float)g4;
+            for (int l = 0; l < NT; l++) part[l] = fpt_norm_lane_sqdev(r, g4, mean, l, NT);
+            float rstd = 1.0f / sqrtf(lstm_block_sum(part) / (float)(g4 - 1) + eps);
+            *k.rrstd = rstd;
+            for (int l = 0; l < NT; l++)
+                fpt_lstm_lane_gates(r, xi + (b * t + s) * g4, ln, ln + g4, k.rhat, k.gates, hs, mean, rstd, l, NT);
+            for (int l = 0; l < NT; l++) part[l] = fpt_lstm_lane_cell(k.gates, c, cp, hs, l, NT);
+            float cmean = lstm_block_sum(part) / (float)hs;
+            for (int l = 0; l < NT; l++) part[l] = fpt_norm_lane_sqdev(cp, hs, cmean, l, NT);
+            float crstd = 1.0f / sqrtf(lstm_block_sum(part) / (float)(hs - 1) + eps);
+            *k.crstd = crstd;
+            const float *m = masks ? masks + (s * batch + b) * hs : 0;
+            for (int l = 0; l < NT; l++)
+                fpt_lstm_lane_out(cp, k.gates, ln + 2 * g4, ln + 2 * g4 + hs, m, k.chat, k.tc, c, h,
+                                  y + (b * t + s) * hs, hs, cmean, crstd, l, NT);
+        }
+    }
+    free(mem);
+    return 0;
+}
+
+/* fpt_lstm_bwd_f32 over the host grid; returns 0, or 1 when scratch memory ran out. */
+int fpt_host_lstm_bwd_f32(const float *dy, const float *wb, const float *ln, const float *masks, const float *saved,
+                          float *dxi, float *part, float *dr, float *hout, int64_t batch, int64_t t, int64_t hs) {
+    const int64_t g4 = 4 * hs;
+    float *mem = lstm_scratch(7 * hs);
+    if (!mem) return 1;
+    float *dh = mem, *dc = dh + hs, *d = dc + hs, *drr = d + hs;
+    float pa[NT], pq[NT];
+    for (int64_t b = 0; b < batch; b++) {
+        float *pr = part + b * 14 * hs;
+        for (int64_t j = 0; j < hs; j++) dh[j] = dc[j] = 0.0f;
+        for (int64_t j = 0; j < 14 * hs; j++) pr[j] = 0.0f;
+        for (int64_t s = t - 1; s >= 0; s--) {
+            fpt_lstm_rows k = fpt_lstm_saved_at((float *)saved, t, batch, hs, s, b);
+            float *dpre = dxi + (b * t + s) * g4;
+            const float *m = masks ? masks + (s * batch + b) * hs : 0;
+            for (int l = 0; l < NT; l++)
+                fpt_lstm_lane_bwd_out(dy + (b * t + s) * hs, dh, dc, m, k.gates, k.tc, k.chat, ln + 2 * g4, dpre, d,
+                                      pr + 2 * g4, pr + 2 * g4 + hs, hs, l, NT, &pa[l], &pq[l]);
+            float mean_d = lstm_block_sum(pa) / (float)hs;
+            float dot = lstm_block_sum(pq) / (float)(hs - 1);
+            for (int l = 0; l < NT; l++)
+                fpt_lstm_lane_bwd_cell(d, k.chat, *k.crstd, mean_d, dot, k.gates, k.cprev, dpre, dc, hs, l, NT);
+            for (int l = 0; l < NT; l++)
+                fpt_lstm_lane_bwd_rec(dpre, k.rhat, ln, drr, pr, pr + g4, hs, l, NT, &pa[l], &pq[l]);
+            float mr = lstm_block_sum(pa) / (float)g4;
+            float rdot = lstm_block_sum(pq) / (float)(g4 - 1);
+            for (int l = 0; l < NT; l++)
+                fpt_lstm_lane_bwd_rnorm(drr, k.rhat, *k.rrstd, mr, rdot, dr ? dr + (s * batch + b) * g4 : 0,
+                                        pr + 10 * hs, hs, l, NT);
+            if (dr)
+                for (int64_t j = 0; j < hs; j++) hout[(s * batch + b) * hs + j] = k.hprev[j];
+            for (int l = 0; l < NT; l++) fpt_lstm_lane_bwd_dh(drr, wb, dh, hs, l, NT);
+        }
+    }
+    free(mem);
+    return 0;
+}

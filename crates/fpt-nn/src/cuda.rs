@@ -61,6 +61,8 @@ macro_rules! func {
     };
 }
 
+pub(crate) mod lstm;
+
 /// Uninitialised device memory for `n` f32 results (every kernel writes all of them).
 fn output(dev: &CudaDevice, n: usize) -> Result<CudaSlice<f32>> {
     // SAFETY: the kernel the caller launches next writes every element.

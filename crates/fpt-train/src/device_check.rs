@@ -202,6 +202,29 @@ pub fn agreement(device: &Device) -> Result<Vec<KernelCheck>> {
     op_check(&mut out, device, "swiglu", &[&[64, 256], &[64, 256]], |x| {
         ops::swiglu(x[0], x[1])
     })?;
+    // The layer-norm LSTM's recurrence (on a GPU one block per batch row, `fpt_lstm.h`; on
+    // the CPU the fused op), with dropout, every input training: 24 steps of rounding
+    // carried through the state, so normwise.
+    let (b, t, h) = (3usize, 24usize, 64usize);
+    let (h0, c0) = (randn(&[b, h], 60, &cpu)?, randn(&[b, h], 61, &cpu)?);
+    let masks = fpt_nn::transfer::upload(ops::dropout_mask_values(t * b * h, 0.1, 62), (t, b, h), &cpu)?;
+    op_check_with(
+        &mut out,
+        device,
+        &format!("ln_lstm {b}x{t}x{h} with dropout"),
+        &[&[b, t, 4 * h], &[4 * h, h], &[4 * h], &[4 * h], &[4 * h], &[h], &[h]],
+        |x| {
+            let on = |tab: &Tensor| fpt_nn::transfer::to_device(tab, x[0].device());
+            let p = ops::LnLstmParams {
+                b_hh: x[2],
+                ln_h2h: (x[3], x[4]),
+                ln_cell: (x[5], x[6]),
+                eps: 1e-6,
+            };
+            ops::ln_lstm(x[0], &(x[1] * 0.125)?, &p, &on(&h0)?, &on(&c0)?, Some(&on(&masks)?))
+        },
+        Metric::Normwise,
+    )?;
     let (t, heads, d) = (17usize, 3usize, 16usize);
     let cos = randn(&[t, d], 40, &cpu)?.cos()?;
     let sin = randn(&[t, d], 41, &cpu)?.sin()?;
@@ -605,6 +628,8 @@ mod tests {
         for want in [
             "swiglu",
             "swiglu gradient of input 1",
+            "ln_lstm 3x24x64 with dropout gradient of input 1",
+            "ln_lstm 3x24x64 with dropout gradient of input 6",
             "rotary gradient of input 0",
             "cross_entropy 7x1000 gradient",
             "attention_tiled t=64 c=32 None lengths Some([64, 40]) with dropout gradient of input 0",

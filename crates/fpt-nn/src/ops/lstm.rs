@@ -23,6 +23,7 @@
 
 use super::fastmath::{exp_f32, tanh_f32};
 use super::linear::product_threads as threads_for;
+use super::lstm_grid::LstmChoice;
 use super::sgemm::{has_micro_kernel, sgemm, sgemm_prepacked, MatMut, MatRef, PackedB};
 use super::{cpu_slice, grad_like, tracks, with_cpu_slice};
 use crate::kernels::KernelPath;
@@ -54,10 +55,37 @@ pub fn ln_lstm(
     c0: &Tensor,
     masks: Option<&Tensor>,
 ) -> Result<Tensor> {
-    let fused = xi.device().is_cpu() && xi.dtype() == DType::F32 && w_hh.dtype() == DType::F32;
-    if !fused {
-        return ln_lstm_composed(xi, w_hh, p, h0, c0, masks);
-    }
+    ln_lstm_as(super::lstm_grid::lstm_choice()?, xi, w_hh, p, h0, c0, masks)
+}
+
+/// [`ln_lstm`] run where `choice` says, whatever `FPT_LSTM` is: `Auto` runs the CPU's fused
+/// kernel on the CPU and `kernels/fpt_lstm.h`'s (one block per batch row, one launch each
+/// way) on a GPU, for f32, and the composed ops otherwise; `Grid` those kernels on any
+/// device (on the CPU over the host grid); `Composed` the stock ops.
+pub fn ln_lstm_as(
+    choice: LstmChoice,
+    xi: &Tensor,
+    w_hh: &Tensor,
+    p: &LnLstmParams,
+    h0: &Tensor,
+    c0: &Tensor,
+    masks: Option<&Tensor>,
+) -> Result<Tensor> {
+    let f32s = xi.dtype() == DType::F32 && w_hh.dtype() == DType::F32;
+    let grid = match choice {
+        LstmChoice::Composed => return ln_lstm_composed(xi, w_hh, p, h0, c0, masks),
+        LstmChoice::Grid if !f32s => {
+            candle_core::bail!(
+                "layer-norm LSTM: FPT_LSTM=grid runs f32, the input is {:?} and W_hh {:?}",
+                xi.dtype(),
+                w_hh.dtype()
+            )
+        }
+        LstmChoice::Grid => true,
+        LstmChoice::Auto if f32s && xi.device().is_cpu() => false,
+        LstmChoice::Auto if f32s && cfg!(feature = "cuda") && xi.device().is_cuda() => true,
+        LstmChoice::Auto => return ln_lstm_composed(xi, w_hh, p, h0, c0, masks),
+    };
     let (b, t, g4) = xi.dims3()?;
     let h = g4 / 4;
     let expect = |what: &str, x: &Tensor, dims: &[usize]| -> Result<()> {
@@ -91,6 +119,9 @@ pub fn ln_lstm(
     let vec = |x: &Tensor| -> Result<Vec<f32>> { x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>() };
     let wb = Tensor::cat(&[w_hh, &p.b_hh.unsqueeze(1)?], 1)?;
     let ln = Tensor::cat(&[p.ln_h2h.0, p.ln_h2h.1, p.ln_cell.0, p.ln_cell.1], 0)?;
+    if grid {
+        return super::lstm_grid::ln_lstm_grid(&xi.contiguous()?, &wb, &ln, w_hh, p, (h0, c0, masks));
+    }
     let op = LnLstmOp {
         h0: vec(h0)?,
         c0: vec(c0)?,
