@@ -364,7 +364,9 @@ pub(super) fn ln_lstm_grid(
             d.shared_bytes()
         )
     }
-    let on = |x: &Tensor| -> Result<Tensor> { x.detach().to_dtype(DType::F32)?.contiguous() };
+    // Each held tensor its own storage (`copy`): a GPU forward read-locks all of them at
+    // once, and a layer's zero initial state hands the same tensor as h0 and c0.
+    let on = |x: &Tensor| -> Result<Tensor> { x.detach().to_dtype(DType::F32)?.contiguous()?.copy() };
     let held = Held {
         wt: w_hh.detach().t()?.contiguous()?,
         h0: on(h0)?,
