@@ -382,19 +382,12 @@ impl Lstm {
                 (z.clone(), z)
             }
         };
-        // Each step's dropout multipliers, drawn in step order as `Ctx::dropout` would.
+        // Each step's dropout seed, drawn in step order as `Ctx::dropout` would: the op draws
+        // the step's multipliers from it (on the host for the CPU's ops, on a GPU in the
+        // kernels, so only the seeds cross).
         let p = self.config.dropout;
-        let masks = if self.common.dropout && ctx.train && p > 0.0 {
-            let mut m = Vec::with_capacity(t * b * hsz);
-            for _ in 0..t {
-                m.extend(ops::dropout_mask_values(b * hsz, p, ctx.rng.next_u64()));
-            }
-            // One seed per time step, drawn in step order: uploaded (counted), not drawn on
-            // the device (the LSTM baselines run on the CPU).
-            Some(fpt_nn::transfer::upload(m, (t, b, hsz), x.device())?.to_dtype(x.dtype())?)
-        } else {
-            None
-        };
+        let seeds: Option<Vec<u64>> =
+            (self.common.dropout && ctx.train && p > 0.0).then(|| (0..t).map(|_| ctx.rng.next_u64()).collect());
         let b_hh = l
             .h2h
             .bias
@@ -415,7 +408,10 @@ impl Lstm {
             ln_cell: (&g_cell, &b_cell),
             eps: self.config.layer_norm_eps,
         };
-        ops::ln_lstm(&xi, &w_hh, &params, &h0, &c0, masks.as_ref())
+        match seeds {
+            Some(seeds) => ops::ln_lstm_seeded(&xi, &w_hh, &params, &h0, &c0, p, &seeds),
+            None => ops::ln_lstm(&xi, &w_hh, &params, &h0, &c0, None),
+        }
     }
 }
 

@@ -382,10 +382,14 @@ __device__ float fpt_block_sum(float v, float *red) {
 // The recurrence forward: block b runs row b's T steps (grid-stride over rows). Shared:
 // h, c (H each), r (4H), cp (H), a float per warp. Inputs: xi [B, T, 4H], W_hh^T
 // [H, 4H], [W_hh | b_hh] [4H, H + 1], the norms [w_h2h, b_h2h, w_cell, b_cell] [10H],
-// h0, c0 [B, H], masks [T, B, H] or null. Writes y [B, T, H] and `saved` (fpt_lstm.h).
+// h0, c0 [B, H]; the dropout on the outputs: masks [T, B, H], or else each step's seed in
+// `seeds` [T] (the multipliers drawn here: fpt_lstm_mult), or neither. Writes y [B, T, H]
+// and `saved` (fpt_lstm.h).
 extern "C" __global__ void fpt_lstm_fwd_f32(const float *xi, const float *wt, const float *wb, const float *ln,
-                                            const float *h0, const float *c0, const float *masks, float *y,
+                                            const float *h0, const float *c0, const float *masks,
+                                            const uint64_t *seeds, uint64_t block, int32_t thr, float keep, float *y,
                                             float *saved, int64_t batch, int64_t t, int64_t hs, float eps) {
+    const fpt_lstm_drop drop = {masks, seeds, block, thr, keep, batch};
     extern __shared__ float fpt_smem[];
     const int64_t g4 = 4 * hs;
     float *h = fpt_smem, *c = h + hs, *r = c + hs, *cp = r + g4, *red = cp + hs;
@@ -407,8 +411,7 @@ extern "C" __global__ void fpt_lstm_fwd_f32(const float *xi, const float *wt, co
             float cvar = fpt_block_sum(fpt_norm_lane_sqdev(cp, hs, cmean, lane, nl), red) / (float)(hs - 1);
             float crstd = 1.0f / sqrtf(cvar + eps);
             if (lane == 0) *k.crstd = crstd;
-            const float *m = masks ? masks + (s * batch + b) * hs : 0;
-            fpt_lstm_lane_out(cp, k.gates, ln + 2 * g4, ln + 2 * g4 + hs, m, k.chat, k.tc, c, h, y + (b * t + s) * hs,
+            fpt_lstm_lane_out(cp, k.gates, ln + 2 * g4, ln + 2 * g4 + hs, drop, s, b, k.chat, k.tc, c, h, y + (b * t + s) * hs,
                               hs, cmean, crstd, lane, nl);
         }
     }
@@ -419,9 +422,12 @@ extern "C" __global__ void fpt_lstm_fwd_f32(const float *xi, const float *wt, co
 // pre-activations' gradient) and `part` [B, 14H]: row b's parts of the norms' gradients
 // ([w_h2h, b_h2h, w_cell, b_cell], 10H) and of b_hh's (4H). When `dr` is not null (W_hh
 // trains) also each step's dr [T, B, 4H] and the states it multiplied, `hout` [T, B, H].
+// The dropout's multipliers as the forward's (drawn again from the seeds, not stored).
 extern "C" __global__ void fpt_lstm_bwd_f32(const float *dy, const float *wb, const float *ln, const float *masks,
+                                            const uint64_t *seeds, uint64_t block, int32_t thr, float keep,
                                             const float *saved, float *dxi, float *part, float *dr, float *hout,
                                             int64_t batch, int64_t t, int64_t hs) {
+    const fpt_lstm_drop drop = {masks, seeds, block, thr, keep, batch};
     extern __shared__ float fpt_smem[];
     const int64_t g4 = 4 * hs;
     float *dh = fpt_smem, *dc = dh + hs, *d = dc + hs, *drr = d + hs, *red = drr + g4;
@@ -434,10 +440,9 @@ extern "C" __global__ void fpt_lstm_bwd_f32(const float *dy, const float *wb, co
         for (int64_t s = t - 1; s >= 0; s--) {
             fpt_lstm_rows k = fpt_lstm_saved_at((float *)saved, t, batch, hs, s, b);
             float *dpre = dxi + (b * t + s) * g4;
-            const float *m = masks ? masks + (s * batch + b) * hs : 0;
             __syncthreads();  // the step after wrote dh, dc and the parts
             float a, q;
-            fpt_lstm_lane_bwd_out(dy + (b * t + s) * hs, dh, dc, m, k.gates, k.tc, k.chat, ln + 2 * g4, dpre, d,
+            fpt_lstm_lane_bwd_out(dy + (b * t + s) * hs, dh, dc, drop, s, b, k.gates, k.tc, k.chat, ln + 2 * g4, dpre, d,
                                   pr + 2 * g4, pr + 2 * g4 + hs, hs, lane, nl, &a, &q);
             float mean_d = fpt_block_sum(a, red) / (float)hs;
             float dot = fpt_block_sum(q, red) / (float)(hs - 1);

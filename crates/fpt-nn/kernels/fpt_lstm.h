@@ -59,6 +59,28 @@ FPT_HD float fpt_lstm_flush(float x) {
 
 FPT_HD float fpt_lstm_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
+/* Where a step's dropout multipliers come from: `mask` ([T, B, H] multipliers) when it is
+ * not null, else each step's seed (`seeds[s]`: the step's B H multipliers drawn as
+ * src/ops/dropout.rs's dropout_mask_values draws them, in blocks of `block`), else none. */
+typedef struct {
+    const float *mask;
+    const uint64_t *seeds;
+    uint64_t block;
+    int32_t thr;
+    float keep;
+    int64_t batch;
+} fpt_lstm_drop;
+
+/* The multiplier of column j of row b at step s. */
+FPT_HD float fpt_lstm_mult(fpt_lstm_drop d, int64_t hs, int64_t s, int64_t b, int64_t j) {
+    if (d.mask) return d.mask[(s * d.batch + b) * hs + j];
+    if (d.seeds) return fpt_dropout_mult(d.seeds[s], d.block, (uint64_t)(b * hs + j), d.thr, d.keep);
+    return 1.0f;
+}
+
+/* Whether any multiplier is applied. */
+FPT_HD int fpt_lstm_drops(fpt_lstm_drop d) { return d.mask != 0 || d.seeds != 0; }
+
 /* ---- forward ---------------------------------------------------------------------- */
 
 /* The row's starting state into the block's h and c. */
@@ -118,11 +140,12 @@ FPT_HD float fpt_lstm_lane_cell(const float *gates, const float *c, float *cp, i
     return s;
 }
 
-/* LN_cell and the output: c' = chat w + b, h' = o tanh(c') m (m: the step's dropout
- * multipliers, or none), which is also the next state. */
+/* LN_cell and the output: c' = chat w + b, h' = o tanh(c') m (m: step s's dropout
+ * multipliers of row b, or none), which is also the next state. */
 FPT_HD void fpt_lstm_lane_out(const float *cp, const float *gates, const float *lncw, const float *lncb,
-                              const float *mask, float *chat, float *tc, float *c, float *h, float *y, int64_t hs,
-                              float mean, float rstd, int lane, int nl) {
+                              fpt_lstm_drop drop, int64_t s, int64_t b, float *chat, float *tc, float *c, float *h,
+                              float *y, int64_t hs, float mean, float rstd, int lane, int nl) {
+    int drops = fpt_lstm_drops(drop);
     for (int64_t j = lane; j < hs; j += nl) {
         float ch = (cp[j] - mean) * rstd;
         chat[j] = ch;
@@ -131,7 +154,7 @@ FPT_HD void fpt_lstm_lane_out(const float *cp, const float *gates, const float *
         float th = tanhf(cn);
         tc[j] = th;
         float v = gates[2 * hs + j] * th;
-        if (mask) v = v * mask[j];
+        if (drops) v = v * fpt_lstm_mult(drop, hs, s, b, j);
         h[j] = v;
         y[j] = v;
     }
@@ -142,14 +165,15 @@ FPT_HD void fpt_lstm_lane_out(const float *cp, const float *gates, const float *
 /* Through h' = o tanh(c') m into c' (the next step's dc added): the output gate's dpre, the
  * row's parts of LN_cell's weight and bias gradients (`dw`, `db`: accumulated over steps),
  * d = dc' w_cell; the lane's sums of d and d * chat (LN_cell's backward). */
-FPT_HD void fpt_lstm_lane_bwd_out(const float *dy, const float *dh, const float *dc, const float *mask,
-                                  const float *gates, const float *tc, const float *chat, const float *lncw,
-                                  float *dpre, float *d, float *dw, float *db, int64_t hs, int lane, int nl,
-                                  float *sum_d, float *sum_dx) {
+FPT_HD void fpt_lstm_lane_bwd_out(const float *dy, const float *dh, const float *dc, fpt_lstm_drop drop, int64_t s,
+                                  int64_t row, const float *gates, const float *tc, const float *chat,
+                                  const float *lncw, float *dpre, float *d, float *dw, float *db, int64_t hs,
+                                  int lane, int nl, float *sum_d, float *sum_dx) {
+    int drops = fpt_lstm_drops(drop);
     float a = 0.0f, b = 0.0f;
     for (int64_t j = lane; j < hs; j += nl) {
         float dhraw = dy[j] + dh[j];
-        if (mask) dhraw = dhraw * mask[j];
+        if (drops) dhraw = dhraw * fpt_lstm_mult(drop, hs, s, row, j);
         float o = gates[2 * hs + j];
         dpre[2 * hs + j] = dhraw * tc[j] * o * (1.0f - o);
         float dcn = dc[j] + dhraw * o * (1.0f - tc[j] * tc[j]);

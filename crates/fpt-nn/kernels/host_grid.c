@@ -322,8 +322,9 @@ static float *lstm_scratch(int64_t n) { return (float *)calloc((size_t)(n > 0 ? 
 
 /* fpt_lstm_fwd_f32 over the host grid; returns 0, or 1 when scratch memory ran out. */
 int fpt_host_lstm_fwd_f32(const float *xi, const float *wt, const float *wb, const float *ln, const float *h0,
-                          const float *c0, const float *masks, float *y, float *saved, int64_t batch, int64_t t,
-                          int64_t hs, float eps) {
+                          const float *c0, const float *masks, const uint64_t *seeds, uint64_t block, int32_t thr,
+                          float keep, float *y, float *saved, int64_t batch, int64_t t, int64_t hs, float eps) {
+    const fpt_lstm_drop drop = {masks, seeds, block, thr, keep, batch};
     const int64_t g4 = 4 * hs;
     float *mem = lstm_scratch(7 * hs);
     if (!mem) return 1;
@@ -346,9 +347,8 @@ int fpt_host_lstm_fwd_f32(const float *xi, const float *wt, const float *wb, con
             for (int l = 0; l < NT; l++) part[l] = fpt_norm_lane_sqdev(cp, hs, cmean, l, NT);
             float crstd = 1.0f / sqrtf(lstm_block_sum(part) / (float)(hs - 1) + eps);
             *k.crstd = crstd;
-            const float *m = masks ? masks + (s * batch + b) * hs : 0;
             for (int l = 0; l < NT; l++)
-                fpt_lstm_lane_out(cp, k.gates, ln + 2 * g4, ln + 2 * g4 + hs, m, k.chat, k.tc, c, h,
+                fpt_lstm_lane_out(cp, k.gates, ln + 2 * g4, ln + 2 * g4 + hs, drop, s, b, k.chat, k.tc, c, h,
                                   y + (b * t + s) * hs, hs, cmean, crstd, l, NT);
         }
     }
@@ -357,8 +357,10 @@ int fpt_host_lstm_fwd_f32(const float *xi, const float *wt, const float *wb, con
 }
 
 /* fpt_lstm_bwd_f32 over the host grid; returns 0, or 1 when scratch memory ran out. */
-int fpt_host_lstm_bwd_f32(const float *dy, const float *wb, const float *ln, const float *masks, const float *saved,
+int fpt_host_lstm_bwd_f32(const float *dy, const float *wb, const float *ln, const float *masks,
+                          const uint64_t *seeds, uint64_t block, int32_t thr, float keep, const float *saved,
                           float *dxi, float *part, float *dr, float *hout, int64_t batch, int64_t t, int64_t hs) {
+    const fpt_lstm_drop drop = {masks, seeds, block, thr, keep, batch};
     const int64_t g4 = 4 * hs;
     float *mem = lstm_scratch(7 * hs);
     if (!mem) return 1;
@@ -371,9 +373,8 @@ int fpt_host_lstm_bwd_f32(const float *dy, const float *wb, const float *ln, con
         for (int64_t s = t - 1; s >= 0; s--) {
             fpt_lstm_rows k = fpt_lstm_saved_at((float *)saved, t, batch, hs, s, b);
             float *dpre = dxi + (b * t + s) * g4;
-            const float *m = masks ? masks + (s * batch + b) * hs : 0;
             for (int l = 0; l < NT; l++)
-                fpt_lstm_lane_bwd_out(dy + (b * t + s) * hs, dh, dc, m, k.gates, k.tc, k.chat, ln + 2 * g4, dpre, d,
+                fpt_lstm_lane_bwd_out(dy + (b * t + s) * hs, dh, dc, drop, s, b, k.gates, k.tc, k.chat, ln + 2 * g4, dpre, d,
                                       pr + 2 * g4, pr + 2 * g4 + hs, hs, l, NT, &pa[l], &pq[l]);
             float mean_d = lstm_block_sum(pa) / (float)hs;
             float dot = lstm_block_sum(pq) / (float)(hs - 1);

@@ -190,3 +190,58 @@ fn grid_refuses_what_it_cannot_run() -> Result<()> {
     assert!(e.contains("shared memory") && e.contains("FPT_LSTM=composed"), "{e}");
     Ok(())
 }
+
+/// Dropout drawn from each step's seed: the kernels draw the multipliers themselves (on a
+/// GPU only the seeds cross), and they are exactly the masks the CPU's ops are handed
+/// (`dropout_mask_values(B H, p, seed)` a step): the same values and gradients to the last
+/// bit, through the grid and through the CPU's fused op, at a batch whose `B H` spans more
+/// than one block of the mask (16,384 values).
+#[test]
+fn seeded_dropout_is_the_masks_it_stands_for() -> Result<()> {
+    // 40 x 420 = 16,800 values a step: a second block of the mask.
+    for (b, t, h, p) in [(3usize, 6usize, 8usize, 0.3f64), (40, 3, 420, 0.1)] {
+        let tensors = inputs(b, t, h, 90)?;
+        let (h0, c0) = (randn(&[b, h], 3, DType::F32)?, randn(&[b, h], 4, DType::F32)?);
+        let seeds: Vec<u64> = (0..t as u64).map(|s| 1000 + 7 * s).collect();
+        let mut m = Vec::new();
+        for &s in &seeds {
+            m.extend(ops::dropout_mask_values(b * h, p, s));
+        }
+        let masks = Tensor::from_vec(m, (t, b, h), &Device::Cpu)?;
+        let xi = Var::from_tensor(&tensors[0])?;
+        let pr = params(&tensors);
+        for choice in [LstmChoice::Grid, LstmChoice::Auto] {
+            let run = |seeded: bool| -> Result<(Vec<f32>, Vec<f32>)> {
+                let y = if seeded {
+                    ops::ln_lstm_seeded_as(choice, xi.as_tensor(), &tensors[1], &pr, &h0, &c0, p, &seeds)?
+                } else {
+                    ops::ln_lstm_as(choice, xi.as_tensor(), &tensors[1], &pr, &h0, &c0, Some(&masks))?
+                };
+                let g = loss(&y, 5)?.backward()?;
+                let gx = g
+                    .get(&xi)
+                    .expect("xi gets a gradient")
+                    .flatten_all()?
+                    .to_vec1::<f32>()?;
+                Ok((y.flatten_all()?.to_vec1::<f32>()?, gx))
+            };
+            let (a, z) = (run(true)?, run(false)?);
+            assert!(a.0.contains(&0.0), "{choice:?} b={b} h={h}: no output was dropped");
+            assert_eq!(a, z, "{choice:?} b={b} h={h}: seeded and masked differ");
+        }
+        let e = ops::ln_lstm_seeded_as(
+            LstmChoice::Grid,
+            xi.as_tensor(),
+            &tensors[1],
+            &pr,
+            &h0,
+            &c0,
+            p,
+            &seeds[1..],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("seeds"), "{e}");
+    }
+    Ok(())
+}

@@ -3,10 +3,10 @@
 //! around them is `ops/lstm_grid.rs`.
 
 use super::{f32_view, output, WrapErr, MODULE, PTX};
-use crate::ops::lstm_grid::{Dims, THREADS};
+use crate::ops::lstm_grid::{Dims, OutDrop, THREADS};
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, LaunchConfig, PushKernelArg};
-use candle_core::{CudaStorage, Layout, Result, Storage, Tensor};
+use candle_core::{CudaStorage, DType, Layout, Result, Storage, Tensor};
 
 const WHAT: &str = "layer-norm LSTM (grid)";
 
@@ -41,6 +41,31 @@ fn view_of<'a>(s: On<'a>, n: usize, what: &str) -> Result<CudaView<'a, f32>> {
     Ok(v)
 }
 
+/// The kernels' dropout arguments: the masks' view ([T, B, H]) or none, the seeds' view
+/// ([T], i64 holding the u64 seeds' bits) or none, and (block, thr, keep).
+type DropArgs<'a> = (Option<CudaView<'a, f32>>, Option<CudaView<'a, i64>>, (u64, i32, f32));
+
+fn drop_args<'a>((drop, on): (&OutDrop, Option<On<'a>>), d: Dims) -> Result<DropArgs<'a>> {
+    let params = drop.params();
+    match (drop, on) {
+        (OutDrop::None, _) => Ok((None, None, params)),
+        (OutDrop::Masks(_), Some(m)) => Ok((Some(view_of(m, d.t * d.b * d.h, "dropout masks")?), None, params)),
+        (OutDrop::Seeded { .. }, Some((s, l))) => {
+            if s.dtype() != DType::I64 {
+                candle_core::bail!("{WHAT}: the dropout seeds are {:?}, not i64", s.dtype())
+            }
+            let (a, b) = l
+                .contiguous_offsets()
+                .ok_or_else(|| candle_core::Error::Msg(format!("{WHAT}: the dropout seeds are not contiguous")))?;
+            if b - a != d.t {
+                candle_core::bail!("{WHAT}: {} dropout seeds for {} steps", b - a, d.t)
+            }
+            Ok((None, Some(s.as_cuda_slice::<i64>()?.slice(a..b)), params))
+        }
+        _ => candle_core::bail!("{WHAT}: the dropout's tensor is not on the GPU"),
+    }
+}
+
 /// One block per row (grid-stride past 65,535 rows), the rows of `fpt_lstm.h` shared.
 fn per_batch_row(d: Dims) -> LaunchConfig {
     LaunchConfig {
@@ -54,7 +79,7 @@ fn per_batch_row(d: Dims) -> LaunchConfig {
 pub(crate) fn lstm_fwd(
     [xi, wb, ln]: [On<'_>; 3],
     [wt, h0, c0]: [On<'_>; 3],
-    masks: Option<On<'_>>,
+    drop: (&OutDrop, Option<On<'_>>),
     d: Dims,
     eps: f32,
 ) -> Result<(CudaStorage, CudaSlice<f32>)> {
@@ -68,7 +93,7 @@ pub(crate) fn lstm_fwd(
         view_of(h0, b * h, "initial state")?,
         view_of(c0, b * h, "initial cell")?,
     );
-    let mv = masks.map(|m| view_of(m, t * b * h, "dropout masks")).transpose()?;
+    let (mv, sv, (block, thr, keep)) = drop_args(drop, d)?;
     let y = output(&dev, b * t * h)?;
     let saved = output(&dev, d.saved())?;
     let f = func!(dev, "fpt_lstm_fwd_f32")?;
@@ -79,9 +104,15 @@ pub(crate) fn lstm_fwd(
         Some(m) => l.arg(m),
         None => l.arg(&null),
     };
+    match &sv {
+        Some(v) => l.arg(v),
+        None => l.arg(&null),
+    };
+    l.arg(&block).arg(&thr).arg(&keep);
     l.arg(&y).arg(&saved).arg(&b64).arg(&t64).arg(&h64).arg(&eps);
     // SAFETY: every input view holds the length checked above (xi B T 4H, W_hh^T H 4H,
-    // [W_hh | b_hh] 4H (H + 1), the norms 10H, h0 and c0 B H, the masks T B H or null);
+    // [W_hh | b_hh] 4H (H + 1), the norms 10H, h0 and c0 B H, the masks T B H or null, the
+    // seeds T or null);
     // y holds B T H and saved T B (12H + 2), fpt_lstm_saved_at's extent; the shared memory
     // asked for is the kernel's 7H + 32 floats (at most 48 KiB, ops/lstm_grid.rs checks).
     unsafe { l.launch(per_batch_row(d)) }.w()?;
@@ -92,7 +123,7 @@ pub(crate) fn lstm_fwd(
 /// and when `want_w` each step's dr and the states it multiplied).
 pub(crate) fn lstm_bwd(
     [dy, wb, ln]: [On<'_>; 3],
-    masks: Option<On<'_>>,
+    drop: (&OutDrop, Option<On<'_>>),
     saved: &CudaSlice<f32>,
     d: Dims,
     want_w: bool,
@@ -102,7 +133,7 @@ pub(crate) fn lstm_bwd(
     let dyv = view_of(dy, b * t * h, "output gradient")?;
     let wbv = view_of(wb, 4 * h * (h + 1), "[W_hh | b_hh]")?;
     let lnv = view_of(ln, 10 * h, "norms")?;
-    let mv = masks.map(|m| view_of(m, t * b * h, "dropout masks")).transpose()?;
+    let (mv, sv, (block, thr, keep)) = drop_args(drop, d)?;
     if saved.len() != d.saved() {
         candle_core::bail!("{WHAT}: the kept values do not fit [{b}, {t}, {h}]")
     }
@@ -122,6 +153,11 @@ pub(crate) fn lstm_bwd(
             Some(m) => l.arg(m),
             None => l.arg(&null),
         };
+        match &sv {
+            Some(v) => l.arg(v),
+            None => l.arg(&null),
+        };
+        l.arg(&block).arg(&thr).arg(&keep);
         l.arg(saved).arg(&dxi).arg(&part);
         if want_w {
             l.arg(&dr).arg(&hout);
@@ -130,7 +166,7 @@ pub(crate) fn lstm_bwd(
         }
         l.arg(&b64).arg(&t64).arg(&h64);
         // SAFETY: dy holds B T H, [W_hh | b_hh] 4H (H + 1), the norms 10H, the masks T B H or
-        // null, saved T B (12H + 2) (all checked); the output's four disjoint slices hold dxi
+        // null, the seeds T or null, saved T B (12H + 2) (all checked); the output's four disjoint slices hold dxi
         // B T 4H, the parts B 14H, and dr T B 4H and the states T B H when W_hh trains (null
         // pointers otherwise, which the kernel never writes through); every output element is
         // written (the parts are zeroed by the kernel first); shared memory as the forward's.

@@ -23,7 +23,7 @@
 
 use super::fastmath::{exp_f32, tanh_f32};
 use super::linear::product_threads as threads_for;
-use super::lstm_grid::LstmChoice;
+use super::lstm_grid::{LstmChoice, LstmDrop};
 use super::sgemm::{has_micro_kernel, sgemm, sgemm_prepacked, MatMut, MatRef, PackedB};
 use super::{cpu_slice, grad_like, tracks, with_cpu_slice};
 use crate::kernels::KernelPath;
@@ -71,9 +71,85 @@ pub fn ln_lstm_as(
     c0: &Tensor,
     masks: Option<&Tensor>,
 ) -> Result<Tensor> {
+    run(
+        choice,
+        xi,
+        w_hh,
+        p,
+        h0,
+        c0,
+        masks.map_or(LstmDrop::None, LstmDrop::Masks),
+    )
+}
+
+/// [`ln_lstm`] with step `s`'s dropout multipliers drawn from `seeds[s]` with probability
+/// `drop_p`: the masks `dropout_mask_values(B H, drop_p, seeds[s])` stacked over the steps,
+/// which the CPU's ops are handed; on a GPU the kernels draw them themselves (only the `T`
+/// seeds cross, not `T B H` multipliers).
+#[allow(clippy::too_many_arguments)]
+pub fn ln_lstm_seeded(
+    xi: &Tensor,
+    w_hh: &Tensor,
+    p: &LnLstmParams,
+    h0: &Tensor,
+    c0: &Tensor,
+    drop_p: f64,
+    seeds: &[u64],
+) -> Result<Tensor> {
+    ln_lstm_seeded_as(super::lstm_grid::lstm_choice()?, xi, w_hh, p, h0, c0, drop_p, seeds)
+}
+
+/// [`ln_lstm_seeded`] run where `choice` says (as [`ln_lstm_as`]).
+#[allow(clippy::too_many_arguments)]
+pub fn ln_lstm_seeded_as(
+    choice: LstmChoice,
+    xi: &Tensor,
+    w_hh: &Tensor,
+    p: &LnLstmParams,
+    h0: &Tensor,
+    c0: &Tensor,
+    drop_p: f64,
+    seeds: &[u64],
+) -> Result<Tensor> {
+    let t = xi.dims3()?.1;
+    if seeds.len() != t {
+        candle_core::bail!("layer-norm LSTM: {} dropout seeds for {t} steps", seeds.len())
+    }
+    run(choice, xi, w_hh, p, h0, c0, LstmDrop::Seeded { p: drop_p, seeds })
+}
+
+/// The multipliers a seeded dropout stands for, `[T, B, H]` on `xi`'s device in its dtype
+/// (one counted upload); given masks as they are.
+fn host_masks(xi: &Tensor, drop: LstmDrop<'_>) -> Result<Option<Tensor>> {
+    match drop {
+        LstmDrop::None => Ok(None),
+        LstmDrop::Masks(m) => Ok(Some(m.clone())),
+        LstmDrop::Seeded { p, seeds } => {
+            let (b, t, g4) = xi.dims3()?;
+            let n = b * (g4 / 4);
+            let mut m = Vec::with_capacity(t * n);
+            for &s in seeds {
+                m.extend(super::dropout_mask_values(n, p, s));
+            }
+            let m = crate::transfer::upload(m, (t, b, g4 / 4), xi.device())?;
+            Ok(Some(m.to_dtype(xi.dtype())?))
+        }
+    }
+}
+
+fn run(
+    choice: LstmChoice,
+    xi: &Tensor,
+    w_hh: &Tensor,
+    p: &LnLstmParams,
+    h0: &Tensor,
+    c0: &Tensor,
+    drop: LstmDrop<'_>,
+) -> Result<Tensor> {
+    let composed = |drop| ln_lstm_composed(xi, w_hh, p, h0, c0, host_masks(xi, drop)?.as_ref());
     let f32s = xi.dtype() == DType::F32 && w_hh.dtype() == DType::F32;
     let grid = match choice {
-        LstmChoice::Composed => return ln_lstm_composed(xi, w_hh, p, h0, c0, masks),
+        LstmChoice::Composed => return composed(drop),
         LstmChoice::Grid if !f32s => {
             candle_core::bail!(
                 "layer-norm LSTM: FPT_LSTM=grid runs f32, the input is {:?} and W_hh {:?}",
@@ -84,7 +160,7 @@ pub fn ln_lstm_as(
         LstmChoice::Grid => true,
         LstmChoice::Auto if f32s && xi.device().is_cpu() => false,
         LstmChoice::Auto if f32s && cfg!(feature = "cuda") && xi.device().is_cuda() => true,
-        LstmChoice::Auto => return ln_lstm_composed(xi, w_hh, p, h0, c0, masks),
+        LstmChoice::Auto => return composed(drop),
     };
     let (b, t, g4) = xi.dims3()?;
     let h = g4 / 4;
@@ -105,7 +181,7 @@ pub fn ln_lstm_as(
     expect("ln_cell bias", p.ln_cell.1, &[h])?;
     expect("h0", h0, &[b, h])?;
     expect("c0", c0, &[b, h])?;
-    if let Some(m) = masks {
+    if let LstmDrop::Masks(m) = drop {
         expect("dropout masks", m, &[t, b, h])?;
     }
     // Two packed operands: `[W_hh | b_hh]` (`[4H, H + 1]`) and the LayerNorms' `[w_h2h,
@@ -114,18 +190,18 @@ pub fn ln_lstm_as(
     // runs the composed twin, whose gradients reach exactly the tracked pieces).
     let mixed = |v: &[&Tensor]| v.iter().any(|t| tracks(t)) && !v.iter().all(|t| tracks(t));
     if mixed(&[w_hh, p.b_hh]) || mixed(&[p.ln_h2h.0, p.ln_h2h.1, p.ln_cell.0, p.ln_cell.1]) {
-        return ln_lstm_composed(xi, w_hh, p, h0, c0, masks);
+        return composed(drop);
     }
     let vec = |x: &Tensor| -> Result<Vec<f32>> { x.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>() };
     let wb = Tensor::cat(&[w_hh, &p.b_hh.unsqueeze(1)?], 1)?;
     let ln = Tensor::cat(&[p.ln_h2h.0, p.ln_h2h.1, p.ln_cell.0, p.ln_cell.1], 0)?;
     if grid {
-        return super::lstm_grid::ln_lstm_grid(&xi.contiguous()?, &wb, &ln, w_hh, p, (h0, c0, masks));
+        return super::lstm_grid::ln_lstm_grid(&xi.contiguous()?, &wb, &ln, w_hh, p, (h0, c0, drop));
     }
     let op = LnLstmOp {
         h0: vec(h0)?,
         c0: vec(c0)?,
-        masks: masks.map(vec).transpose()?,
+        masks: host_masks(xi, drop)?.as_ref().map(vec).transpose()?,
         eps: p.eps as f32,
         saved: Mutex::new(None),
     };

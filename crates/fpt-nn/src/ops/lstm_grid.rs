@@ -26,6 +26,10 @@ extern "C" {
         h0: *const f32,
         c0: *const f32,
         masks: *const f32,
+        seeds: *const u64,
+        block: u64,
+        thr: i32,
+        keep: f32,
         y: *mut f32,
         saved: *mut f32,
         batch: i64,
@@ -38,6 +42,10 @@ extern "C" {
         wb: *const f32,
         ln: *const f32,
         masks: *const f32,
+        seeds: *const u64,
+        block: u64,
+        thr: i32,
+        keep: f32,
         saved: *const f32,
         dxi: *mut f32,
         part: *mut f32,
@@ -90,13 +98,83 @@ enum Kept {
 
 type Saved = Arc<Mutex<Option<Kept>>>;
 
+/// A layer's dropout on its outputs, as the kernels take it.
+pub(crate) enum OutDrop {
+    None,
+    /// `[T, B, H]` multipliers.
+    Masks(Tensor),
+    /// Each step's seed (its `B H` multipliers drawn by the kernels as
+    /// [`super::dropout_mask_values`] draws them): on the host and, `[T]` i64 bit for bit,
+    /// where the op runs.
+    Seeded {
+        seeds: Vec<u64>,
+        on_device: Tensor,
+        thr: i32,
+        keep: f32,
+    },
+}
+
+impl OutDrop {
+    /// The kernels' `(block, thr, keep)` (unused without seeds).
+    pub(crate) fn params(&self) -> (u64, i32, f32) {
+        match self {
+            OutDrop::Seeded { thr, keep, .. } => (super::dropout::CHUNK as u64, *thr, *keep),
+            _ => (0, 0, 1.0),
+        }
+    }
+
+    /// The tensor a GPU reads: the masks or the seeds.
+    fn tensor(&self) -> Option<&Tensor> {
+        match self {
+            OutDrop::None => None,
+            OutDrop::Masks(m) => Some(m),
+            OutDrop::Seeded { on_device, .. } => Some(on_device),
+        }
+    }
+}
+
 /// The operands the op holds beside its three (constants of the graph).
 struct Held {
     /// `W_hh^T`, `[H, 4H]` contiguous.
     wt: Tensor,
     h0: Tensor,
     c0: Tensor,
-    masks: Option<Tensor>,
+    drop: OutDrop,
+}
+
+/// A dropout as the host grid takes it: the masks' values or the seeds (each where given).
+type HostDrop<'a> = (Option<Vec<f32>>, Option<&'a [u64]>);
+
+impl Held {
+    /// The host's masks and seeds (each where given) for the host grid, checked against `d`.
+    fn host_drop(&self, d: Dims) -> Result<HostDrop<'_>> {
+        match &self.drop {
+            OutDrop::None => Ok((None, None)),
+            OutDrop::Masks(m) => {
+                let v = host_values(m, "dropout masks")?;
+                if v.len() != d.t * d.b * d.h {
+                    candle_core::bail!(
+                        "layer-norm LSTM (grid): {} dropout multipliers for [{}, {}, {}]",
+                        v.len(),
+                        d.t,
+                        d.b,
+                        d.h
+                    )
+                }
+                Ok((Some(v), None))
+            }
+            OutDrop::Seeded { seeds, .. } => {
+                if seeds.len() != d.t {
+                    candle_core::bail!(
+                        "layer-norm LSTM (grid): {} dropout seeds for {} steps",
+                        seeds.len(),
+                        d.t
+                    )
+                }
+                Ok((None, Some(seeds)))
+            }
+        }
+    }
 }
 
 struct LstmGrid {
@@ -136,22 +214,24 @@ impl super::ThreeOperands for LstmGrid {
             host_values(&hd.h0, "initial state")?,
             host_values(&hd.c0, "initial cell")?,
         );
-        let masks = hd.masks.as_ref().map(|m| host_values(m, "dropout masks")).transpose()?;
+        let (masks, seeds) = hd.host_drop(self.d)?;
+        let (block, thr, keep) = hd.drop.params();
         let ok = xi.len() == b * t * 4 * h
             && wb.len() == 4 * h * (h + 1)
             && ln.len() == 10 * h
             && wt.len() == 4 * h * h
             && h0.len() == b * h
-            && c0.len() == b * h
-            && masks.as_ref().is_none_or(|m| m.len() == t * b * h);
+            && c0.len() == b * h;
         if !ok {
             candle_core::bail!("layer-norm LSTM (grid): operands do not fit [{b}, {t}, {}]", 4 * h)
         }
         let mut y = vec![0f32; b * t * h];
         let mut saved = vec![0f32; self.d.saved()];
         let mp = masks.as_ref().map_or(std::ptr::null(), |m| m.as_ptr());
+        let sp = seeds.map_or(std::ptr::null(), |v| v.as_ptr());
         // SAFETY: every pointer is a live buffer of the length checked above (xi B T 4H,
-        // wt H 4H, wb 4H (H + 1), ln 10H, h0 and c0 B H, masks T B H or null), y holds
+        // wt H 4H, wb 4H (H + 1), ln 10H, h0 and c0 B H; masks T B H or null, seeds T or
+        // null, host_drop checked), y holds
         // B T H and saved T B (12H + 2) (fpt_lstm_saved_at's extent); the outputs are
         // distinct &mut buffers; the function is single-threaded and keeps no pointer.
         let rc = unsafe {
@@ -163,6 +243,10 @@ impl super::ThreeOperands for LstmGrid {
                 h0.as_ptr(),
                 c0.as_ptr(),
                 mp,
+                sp,
+                block,
+                thr,
+                keep,
                 y.as_mut_ptr(),
                 saved.as_mut_ptr(),
                 b as i64,
@@ -185,12 +269,12 @@ impl super::ThreeOperands for LstmGrid {
     ) -> Result<(candle_core::CudaStorage, Shape)> {
         let hd = &self.held;
         let (y, saved) = crate::cuda::lstm::with_storages(
-            [Some(&hd.wt), Some(&hd.h0), Some(&hd.c0), hd.masks.as_ref()],
-            |[wt, h0, c0, masks]| {
+            [Some(&hd.wt), Some(&hd.h0), Some(&hd.c0), hd.drop.tensor()],
+            |[wt, h0, c0, drop]| {
                 crate::cuda::lstm::lstm_fwd(
                     [(s1, l1), (s2, l2), (s3, l3)],
                     [wt.expect("held"), h0.expect("held"), c0.expect("held")],
-                    masks,
+                    (&hd.drop, drop),
                     self.d,
                     self.eps,
                 )
@@ -261,12 +345,8 @@ impl CustomOp3 for LstmGridBackward {
             cpu_slice::<f32>(s2, l2, what)?,
             cpu_slice::<f32>(s3, l3, what)?,
         );
-        let masks = self
-            .held
-            .masks
-            .as_ref()
-            .map(|m| host_values(m, "dropout masks"))
-            .transpose()?;
+        let (masks, seeds) = self.held.host_drop(self.d)?;
+        let (block, thr, keep) = self.held.drop.params();
         if dy.len() != b * t * h || wb.len() != 4 * h * (h + 1) || ln.len() != 10 * h {
             candle_core::bail!("{what}: operands do not fit [{b}, {t}, {h}]")
         }
@@ -288,7 +368,9 @@ impl CustomOp3 for LstmGridBackward {
             (std::ptr::null_mut(), std::ptr::null_mut())
         };
         let mp = masks.as_ref().map_or(std::ptr::null(), |m| m.as_ptr());
-        // SAFETY: dy holds B T H, wb 4H (H + 1), ln 10H (checked), masks T B H or null,
+        let sp = seeds.map_or(std::ptr::null(), |v| v.as_ptr());
+        // SAFETY: dy holds B T H, wb 4H (H + 1), ln 10H (checked), masks T B H or null and
+        // seeds T or null (host_drop checked),
         // saved T B (12H + 2) (checked); dxi B T 4H, part B 14H, and dr T B 4H and hout
         // T B H when W_hh trains (else null, which the kernel then never writes): four
         // disjoint parts of one &mut buffer; single-threaded, no pointer kept.
@@ -298,6 +380,10 @@ impl CustomOp3 for LstmGridBackward {
                 wb.as_ptr(),
                 ln.as_ptr(),
                 mp,
+                sp,
+                block,
+                thr,
+                keep,
                 saved.as_ptr(),
                 dxi.as_mut_ptr(),
                 part.as_mut_ptr(),
@@ -330,8 +416,15 @@ impl CustomOp3 for LstmGridBackward {
             candle_core::bail!("layer-norm LSTM (grid) backward: no forward on this GPU kept its values")
         };
         let [a, b, c, d] = self.d.packed(self.want_w);
-        let out = crate::cuda::lstm::with_storages([self.held.masks.as_ref(), None, None, None], |[masks, ..]| {
-            crate::cuda::lstm::lstm_bwd([(s1, l1), (s2, l2), (s3, l3)], masks, saved, self.d, self.want_w)
+        let hd = &self.held;
+        let out = crate::cuda::lstm::with_storages([hd.drop.tensor(), None, None, None], |[drop, ..]| {
+            crate::cuda::lstm::lstm_bwd(
+                [(s1, l1), (s2, l2), (s3, l3)],
+                (&hd.drop, drop),
+                saved,
+                self.d,
+                self.want_w,
+            )
         })?;
         Ok((out, Shape::from(a + b + c + d)))
     }
@@ -346,7 +439,7 @@ pub(super) fn ln_lstm_grid(
     ln: &Tensor,
     w_hh: &Tensor,
     p: &LnLstmParams,
-    (h0, c0, masks): (&Tensor, &Tensor, Option<&Tensor>),
+    (h0, c0, drop): (&Tensor, &Tensor, LstmDrop<'_>),
 ) -> Result<Tensor> {
     let (b, t, g4) = xi.dims3()?;
     let d = Dims { b, t, h: g4 / 4 };
@@ -371,9 +464,23 @@ pub(super) fn ln_lstm_grid(
         wt: w_hh.detach().t()?.contiguous()?,
         h0: on(h0)?,
         c0: on(c0)?,
-        masks: masks.map(on).transpose()?,
+        drop: match drop {
+            LstmDrop::None => OutDrop::None,
+            LstmDrop::Masks(m) => OutDrop::Masks(on(m)?),
+            LstmDrop::Seeded { p: pr, seeds } => {
+                let (thr, keep) = super::dropout::mask_params(pr);
+                // The seeds' bits as i64 (candle has no u64): one counted upload of T values.
+                let bits: Vec<i64> = seeds.iter().map(|&s| s as i64).collect();
+                OutDrop::Seeded {
+                    seeds: seeds.to_vec(),
+                    on_device: crate::transfer::upload(bits, seeds.len(), xi.device())?,
+                    thr,
+                    keep,
+                }
+            }
+        },
     };
-    for x in [&held.wt, &held.h0, &held.c0].into_iter().chain(held.masks.as_ref()) {
+    for x in [&held.wt, &held.h0, &held.c0].into_iter().chain(held.drop.tensor()) {
         if !x.device().same_device(xi.device()) {
             candle_core::bail!(
                 "layer-norm LSTM (grid): an operand is on {:?}, the input on {:?}",
@@ -389,6 +496,24 @@ pub(super) fn ln_lstm_grid(
         saved: Arc::new(Mutex::new(None)),
     };
     xi.contiguous()?.apply_op3(wb, ln, super::Three(op))
+}
+
+/// A layer-norm LSTM's dropout on its outputs (the multipliers of each step's `[B, H]`).
+#[derive(Clone, Copy)]
+pub enum LstmDrop<'a> {
+    /// None.
+    None,
+    /// Given: `[T, B, H]` multipliers.
+    Masks(&'a Tensor),
+    /// Drawn from each step's seed with probability `p`, as
+    /// [`super::dropout_mask_values`]`(B H, p, seeds[s])` draws them: on a GPU by the kernels
+    /// themselves (only the `T` seeds are uploaded), elsewhere on the host.
+    Seeded {
+        /// The dropout probability.
+        p: f64,
+        /// One seed a step.
+        seeds: &'a [u64],
+    },
 }
 
 /// Where the layer-norm LSTM's recurrence runs (`FPT_LSTM`; [`super::ln_lstm_as`] picks

@@ -61,8 +61,8 @@ pub use layer_norm::{layer_norm, layer_norm_composed, rms_norm, rms_norm_compose
 pub(crate) use linear::linear_prepacked;
 pub use linear::{epilogue_requested, linear, linear_composed, linear_epilogue};
 pub use loss::{correct, cross_entropy, cross_entropy_composed};
-pub use lstm::{ln_lstm, ln_lstm_as, ln_lstm_composed, LnLstmParams};
-pub use lstm_grid::LstmChoice;
+pub use lstm::{ln_lstm, ln_lstm_as, ln_lstm_composed, ln_lstm_seeded, ln_lstm_seeded_as, LnLstmParams};
+pub use lstm_grid::{LstmChoice, LstmDrop};
 pub use rotary::{rotary, rotary_composed};
 pub use softmax::{masked_softmax, masked_softmax_composed, Mask};
 pub use swiglu::{swiglu, swiglu_composed};
