@@ -102,17 +102,35 @@ FPT_HD void fpt_lstm_lane_save(const float *h, const float *c, float *hprev, flo
 
 /* r[j] = sum_p h[p] W_hh[j, p] + b_hh[j] over the lane's columns, with W_hh^T in `wt`
  * ([H, 4H]: a warp's lanes read neighbouring words) and b_hh the last column of `wb`
- * ([4H, H + 1]); returns the sum of the lane's r (LN_h2h's mean). */
+ * ([4H, H + 1]); returns the sum of the lane's r (LN_h2h's mean). Four of the lane's
+ * columns at a time (j, j + nl, j + 2 nl, j + 3 nl: at hidden 256 all four of them), so four
+ * independent loads are in flight where one column's chain would wait on each; each column
+ * still adds its products in p's order. */
 FPT_HD float fpt_lstm_lane_rec(const float *h, const float *wt, const float *wb, float *r, int64_t hs, int lane,
                                int nl) {
     int64_t g4 = 4 * hs;
     float s = 0.0f;
-    for (int64_t j = lane; j < g4; j += nl) {
-        float acc = 0.0f;
-        for (int64_t p = 0; p < hs; p++) acc += h[p] * wt[p * g4 + j];
-        float v = acc + wb[j * (hs + 1) + hs];
-        r[j] = v;
-        s += v;
+    for (int64_t j = lane; j < g4; j += 4 * (int64_t)nl) {
+        int64_t j1 = j + nl, j2 = j + 2 * (int64_t)nl, j3 = j + 3 * (int64_t)nl;
+        /* A column past the row reads column j again (in bounds) and is never written. */
+        int64_t k1 = j1 < g4 ? j1 : j, k2 = j2 < g4 ? j2 : j, k3 = j3 < g4 ? j3 : j;
+        float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+        for (int64_t p = 0; p < hs; p++) {
+            const float hp = h[p];
+            const float *w = wt + p * g4;
+            a0 += hp * w[j];
+            a1 += hp * w[k1];
+            a2 += hp * w[k2];
+            a3 += hp * w[k3];
+        }
+        float acc[4] = {a0, a1, a2, a3};
+        int64_t col[4] = {j, j1, j2, j3};
+        for (int u = 0; u < 4; u++) {
+            if (col[u] >= g4) break;
+            float v = acc[u] + wb[col[u] * (hs + 1) + hs];
+            r[col[u]] = v;
+            s += v;
+        }
     }
     return s;
 }
@@ -234,12 +252,20 @@ FPT_HD void fpt_lstm_lane_bwd_rnorm(float *drr, const float *rhat, float rstd, f
 }
 
 /* The state's gradient for the step before: dh[p] = sum_j dr[j] W_hh[j, p] (`wb` is
- * [W_hh | b_hh], rows H + 1 apart: a warp's lanes read neighbouring words), flushed. */
+ * [W_hh | b_hh], rows H + 1 apart: a warp's lanes read neighbouring words), flushed. The
+ * sum runs as four interleaved partial sums (j = 0, 1, 2, 3 mod 4, then added in that
+ * order), four loads in flight at a time. */
 FPT_HD void fpt_lstm_lane_bwd_dh(const float *drr, const float *wb, float *dh, int64_t hs, int lane, int nl) {
+    const int64_t g4 = 4 * hs, ld = hs + 1;
     for (int64_t p = lane; p < hs; p += nl) {
-        float acc = 0.0f;
-        for (int64_t j = 0; j < 4 * hs; j++) acc += drr[j] * wb[j * (hs + 1) + p];
-        dh[p] = fpt_lstm_flush(acc);
+        float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+        for (int64_t j = 0; j < g4; j += 4) {
+            a0 += drr[j] * wb[j * ld + p];
+            a1 += drr[j + 1] * wb[(j + 1) * ld + p];
+            a2 += drr[j + 2] * wb[(j + 2) * ld + p];
+            a3 += drr[j + 3] * wb[(j + 3) * ld + p];
+        }
+        dh[p] = fpt_lstm_flush(((a0 + a1) + a2) + a3);
     }
 }
 
