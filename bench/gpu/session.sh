@@ -132,7 +132,7 @@ done
 
 # 1c'. The layer-norm LSTM's recurrence as one block per batch row (kernels/fpt_lstm.h:
 # one launch a layer each way, the default on a GPU since 2026-11-28) against the composed
-# ops (FPT_LSTM=composed: a dozen launches a step, 3.3 s an lstm-listops step on the H100
+# ops (FPT_LSTM=composed: some 20 launches a step forward, more backward, 3.3 s an lstm-listops step on the H100
 # of 2026-11-27), alternating rounds: one JSON line per process in lstm-bench.jsonl
 # ({"variant": "FPT_LSTM=auto"|"FPT_LSTM=composed", "round": R, "out": <fpt bench --json>}).
 # The composed side times 3 steps (about 15 s). LSTM_SHAPES="" skips it.

@@ -1,8 +1,8 @@
 //! The layer-norm LSTM's recurrence as `kernels/fpt_lstm.h`'s kernels: one block of 256
 //! lanes per batch row runs that row's whole recurrence, step after step (a row's steps
 //! depend on nothing else), so a layer is one launch forward and one backward, where the
-//! composed ops launch a dozen kernels a step (an LSTM over ListOps' 512 tokens: tens of
-//! thousands a training step). The arithmetic is [`super::lstm`]'s; forward keeps what
+//! composed ops launch some 20 kernels a step forward, more backward (an LSTM over
+//! ListOps' 512 tokens: tens of thousands a training step). The arithmetic is [`super::lstm`]'s; forward keeps what
 //! the CPU's fused op keeps, backward runs through time from the last step and leaves each
 //! row's parts of the norms' and `b_hh`'s gradients (summed over rows here) and, when
 //! `W_hh` trains, each step's `dr` for one product `dr^T h` at the end.
@@ -525,7 +525,7 @@ pub enum LstmChoice {
     Auto,
     /// `grid`: these kernels everywhere (on the CPU over the host grid: a reference, slow).
     Grid,
-    /// `composed`: stock candle ops, a dozen kernels a step.
+    /// `composed`: stock candle ops, some 20 kernels a step forward, more backward.
     Composed,
 }
 
