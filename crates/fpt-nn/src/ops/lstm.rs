@@ -118,6 +118,18 @@ pub fn ln_lstm_seeded_as(
     run(choice, xi, w_hh, p, h0, c0, LstmDrop::Seeded { p: drop_p, seeds })
 }
 
+/// The `T B H` multipliers of a seeded dropout (`dropout_mask_values(B H, p, seed)` a step,
+/// in step order).
+fn seeded_values(xi: &Tensor, p: f64, seeds: &[u64]) -> Result<Vec<f32>> {
+    let (b, t, g4) = xi.dims3()?;
+    let n = b * (g4 / 4);
+    let mut m = Vec::with_capacity(t * n);
+    for &s in seeds {
+        m.extend(super::dropout_mask_values(n, p, s));
+    }
+    Ok(m)
+}
+
 /// The multipliers a seeded dropout stands for, `[T, B, H]` on `xi`'s device in its dtype
 /// (one counted upload); given masks as they are.
 fn host_masks(xi: &Tensor, drop: LstmDrop<'_>) -> Result<Option<Tensor>> {
@@ -126,12 +138,7 @@ fn host_masks(xi: &Tensor, drop: LstmDrop<'_>) -> Result<Option<Tensor>> {
         LstmDrop::Masks(m) => Ok(Some(m.clone())),
         LstmDrop::Seeded { p, seeds } => {
             let (b, t, g4) = xi.dims3()?;
-            let n = b * (g4 / 4);
-            let mut m = Vec::with_capacity(t * n);
-            for &s in seeds {
-                m.extend(super::dropout_mask_values(n, p, s));
-            }
-            let m = crate::transfer::upload(m, (t, b, g4 / 4), xi.device())?;
+            let m = crate::transfer::upload(seeded_values(xi, p, seeds)?, (t, b, g4 / 4), xi.device())?;
             Ok(Some(m.to_dtype(xi.dtype())?))
         }
     }
@@ -201,7 +208,11 @@ fn run(
     let op = LnLstmOp {
         h0: vec(h0)?,
         c0: vec(c0)?,
-        masks: host_masks(xi, drop)?.as_ref().map(vec).transpose()?,
+        masks: match drop {
+            LstmDrop::None => None,
+            LstmDrop::Masks(m) => Some(vec(m)?),
+            LstmDrop::Seeded { p, seeds } => Some(seeded_values(xi, p, seeds)?),
+        },
         eps: p.eps as f32,
         saved: Mutex::new(None),
     };
