@@ -5,7 +5,7 @@
 use super::{f32_view, output, WrapErr, MODULE, PTX};
 use crate::ops::lstm_grid::{Dims, OutDrop, THREADS};
 use candle_core::backend::BackendStorage;
-use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, LaunchArgs, LaunchConfig, PushKernelArg};
 use candle_core::{CudaStorage, DType, Layout, Result, Storage, Tensor};
 
 const WHAT: &str = "layer-norm LSTM (grid)";
@@ -41,15 +41,35 @@ fn view_of<'a>(s: On<'a>, n: usize, what: &str) -> Result<CudaView<'a, f32>> {
     Ok(v)
 }
 
-/// The kernels' dropout arguments: the masks' view ([T, B, H]) or none, the seeds' view
-/// ([T], i64 holding the u64 seeds' bits) or none, and (block, thr, keep).
-type DropArgs<'a> = (Option<CudaView<'a, f32>>, Option<CudaView<'a, i64>>, (u64, i32, f32));
+/// The kernels' five dropout arguments: the masks' view ([T, B, H]) or null, the seeds'
+/// view ([T], i64 holding the u64 seeds' bits) or null, and block, thr, keep.
+struct DropArgs<'a> {
+    masks: Option<CudaView<'a, f32>>,
+    seeds: Option<CudaView<'a, i64>>,
+    params: (u64, i32, f32),
+    null: u64,
+}
+
+impl<'a> DropArgs<'a> {
+    /// Pushes the five arguments, in the kernels' order.
+    fn push<'b>(&'b self, l: &mut LaunchArgs<'b>) {
+        match &self.masks {
+            Some(m) => l.arg(m),
+            None => l.arg(&self.null),
+        };
+        match &self.seeds {
+            Some(v) => l.arg(v),
+            None => l.arg(&self.null),
+        };
+        l.arg(&self.params.0).arg(&self.params.1).arg(&self.params.2);
+    }
+}
 
 fn drop_args<'a>((drop, on): (&OutDrop, Option<On<'a>>), d: Dims) -> Result<DropArgs<'a>> {
     let params = drop.params();
-    match (drop, on) {
-        (OutDrop::None, _) => Ok((None, None, params)),
-        (OutDrop::Masks(_), Some(m)) => Ok((Some(view_of(m, d.t * d.b * d.h, "dropout masks")?), None, params)),
+    let (masks, seeds) = match (drop, on) {
+        (OutDrop::None, _) => (None, None),
+        (OutDrop::Masks(_), Some(m)) => (Some(view_of(m, d.t * d.b * d.h, "dropout masks")?), None),
         (OutDrop::Seeded { .. }, Some((s, l))) => {
             if s.dtype() != DType::I64 {
                 candle_core::bail!("{WHAT}: the dropout seeds are {:?}, not i64", s.dtype())
@@ -60,10 +80,16 @@ fn drop_args<'a>((drop, on): (&OutDrop, Option<On<'a>>), d: Dims) -> Result<Drop
             if b - a != d.t {
                 candle_core::bail!("{WHAT}: {} dropout seeds for {} steps", b - a, d.t)
             }
-            Ok((None, Some(s.as_cuda_slice::<i64>()?.slice(a..b)), params))
+            (None, Some(s.as_cuda_slice::<i64>()?.slice(a..b)))
         }
         _ => candle_core::bail!("{WHAT}: the dropout's tensor is not on the GPU"),
-    }
+    };
+    Ok(DropArgs {
+        masks,
+        seeds,
+        params,
+        null: 0,
+    })
 }
 
 /// One block per row (grid-stride past 65,535 rows), the rows of `fpt_lstm.h` shared.
@@ -93,22 +119,14 @@ pub(crate) fn lstm_fwd(
         view_of(h0, b * h, "initial state")?,
         view_of(c0, b * h, "initial cell")?,
     );
-    let (mv, sv, (block, thr, keep)) = drop_args(drop, d)?;
+    let da = drop_args(drop, d)?;
     let y = output(&dev, b * t * h)?;
     let saved = output(&dev, d.saved())?;
     let f = func!(dev, "fpt_lstm_fwd_f32")?;
-    let (b64, t64, h64, null) = (b as i64, t as i64, h as i64, 0u64);
+    let (b64, t64, h64) = (b as i64, t as i64, h as i64);
     let mut l = f.builder();
     l.arg(&xv).arg(&wtv).arg(&wbv).arg(&lnv).arg(&h0v).arg(&c0v);
-    match &mv {
-        Some(m) => l.arg(m),
-        None => l.arg(&null),
-    };
-    match &sv {
-        Some(v) => l.arg(v),
-        None => l.arg(&null),
-    };
-    l.arg(&block).arg(&thr).arg(&keep);
+    da.push(&mut l);
     l.arg(&y).arg(&saved).arg(&b64).arg(&t64).arg(&h64).arg(&eps);
     // SAFETY: every input view holds the length checked above (xi B T 4H, W_hh^T H 4H,
     // [W_hh | b_hh] 4H (H + 1), the norms 10H, h0 and c0 B H, the masks T B H or null, the
@@ -133,7 +151,7 @@ pub(crate) fn lstm_bwd(
     let dyv = view_of(dy, b * t * h, "output gradient")?;
     let wbv = view_of(wb, 4 * h * (h + 1), "[W_hh | b_hh]")?;
     let lnv = view_of(ln, 10 * h, "norms")?;
-    let (mv, sv, (block, thr, keep)) = drop_args(drop, d)?;
+    let da = drop_args(drop, d)?;
     if saved.len() != d.saved() {
         candle_core::bail!("{WHAT}: the kept values do not fit [{b}, {t}, {h}]")
     }
@@ -149,15 +167,7 @@ pub(crate) fn lstm_bwd(
     {
         let mut l = f.builder();
         l.arg(&dyv).arg(&wbv).arg(&lnv);
-        match &mv {
-            Some(m) => l.arg(m),
-            None => l.arg(&null),
-        };
-        match &sv {
-            Some(v) => l.arg(v),
-            None => l.arg(&null),
-        };
-        l.arg(&block).arg(&thr).arg(&keep);
+        da.push(&mut l);
         l.arg(saved).arg(&dxi).arg(&part);
         if want_w {
             l.arg(&dr).arg(&hout);
