@@ -283,16 +283,7 @@ fn fused_ln_lstm_matches_the_composed_recurrence_on_one_path() -> Result<()> {
         ("fpt", [true, false, false, true, true, true, true]),
         ("mixed", [true, true, false, true, true, true, true]),
     ] {
-        let vars: Vec<Option<Var>> = tensors
-            .iter()
-            .zip(trains)
-            .map(|(x, tr)| tr.then(|| Var::from_tensor(x)).transpose())
-            .collect::<Result<_>>()?;
-        let ts: Vec<Tensor> = vars
-            .iter()
-            .zip(&tensors)
-            .map(|(v, x)| v.as_ref().map_or_else(|| x.clone(), |v| v.as_tensor().clone()))
-            .collect();
+        let (vars, ts) = training(&tensors, &trains)?;
         let p = ops::LnLstmParams {
             b_hh: &ts[2],
             ln_h2h: (&ts[3], &ts[4]),

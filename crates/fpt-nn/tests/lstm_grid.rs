@@ -52,16 +52,7 @@ fn agree(
     let masks = dropout
         .then(|| Tensor::from_vec(ops::dropout_mask_values(t * b * h, 0.3, 42), (t, b, h), &Device::Cpu))
         .transpose()?;
-    let vars: Vec<Option<Var>> = tensors
-        .iter()
-        .zip(trains)
-        .map(|(x, tr)| tr.then(|| Var::from_tensor(x)).transpose())
-        .collect::<Result<_>>()?;
-    let ts: Vec<Tensor> = vars
-        .iter()
-        .zip(&tensors)
-        .map(|(v, x)| v.as_ref().map_or_else(|| x.clone(), |v| v.as_tensor().clone()))
-        .collect();
+    let (vars, ts) = training(&tensors, &trains)?;
     let p = params(&ts);
     let run = |c: LstmChoice| -> Result<(Tensor, GradStore)> {
         let y = ops::ln_lstm_as(c, &ts[0], &ts[1], &p, &h0, &c0, masks.as_ref())?;

@@ -26,6 +26,22 @@ pub fn max_abs_diff(a: &Tensor, b: &Tensor) -> Result<f64> {
         .to_scalar::<f64>()
 }
 
+/// The inputs that `trains` marks as `Var`s (the others `None`), and every input as the
+/// tensor an op takes (the `Var`'s where it trains).
+pub fn training(tensors: &[Tensor], trains: &[bool]) -> Result<(Vec<Option<Var>>, Vec<Tensor>)> {
+    let vars: Vec<Option<Var>> = tensors
+        .iter()
+        .zip(trains)
+        .map(|(x, tr)| tr.then(|| Var::from_tensor(x)).transpose())
+        .collect::<Result<_>>()?;
+    let ts = vars
+        .iter()
+        .zip(tensors)
+        .map(|(v, x)| v.as_ref().map_or_else(|| x.clone(), |v| v.as_tensor().clone()))
+        .collect();
+    Ok((vars, ts))
+}
+
 /// loss = sum(f(inputs) * r) for a fixed random r.
 pub fn loss(out: &Tensor, seed: u64) -> Result<Tensor> {
     let r = randn(out.dims(), seed, out.dtype())?;
