@@ -221,6 +221,8 @@ pub fn agreement(device: &Device) -> Result<Vec<KernelCheck>> {
                 ln_cell: (x[5], x[6]),
                 eps: 1e-6,
             };
+            // W_hh at 1 / sqrt(H) = 0.125, the scale its initialisation gives it (unit
+            // normals would saturate the gates and hide the recurrence's arithmetic).
             ops::ln_lstm(x[0], &(x[1] * 0.125)?, &p, &on(&h0)?, &on(&c0)?, Some(&on(&masks)?))
         },
         Metric::Normwise,
