@@ -11,7 +11,7 @@ use std::process::Command;
 
 fn main() {
     let kernels = PathBuf::from("kernels");
-    for f in ["fpt_ops.h", "fpt_lstm.h", "host_grid.c", "fpt_kernels.cu"] {
+    for f in ["fpt_ops.h", "fpt_attn.h", "fpt_lstm.h", "host_grid.c", "fpt_kernels.cu"] {
         println!("cargo:rerun-if-changed=kernels/{f}");
     }
     // Under AddressSanitizer (`cargo xtask sanitize` sets -Zsanitizer=address in RUSTFLAGS)

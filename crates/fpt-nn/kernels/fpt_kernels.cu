@@ -210,153 +210,165 @@ extern "C" __global__ void fpt_ce_bwd_f32(const float *x, const uint32_t *t, con
     }
 }
 
-// ---- attention tiled over keys (fpt_ops.h, "attention tiled over keys") ----------------
-// One warp per row; a tile of 32 keys (or queries) at a time, one per lane; each lane owns
-// the head dims lane, lane + 32, ... of the row's accumulators. The tile's weights pass
-// between the lanes through the warp's slice of shared memory.
-#define FPT_ATTN_WARPS 8 // THREADS / 32 in src/cuda.rs
+// ---- attention tiled in blocks (fpt_attn.h) --------------------------------------------
 
-// O = softmax(scale Q K^T, masked) (dropout) V, and each row's log-sum-exp.
+#include "fpt_attn.h"
+
+// The maximum / sum over a row's tpr lanes (consecutive lanes of one warp), in each of them:
+// the butterfly of host_grid.c's ab_group_*. Every lane of the block calls these together.
+__device__ __forceinline__ float fpt_ab_group_max(float v, int tpr) {
+    for (int o = tpr / 2; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+__device__ __forceinline__ float fpt_ab_group_sum(float v, int tpr) {
+    for (int o = tpr / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// The forward: block `blk` owns query rows i0 .. i0 + R of (b, h) and walks the keys they
+// see a tile of C at a time with an online softmax. Shared: Q [R][ld], K and V [C][ld],
+// the rows' weights [R][C + 1]. Writes O and each row's log-sum-exp.
 extern "C" __global__ void fpt_attn_fwd_f32(const float *q, const float *k, const float *v, float *o, float *lse,
-                                            const uint32_t *keylen, fpt_attn_geom g) {
-    __shared__ float tile[FPT_ATTN_WARPS][FPT_ATTN_TILE];
-    uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) / FPT_WARP;
-    uint64_t warps = ((uint64_t)gridDim.x * blockDim.x) / FPT_WARP;
-    int lane = threadIdx.x % FPT_WARP;
-    float *w = tile[threadIdx.x / FPT_WARP];
-    uint64_t rows = (uint64_t)(g.batch * g.heads * g.tq);
-    for (uint64_t r = warp; r < rows; r += warps) {
-        int64_t b, h, i, lo, hi;
-        fpt_attn_locate(&g, (int64_t)r, g.tq, &b, &h, &i);
-        fpt_attn_keys(&g, keylen, b, i, &lo, &hi);
-        const float *qrow = q + (b * g.tq + i) * g.sq + h * g.d;
-        float acc[FPT_ATTN_MAXU];
-        for (int u = 0; u < FPT_ATTN_MAXU; u++) acc[u] = 0.0f;
-        float m = -INFINITY, l = 0.0f;
-        for (int64_t j0 = lo; j0 < hi; j0 += FPT_ATTN_TILE) {
-            int64_t j = j0 + lane;
-            int n = hi - j0 < FPT_ATTN_TILE ? (int)(hi - j0) : FPT_ATTN_TILE;
-            float s = fpt_attn_score(&g, qrow, k, b, h, j, hi);
-            float mn = fmaxf(m, fpt_warp_max(s));
-            float alpha = expf(m - mn);
-            float p = j < hi ? expf(s - mn) : 0.0f;
-            l = FPT_ADD(FPT_MUL(l, alpha), fpt_warp_sum(p));
-            w[lane] = j < hi ? FPT_MUL(p, fpt_attn_mult(&g, b, h, i, j)) : 0.0f;
-            __syncwarp();
-            const float *vt = v + (b * g.tk + j0) * g.sv + h * g.d;
-            for (int u = 0; u < FPT_ATTN_MAXU; u++) {
-                int64_t e = lane + FPT_WARP * u;
-                if (e < g.d) acc[u] = fpt_attn_acc(acc[u], alpha, w, n, vt + e, g.sv);
-            }
-            __syncwarp();
+                                            const uint32_t *keylen, fpt_attn_geom g, int64_t rows, int64_t cols) {
+    extern __shared__ float fpt_smem[];
+    const fpt_ab_tiles t = fpt_ab_tiles_of(rows, cols, g.d);
+    float *sq = fpt_smem, *sk = sq + t.rows * t.ld, *sv = sk + t.cols * t.ld, *sw = sv + t.cols * t.ld;
+    const int lane = threadIdx.x, r = lane / (int)t.tpr, sub = lane % (int)t.tpr;
+    const int64_t blocks = g.batch * g.heads * ((g.tq + t.rows - 1) / t.rows);
+    for (int64_t blk = blockIdx.x; blk < blocks; blk += gridDim.x) {
+        int64_t b, h, i0, nv, lo = 0, hi = 0, blo, bhi, x;
+        fpt_ab_locate(&g, blk, g.tq, t.rows, &b, &h, &i0, &nv);
+        if (r < nv) fpt_attn_keys(&g, keylen, b, i0 + r, &lo, &hi);
+        fpt_attn_keys(&g, keylen, b, i0, &blo, &x);
+        fpt_attn_keys(&g, keylen, b, i0 + nv - 1, &x, &bhi);
+        const uint32_t key = fpt_attn_bkey(&g, b, h);
+        float *w = sw + r * (t.cols + 1);
+        __syncthreads();  // the block before is done with shared memory
+        fpt_ab_load(sq, q + b * g.tq * g.sq + h * g.d, g.sq, i0, nv, t.rows, g.d, t.ld, lane, FPT_AB_THREADS);
+        float acc[4 * FPT_AB_MAXU], s[FPT_AB_MAXC], m = -INFINITY, l = 0.0f;
+        for (int u = 0; u < 4 * FPT_AB_MAXU; u++) acc[u] = 0.0f;
+        for (int64_t j0 = blo; j0 < bhi; j0 += t.cols) {
+            int64_t nk = g.tk - j0 < t.cols ? g.tk - j0 : t.cols;
+            __syncthreads();  // Q is loaded; the tile before is done with K and V
+            fpt_ab_load(sk, k + b * g.tk * g.sk + h * g.d, g.sk, j0, nk, t.cols, g.d, t.ld, lane, FPT_AB_THREADS);
+            fpt_ab_load(sv, v + b * g.tk * g.sv + h * g.d, g.sv, j0, nk, t.cols, g.d, t.ld, lane, FPT_AB_THREADS);
+            __syncthreads();
+            float mx = fpt_ab_fwd_scores(sq + r * t.ld, sk, t, sub, j0, lo, hi, (float)g.scale, s);
+            float mn = fmaxf(m, fpt_ab_group_max(mx, (int)t.tpr));
+            float alpha = mn == -INFINITY ? 1.0f : expf(m - mn);
+            float ps = fpt_ab_fwd_probs(&g, key, s, mn, t, sub, i0 + r, j0, w);
+            l = l * alpha + fpt_ab_group_sum(ps, (int)t.tpr);
+            __syncwarp();  // the row's weights are written (its lanes share a warp)
+            fpt_ab_acc(acc, alpha, w, sv, t, sub);
             m = mn;
         }
-        float *orow = o + (b * g.tq + i) * g.so + h * g.d;
-        for (int u = 0; u < FPT_ATTN_MAXU; u++) {
-            int64_t e = lane + FPT_WARP * u;
-            if (e < g.d) orow[e] = l > 0.0f ? acc[u] / l : 0.0f;
+        if (r < nv) {
+            int64_t i = i0 + r;
+            fpt_ab_store(o + (b * g.tq + i) * g.so + h * g.d, acc, l > 0.0f ? 1.0f / l : 0.0f, t, g.d, sub);
+            if (sub == 0) lse[(b * g.heads + h) * g.tq + i] = l > 0.0f ? m + logf(l) : -INFINITY;
         }
-        if (lane == 0) lse[r] = l > 0.0f ? m + logf(l) : -INFINITY;
     }
 }
 
-// The backward's first pass, per query row: D = dO . O (kept in dd for the second) and
-// dQ = sum_j dS_ij K_j (dq: the packed gradient, dQ at its offset 0).
+// The backward's first pass, a tile of query rows: D = dO . O (kept in dd for the second)
+// and dQ = sum_j dS_ij K_j (dq: the packed gradient, dQ at its offset 0). Shared: Q and dO
+// [R][ld], K and V [C][ld], the rows' dS [R][C + 1].
 extern "C" __global__ void fpt_attn_bwd_q_f32(const float *q, const float *k, const float *v, const float *o,
                                               const float *dout, const float *lse, float *dd, float *dq,
-                                              const uint32_t *keylen, fpt_attn_geom g) {
-    __shared__ float tile[FPT_ATTN_WARPS][FPT_ATTN_TILE];
-    uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) / FPT_WARP;
-    uint64_t warps = ((uint64_t)gridDim.x * blockDim.x) / FPT_WARP;
-    int lane = threadIdx.x % FPT_WARP;
-    float *w = tile[threadIdx.x / FPT_WARP];
-    uint64_t rows = (uint64_t)(g.batch * g.heads * g.tq);
-    for (uint64_t r = warp; r < rows; r += warps) {
-        int64_t b, h, i, lo, hi;
-        fpt_attn_locate(&g, (int64_t)r, g.tq, &b, &h, &i);
-        fpt_attn_keys(&g, keylen, b, i, &lo, &hi);
-        const float *orow = o + (b * g.tq + i) * g.so + h * g.d;
-        const float *grow = dout + (b * g.tq + i) * g.so + h * g.d;
+                                              const uint32_t *keylen, fpt_attn_geom g, int64_t rows, int64_t cols) {
+    extern __shared__ float fpt_smem[];
+    const fpt_ab_tiles t = fpt_ab_tiles_of(rows, cols, g.d);
+    float *sq = fpt_smem, *sg = sq + t.rows * t.ld, *sk = sg + t.rows * t.ld, *sv = sk + t.cols * t.ld;
+    float *sw = sv + t.cols * t.ld;
+    const int lane = threadIdx.x, r = lane / (int)t.tpr, sub = lane % (int)t.tpr;
+    const int64_t blocks = g.batch * g.heads * ((g.tq + t.rows - 1) / t.rows);
+    for (int64_t blk = blockIdx.x; blk < blocks; blk += gridDim.x) {
+        int64_t b, h, i0, nv, lo = 0, hi = 0, blo, bhi, x;
+        fpt_ab_locate(&g, blk, g.tq, t.rows, &b, &h, &i0, &nv);
+        const int64_t i = i0 + r, row = (b * g.heads + h) * g.tq + i;
+        if (r < nv) fpt_attn_keys(&g, keylen, b, i, &lo, &hi);
+        fpt_attn_keys(&g, keylen, b, i0, &blo, &x);
+        fpt_attn_keys(&g, keylen, b, i0 + nv - 1, &x, &bhi);
+        const uint32_t key = fpt_attn_bkey(&g, b, h);
+        float *w = sw + r * (t.cols + 1);
         float part = 0.0f;
-        for (int64_t e = lane; e < g.d; e += FPT_WARP) part = FPT_ADD(part, FPT_MUL(grow[e], orow[e]));
-        float d = fpt_warp_sum(part);
-        float acc[FPT_ATTN_MAXU];
-        for (int u = 0; u < FPT_ATTN_MAXU; u++) acc[u] = 0.0f;
-        for (int64_t j0 = lo; j0 < hi; j0 += FPT_ATTN_TILE) {
-            int64_t j = j0 + lane;
-            int n = hi - j0 < FPT_ATTN_TILE ? (int)(hi - j0) : FPT_ATTN_TILE;
-            float pd = 0.0f, ds = 0.0f;
-            if (j < hi) fpt_attn_pair(&g, q, k, v, dout, b, h, i, j, lse[r], d, &pd, &ds);
-            w[lane] = ds;
-            __syncwarp();
-            const float *kt = k + (b * g.tk + j0) * g.sk + h * g.d;
-            for (int u = 0; u < FPT_ATTN_MAXU; u++) {
-                int64_t e = lane + FPT_WARP * u;
-                if (e < g.d) acc[u] = fpt_attn_acc(acc[u], 1.0f, w, n, kt + e, g.sk);
-            }
-            __syncwarp();
+        if (r < nv) {
+            const int64_t off = (b * g.tq + i) * g.so + h * g.d;
+            part = fpt_ab_rowdot(dout + off, o + off, t, g.d, sub);
         }
-        float *qg = dq + (b * g.tq + i) * g.sg + h * g.d;
-        for (int u = 0; u < FPT_ATTN_MAXU; u++) {
-            int64_t e = lane + FPT_WARP * u;
-            if (e < g.d) qg[e] = acc[u];
+        const float d = fpt_ab_group_sum(part, (int)t.tpr);
+        const float rl = r < nv ? lse[row] : -INFINITY;
+        __syncthreads();  // the block before is done with shared memory
+        fpt_ab_load(sq, q + b * g.tq * g.sq + h * g.d, g.sq, i0, nv, t.rows, g.d, t.ld, lane, FPT_AB_THREADS);
+        fpt_ab_load(sg, dout + b * g.tq * g.so + h * g.d, g.so, i0, nv, t.rows, g.d, t.ld, lane, FPT_AB_THREADS);
+        float acc[4 * FPT_AB_MAXU], s[FPT_AB_MAXC], dp[FPT_AB_MAXC];
+        for (int u = 0; u < 4 * FPT_AB_MAXU; u++) acc[u] = 0.0f;
+        for (int64_t j0 = blo; j0 < bhi; j0 += t.cols) {
+            int64_t nk = g.tk - j0 < t.cols ? g.tk - j0 : t.cols;
+            __syncthreads();
+            fpt_ab_load(sk, k + b * g.tk * g.sk + h * g.d, g.sk, j0, nk, t.cols, g.d, t.ld, lane, FPT_AB_THREADS);
+            fpt_ab_load(sv, v + b * g.tk * g.sv + h * g.d, g.sv, j0, nk, t.cols, g.d, t.ld, lane, FPT_AB_THREADS);
+            __syncthreads();
+            fpt_ab_dots(sq + r * t.ld, sk, t, sub, s);
+            fpt_ab_dots(sg + r * t.ld, sv, t, sub, dp);
+            fpt_ab_q_weights(&g, key, s, dp, t, sub, i, j0, lo, hi, rl, d, w);
+            __syncwarp();
+            fpt_ab_acc(acc, 1.0f, w, sk, t, sub);
         }
-        if (lane == 0) dd[r] = d;
+        if (r < nv) {
+            fpt_ab_store(dq + (b * g.tq + i) * g.sg + h * g.d, acc, 1.0f, t, g.d, sub);
+            if (sub == 0) dd[row] = d;
+        }
     }
 }
 
-// The backward's second pass, per key row: dK = sum_i dS_ij Q_i, dV = sum_i (P M)_ij dO_i,
-// into the packed gradient dqkv ([b, t, 3c], stride sg): dK at c, dV at 2c.
+// The backward's second pass, a tile of key rows: dK = sum_i dS_ij Q_i, dV = sum_i (P M)_ij
+// dO_i, into the packed gradient dqkv ([b, t, 3c], stride sg): dK at c, dV at 2c. Shared:
+// K and V [R][ld], Q and dO [C][ld], the rows' P M and dS [R][C + 1] each, and the query
+// tile's lse, D and key ranges [C] each.
 extern "C" __global__ void fpt_attn_bwd_kv_f32(const float *q, const float *k, const float *v, const float *dout,
                                                const float *lse, const float *dd, float *dqkv,
-                                               const uint32_t *keylen, fpt_attn_geom g) {
-    float *dk = dqkv + g.heads * g.d;
-    float *dv = dqkv + 2 * g.heads * g.d;
-    __shared__ float tile[FPT_ATTN_WARPS][2][FPT_ATTN_TILE];
-    uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) / FPT_WARP;
-    uint64_t warps = ((uint64_t)gridDim.x * blockDim.x) / FPT_WARP;
-    int lane = threadIdx.x % FPT_WARP;
-    float *wp = tile[threadIdx.x / FPT_WARP][0];
-    float *ws = tile[threadIdx.x / FPT_WARP][1];
-    uint64_t rows = (uint64_t)(g.batch * g.heads * g.tk);
-    for (uint64_t r = warp; r < rows; r += warps) {
-        int64_t b, h, j, lo, hi;
-        fpt_attn_locate(&g, (int64_t)r, g.tk, &b, &h, &j);
-        fpt_attn_queries(&g, j, &lo, &hi);
-        float ak[FPT_ATTN_MAXU], av[FPT_ATTN_MAXU];
-        for (int u = 0; u < FPT_ATTN_MAXU; u++) ak[u] = av[u] = 0.0f;
-        for (int64_t i0 = lo; i0 < hi; i0 += FPT_ATTN_TILE) {
-            int64_t i = i0 + lane;
-            int n = hi - i0 < FPT_ATTN_TILE ? (int)(hi - i0) : FPT_ATTN_TILE;
-            float pd = 0.0f, ds = 0.0f;
-            if (i < hi) {
-                int64_t klo, khi;
-                fpt_attn_keys(&g, keylen, b, i, &klo, &khi);
-                int64_t ri = (b * g.heads + h) * g.tq + i;
-                if (j >= klo && j < khi) fpt_attn_pair(&g, q, k, v, dout, b, h, i, j, lse[ri], dd[ri], &pd, &ds);
-            }
-            wp[lane] = pd;
-            ws[lane] = ds;
+                                               const uint32_t *keylen, fpt_attn_geom g, int64_t rows, int64_t cols) {
+    extern __shared__ float fpt_smem[];
+    const fpt_ab_tiles t = fpt_ab_tiles_of(rows, cols, g.d);
+    float *sk = fpt_smem, *sv = sk + t.rows * t.ld, *sq = sv + t.rows * t.ld, *sg = sq + t.cols * t.ld;
+    float *sp = sg + t.cols * t.ld, *ss = sp + t.rows * (t.cols + 1), *sl = ss + t.rows * (t.cols + 1);
+    float *sd = sl + t.cols;
+    int32_t *ql = (int32_t *)(sd + t.cols), *qh = ql + t.cols;
+    float *dk = dqkv + g.heads * g.d, *dv = dqkv + 2 * g.heads * g.d;
+    const int lane = threadIdx.x, r = lane / (int)t.tpr, sub = lane % (int)t.tpr;
+    const int64_t blocks = g.batch * g.heads * ((g.tk + t.rows - 1) / t.rows);
+    for (int64_t blk = blockIdx.x; blk < blocks; blk += gridDim.x) {
+        int64_t b, h, j0, nv, blo, bhi, x;
+        fpt_ab_locate(&g, blk, g.tk, t.rows, &b, &h, &j0, &nv);
+        fpt_attn_queries(&g, j0, &blo, &x);
+        fpt_attn_queries(&g, j0 + nv - 1, &x, &bhi);
+        const int64_t j = j0 + r;
+        const uint32_t key = fpt_attn_bkey(&g, b, h);
+        float *wp = sp + r * (t.cols + 1), *ws = ss + r * (t.cols + 1);
+        __syncthreads();  // the block before is done with shared memory
+        fpt_ab_load(sk, k + b * g.tk * g.sk + h * g.d, g.sk, j0, nv, t.rows, g.d, t.ld, lane, FPT_AB_THREADS);
+        fpt_ab_load(sv, v + b * g.tk * g.sv + h * g.d, g.sv, j0, nv, t.rows, g.d, t.ld, lane, FPT_AB_THREADS);
+        float ak[4 * FPT_AB_MAXU], av[4 * FPT_AB_MAXU], s[FPT_AB_MAXC], dp[FPT_AB_MAXC];
+        for (int u = 0; u < 4 * FPT_AB_MAXU; u++) ak[u] = av[u] = 0.0f;
+        for (int64_t i0 = blo; i0 < bhi; i0 += t.cols) {
+            int64_t nq = g.tq - i0 < t.cols ? g.tq - i0 : t.cols;
+            __syncthreads();
+            fpt_ab_load(sq, q + b * g.tq * g.sq + h * g.d, g.sq, i0, nq, t.cols, g.d, t.ld, lane, FPT_AB_THREADS);
+            fpt_ab_load(sg, dout + b * g.tq * g.so + h * g.d, g.so, i0, nq, t.cols, g.d, t.ld, lane, FPT_AB_THREADS);
+            fpt_ab_kv_columns(&g, keylen, lse, dd, b, h, i0, nq, t.cols, sl, sd, ql, qh, lane, FPT_AB_THREADS);
+            __syncthreads();
+            fpt_ab_dots(sk + r * t.ld, sq, t, sub, s);
+            fpt_ab_dots(sv + r * t.ld, sg, t, sub, dp);
+            fpt_ab_kv_weights(&g, key, s, dp, t, sub, r < nv ? j : -1, i0, nq, sl, sd, ql, qh, wp, ws);
             __syncwarp();
-            const float *gt = dout + (b * g.tq + i0) * g.so + h * g.d;
-            const float *qt = q + (b * g.tq + i0) * g.sq + h * g.d;
-            for (int u = 0; u < FPT_ATTN_MAXU; u++) {
-                int64_t e = lane + FPT_WARP * u;
-                if (e < g.d) {
-                    av[u] = fpt_attn_acc(av[u], 1.0f, wp, n, gt + e, g.so);
-                    ak[u] = fpt_attn_acc(ak[u], 1.0f, ws, n, qt + e, g.sq);
-                }
-            }
-            __syncwarp();
+            fpt_ab_acc(av, 1.0f, wp, sg, t, sub);
+            fpt_ab_acc(ak, 1.0f, ws, sq, t, sub);
         }
-        float *kg = dk + (b * g.tk + j) * g.sg + h * g.d;
-        float *vg = dv + (b * g.tk + j) * g.sg + h * g.d;
-        for (int u = 0; u < FPT_ATTN_MAXU; u++) {
-            int64_t e = lane + FPT_WARP * u;
-            if (e < g.d) {
-                kg[e] = ak[u];
-                vg[e] = av[u];
-            }
+        if (r < nv) {
+            fpt_ab_store(dk + (b * g.tk + j) * g.sg + h * g.d, ak, 1.0f, t, g.d, sub);
+            fpt_ab_store(dv + (b * g.tk + j) * g.sg + h * g.d, av, 1.0f, t, g.d, sub);
         }
     }
 }

@@ -330,19 +330,14 @@ FPT_HD void fpt_ce_lane_grad(const float *x, float *dx, int64_t c, uint32_t k, f
     for (int64_t j = lane; j < c; j += nl) dx[j] = g * (expf(x[j] - max) * inv_sum - (j == (int64_t)k ? 1.0f : 0.0f));
 }
 
-/* ---- attention tiled over keys (one warp per row, online softmax) -------------------- */
+/* ---- attention tiled in blocks: the geometry and masks (fpt_attn.h has the bodies) ---- */
 
 /* Multi-head attention read in place from the [b, t, width] activations: element (b, i,
  * head, e) of Q at q[(b * tq + i) * sq + head * d + e] (K, V with tk and sk, sv; the
  * output, its gradient and the saved output with so; the gradients of Q, K, V with sg):
- * a packed [b, t, 3c] `qkv` is three views with stride 3c, no transposes. The row's
- * probabilities are never stored: the forward keeps each row's log-sum-exp, and the
- * backward recomputes P = exp(scale q.k - lse) a tile of 32 keys (or queries) at a time.
- * The dropout multiplier of (b, head, i, j) is element ((b * heads + head) * tq + i) * tk
- * + j of a mask of blocks of tq * tk: the composed op's mask over [b, heads, tq, tk]. */
-#define FPT_ATTN_TILE 32
-/* The widest head: d <= 32 * FPT_ATTN_MAXU (each lane owns dims lane, lane + 32, ...). */
-#define FPT_ATTN_MAXU 8
+ * a packed [b, t, 3c] `qkv` is three views with stride 3c, no transposes. The dropout
+ * multiplier of (b, head, i, j) is element ((b * heads + head) * tq + i) * tk + j of a
+ * mask of blocks of tq * tk: the composed op's mask over [b, heads, tq, tk]. */
 
 /* The launch's geometry; every field 8 bytes wide, so the C and Rust (#[repr(C)]) layouts
  * are one. */
@@ -356,14 +351,6 @@ typedef struct {
     double scale;    /* multiplies q.k */
     int64_t has_len; /* keylen gives each example's valid keys (the rest are padding) */
 } fpt_attn_geom;
-
-/* Where row r (of batch * heads * tq, or * tk for the key rows) lies. */
-FPT_HD void fpt_attn_locate(const fpt_attn_geom *g, int64_t r, int64_t t, int64_t *b, int64_t *h, int64_t *i) {
-    int64_t bh = r / t;
-    *i = r % t;
-    *b = bh / g->heads;
-    *h = bh % g->heads;
-}
 
 /* The keys query i of example b sees: the mask's range, cut at the example's length. */
 FPT_HD void fpt_attn_keys(const fpt_attn_geom *g, const uint32_t *keylen, int64_t b, int64_t i, int64_t *lo,
@@ -385,57 +372,6 @@ FPT_HD void fpt_attn_queries(const fpt_attn_geom *g, int64_t j, int64_t *lo, int
         *hi = j + g->band + 1 < g->tq ? j + g->band + 1 : g->tq;
     }
     if (*lo > *hi) *lo = *hi;
-}
-
-/* a . b over d values, each product and sum rounded on its own. */
-FPT_HD float fpt_attn_dot(const float *a, const float *b, int64_t d) {
-    float s = 0.0f;
-    for (int64_t e = 0; e < d; e++) s = FPT_ADD(s, FPT_MUL(a[e], b[e]));
-    return s;
-}
-
-/* The dropout multiplier of (b, h, i, j); 1 when dropout is off. */
-FPT_HD float fpt_attn_mult(const fpt_attn_geom *g, int64_t b, int64_t h, int64_t i, int64_t j) {
-    if (g->thr <= 0) return 1.0f;
-    uint64_t block = (uint64_t)(g->tq * g->tk);
-    uint64_t idx = ((uint64_t)(b * g->heads + h) * (uint64_t)g->tq + (uint64_t)i) * (uint64_t)g->tk + (uint64_t)j;
-    return fpt_dropout_mult(g->seed, block, idx, (int32_t)g->thr, (float)g->keep);
-}
-
-/* acc * alpha + sum over the tile's n rows of w[jj] * x[jj * stride] (x: one column of
- * the tile's rows of V, Q or dO). */
-FPT_HD float fpt_attn_acc(float acc, float alpha, const float *w, int n, const float *x, int64_t stride) {
-    float a = FPT_MUL(acc, alpha);
-    for (int jj = 0; jj < n; jj++) a = FPT_ADD(a, FPT_MUL(w[jj], x[(int64_t)jj * stride]));
-    return a;
-}
-
-/* The forward's lane of a key tile: the score of key j (-inf past hi). */
-FPT_HD float fpt_attn_score(const fpt_attn_geom *g, const float *qrow, const float *k, int64_t b, int64_t h,
-                            int64_t j, int64_t hi) {
-    if (j >= hi) return -INFINITY;
-    return FPT_MUL(fpt_attn_dot(qrow, k + (b * g->tk + j) * g->sk + h * g->d, g->d), (float)g->scale);
-}
-
-/* The backward's (P, dS) of query i and key j (0, 0 where i does not see j): P the
- * dropped-out probability P * M (what multiplies dO into dV) in *pd, dS = scale P (dP M - D)
- * in *ds, from the row's log-sum-exp and D = dO . O. */
-FPT_HD void fpt_attn_pair(const fpt_attn_geom *g, const float *q, const float *k, const float *v, const float *dout,
-                          int64_t b, int64_t h, int64_t i, int64_t j, float lse, float dd, float *pd, float *ds) {
-    const float *qi = q + (b * g->tq + i) * g->sq + h * g->d;
-    const float *kj = k + (b * g->tk + j) * g->sk + h * g->d;
-    const float *vj = v + (b * g->tk + j) * g->sv + h * g->d;
-    const float *oi = dout + (b * g->tq + i) * g->so + h * g->d;
-    if (lse == -INFINITY) {
-        *pd = 0.0f;
-        *ds = 0.0f;
-        return;
-    }
-    float p = expf(FPT_MUL(fpt_attn_dot(qi, kj, g->d), (float)g->scale) - lse);
-    float m = fpt_attn_mult(g, b, h, i, j);
-    float dp = FPT_MUL(fpt_attn_dot(oi, vj, g->d), m);
-    *pd = FPT_MUL(p, m);
-    *ds = FPT_MUL(FPT_MUL(p, dp - dd), (float)g->scale);
 }
 
 #endif

@@ -7,6 +7,7 @@
 
 #include "fpt_ops.h"
 #include <stddef.h>
+#include <stdlib.h>
 
 #define LANES 32
 
@@ -162,137 +163,234 @@ void fpt_host_ce_f32(const float *x, const uint32_t *t, const float *g, float *l
     }
 }
 
-/* ---- attention tiled over keys: fpt_kernels.cu's three kernels, lane by lane ----------- */
+/* ---- attention tiled in blocks: fpt_kernels.cu's three kernels, block by block -------- */
 
-/* The forward: O and each row's log-sum-exp, the tile's lanes combined as the warp's
- * shuffles combine them. */
-void fpt_host_attn_fwd_f32(const float *q, const float *k, const float *v, float *o, float *lse,
-                           const uint32_t *keylen, const fpt_attn_geom *gp) {
-    fpt_attn_geom g = *gp;
-    int64_t rows = g.batch * g.heads * g.tq;
-    for (int64_t r = 0; r < rows; r++) {
-        int64_t b, h, i, lo, hi;
-        fpt_attn_locate(&g, r, g.tq, &b, &h, &i);
-        fpt_attn_keys(&g, keylen, b, i, &lo, &hi);
-        const float *qrow = q + (b * g.tq + i) * g.sq + h * g.d;
-        float acc[LANES][FPT_ATTN_MAXU] = {{0.0f}};
-        float m = -INFINITY, l = 0.0f;
-        for (int64_t j0 = lo; j0 < hi; j0 += FPT_ATTN_TILE) {
-            int n = hi - j0 < FPT_ATTN_TILE ? (int)(hi - j0) : FPT_ATTN_TILE;
-            float s[LANES], part[LANES], w[LANES];
-            for (int ln = 0; ln < LANES; ln++) part[ln] = s[ln] = fpt_attn_score(&g, qrow, k, b, h, j0 + ln, hi);
-            butterfly_max(part);
-            float mn = fmaxf(m, part[0]);
-            float alpha = expf(m - mn);
-            for (int ln = 0; ln < LANES; ln++) part[ln] = j0 + ln < hi ? expf(s[ln] - mn) : 0.0f;
-            for (int ln = 0; ln < LANES; ln++)
-                w[ln] = j0 + ln < hi ? FPT_MUL(part[ln], fpt_attn_mult(&g, b, h, i, j0 + ln)) : 0.0f;
-            butterfly_sum(part);
-            l = FPT_ADD(FPT_MUL(l, alpha), part[0]);
-            const float *vt = v + (b * g.tk + j0) * g.sv + h * g.d;
-            for (int ln = 0; ln < LANES; ln++)
-                for (int u = 0; u < FPT_ATTN_MAXU; u++) {
-                    int64_t e = ln + LANES * u;
-                    if (e < g.d) acc[ln][u] = fpt_attn_acc(acc[ln][u], alpha, w, n, vt + e, g.sv);
-                }
-            m = mn;
-        }
-        float *orow = o + (b * g.tq + i) * g.so + h * g.d;
-        for (int ln = 0; ln < LANES; ln++)
-            for (int u = 0; u < FPT_ATTN_MAXU; u++) {
-                int64_t e = ln + LANES * u;
-                if (e < g.d) orow[e] = l > 0.0f ? acc[ln][u] / l : 0.0f;
-            }
-        lse[r] = l > 0.0f ? m + logf(l) : -INFINITY;
+#include "fpt_attn.h"
+
+#define NT FPT_AB_THREADS
+
+/* fpt_kernels.cu's fpt_ab_group_max/sum: a butterfly over each row's tpr lanes. */
+static void ab_group(float v[NT], int tpr, int max) {
+    for (int o = tpr / 2; o > 0; o /= 2) {
+        float w[NT];
+        for (int l = 0; l < NT; l++) w[l] = max ? fmaxf(v[l], v[l ^ o]) : v[l] + v[l ^ o];
+        for (int l = 0; l < NT; l++) v[l] = w[l];
     }
 }
 
-/* The backward: its first pass (D and dQ per query row), then its second (dK and dV per
- * key row), as the two kernels run them. */
-void fpt_host_attn_bwd_f32(const float *q, const float *k, const float *v, const float *o, const float *dout,
-                           const float *lse, float *dd, float *dq, float *dk, float *dv, const uint32_t *keylen,
-                           const fpt_attn_geom *gp) {
-    fpt_attn_geom g = *gp;
-    int64_t rows = g.batch * g.heads * g.tq;
-    for (int64_t r = 0; r < rows; r++) {
-        int64_t b, h, i, lo, hi;
-        fpt_attn_locate(&g, r, g.tq, &b, &h, &i);
-        fpt_attn_keys(&g, keylen, b, i, &lo, &hi);
-        const float *orow = o + (b * g.tq + i) * g.so + h * g.d;
-        const float *grow = dout + (b * g.tq + i) * g.so + h * g.d;
-        float part[LANES];
-        for (int ln = 0; ln < LANES; ln++) {
-            part[ln] = 0.0f;
-            for (int64_t e = ln; e < g.d; e += LANES) part[ln] = FPT_ADD(part[ln], FPT_MUL(grow[e], orow[e]));
-        }
-        butterfly_sum(part);
-        float d = part[0];
-        float acc[LANES][FPT_ATTN_MAXU] = {{0.0f}};
-        for (int64_t j0 = lo; j0 < hi; j0 += FPT_ATTN_TILE) {
-            int n = hi - j0 < FPT_ATTN_TILE ? (int)(hi - j0) : FPT_ATTN_TILE;
-            float w[LANES];
-            for (int ln = 0; ln < LANES; ln++) {
-                float pd = 0.0f, ds = 0.0f;
-                if (j0 + ln < hi) fpt_attn_pair(&g, q, k, v, dout, b, h, i, j0 + ln, lse[r], d, &pd, &ds);
-                w[ln] = ds;
-            }
-            const float *kt = k + (b * g.tk + j0) * g.sk + h * g.d;
-            for (int ln = 0; ln < LANES; ln++)
-                for (int u = 0; u < FPT_ATTN_MAXU; u++) {
-                    int64_t e = ln + LANES * u;
-                    if (e < g.d) acc[ln][u] = fpt_attn_acc(acc[ln][u], 1.0f, w, n, kt + e, g.sk);
-                }
-        }
-        float *qg = dq + (b * g.tq + i) * g.sg + h * g.d;
-        for (int ln = 0; ln < LANES; ln++)
-            for (int u = 0; u < FPT_ATTN_MAXU; u++) {
-                int64_t e = ln + LANES * u;
-                if (e < g.d) qg[e] = acc[ln][u];
-            }
-        dd[r] = d;
+/* The lanes' registers of one block. */
+typedef struct {
+    float acc[NT][4 * FPT_AB_MAXU], acc2[NT][4 * FPT_AB_MAXU];
+    float s[NT][FPT_AB_MAXC], dp[NT][FPT_AB_MAXC];
+    float m[NT], l[NT], part[NT];
+    int64_t lo[NT], hi[NT];
+} ab_lanes;
+
+/* The shared memory and registers of kernel `kind` for heads of d dims, or 0 (too wide, or
+ * out of memory; the caller reports it). */
+static float *ab_setup(int kind, int64_t d, fpt_ab_tiles *t, ab_lanes **regs) {
+    int64_t rows, cols;
+    if (fpt_attn_plan(kind, d, &rows, &cols) == 0) return 0;
+    *t = fpt_ab_tiles_of(rows, cols, d);
+    *regs = (ab_lanes *)calloc(1, sizeof(ab_lanes));
+    float *smem = (float *)calloc((size_t)fpt_ab_smem_floats(kind, *t), sizeof(float));
+    if (!*regs || !smem) {
+        free(*regs);
+        free(smem);
+        return 0;
     }
-    rows = g.batch * g.heads * g.tk;
-    for (int64_t r = 0; r < rows; r++) {
-        int64_t b, h, j, lo, hi;
-        fpt_attn_locate(&g, r, g.tk, &b, &h, &j);
-        fpt_attn_queries(&g, j, &lo, &hi);
-        float ak[LANES][FPT_ATTN_MAXU] = {{0.0f}}, av[LANES][FPT_ATTN_MAXU] = {{0.0f}};
-        for (int64_t i0 = lo; i0 < hi; i0 += FPT_ATTN_TILE) {
-            int n = hi - i0 < FPT_ATTN_TILE ? (int)(hi - i0) : FPT_ATTN_TILE;
-            float wp[LANES], ws[LANES];
-            for (int ln = 0; ln < LANES; ln++) {
-                int64_t i = i0 + ln;
-                wp[ln] = ws[ln] = 0.0f;
-                if (i < hi) {
-                    int64_t klo, khi;
-                    fpt_attn_keys(&g, keylen, b, i, &klo, &khi);
-                    int64_t ri = (b * g.heads + h) * g.tq + i;
-                    if (j >= klo && j < khi) fpt_attn_pair(&g, q, k, v, dout, b, h, i, j, lse[ri], dd[ri], &wp[ln], &ws[ln]);
-                }
-            }
-            const float *gt = dout + (b * g.tq + i0) * g.so + h * g.d;
-            const float *qt = q + (b * g.tq + i0) * g.sq + h * g.d;
-            for (int ln = 0; ln < LANES; ln++)
-                for (int u = 0; u < FPT_ATTN_MAXU; u++) {
-                    int64_t e = ln + LANES * u;
-                    if (e < g.d) {
-                        av[ln][u] = fpt_attn_acc(av[ln][u], 1.0f, wp, n, gt + e, g.so);
-                        ak[ln][u] = fpt_attn_acc(ak[ln][u], 1.0f, ws, n, qt + e, g.sq);
-                    }
-                }
-        }
-        float *kg = dk + (b * g.tk + j) * g.sg + h * g.d;
-        float *vg = dv + (b * g.tk + j) * g.sg + h * g.d;
-        for (int ln = 0; ln < LANES; ln++)
-            for (int u = 0; u < FPT_ATTN_MAXU; u++) {
-                int64_t e = ln + LANES * u;
-                if (e < g.d) {
-                    kg[e] = ak[ln][u];
-                    vg[e] = av[ln][u];
-                }
-            }
-    }
+    return smem;
 }
+
+int64_t fpt_host_attn_plan(int32_t kind, int64_t d, int64_t *rows, int64_t *cols) {
+    return fpt_attn_plan(kind, d, rows, cols);
+}
+
+/* fpt_attn_fwd_f32 over the host grid; returns 0, or 1 when the head is too wide or
+ * scratch memory ran out. */
+int fpt_host_attn_fwd_f32(const float *q, const float *k, const float *v, float *o, float *lse,
+                          const uint32_t *keylen, const fpt_attn_geom *gp) {
+    const fpt_attn_geom g = *gp;
+    fpt_ab_tiles t;
+    ab_lanes *x;
+    float *smem = ab_setup(FPT_AB_FWD, g.d, &t, &x);
+    if (!smem) return 1;
+    float *sq = smem, *sk = sq + t.rows * t.ld, *sv = sk + t.cols * t.ld, *sw = sv + t.cols * t.ld;
+    const int tpr = (int)t.tpr;
+    const int64_t blocks = g.batch * g.heads * ((g.tq + t.rows - 1) / t.rows);
+    for (int64_t blk = 0; blk < blocks; blk++) {
+        int64_t b, h, i0, nv, blo, bhi, y;
+        fpt_ab_locate(&g, blk, g.tq, t.rows, &b, &h, &i0, &nv);
+        for (int l = 0; l < NT; l++) {
+            x->lo[l] = x->hi[l] = 0;
+            if (l / tpr < nv) fpt_attn_keys(&g, keylen, b, i0 + l / tpr, &x->lo[l], &x->hi[l]);
+            x->m[l] = -INFINITY;
+            x->l[l] = 0.0f;
+            for (int u = 0; u < 4 * FPT_AB_MAXU; u++) x->acc[l][u] = 0.0f;
+        }
+        fpt_attn_keys(&g, keylen, b, i0, &blo, &y);
+        fpt_attn_keys(&g, keylen, b, i0 + nv - 1, &y, &bhi);
+        const uint32_t key = fpt_attn_bkey(&g, b, h);
+        for (int l = 0; l < NT; l++)
+            fpt_ab_load(sq, q + b * g.tq * g.sq + h * g.d, g.sq, i0, nv, t.rows, g.d, t.ld, l, NT);
+        for (int64_t j0 = blo; j0 < bhi; j0 += t.cols) {
+            int64_t nk = g.tk - j0 < t.cols ? g.tk - j0 : t.cols;
+            for (int l = 0; l < NT; l++) {
+                fpt_ab_load(sk, k + b * g.tk * g.sk + h * g.d, g.sk, j0, nk, t.cols, g.d, t.ld, l, NT);
+                fpt_ab_load(sv, v + b * g.tk * g.sv + h * g.d, g.sv, j0, nk, t.cols, g.d, t.ld, l, NT);
+            }
+            float mx[NT], ps[NT], alpha[NT];
+            for (int l = 0; l < NT; l++)
+                mx[l] = fpt_ab_fwd_scores(sq + (l / tpr) * t.ld, sk, t, l % tpr, j0, x->lo[l], x->hi[l],
+                                          (float)g.scale, x->s[l]);
+            ab_group(mx, tpr, 1);
+            for (int l = 0; l < NT; l++) {
+                float mn = fmaxf(x->m[l], mx[l]);
+                alpha[l] = mn == -INFINITY ? 1.0f : expf(x->m[l] - mn);
+                ps[l] = fpt_ab_fwd_probs(&g, key, x->s[l], mn, t, l % tpr, i0 + l / tpr, j0,
+                                         sw + (l / tpr) * (t.cols + 1));
+                x->m[l] = mn;
+            }
+            ab_group(ps, tpr, 0);
+            for (int l = 0; l < NT; l++) {
+                x->l[l] = x->l[l] * alpha[l] + ps[l];
+                fpt_ab_acc(x->acc[l], alpha[l], sw + (l / tpr) * (t.cols + 1), sv, t, l % tpr);
+            }
+        }
+        for (int l = 0; l < NT; l++) {
+            int r = l / tpr;
+            if (r >= nv) continue;
+            int64_t i = i0 + r;
+            float ll = x->l[l];
+            fpt_ab_store(o + (b * g.tq + i) * g.so + h * g.d, x->acc[l], ll > 0.0f ? 1.0f / ll : 0.0f, t, g.d, l % tpr);
+            if (l % tpr == 0) lse[(b * g.heads + h) * g.tq + i] = ll > 0.0f ? x->m[l] + logf(ll) : -INFINITY;
+        }
+    }
+    free(smem);
+    free(x);
+    return 0;
+}
+
+/* fpt_attn_bwd_q_f32 then fpt_attn_bwd_kv_f32 over the host grid; returns 0, or 1 when
+ * the head is too wide or scratch memory ran out. */
+int fpt_host_attn_bwd_f32(const float *q, const float *k, const float *v, const float *o, const float *dout,
+                          const float *lse, float *dd, float *dq, float *dk, float *dv, const uint32_t *keylen,
+                          const fpt_attn_geom *gp) {
+    const fpt_attn_geom g = *gp;
+    fpt_ab_tiles t;
+    ab_lanes *x;
+    float *smem = ab_setup(FPT_AB_BWD_Q, g.d, &t, &x);
+    if (!smem) return 1;
+    float *sq = smem, *sg = sq + t.rows * t.ld, *sk = sg + t.rows * t.ld, *sv = sk + t.cols * t.ld;
+    float *sw = sv + t.cols * t.ld;
+    int tpr = (int)t.tpr;
+    int64_t blocks = g.batch * g.heads * ((g.tq + t.rows - 1) / t.rows);
+    for (int64_t blk = 0; blk < blocks; blk++) {
+        int64_t b, h, i0, nv, blo, bhi, y;
+        fpt_ab_locate(&g, blk, g.tq, t.rows, &b, &h, &i0, &nv);
+        float rl[NT];
+        for (int l = 0; l < NT; l++) {
+            int r = l / tpr;
+            int64_t i = i0 + r;
+            x->lo[l] = x->hi[l] = 0;
+            x->part[l] = 0.0f;
+            if (r < nv) {
+                fpt_attn_keys(&g, keylen, b, i, &x->lo[l], &x->hi[l]);
+                int64_t off = (b * g.tq + i) * g.so + h * g.d;
+                x->part[l] = fpt_ab_rowdot(dout + off, o + off, t, g.d, l % tpr);
+            }
+            rl[l] = r < nv ? lse[(b * g.heads + h) * g.tq + i] : -INFINITY;
+            for (int u = 0; u < 4 * FPT_AB_MAXU; u++) x->acc[l][u] = 0.0f;
+        }
+        ab_group(x->part, tpr, 0);
+        fpt_attn_keys(&g, keylen, b, i0, &blo, &y);
+        fpt_attn_keys(&g, keylen, b, i0 + nv - 1, &y, &bhi);
+        const uint32_t key = fpt_attn_bkey(&g, b, h);
+        for (int l = 0; l < NT; l++) {
+            fpt_ab_load(sq, q + b * g.tq * g.sq + h * g.d, g.sq, i0, nv, t.rows, g.d, t.ld, l, NT);
+            fpt_ab_load(sg, dout + b * g.tq * g.so + h * g.d, g.so, i0, nv, t.rows, g.d, t.ld, l, NT);
+        }
+        for (int64_t j0 = blo; j0 < bhi; j0 += t.cols) {
+            int64_t nk = g.tk - j0 < t.cols ? g.tk - j0 : t.cols;
+            for (int l = 0; l < NT; l++) {
+                fpt_ab_load(sk, k + b * g.tk * g.sk + h * g.d, g.sk, j0, nk, t.cols, g.d, t.ld, l, NT);
+                fpt_ab_load(sv, v + b * g.tk * g.sv + h * g.d, g.sv, j0, nk, t.cols, g.d, t.ld, l, NT);
+            }
+            for (int l = 0; l < NT; l++) {
+                int r = l / tpr, sub = l % tpr;
+                fpt_ab_dots(sq + r * t.ld, sk, t, sub, x->s[l]);
+                fpt_ab_dots(sg + r * t.ld, sv, t, sub, x->dp[l]);
+                fpt_ab_q_weights(&g, key, x->s[l], x->dp[l], t, sub, i0 + r, j0, x->lo[l], x->hi[l], rl[l], x->part[l],
+                                 sw + r * (t.cols + 1));
+            }
+            for (int l = 0; l < NT; l++) fpt_ab_acc(x->acc[l], 1.0f, sw + (l / tpr) * (t.cols + 1), sk, t, l % tpr);
+        }
+        for (int l = 0; l < NT; l++) {
+            int r = l / tpr;
+            if (r >= nv) continue;
+            int64_t i = i0 + r;
+            fpt_ab_store(dq + (b * g.tq + i) * g.sg + h * g.d, x->acc[l], 1.0f, t, g.d, l % tpr);
+            if (l % tpr == 0) dd[(b * g.heads + h) * g.tq + i] = x->part[l];
+        }
+    }
+    free(smem);
+    free(x);
+
+    smem = ab_setup(FPT_AB_BWD_KV, g.d, &t, &x);
+    if (!smem) return 1;
+    float *skk = smem, *svv = skk + t.rows * t.ld;
+    sq = svv + t.rows * t.ld;
+    sg = sq + t.cols * t.ld;
+    float *sp = sg + t.cols * t.ld, *ss = sp + t.rows * (t.cols + 1), *sl = ss + t.rows * (t.cols + 1);
+    float *sd = sl + t.cols;
+    int32_t *ql = (int32_t *)(sd + t.cols), *qh = ql + t.cols;
+    tpr = (int)t.tpr;
+    blocks = g.batch * g.heads * ((g.tk + t.rows - 1) / t.rows);
+    for (int64_t blk = 0; blk < blocks; blk++) {
+        int64_t b, h, j0, nv, blo, bhi, y;
+        fpt_ab_locate(&g, blk, g.tk, t.rows, &b, &h, &j0, &nv);
+        fpt_attn_queries(&g, j0, &blo, &y);
+        fpt_attn_queries(&g, j0 + nv - 1, &y, &bhi);
+        const uint32_t key = fpt_attn_bkey(&g, b, h);
+        for (int l = 0; l < NT; l++) {
+            fpt_ab_load(skk, k + b * g.tk * g.sk + h * g.d, g.sk, j0, nv, t.rows, g.d, t.ld, l, NT);
+            fpt_ab_load(svv, v + b * g.tk * g.sv + h * g.d, g.sv, j0, nv, t.rows, g.d, t.ld, l, NT);
+            for (int u = 0; u < 4 * FPT_AB_MAXU; u++) x->acc[l][u] = x->acc2[l][u] = 0.0f;
+        }
+        for (int64_t i0 = blo; i0 < bhi; i0 += t.cols) {
+            int64_t nq = g.tq - i0 < t.cols ? g.tq - i0 : t.cols;
+            for (int l = 0; l < NT; l++) {
+                fpt_ab_load(sq, q + b * g.tq * g.sq + h * g.d, g.sq, i0, nq, t.cols, g.d, t.ld, l, NT);
+                fpt_ab_load(sg, dout + b * g.tq * g.so + h * g.d, g.so, i0, nq, t.cols, g.d, t.ld, l, NT);
+                fpt_ab_kv_columns(&g, keylen, lse, dd, b, h, i0, nq, t.cols, sl, sd, ql, qh, l, NT);
+            }
+            for (int l = 0; l < NT; l++) {
+                int r = l / tpr, sub = l % tpr;
+                fpt_ab_dots(skk + r * t.ld, sq, t, sub, x->s[l]);
+                fpt_ab_dots(svv + r * t.ld, sg, t, sub, x->dp[l]);
+                fpt_ab_kv_weights(&g, key, x->s[l], x->dp[l], t, sub, r < nv ? j0 + r : -1, i0, nq, sl, sd, ql, qh,
+                                  sp + r * (t.cols + 1), ss + r * (t.cols + 1));
+            }
+            for (int l = 0; l < NT; l++) {
+                int r = l / tpr, sub = l % tpr;
+                fpt_ab_acc(x->acc2[l], 1.0f, sp + r * (t.cols + 1), sg, t, sub);
+                fpt_ab_acc(x->acc[l], 1.0f, ss + r * (t.cols + 1), sq, t, sub);
+            }
+        }
+        for (int l = 0; l < NT; l++) {
+            int r = l / tpr;
+            if (r >= nv) continue;
+            int64_t j = j0 + r;
+            fpt_ab_store(dk + (b * g.tk + j) * g.sg + h * g.d, x->acc[l], 1.0f, t, g.d, l % tpr);
+            fpt_ab_store(dv + (b * g.tk + j) * g.sg + h * g.d, x->acc2[l], 1.0f, t, g.d, l % tpr);
+        }
+    }
+    free(smem);
+    free(x);
+    return 0;
+}
+
+#undef NT
 
 void fpt_host_step_gate(const double *loss, const double *norm, double *state) { fpt_step_gate(*loss, *norm, state); }
 
@@ -303,7 +401,6 @@ int fpt_host_gate_coefs(const double *state, const float *table, float *step_siz
 /* ---- the layer-norm LSTM (fpt_lstm.h): one block of FPT_LSTM_THREADS lanes per row ---- */
 
 #include "fpt_lstm.h"
-#include <stdlib.h>
 
 #define NT FPT_LSTM_THREADS
 

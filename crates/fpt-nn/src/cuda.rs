@@ -61,6 +61,7 @@ macro_rules! func {
     };
 }
 
+pub(crate) mod attn;
 pub(crate) mod lstm;
 
 /// Uninitialised device memory for `n` f32 results (every kernel writes all of them).
@@ -494,7 +495,7 @@ pub(crate) fn rotary(
 }
 
 /// Class targets as the cross-entropy kernels take them: contiguous u32.
-fn u32_view<'a>(s: &'a CudaStorage, l: &Layout, op: &'static str) -> Result<CudaView<'a, u32>> {
+pub(crate) fn u32_view<'a>(s: &'a CudaStorage, l: &Layout, op: &'static str) -> Result<CudaView<'a, u32>> {
     if s.dtype() != DType::U32 {
         candle_core::bail!("{op}: the CUDA kernel takes u32 targets, got {:?}", s.dtype())
     }
@@ -550,112 +551,6 @@ pub(crate) fn ce_bwd(
     // SAFETY: x and out hold rows * c elements, t and g rows.
     unsafe { b.launch(per_row(rows)) }.w()?;
     Ok(CudaStorage::wrap_cuda_slice(out, dev))
-}
-
-// SAFETY: AttnGeom is #[repr(C)] of 8-byte integers and floats only, laid out as
-// fpt_ops.h's fpt_attn_geom, which the attention kernels take by value.
-unsafe impl candle_core::cuda_backend::cudarc::driver::DeviceRepr for crate::ops::attention_tiled::AttnGeom {}
-
-/// The attention kernels' per-row launch (one warp per query or key row).
-fn attn_rows(g: &crate::ops::attention_tiled::AttnGeom, t: i64) -> LaunchConfig {
-    per_row((g.batch * g.heads * t) as usize)
-}
-
-/// The examples' valid key counts as the kernels read them, or a null pointer.
-fn keylen_view<'a>(k: Option<(&'a CudaStorage, &'a Layout)>) -> Result<Option<CudaView<'a, u32>>> {
-    k.map(|(s, l)| u32_view(s, l, "attention_tiled (key lengths)"))
-        .transpose()
-}
-
-/// Attention tiled over keys on Q, K, V read in place from `qkv` ([b, t, 3c], `g`'s
-/// strides): the output [b, t, c] and each row's log-sum-exp [b * heads * t].
-/// The tiled attention's dropout seed is a field of its geometry, not a slot: a replayed
-/// step with it would repeat its masks, so it refuses to run under one.
-fn tiled_not_replayed(g: &crate::ops::attention_tiled::AttnGeom) -> Result<()> {
-    if g.thr != 0 && crate::replay::bound() {
-        candle_core::bail!(
-            "FPT_ATTENTION=tiled with dropout cannot run in a replayed step (its seed is not read from a slot)"
-        )
-    }
-    Ok(())
-}
-
-pub(crate) fn attn_fwd(
-    qkv: (&CudaStorage, &Layout),
-    keylen: Option<(&CudaStorage, &Layout)>,
-    g: &crate::ops::attention_tiled::AttnGeom,
-) -> Result<(CudaStorage, CudaSlice<f32>)> {
-    tiled_not_replayed(g)?;
-    let dev = qkv.0.device().clone();
-    let x = f32_view(qkv.0, qkv.1, "attention_tiled")?;
-    let c = (g.heads * g.d) as usize;
-    let (q, k, v) = (x.slice(..), x.slice(c..), x.slice(2 * c..));
-    let lens = keylen_view(keylen)?;
-    let o = output(&dev, (g.batch * g.tq) as usize * c)?;
-    let lse = output(&dev, (g.batch * g.heads * g.tq) as usize)?;
-    let f = func!(dev, "fpt_attn_fwd_f32")?;
-    let mut b = f.builder();
-    let null = 0u64;
-    b.arg(&q).arg(&k).arg(&v).arg(&o).arg(&lse);
-    match &lens {
-        Some(l) => b.arg(l),
-        None => b.arg(&null),
-    };
-    b.arg(g);
-    // SAFETY: qkv holds batch * t rows of stride 3c (= sq = sk = sv) with Q, K, V at 0, c,
-    // 2c (the caller built `g` from its shape); o holds batch * t * c (stride so = c) and
-    // lse batch * heads * t; keylen, when given, holds batch values (null otherwise, with
-    // has_len 0).
-    unsafe { b.launch(attn_rows(g, g.tq)) }.w()?;
-    Ok((CudaStorage::wrap_cuda_slice(o, dev), lse))
-}
-
-/// The backward of [`attn_fwd`]: the packed gradient [b, t, 3c] of `qkv` from the output
-/// `o`, its gradient `dout` and the forward's log-sum-exp.
-pub(crate) fn attn_bwd(
-    qkv: (&CudaStorage, &Layout),
-    o: (&CudaStorage, &Layout),
-    dout: (&CudaStorage, &Layout),
-    lse: &CudaSlice<f32>,
-    keylen: Option<(&CudaStorage, &Layout)>,
-    g: &crate::ops::attention_tiled::AttnGeom,
-) -> Result<CudaStorage> {
-    tiled_not_replayed(g)?;
-    let dev = qkv.0.device().clone();
-    let x = f32_view(qkv.0, qkv.1, "attention_tiled backward")?;
-    let ov = f32_view(o.0, o.1, "attention_tiled backward")?;
-    let gv = f32_view(dout.0, dout.1, "attention_tiled backward")?;
-    let c = (g.heads * g.d) as usize;
-    let (q, k, v) = (x.slice(..), x.slice(c..), x.slice(2 * c..));
-    let lens = keylen_view(keylen)?;
-    let rows = (g.batch * g.heads * g.tq) as usize;
-    let dd = output(&dev, rows)?;
-    let dqkv = output(&dev, (g.batch * g.tq) as usize * 3 * c)?;
-    let null = 0u64;
-    let f = func!(dev, "fpt_attn_bwd_q_f32")?;
-    let mut b = f.builder();
-    b.arg(&q).arg(&k).arg(&v).arg(&ov).arg(&gv).arg(lse).arg(&dd).arg(&dqkv);
-    match &lens {
-        Some(l) => b.arg(l),
-        None => b.arg(&null),
-    };
-    b.arg(g);
-    // SAFETY: as attn_fwd's, and o, dout hold batch * t * c (stride so = c), lse and dd
-    // batch * heads * t, dqkv batch * t * 3c (stride sg = 3c; this pass writes its dQ third
-    // and every dd).
-    unsafe { b.launch(attn_rows(g, g.tq)) }.w()?;
-    let f = func!(dev, "fpt_attn_bwd_kv_f32")?;
-    let mut b = f.builder();
-    b.arg(&q).arg(&k).arg(&v).arg(&gv).arg(lse).arg(&dd).arg(&dqkv);
-    match &lens {
-        Some(l) => b.arg(l),
-        None => b.arg(&null),
-    };
-    b.arg(g);
-    // SAFETY: as above; this pass reads the first pass's dd (the same stream orders them)
-    // and writes the dK and dV thirds of dqkv, every row of each.
-    unsafe { b.launch(attn_rows(g, g.tk)) }.w()?;
-    Ok(CudaStorage::wrap_cuda_slice(dqkv, dev))
 }
 
 /// cuBLASLt's handles, one per device (each with its workspace on that device's stream),

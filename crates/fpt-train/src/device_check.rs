@@ -276,13 +276,16 @@ pub fn agreement(device: &Device) -> Result<Vec<KernelCheck>> {
             |x| ops::attention_packed(x[0], spec),
         )?;
     }
-    // Attention tiled over keys (its CUDA kernels on a GPU; on the CPU the same bodies over
-    // the host grid), with dropout and padding: values and the packed gradient.
+    // Attention tiled in blocks (its CUDA kernels on a GPU; on the CPU the same bodies over
+    // the host grid), with dropout and padding: values and the packed gradient. Heads of 8,
+    // 32 (MiniLM's tiles) and 64 (GPT-2's), over several tiles of rows and keys.
     for (t, c, heads, mask, lens) in [
         (33usize, 32usize, 4usize, Mask::Causal, None),
         (64, 32, 4, Mask::None, Some([64u32, 40])),
         (100, 32, 4, Mask::Band(7), Some([100, 97])),
         (64, 768, 12, Mask::Causal, None),
+        (150, 64, 2, Mask::None, Some([150, 131])),
+        (200, 128, 2, Mask::Causal, None),
     ] {
         let spec = AttentionSpec {
             heads,

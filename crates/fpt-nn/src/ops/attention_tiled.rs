@@ -1,17 +1,18 @@
-//! Attention tiled over keys (issue 56 item 5): the probabilities are never stored. The
-//! forward walks each query row's keys a tile of 32 at a time with an online softmax (a
-//! running maximum and sum, the output rescaled as the maximum grows) and keeps only the
-//! row's log-sum-exp; the backward recomputes each probability from it, a first pass per
-//! query row (D = dO . O and dQ), a second per key row (dK and dV), so no gradient is
-//! accumulated across threads. Causal, band and padding masks (each example's valid key
-//! count: the keys past it are hidden from every query) and dropout on the probabilities
-//! (the composed op's mask, drawn from its seed in both passes).
+//! Attention tiled in blocks (issue 56 item 5): the probabilities are never stored. A block
+//! of 256 lanes owns a tile of query rows of one (example, head) in shared memory and walks
+//! their keys a tile at a time with an online softmax (a running maximum and sum, the output
+//! rescaled as the maximum grows), keeping only each row's log-sum-exp; each key tile is
+//! loaded once for all the block's rows. The backward recomputes each probability from it,
+//! a first pass per query tile (D = dO . O and dQ), a second per key tile (dK and dV), so no
+//! gradient is accumulated across blocks. Causal, band and padding masks (each example's
+//! valid key count: the keys past it are hidden from every query) and dropout on the
+//! probabilities (the composed op's mask, drawn from its seed in both passes).
 //!
-//! The arithmetic is `kernels/fpt_ops.h`'s, in three CUDA kernels (`fpt_kernels.cu`) and,
-//! lane by lane, on the host (`host_grid.c`): the CPU runs the same bodies, so this op has
-//! a path on every device and its tests here check the kernels' indexing and numbers
-//! against the composed ops, forward and backward. On the CPU it is a reference (one
-//! thread, no SIMD), not the fast path: the fused CPU op of `attention.rs` is that.
+//! The arithmetic is `kernels/fpt_attn.h`'s, in three CUDA kernels (`fpt_kernels.cu`) and,
+//! block by block and lane by lane, on the host (`host_grid.c`): the CPU runs the same
+//! bodies, so this op has a path on every device and its tests here check the kernels'
+//! indexing, tiles and numbers against the composed ops, forward and backward. On the CPU
+//! it is a reference (one thread), not the fast path: the fused CPU op of `attention.rs` is.
 //!
 //! Q, K and V are read in place from one packed `[b, t, 3c]` tensor (GPT-2's `c_attn`
 //! output; separate Q, K, V are concatenated first), and the gradient is one tensor of
@@ -26,8 +27,9 @@ use candle_core::CudaStorage;
 use candle_core::{CpuStorage, CustomOp1, CustomOp3, DType, Layout, Result, Shape, Storage, Tensor};
 use std::sync::{Arc, Mutex};
 
-/// The widest head the kernels take (32 lanes x `FPT_ATTN_MAXU` dims each).
-pub const MAX_HEAD_DIM: usize = 256;
+/// The widest head the kernels take (`fpt_attn_plan` finds tiles up to 176 dims; 128 is the
+/// widest a model here uses).
+pub const MAX_HEAD_DIM: usize = 128;
 
 /// The kernels' geometry, fpt_ops.h's `fpt_attn_geom` field for field (every field 8 bytes,
 /// so `#[repr(C)]` lays it out as C does).
@@ -63,6 +65,9 @@ impl AttnGeom {
         let d = c / h;
         if d > MAX_HEAD_DIM {
             candle_core::bail!("attention_tiled: heads of {d} dims exceed the kernel's {MAX_HEAD_DIM}")
+        }
+        for k in [AttnKernel::Forward, AttnKernel::BackwardQ, AttnKernel::BackwardKv] {
+            plan(k, d)?;
         }
         let (kind, band) = match spec.mask {
             Mask::None => (0, 0),
@@ -111,7 +116,29 @@ impl AttnGeom {
     }
 }
 
+/// The tiles of one of the three kernels for heads of `d` dims: (own rows, inner-tile rows,
+/// bytes of shared memory), from `fpt_attn.h`'s `fpt_attn_plan`, which the kernels' layouts
+/// and the host grid follow too.
+pub(crate) fn plan(kernel: AttnKernel, d: usize) -> Result<(u32, u32, u32)> {
+    let (mut rows, mut cols) = (0i64, 0i64);
+    // SAFETY: rows and cols are valid for writes; the function reads nothing else.
+    let bytes = unsafe { fpt_host_attn_plan(kernel as i32, d as i64, &mut rows, &mut cols) };
+    if bytes <= 0 {
+        candle_core::bail!("attention_tiled: no tile of the {kernel:?} kernel fits heads of {d} dims")
+    }
+    Ok((rows as u32, cols as u32, bytes as u32))
+}
+
+/// The three kernels (fpt_attn.h's FPT_AB_FWD, FPT_AB_BWD_Q, FPT_AB_BWD_KV).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum AttnKernel {
+    Forward = 0,
+    BackwardQ = 1,
+    BackwardKv = 2,
+}
+
 extern "C" {
+    fn fpt_host_attn_plan(kind: i32, d: i64, rows: *mut i64, cols: *mut i64) -> i64;
     fn fpt_host_attn_fwd_f32(
         q: *const f32,
         k: *const f32,
@@ -120,7 +147,7 @@ extern "C" {
         lse: *mut f32,
         keylen: *const u32,
         g: *const AttnGeom,
-    );
+    ) -> i32;
     fn fpt_host_attn_bwd_f32(
         q: *const f32,
         k: *const f32,
@@ -134,7 +161,7 @@ extern "C" {
         dv: *mut f32,
         keylen: *const u32,
         g: *const AttnGeom,
-    );
+    ) -> i32;
 }
 
 /// Each row's log-sum-exp, kept by the forward for the backward.
@@ -217,7 +244,7 @@ impl CustomOp1 for Tiled {
         // SAFETY: x holds batch * t rows of 3c (checked), read as Q, K, V at offsets 0, c,
         // 2c with stride 3c (g.sq = sk = sv); o holds batch * t * c (stride g.so = c), lse
         // g.rows(); kl is null with g.has_len = 0, else batch values (host_keylen checked).
-        unsafe {
+        let failed = unsafe {
             fpt_host_attn_fwd_f32(
                 x.as_ptr(),
                 x.as_ptr().add(c),
@@ -228,13 +255,16 @@ impl CustomOp1 for Tiled {
                 g,
             )
         };
+        if failed != 0 {
+            candle_core::bail!("{}: the host grid could not allocate its tiles", self.name())
+        }
         *self.lse.lock().unwrap_or_else(|e| e.into_inner()) = Some(Lse::Cpu(lse));
         Ok((CpuStorage::F32(o), g.shape()))
     }
 
     #[cfg(feature = "cuda")]
     fn cuda_fwd(&self, s: &CudaStorage, l: &Layout) -> Result<(CudaStorage, Shape)> {
-        let (o, lse) = with_device_keylen(&self.keylen, |kl| crate::cuda::attn_fwd((s, l), kl, &self.g))?;
+        let (o, lse) = with_device_keylen(&self.keylen, |kl| crate::cuda::attn::attn_fwd((s, l), kl, &self.g))?;
         *self.lse.lock().unwrap_or_else(|e| e.into_inner()) = Some(Lse::Cuda(lse));
         Ok((o, self.g.shape()))
     }
@@ -304,7 +334,7 @@ impl CustomOp3 for TiledBackward {
         // SAFETY: as the forward's, and o, dout hold batch * t * c (stride so = c), lse and
         // dd g.rows(), grad batch * t * 3c written as dQ, dK, dV at 0, c, 2c with stride
         // g.sg = 3c (the three never overlap: each row's thirds are disjoint).
-        unsafe {
+        let failed = unsafe {
             fpt_host_attn_bwd_f32(
                 x.as_ptr(),
                 x.as_ptr().add(c),
@@ -320,6 +350,9 @@ impl CustomOp3 for TiledBackward {
                 g,
             )
         };
+        if failed != 0 {
+            candle_core::bail!("{}: the host grid could not allocate its tiles", self.name())
+        }
         Ok((
             CpuStorage::F32(grad),
             Shape::from((g.batch as usize, g.tq as usize, 3 * c)),
@@ -341,7 +374,7 @@ impl CustomOp3 for TiledBackward {
             candle_core::bail!("{}: no forward on this GPU kept its log-sum-exp", self.name())
         };
         let grad = with_device_keylen(&self.keylen, |kl| {
-            crate::cuda::attn_bwd((s1, l1), (s2, l2), (s3, l3), lse, kl, &self.g)
+            crate::cuda::attn::attn_bwd((s1, l1), (s2, l2), (s3, l3), lse, kl, &self.g)
         })?;
         let c = self.g.width();
         Ok((grad, Shape::from((self.g.batch as usize, self.g.tq as usize, 3 * c))))
@@ -481,7 +514,7 @@ mod tests {
         let dev = Device::Cpu;
         // (batch, t, heads, mask, dropout, key lengths)
         type Case = (usize, usize, usize, Mask, Option<(f64, u64)>, Option<Vec<u32>>);
-        let cases: [Case; 7] = [
+        let cases: [Case; 10] = [
             (2, 37, 3, Mask::None, None, None),
             (2, 37, 3, Mask::Causal, Some((0.1, 7)), None),
             // (Band 5 with 33 valid keys: the last query still sees two; with fewer it would
@@ -491,10 +524,15 @@ mod tests {
             (2, 70, 2, Mask::None, None, Some(vec![64, 70])),
             (1, 5, 4, Mask::None, Some((0.5, 3)), None),
             (2, 9, 1, Mask::Band(2), Some((0.1, 4)), Some(vec![9, 7])),
+            // MiniLM's heads (64-row tiles of 64 keys) over three query tiles, the last part
+            // padding; the widest head (16-row tiles); a head of 30 (a part-filled chunk).
+            (1, 150, 2, Mask::Causal, Some((0.1, 11)), Some(vec![131])),
+            (1, 40, 1, Mask::None, None, None),
+            (2, 19, 2, Mask::Band(3), Some((0.3, 5)), None),
         ];
         for (case, (b, t, h, mask, dropout, lens)) in cases.into_iter().enumerate() {
-            // Head widths: 40 (two lane slots, the second partly empty) and 64, 16, 8.
-            let d = [40, 40, 40, 64, 24, 16, 8][case];
+            // Head widths: 40 (tiles of 32 rows), GPT-2's 64, 24, 16, 8, MiniLM's 32, 128, 30.
+            let d = [40, 40, 40, 64, 24, 16, 8, 32, 128, 30][case];
             let c = h * d;
             let spec = AttentionSpec {
                 heads: h,
@@ -594,8 +632,35 @@ mod tests {
         let wide = AttentionSpec { heads: 1, ..spec };
         bad(
             attention_tiled_packed(&Tensor::zeros((1, 2, 3 * 300), DType::F32, &dev)?, wide, None),
-            "256",
+            "128",
         );
+        Ok(())
+    }
+
+    /// Every head width up to the widest plans tiles for all three kernels within the
+    /// 48 KiB a block may use and with its chunks spread over the row's lanes; the models'
+    /// heads get the large tiles (MiniLM's 32 dims: 64 query rows over key tiles of 64;
+    /// GPT-2's 64: 64 over 32 forward, 32 over 32 backward); wider heads are refused.
+    #[test]
+    fn every_head_width_plans_tiles_that_fit() -> Result<()> {
+        use AttnKernel::*;
+        for d in 1..=MAX_HEAD_DIM {
+            for k in [Forward, BackwardQ, BackwardKv] {
+                let (rows, cols, bytes) = plan(k, d)?;
+                let tpr = 256 / rows as usize;
+                assert!(bytes <= 48 * 1024 && bytes > 0, "{k:?} d {d}: {bytes} bytes");
+                assert!(
+                    d.div_ceil(4) <= 4 * tpr && cols as usize >= tpr,
+                    "{k:?} d {d}: ({rows}, {cols})"
+                );
+            }
+        }
+        let tiles = |d| [Forward, BackwardQ, BackwardKv].map(|k| plan(k, d).map(|(r, c, _)| (r, c)).unwrap());
+        assert_eq!(tiles(32), [(64, 64), (64, 32), (64, 32)]);
+        assert_eq!(tiles(64), [(64, 32), (32, 32), (32, 32)]);
+        assert_eq!(tiles(128), [(32, 16), (16, 16), (16, 16)]);
+        let e = plan(BackwardQ, 200).unwrap_err().to_string();
+        assert!(e.contains("200 dims") && e.contains("BackwardQ"), "{e}");
         Ok(())
     }
 }

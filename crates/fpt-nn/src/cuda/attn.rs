@@ -1,0 +1,130 @@
+//! The attention tiled in blocks, three kernels (`kernels/fpt_attn.h`, `fpt_kernels.cu`): a
+//! block of 256 lanes per tile of rows of one (example, head), the tiles `fpt_attn_plan`
+//! picks for the head's width; the op around them is `ops/attention_tiled.rs`.
+
+use super::{f32_view, output, u32_view, WrapErr, MODULE, PTX};
+use crate::ops::attention_tiled::{plan, AttnGeom, AttnKernel};
+use candle_core::backend::BackendStorage;
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, LaunchConfig, PushKernelArg};
+use candle_core::{CudaStorage, Layout, Result};
+
+// SAFETY: AttnGeom is #[repr(C)] of 8-byte integers and floats only, laid out as
+// fpt_ops.h's fpt_attn_geom, which the attention kernels take by value.
+unsafe impl candle_core::cuda_backend::cudarc::driver::DeviceRepr for AttnGeom {}
+
+/// The most blocks a launch uses (the kernels stride over the rest).
+const MAX_BLOCKS: i64 = 65_535;
+
+/// A kernel's launch over the tiles of `t` rows (queries, or keys for the dK, dV pass):
+/// the config and the tile sizes the kernel is handed.
+fn tiles(g: &AttnGeom, kernel: AttnKernel, t: i64) -> Result<(LaunchConfig, i64, i64)> {
+    let (rows, cols, bytes) = plan(kernel, g.d as usize)?;
+    let blocks = g.batch * g.heads * ((t + rows as i64 - 1) / rows as i64);
+    let cfg = LaunchConfig {
+        grid_dim: (blocks.clamp(1, MAX_BLOCKS) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: bytes,
+    };
+    Ok((cfg, rows as i64, cols as i64))
+}
+
+/// The examples' valid key counts as the kernels read them, or a null pointer.
+fn keylen_view<'a>(k: Option<(&'a CudaStorage, &'a Layout)>) -> Result<Option<CudaView<'a, u32>>> {
+    k.map(|(s, l)| u32_view(s, l, "attention_tiled (key lengths)"))
+        .transpose()
+}
+
+/// The tiled attention's dropout seed is a field of its geometry, not a slot: a replayed
+/// step with it would repeat its masks, so it refuses to run under one.
+fn tiled_not_replayed(g: &AttnGeom) -> Result<()> {
+    if g.thr != 0 && crate::replay::bound() {
+        candle_core::bail!(
+            "FPT_ATTENTION=tiled with dropout cannot run in a replayed step (its seed is not read from a slot)"
+        )
+    }
+    Ok(())
+}
+
+/// Attention tiled in blocks on Q, K, V read in place from `qkv` ([b, t, 3c], `g`'s
+/// strides): the output [b, t, c] and each row's log-sum-exp [b * heads * t].
+pub(crate) fn attn_fwd(
+    qkv: (&CudaStorage, &Layout),
+    keylen: Option<(&CudaStorage, &Layout)>,
+    g: &AttnGeom,
+) -> Result<(CudaStorage, CudaSlice<f32>)> {
+    tiled_not_replayed(g)?;
+    let dev = qkv.0.device().clone();
+    let x = f32_view(qkv.0, qkv.1, "attention_tiled")?;
+    let c = (g.heads * g.d) as usize;
+    let (q, k, v) = (x.slice(..), x.slice(c..), x.slice(2 * c..));
+    let lens = keylen_view(keylen)?;
+    let o = output(&dev, (g.batch * g.tq) as usize * c)?;
+    let lse = output(&dev, (g.batch * g.heads * g.tq) as usize)?;
+    let (cfg, rows, cols) = tiles(g, AttnKernel::Forward, g.tq)?;
+    let f = dev.get_or_load_custom_func("fpt_attn_fwd_f32", MODULE, PTX)?;
+    let mut b = f.builder();
+    let null = 0u64;
+    b.arg(&q).arg(&k).arg(&v).arg(&o).arg(&lse);
+    match &lens {
+        Some(l) => b.arg(l),
+        None => b.arg(&null),
+    };
+    b.arg(g).arg(&rows).arg(&cols);
+    // SAFETY: qkv holds batch * t rows of stride 3c (= sq = sk = sv) with Q, K, V at 0, c,
+    // 2c (the caller built `g` from its shape); o holds batch * t * c (stride so = c) and
+    // lse batch * heads * t; keylen, when given, holds batch values (null otherwise, with
+    // has_len 0); the shared memory is what fpt_attn_plan sized for these tiles, and the
+    // block has the 256 lanes the kernel's tiles divide among.
+    unsafe { b.launch(cfg) }.w()?;
+    Ok((CudaStorage::wrap_cuda_slice(o, dev), lse))
+}
+
+/// The backward of [`attn_fwd`]: the packed gradient [b, t, 3c] of `qkv` from the output
+/// `o`, its gradient `dout` and the forward's log-sum-exp.
+pub(crate) fn attn_bwd(
+    qkv: (&CudaStorage, &Layout),
+    o: (&CudaStorage, &Layout),
+    dout: (&CudaStorage, &Layout),
+    lse: &CudaSlice<f32>,
+    keylen: Option<(&CudaStorage, &Layout)>,
+    g: &AttnGeom,
+) -> Result<CudaStorage> {
+    tiled_not_replayed(g)?;
+    let dev = qkv.0.device().clone();
+    let x = f32_view(qkv.0, qkv.1, "attention_tiled backward")?;
+    let ov = f32_view(o.0, o.1, "attention_tiled backward")?;
+    let gv = f32_view(dout.0, dout.1, "attention_tiled backward")?;
+    let c = (g.heads * g.d) as usize;
+    let (q, k, v) = (x.slice(..), x.slice(c..), x.slice(2 * c..));
+    let lens = keylen_view(keylen)?;
+    let rows_all = (g.batch * g.heads * g.tq) as usize;
+    let dd = output(&dev, rows_all)?;
+    let dqkv = output(&dev, (g.batch * g.tq) as usize * 3 * c)?;
+    let null = 0u64;
+    let (cfg, rows, cols) = tiles(g, AttnKernel::BackwardQ, g.tq)?;
+    let f = dev.get_or_load_custom_func("fpt_attn_bwd_q_f32", MODULE, PTX)?;
+    let mut b = f.builder();
+    b.arg(&q).arg(&k).arg(&v).arg(&ov).arg(&gv).arg(lse).arg(&dd).arg(&dqkv);
+    match &lens {
+        Some(l) => b.arg(l),
+        None => b.arg(&null),
+    };
+    b.arg(g).arg(&rows).arg(&cols);
+    // SAFETY: as attn_fwd's, and o, dout hold batch * t * c (stride so = c), lse and dd
+    // batch * heads * t, dqkv batch * t * 3c (stride sg = 3c; this pass writes its dQ third
+    // and every dd).
+    unsafe { b.launch(cfg) }.w()?;
+    let (cfg, rows, cols) = tiles(g, AttnKernel::BackwardKv, g.tk)?;
+    let f = dev.get_or_load_custom_func("fpt_attn_bwd_kv_f32", MODULE, PTX)?;
+    let mut b = f.builder();
+    b.arg(&q).arg(&k).arg(&v).arg(&gv).arg(lse).arg(&dd).arg(&dqkv);
+    match &lens {
+        Some(l) => b.arg(l),
+        None => b.arg(&null),
+    };
+    b.arg(g).arg(&rows).arg(&cols);
+    // SAFETY: as above; this pass reads the first pass's dd (the same stream orders them)
+    // and writes the dK and dV thirds of dqkv, every row of each.
+    unsafe { b.launch(cfg) }.w()?;
+    Ok(CudaStorage::wrap_cuda_slice(dqkv, dev))
+}
