@@ -9,6 +9,7 @@
 #   streams.jsonl                            the same step as N runs in one process (a stream each)
 #   tiled-bench.jsonl                        FPT_ATTENTION=tiled, FPT_LINEAR=product, FPT_BRANCH=composed, the default
 #   lstm-bench.jsonl                         lstm-listops: the LSTM's block-per-row kernels and FPT_LSTM=composed
+#   bf16-bench.jsonl                         minilm-mnist in f32, bf16 autocast, bf16 chosen per shape
 #   graph.json, graph.err                    the MiniLM step as a replayed CUDA graph beside it eager
 #   campaign/<key>/ and campaign.log         runs to copy into results/campaign/ here
 # Carried (ignored paths): target/cuda/fpt-cuda.gz (`cargo xtask cuda-build`) and
@@ -148,6 +149,26 @@ for r in $(seq "${LSTM_ROUNDS:-2}"); do
     done
 done
 [ -s "$OUT/lstm-bench.jsonl" ] && echo "session: the LSTM's kernels and composed ops timed after $(( $(date +%s) - start )) s" | tee -a "$OUT/session.log"
+
+# 1c''. A frozen bf16 weight's product chosen per shape (issue 56 item 7, ops/bf16_choice.rs):
+# the step in f32, in bf16 with autocast's product pinned (FPT_BF16_PRODUCT=autocast: every
+# record before 2026-11-28), and in bf16 with the faster product per shape (the default): one
+# JSON line per process in bf16-bench.jsonl ({"variant": "f32"|"autocast"|"auto", "round": R,
+# "out": <fpt bench --json>, whose bf16_products lists each shape's choice and both times}).
+# About 15 s a process. BF16_SHAPES="" skips it.
+for r in $(seq "${BF16_ROUNDS:-1}"); do
+    for s in ${BF16_SHAPES-minilm-mnist}; do
+        for v in f32 autocast auto; do
+            [ "$(left 60)" -lt 10 ] && continue
+            p=bf16 && [ "$v" = f32 ] && p=f32
+            o=$(env FPT_BF16_PRODUCT="$([ "$v" = autocast ] && echo autocast || echo auto)" timeout "$(left 60)" \
+                /tmp/fpt-cuda bench --json --no-full --shape "$s" --precision "$p" --steps 20 --warmup 3 \
+                --device "$dev" 2>>"$OUT/bf16-bench.err" | tail -1)
+            [ -n "$o" ] && echo "{\"variant\":\"$v\",\"round\":$r,\"out\":$o}" >> "$OUT/bf16-bench.jsonl"
+        done
+    done
+done
+[ -s "$OUT/bf16-bench.jsonl" ] && echo "session: bf16 products timed after $(( $(date +%s) - start )) s" | tee -a "$OUT/session.log"
 
 # 1d. The step as one CUDA graph (issue 56 item 1: `fpt bench --graph` trains the MiniLM
 # step replayed from device memory, captured once and replayed on fresh batches, beside the

@@ -604,6 +604,44 @@ pub struct BenchResult {
     pub precision: Precision,
     /// Host-device copies a step of the FPT model.
     pub copies: StepCopies,
+    /// With bf16 weights off the CPU: each product shape's measured choice
+    /// (`fpt_nn::ops::bf16_choice`), empty otherwise.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub bf16_products: Vec<Bf16Choice>,
+}
+
+/// One product shape's bf16 choice and the medians that made it (microseconds, forward and
+/// input gradient; 0 when `FPT_BF16_PRODUCT` pinned it).
+#[derive(Debug, Clone, Serialize)]
+pub struct Bf16Choice {
+    /// Rows of the input, the weight's inputs and outputs.
+    pub rows: usize,
+    /// The weight's inputs.
+    pub inputs: usize,
+    /// The weight's outputs.
+    pub outputs: usize,
+    /// `autocast` or `widened`.
+    pub product: String,
+    /// Autocast's median.
+    pub autocast_us: f64,
+    /// The widened product's median.
+    pub widened_us: f64,
+}
+
+/// The bf16 choices kept on `device` so far.
+fn bf16_choices(device: &Device) -> Vec<Bf16Choice> {
+    fpt_nn::ops::bf16_choice::chosen()
+        .into_iter()
+        .filter(|(s, _)| s.device == device.location())
+        .map(|(s, c)| Bf16Choice {
+            rows: s.rows,
+            inputs: s.inputs,
+            outputs: s.outputs,
+            product: format!("{:?}", c.product).to_lowercase(),
+            autocast_us: c.autocast_s * 1e6,
+            widened_us: c.widened_s * 1e6,
+        })
+        .collect()
 }
 
 /// Benchmarks one shape: the FPT step with its frozen weights in `precision`, then (if
@@ -666,5 +704,6 @@ pub fn run_gated(
         },
         precision,
         copies,
+        bf16_products: bf16_choices(device),
     })
 }

@@ -5,7 +5,8 @@
 //! would cut it silently; fpt never uses them, and this shows it).
 
 use crate::Result;
-use candle_core::{Device, Tensor, Var};
+use candle_core::{DType, Device, Tensor, Var};
+use fpt_nn::ops::bf16_choice::{self, Bf16Product};
 use fpt_nn::ops::{self, AttentionSpec, Mask};
 use fpt_nn::Rng;
 use serde::Serialize;
@@ -106,6 +107,19 @@ fn op_check_with(
     f: impl Fn(&[&Tensor]) -> candle_core::Result<Tensor>,
     metric: Metric,
 ) -> Result<()> {
+    op_check_within(out, device, name, shapes, f, metric, 1e-5)
+}
+
+/// [`op_check_with`] allowing `allowed` (relative) instead of 1e-5.
+fn op_check_within(
+    out: &mut Vec<KernelCheck>,
+    device: &Device,
+    name: &str,
+    shapes: &[&[usize]],
+    f: impl Fn(&[&Tensor]) -> candle_core::Result<Tensor>,
+    metric: Metric,
+    allowed: f64,
+) -> Result<()> {
     let cpu = Device::Cpu;
     let xs: Vec<Tensor> = shapes
         .iter()
@@ -126,14 +140,14 @@ fn op_check_with(
     };
     let (yd, gd) = run(device)?;
     let (yc, gc) = run(&cpu)?;
-    check_with(out, name.to_string(), &yd, &yc, 1e-5, metric)?;
+    check_with(out, name.to_string(), &yd, &yc, allowed, metric)?;
     for (i, (d, c)) in gd.iter().zip(&gc).enumerate() {
         match (d, c) {
-            (Some(d), Some(c)) => check_with(out, format!("{name} gradient of input {i}"), d, c, 1e-5, metric)?,
+            (Some(d), Some(c)) => check_with(out, format!("{name} gradient of input {i}"), d, c, allowed, metric)?,
             _ => out.push(KernelCheck {
                 name: format!("{name} gradient of input {i}: missing"),
                 max_diff: f64::INFINITY,
-                allowed: 1e-5,
+                allowed,
                 passed: false,
             }),
         }
@@ -318,6 +332,27 @@ pub fn agreement(device: &Device) -> Result<Vec<KernelCheck>> {
             &[&[rows, inn], &[width, inn], &[width]],
             |x| ops::linear_epilogue(x[0], x[1], x[2]),
             Metric::Normwise,
+        )?;
+    }
+    // The two products of a frozen bf16 weight (`ops/bf16_choice.rs`; a GPU keeps the faster
+    // per shape) against the same on the CPU: the widened one is an f32 product (normwise
+    // 1e-5); autocast's rounds its operands and result to bf16 on both sides, so a last-bit
+    // difference in a sum can move a result by one bf16 step (2^-8 relative): 1e-2.
+    // The weight is frozen (no gradient): made inside, the same values on both devices.
+    for (p, allowed) in [(Bf16Product::Widened, 1e-5), (Bf16Product::Autocast, 1e-2)] {
+        let (rows, inn, width) = (64usize, 384usize, 1536usize);
+        op_check_within(
+            &mut out,
+            device,
+            &format!("bf16 product {p:?} {rows}x{inn} -> {width}"),
+            &[&[rows, inn], &[width]],
+            |x| {
+                let w = Rng::new(7).normal_vec(width * inn, 0.0, 0.05);
+                let w = fpt_nn::transfer::upload(w, &[width, inn], x[0].device())?.to_dtype(DType::BF16)?;
+                bf16_choice::product(p, x[0], &w, Some(x[1]))
+            },
+            Metric::Normwise,
+            allowed,
         )?;
     }
     // A residual branch as one node (what a GPU runs for the frozen blocks' halves: the
@@ -639,6 +674,8 @@ mod tests {
             "cross_entropy 7x1000 gradient",
             "attention_tiled t=64 c=32 None lengths Some([64, 40]) with dropout gradient of input 0",
             "linear_epilogue 7x33 -> 10 gradient of input 2",
+            "bf16 product Widened 64x384 -> 1536 gradient of input 0",
+            "bf16 product Autocast 64x384 -> 1536 gradient of input 1",
             "residual branch node, post-norm attention gradient of input 2",
             "residual branch node, pre-norm gelu_new gradient of input 0",
         ] {

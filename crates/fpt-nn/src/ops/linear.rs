@@ -9,6 +9,7 @@
 //! written first and accumulated into); on other devices the forward uses the backend's
 //! matmul and the backward candle ops.
 
+use super::bf16_choice::Bf16Product;
 use super::{cpu_slice, tracks, unsupported, with_cpu_slice};
 use crate::kernels::KernelPath;
 use candle_core::backend::BackendStorage;
@@ -459,8 +460,10 @@ pub fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
 /// A bf16 `w` (a frozen weight under `precision: bf16`) takes an f32 `x`: on the CPU the op
 /// multiplies bf16 operands with f32 sums (`ops/bf16.rs`), the result in f32; on a GPU `x`
 /// is cast to bf16 and the product is cuBLAS's bf16 one (f32 sums, the result rounded to
-/// bf16, as PyTorch's autocast does), cast back to f32 before the bias is added; its
-/// backward is the same bf16 product with `W` (no weight gradient: a bf16 weight is frozen).
+/// bf16, as PyTorch's autocast does), cast back to f32 before the bias is added, or, where
+/// that was measured slower for the shape, the f32 product of `W` widened
+/// (`ops/bf16_choice.rs`); its backward is the same product with `W` (no weight gradient: a
+/// bf16 weight is frozen).
 pub(crate) fn linear_prepacked(
     x: &Tensor,
     w: &Tensor,
@@ -469,16 +472,33 @@ pub(crate) fn linear_prepacked(
     packed_t: Option<std::sync::Arc<super::sgemm::PackedB>>,
 ) -> Result<Tensor> {
     if w.dtype() == DType::BF16 && !x.device().is_cpu() {
-        return linear_autocast_bf16(x, w, b);
+        return bf16_product(super::bf16_choice::choose(x, w, b)?, x, w, b);
     }
     apply_linear(x, w, b, packed, packed_t)
 }
 
-/// The GPU's product for a bf16 `w`: `x` (f32) rounded to bf16, the backend's bf16 product
-/// (cuBLAS: f32 sums, the result rounded to bf16, as PyTorch's autocast does), widened back
-/// to f32 before the bias is added. Its backward is the same bf16 product with `W`; `x`'s
-/// gradient comes back in f32 through the casts. Any device runs it (the CPU in the tests).
-pub(crate) fn linear_autocast_bf16(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
+/// A bf16 `w`'s product off the CPU the way `p` says (`ops/bf16_choice.rs`): autocast's, or
+/// the f32 product of `w` widened (exactly), `x` kept in f32. Any device (the CPU in tests).
+pub(crate) fn bf16_product(p: Bf16Product, x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
+    match p {
+        Bf16Product::Autocast => linear_autocast_bf16(x, w, b),
+        Bf16Product::Widened => {
+            bf16_operands(x, w)?;
+            apply_linear(x, &w.to_dtype(DType::F32)?, b, None, None)
+        }
+    }
+}
+
+/// [`bf16_product`]'s input gradient from the output's (f32), for an input of `x_shape`.
+pub(crate) fn bf16_input_grad(p: Bf16Product, dy: &Tensor, w: &Tensor, x_shape: &Shape) -> Result<Tensor> {
+    match p {
+        Bf16Product::Autocast => autocast_input_grad(dy, w, x_shape),
+        Bf16Product::Widened => frozen_input_grad(dy, &w.to_dtype(DType::F32)?, None, x_shape),
+    }
+}
+
+/// An f32 input and a bf16 weight, or the error naming both dtypes.
+fn bf16_operands(x: &Tensor, w: &Tensor) -> Result<()> {
     if x.dtype() != DType::F32 || w.dtype() != DType::BF16 {
         candle_core::bail!(
             "linear: the bf16 product takes an f32 input and a bf16 weight, not {:?} and {:?}",
@@ -486,6 +506,15 @@ pub(crate) fn linear_autocast_bf16(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -
             w.dtype()
         )
     }
+    Ok(())
+}
+
+/// The GPU's product for a bf16 `w`: `x` (f32) rounded to bf16, the backend's bf16 product
+/// (cuBLAS: f32 sums, the result rounded to bf16, as PyTorch's autocast does), widened back
+/// to f32 before the bias is added. Its backward is the same bf16 product with `W`; `x`'s
+/// gradient comes back in f32 through the casts. Any device runs it (the CPU in the tests).
+pub(crate) fn linear_autocast_bf16(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor> {
+    bf16_operands(x, w)?;
     let y = apply_linear(&x.to_dtype(DType::BF16)?, w, None, None, None)?.to_dtype(DType::F32)?;
     match b {
         Some(b) => y.broadcast_add(b),
@@ -526,7 +555,8 @@ pub(crate) fn frozen_input_grad(
     x_shape: &Shape,
 ) -> Result<Tensor> {
     if w.dtype() == DType::BF16 && !dy.device().is_cpu() && dy.dtype() == DType::F32 {
-        return autocast_input_grad(dy, w, x_shape);
+        let p = super::bf16_choice::choice_for_grad(dy, w, x_shape)?;
+        return bf16_input_grad(p, dy, w, x_shape);
     }
     let op = LinearOp {
         lead: Vec::new(),

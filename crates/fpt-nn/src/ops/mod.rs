@@ -32,6 +32,7 @@ mod attention_dispatch;
 mod attention_recomputed;
 pub(crate) mod attention_tiled;
 pub mod bf16;
+pub mod bf16_choice;
 pub(crate) mod branch_node;
 pub(crate) mod dropout;
 pub(crate) mod fastmath;
