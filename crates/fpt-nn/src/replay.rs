@@ -36,7 +36,11 @@ struct Bound {
 }
 
 thread_local! {
-    static BOUND: RefCell<Option<Bound>> = const { RefCell::new(None) };
+    /// The steps bound on this thread, innermost last. Steps run on rayon's pool
+    /// (`fpt_nn::on_pool`), and a worker waiting inside one step's parallel loop may steal
+    /// and run another run's whole step (two runs training in one process): that step binds
+    /// on top and unbinds before the outer one resumes, so only the innermost is live.
+    static BOUND: RefCell<Vec<Bound>> = const { RefCell::new(Vec::new()) };
 }
 
 impl SeedSlots {
@@ -91,24 +95,28 @@ impl SeedSlots {
             unknown: Vec::new(),
             copies: Vec::new(),
         };
-        BOUND.with(|b| {
-            if b.borrow().is_some() {
-                candle_core::bail!("seed slots: a step is already bound on this thread")
-            }
-            *b.borrow_mut() = Some(bound);
-            Ok(())
-        })?;
-        // Unbound when the step returns or unwinds.
-        struct Unbind;
+        let depth = BOUND.with(|b| {
+            let mut b = b.borrow_mut();
+            b.push(bound);
+            b.len()
+        });
+        // Unbound when the step returns or unwinds (its binding, and any a step nested in it
+        // left by unwinding).
+        struct Unbind(usize);
         impl Drop for Unbind {
             fn drop(&mut self) {
-                BOUND.with(|b| b.borrow_mut().take());
+                BOUND.with(|b| b.borrow_mut().truncate(self.0 - 1));
             }
         }
-        let unbind = Unbind;
+        let unbind = Unbind(depth);
         let out = step();
-        let bound = BOUND.with(|b| b.borrow_mut().take()).expect("bound above");
+        let bound = BOUND.with(|b| {
+            let mut b = b.borrow_mut();
+            b.truncate(depth);
+            b.pop()
+        });
         drop(unbind);
+        let bound = bound.expect("bound above");
         if let Some(s) = bound.unknown.first() {
             candle_core::bail!(
                 "seed slots: the step drew {} dropout seed(s) it was not given (first {s:#x}): its draws differ from the slots'",
@@ -136,7 +144,7 @@ impl SeedSlots {
 pub(crate) fn seed_slot(seed: u64) -> Option<(Tensor, usize)> {
     BOUND.with(|b| {
         let mut b = b.borrow_mut();
-        let bound = b.as_mut()?;
+        let bound = b.last_mut()?;
         match bound.slots.get(&seed) {
             Some(&i) => {
                 bound.read[i] = true;
@@ -154,7 +162,7 @@ pub(crate) fn seed_slot(seed: u64) -> Option<(Tensor, usize)> {
 /// make none (a capture would freeze what it copied).
 pub(crate) fn note_copy(what: &'static str) {
     BOUND.with(|b| {
-        if let Some(bound) = b.borrow_mut().as_mut() {
+        if let Some(bound) = b.borrow_mut().last_mut() {
             bound.copies.push(what);
         }
     })
@@ -163,7 +171,7 @@ pub(crate) fn note_copy(what: &'static str) {
 /// Whether a step is bound on this thread (a kernel whose seed cannot come from a slot
 /// refuses to run under one).
 pub(crate) fn bound() -> bool {
-    BOUND.with(|b| b.borrow().is_some())
+    BOUND.with(|b| !b.borrow().is_empty())
 }
 
 #[cfg(test)]
@@ -221,6 +229,43 @@ mod tests {
         }));
         assert!(panicked.is_err());
         assert!(!bound(), "a step that unwound leaves nothing bound");
+        Ok(())
+    }
+
+    /// Another run's step bound inside this one on the same thread (what a rayon worker
+    /// does when it steals that step while waiting in this one's parallel loop): each step
+    /// reads its own slots only, before and after the nested one, and nothing stays bound.
+    #[test]
+    fn a_step_nested_on_the_same_thread_keeps_its_own_slots() -> Result<()> {
+        let dev = Device::Cpu;
+        let x = Tensor::ones(64, DType::F32, &dev)?;
+        let (outer, inner) = (SeedSlots::new(2, &dev)?, SeedSlots::new(1, &dev)?);
+        let (so, si) = ([11u64, 12], [21u64]);
+        outer.write(&so)?;
+        inner.write(&si)?;
+        let (a, b, c) = outer.bind(&so, || -> Result<_> {
+            let a = crate::ops::dropout_add(&x, &x, 0.5, so[0])?;
+            let b = inner.bind(&si, || crate::ops::dropout_add(&x, &x, 0.5, si[0]))??;
+            assert!(bound(), "the outer step is bound again after the nested one");
+            let c = crate::ops::dropout_add(&x, &x, 0.5, so[1])?;
+            Ok((a, b, c))
+        })??;
+        for (t, seed) in [(a, so[0]), (b, si[0]), (c, so[1])] {
+            let want: Vec<f32> = crate::ops::dropout_mask_values(64, 0.5, seed)
+                .iter()
+                .map(|m| 1.0 + m)
+                .collect();
+            assert_eq!(t.to_vec1::<f32>()?, want);
+        }
+        // The nested step drawing the outer's seed is an error of the nested step's.
+        let err = outer.bind(&so, || -> Result<_> {
+            crate::ops::dropout_add(&x, &x, 0.5, so[0])?;
+            let e = inner.bind(&si, || crate::ops::dropout_add(&x, &x, 0.5, so[1]).map(drop));
+            crate::ops::dropout_add(&x, &x, 0.5, so[1])?;
+            Ok(e.unwrap_err().to_string())
+        })??;
+        assert!(err.contains("not given"), "{err}");
+        assert!(!bound());
         Ok(())
     }
 }
