@@ -521,6 +521,9 @@ pub fn status(cells: &[Cell], rows: &[String], cols: &[String], out: &Path, task
                     100.0 * r.test_accuracy,
                     r.steps,
                     match r.converged {
+                        Some(true) if r.plateau.as_ref().is_some_and(|p| p.ceiling == Some(true)) => {
+                            "converged at its ceiling".to_string()
+                        }
                         Some(true) => "converged".to_string(),
                         Some(false) => "not converged".to_string(),
                         None => "convergence not recorded".to_string(),

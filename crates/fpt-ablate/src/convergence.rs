@@ -104,6 +104,8 @@ pub fn plateau_words(p: &fpt_train::outcomes::Plateau) -> String {
         "not converged: before its row's Table 6 count"
     } else if !p.flat() {
         "not converged: not yet flat (the gain's interval reaches a point, or the flat call has not held)"
+    } else if p.ceiling == Some(true) {
+        "converged at its ceiling (within half a point of every label right, it cannot gain half a point more; a smaller gain does not keep it rising)"
     } else {
         "converged (flat across the last half of its steps)"
     };

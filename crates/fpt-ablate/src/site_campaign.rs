@@ -62,7 +62,12 @@ fn read_row(dir: &Path) -> Option<Row> {
             let call = if r.ended_at_baseline {
                 format!("ended at baseline after {step} steps")
             } else if r.converged == Some(true) {
-                format!("converged at {step} ({:.1}%)", 100.0 * r.test_accuracy)
+                let ceiling = r.plateau.as_ref().is_some_and(|p| p.ceiling == Some(true));
+                format!(
+                    "converged at {step} ({:.1}%{})",
+                    100.0 * r.test_accuracy,
+                    if ceiling { ", at its ceiling" } else { "" }
+                )
             } else if r.diverged {
                 "diverged".into()
             } else {

@@ -47,11 +47,24 @@ pub struct Plateau {
     /// Trend rule: the evaluations in a row the flat call must hold (the spec's patience).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hold: Option<usize>,
+    /// Trend rule: the window's last evaluation was at its ceiling ([`CEILING`]: within half
+    /// a point of every label right), where a gain's interval above 0 no longer counts as
+    /// rising (the run cannot move its cell by half a point more). Absent below it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ceiling: Option<bool>,
 }
 
 /// A gain over the last half of a run of this much (half a point) or more means it is still
 /// rising, whatever the interval says.
 pub const RISING_GAIN: f64 = 0.005;
+
+/// An accuracy at or above this (99.5%) is at its ceiling: a run there cannot gain half a
+/// point more, so only a gain of [`RISING_GAIN`] (impossible there) would count as rising,
+/// not an interval above 0. Without it a run creeping from 99.90% to 99.93%, a gain its
+/// hundreds of thousands of scored labels resolve, would train to its cap (FPT / Bit Memory
+/// of the converge campaign, 2026-11-28: hours a seed) to move its cell by less than the
+/// half point the campaign's evaluations are sized to see.
+pub const CEILING: f64 = 1.0 - RISING_GAIN;
 
 /// A window is flat only when its gain's 95% interval stays under this (one point): the run
 /// can be said to gain less than a point over its last half, not merely not to be seen
@@ -220,8 +233,10 @@ pub fn accuracy_trend(points: &[(usize, f64)]) -> Option<(f64, (f64, f64))> {
 fn trend_at(evals: &[EvalScores], end: usize, min_window: usize) -> Option<Plateau> {
     let start = window_start(evals, end, min_window);
     let (gain, interval) = trend(&evals[start..=end])?;
+    let last = &evals[end];
+    let at_ceiling = last.scores().sum::<f64>() / last.correct.len().max(1) as f64 >= CEILING;
     // (Above 0 by more than rounding: a perfectly flat window's sums leave ~1e-16.)
-    let rising = gain >= RISING_GAIN || interval.0 > 1e-9;
+    let rising = gain >= RISING_GAIN || (!at_ceiling && interval.0 > 1e-9);
     Some(Plateau {
         from_step: evals[start].step,
         to_step: evals[end].step,
@@ -233,6 +248,7 @@ fn trend_at(evals: &[EvalScores], end: usize, min_window: usize) -> Option<Plate
         rule: Some("trend".into()),
         flat_for: Some(usize::from(!rising && interval.1 < FLAT_GAIN)),
         hold: None,
+        ceiling: at_ceiling.then_some(true),
     })
 }
 
@@ -244,7 +260,8 @@ fn trend_at(evals: &[EvalScores], end: usize, min_window: usize) -> Option<Plate
 /// - the gain across it is the least-squares line's, with a 95% interval over the examples
 ///   and the evaluations' scatter ([`trend`]);
 /// - the run is **rising** when the gain is half a point or more ([`RISING_GAIN`]) or the
-///   interval lies above 0; a window is **flat** when it is not rising and the interval's
+///   interval lies above 0, the latter only below the ceiling ([`CEILING`]: at 99.5% or
+///   more a run cannot gain the half point the rule guards); a window is **flat** when it is not rising and the interval's
 ///   top is under a point ([`FLAT_GAIN`]); the run is flat when its windows were flat at
 ///   `min_window` evaluations in a row (`hold`), this one included;
 /// - `floor` (the paper's Table 6 count, where the spec sets one) is recorded, and a run
@@ -308,6 +325,7 @@ fn paired(evals: &[EvalScores], back: usize) -> Option<Plateau> {
         rule: None,
         flat_for: None,
         hold: None,
+        ceiling: None,
     })
 }
 
@@ -519,5 +537,54 @@ mod tests {
             by_20000 += usize::from(first.is_some_and(|s| s <= 20000));
         }
         assert!(by_20000 >= 16, "{by_20000} of 20 converged by step 20000");
+    }
+
+    /// The committed `FPT / Bit Memory` seed 0 run of the converge campaign (256 strings of
+    /// 1000 bits, results/campaign/4e59b5c930ededb3; steps 18000 and 19000 from its log, to
+    /// four places): past 99.8% from step 8000, creeping some 0.05 points over its last half,
+    /// a gain its 256,000 scored bits resolve (the interval lies above 0). At its ceiling it
+    /// cannot gain the half point the rule guards, so it is flat, and converged past its
+    /// floor (10000); the same creep a point lower is still rising.
+    #[test]
+    fn a_run_at_its_ceiling_is_not_kept_rising_by_a_creep_it_resolves() {
+        let steps: Vec<usize> = (1..=19).map(|i| 1000 * i).collect();
+        let acc = [
+            0.7587890625,
+            0.81145703125,
+            0.98359375,
+            0.99585546875,
+            0.99768359375,
+            0.99786328125,
+            0.998234375,
+            0.99859375,
+            0.99858984375,
+            0.99896875,
+            0.99901953125,
+            0.9991328125,
+            0.998890625,
+            0.99921484375,
+            0.99925390625,
+            0.99915234375,
+            0.99919140625,
+            0.9993,
+            0.9993,
+        ];
+        let e = curve(&steps, &acc, 256_000);
+        let p = convergence(&e, 3, Some(10000)).unwrap();
+        assert_eq!(p.ceiling, Some(true), "{p:?}");
+        assert!(
+            p.interval.0 > 0.0 && p.gain < RISING_GAIN,
+            "the creep is resolved: {p:?}"
+        );
+        assert!(!p.rising && p.converged(), "{p:?}");
+        // Called converged first where three windows in a row were flat past the floor.
+        let first = (3..=e.len())
+            .find(|&n| convergence(&e[..n], 3, Some(10000)).is_some_and(|p| p.converged()))
+            .map(|n| steps[n - 1]);
+        assert_eq!(first, Some(10000));
+        let lower: Vec<f64> = acc.iter().map(|a| a - 0.01).collect();
+        let p = convergence(&curve(&steps, &lower, 256_000), 3, Some(10000)).unwrap();
+        assert_eq!(p.ceiling, None, "{p:?}");
+        assert!(p.rising && !p.converged(), "{p:?}");
     }
 }
