@@ -118,10 +118,10 @@ done
 # the default, the long-sequence shapes, alternating rounds: one JSON line
 # per process in tiled-bench.jsonl ({"variant": "auto"|"FPT_ATTENTION=tiled"|
 # "FPT_LINEAR=product"|"FPT_BRANCH=composed", "round": R, "out": <fpt bench --json>}).
-# TILED_SHAPES="" skips it.
+# TILED_SHAPES="" skips it; TILED_VARIANTS picks the variants (all four by default).
 for r in $(seq "${TILED_ROUNDS:-2}"); do
     for s in ${TILED_SHAPES-lra minilm-listops}; do
-        for v in auto FPT_ATTENTION=tiled FPT_LINEAR=product FPT_BRANCH=composed; do
+        for v in ${TILED_VARIANTS-auto FPT_ATTENTION=tiled FPT_LINEAR=product FPT_BRANCH=composed}; do
             [ "$(left 120)" -lt 10 ] && continue
             o=$(env "$([ "$v" = auto ] && echo FPT_ATTENTION=auto || echo "$v")" timeout "$(left "${TILED_TIMEOUT:-120}")" /tmp/fpt-cuda bench --json \
                 --no-full --shape "$s" --steps 20 --warmup 3 --device "$dev" 2>>"$OUT/tiled-bench.err" | tail -1)
