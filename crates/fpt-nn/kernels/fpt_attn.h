@@ -104,12 +104,19 @@ FPT_HD float fpt_attn_mult_k(const fpt_attn_geom *g, uint32_t key, int64_t i, in
 
 /* Lane's share of loading rows row0 .. row0 + n (of which `valid` exist) of an operand's
  * head into shared rows of ld floats: element e of row x at src[x * stride + e], zeros
- * past the valid rows and past d. */
+ * past the valid rows and past d. A warp a row (its 32 lanes along the row, coalesced), no
+ * division per element; nl is a multiple of 32. */
 FPT_HD void fpt_ab_load(float *dst, const float *src, int64_t stride, int64_t row0, int64_t valid, int64_t n, int64_t d,
                         int64_t ld, int lane, int nl) {
-    for (int64_t x = lane; x < n * ld; x += nl) {
-        int64_t rr = x / ld, e = x - rr * ld;
-        dst[x] = (rr < valid && e < d) ? src[(row0 + rr) * stride + e] : 0.0f;
+    const int w = lane / 32, nw = nl / 32, l = lane % 32;
+    for (int64_t rr = w; rr < n; rr += nw) {
+        float *o = dst + rr * ld;
+        if (rr < valid) {
+            const float *r = src + (row0 + rr) * stride;
+            for (int64_t e = l; e < ld; e += 32) o[e] = e < d ? r[e] : 0.0f;
+        } else {
+            for (int64_t e = l; e < ld; e += 32) o[e] = 0.0f;
+        }
     }
 }
 
