@@ -229,11 +229,12 @@ __device__ __forceinline__ float fpt_ab_group_sum(float v, int tpr) {
 // The forward: block `blk` owns query rows i0 .. i0 + R of (b, h) and walks the keys they
 // see a tile of C at a time with an online softmax. Shared: Q [R][ld], K and V [C][ld],
 // the rows' weights [R][C + 1]. Writes O and each row's log-sum-exp.
-extern "C" __global__ void fpt_attn_fwd_f32(const float *q, const float *k, const float *v, float *o, float *lse,
-                                            const uint32_t *keylen, fpt_attn_geom g, int64_t rows, int64_t cols) {
-    extern __shared__ float fpt_smem[];
-    const fpt_ab_tiles t = fpt_ab_tiles_of(rows, cols, g.d);
-    float *sq = fpt_smem, *sk = sq + t.rows * t.ld, *sv = sk + t.cols * t.ld, *sw = sv + t.cols * t.ld;
+template <int ROWS, int COLS>
+__device__ void fpt_attn_fwd(const float *q, const float *k, const float *v, float *o, float *lse,
+                             const uint32_t *keylen, const fpt_attn_geom &g) {
+    extern __shared__ float fpt_ab_smem[];
+    const fpt_ab_tiles t = fpt_ab_tiles_of(ROWS, COLS, g.d);
+    float *sq = fpt_ab_smem, *sk = sq + t.rows * t.ld, *sv = sk + t.cols * t.ld, *sw = sv + t.cols * t.ld;
     const int lane = threadIdx.x, r = lane / (int)t.tpr, sub = lane % (int)t.tpr;
     const int64_t blocks = g.batch * g.heads * ((g.tq + t.rows - 1) / t.rows);
     for (int64_t blk = blockIdx.x; blk < blocks; blk += gridDim.x) {
@@ -274,12 +275,13 @@ extern "C" __global__ void fpt_attn_fwd_f32(const float *q, const float *k, cons
 // The backward's first pass, a tile of query rows: D = dO . O (kept in dd for the second)
 // and dQ = sum_j dS_ij K_j (dq: the packed gradient, dQ at its offset 0). Shared: Q and dO
 // [R][ld], K and V [C][ld], the rows' dS [R][C + 1].
-extern "C" __global__ void fpt_attn_bwd_q_f32(const float *q, const float *k, const float *v, const float *o,
-                                              const float *dout, const float *lse, float *dd, float *dq,
-                                              const uint32_t *keylen, fpt_attn_geom g, int64_t rows, int64_t cols) {
-    extern __shared__ float fpt_smem[];
-    const fpt_ab_tiles t = fpt_ab_tiles_of(rows, cols, g.d);
-    float *sq = fpt_smem, *sg = sq + t.rows * t.ld, *sk = sg + t.rows * t.ld, *sv = sk + t.cols * t.ld;
+template <int ROWS, int COLS>
+__device__ void fpt_attn_bwd_q(const float *q, const float *k, const float *v, const float *o, const float *dout,
+                               const float *lse, float *dd, float *dq, const uint32_t *keylen,
+                               const fpt_attn_geom &g) {
+    extern __shared__ float fpt_ab_smem[];
+    const fpt_ab_tiles t = fpt_ab_tiles_of(ROWS, COLS, g.d);
+    float *sq = fpt_ab_smem, *sg = sq + t.rows * t.ld, *sk = sg + t.rows * t.ld, *sv = sk + t.cols * t.ld;
     float *sw = sv + t.cols * t.ld;
     const int lane = threadIdx.x, r = lane / (int)t.tpr, sub = lane % (int)t.tpr;
     const int64_t blocks = g.batch * g.heads * ((g.tq + t.rows - 1) / t.rows);
@@ -327,12 +329,12 @@ extern "C" __global__ void fpt_attn_bwd_q_f32(const float *q, const float *k, co
 // dO_i, into the packed gradient dqkv ([b, t, 3c], stride sg): dK at c, dV at 2c. Shared:
 // K and V [R][ld], Q and dO [C][ld], the rows' P M and dS [R][C + 1] each, and the query
 // tile's lse, D and key ranges [C] each.
-extern "C" __global__ void fpt_attn_bwd_kv_f32(const float *q, const float *k, const float *v, const float *dout,
-                                               const float *lse, const float *dd, float *dqkv,
-                                               const uint32_t *keylen, fpt_attn_geom g, int64_t rows, int64_t cols) {
-    extern __shared__ float fpt_smem[];
-    const fpt_ab_tiles t = fpt_ab_tiles_of(rows, cols, g.d);
-    float *sk = fpt_smem, *sv = sk + t.rows * t.ld, *sq = sv + t.rows * t.ld, *sg = sq + t.cols * t.ld;
+template <int ROWS, int COLS>
+__device__ void fpt_attn_bwd_kv(const float *q, const float *k, const float *v, const float *dout, const float *lse,
+                                const float *dd, float *dqkv, const uint32_t *keylen, const fpt_attn_geom &g) {
+    extern __shared__ float fpt_ab_smem[];
+    const fpt_ab_tiles t = fpt_ab_tiles_of(ROWS, COLS, g.d);
+    float *sk = fpt_ab_smem, *sv = sk + t.rows * t.ld, *sq = sv + t.rows * t.ld, *sg = sq + t.cols * t.ld;
     float *sp = sg + t.cols * t.ld, *ss = sp + t.rows * (t.cols + 1), *sl = ss + t.rows * (t.cols + 1);
     float *sd = sl + t.cols;
     int32_t *ql = (int32_t *)(sd + t.cols), *qh = ql + t.cols;
@@ -372,6 +374,32 @@ extern "C" __global__ void fpt_attn_bwd_kv_f32(const float *q, const float *k, c
         }
     }
 }
+
+// The kernels, one per tile plan of fpt_attn_plan (fpt_attn_fwd_f32_64x32, ...: src/cuda/attn.rs
+// names them from the plan): with the tiles known when compiled, each lane's columns are a
+// constant count, and the score registers of the columns it does not own are not kept.
+#define FPT_ATTN_KERNELS(R, C)                                                                              \
+    extern "C" __global__ void fpt_attn_fwd_f32_##R##x##C(const float *q, const float *k, const float *v,      \
+                                                          float *o, float *lse, const uint32_t *keylen,       \
+                                                          fpt_attn_geom g) {                                  \
+        fpt_attn_fwd<R, C>(q, k, v, o, lse, keylen, g);                                                       \
+    }                                                                                                         \
+    extern "C" __global__ void fpt_attn_bwd_q_f32_##R##x##C(                                                  \
+        const float *q, const float *k, const float *v, const float *o, const float *dout, const float *lse,  \
+        float *dd, float *dq, const uint32_t *keylen, fpt_attn_geom g) {                                      \
+        fpt_attn_bwd_q<R, C>(q, k, v, o, dout, lse, dd, dq, keylen, g);                                       \
+    }                                                                                                         \
+    extern "C" __global__ void fpt_attn_bwd_kv_f32_##R##x##C(const float *q, const float *k, const float *v,   \
+                                                             const float *dout, const float *lse,             \
+                                                             const float *dd, float *dqkv,                    \
+                                                             const uint32_t *keylen, fpt_attn_geom g) {       \
+        fpt_attn_bwd_kv<R, C>(q, k, v, dout, lse, dd, dqkv, keylen, g);                                       \
+    }
+FPT_ATTN_KERNELS(64, 64)
+FPT_ATTN_KERNELS(64, 32)
+FPT_ATTN_KERNELS(32, 32)
+FPT_ATTN_KERNELS(32, 16)
+FPT_ATTN_KERNELS(16, 16)
 
 // ---- the layer-norm LSTM (fpt_lstm.h) ------------------------------------------------
 

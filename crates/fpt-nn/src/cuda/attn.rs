@@ -16,8 +16,9 @@ unsafe impl candle_core::cuda_backend::cudarc::driver::DeviceRepr for AttnGeom {
 const MAX_BLOCKS: i64 = 65_535;
 
 /// A kernel's launch over the tiles of `t` rows (queries, or keys for the dK, dV pass):
-/// the config and the tile sizes the kernel is handed.
-fn tiles(g: &AttnGeom, kernel: AttnKernel, t: i64) -> Result<(LaunchConfig, i64, i64)> {
+/// the config and the name of the kernel compiled for the plan's tiles
+/// (`fpt_kernels.cu`'s `FPT_ATTN_KERNELS`: `fpt_attn_fwd_f32_64x32`, ...).
+fn tiles(g: &AttnGeom, kernel: AttnKernel, t: i64) -> Result<(LaunchConfig, String)> {
     let (rows, cols, bytes) = plan(kernel, g.d as usize)?;
     let blocks = g.batch * g.heads * ((t + rows as i64 - 1) / rows as i64);
     let cfg = LaunchConfig {
@@ -25,7 +26,12 @@ fn tiles(g: &AttnGeom, kernel: AttnKernel, t: i64) -> Result<(LaunchConfig, i64,
         block_dim: (256, 1, 1),
         shared_mem_bytes: bytes,
     };
-    Ok((cfg, rows as i64, cols as i64))
+    let base = match kernel {
+        AttnKernel::Forward => "fpt_attn_fwd_f32",
+        AttnKernel::BackwardQ => "fpt_attn_bwd_q_f32",
+        AttnKernel::BackwardKv => "fpt_attn_bwd_kv_f32",
+    };
+    Ok((cfg, format!("{base}_{rows}x{cols}")))
 }
 
 /// The examples' valid key counts as the kernels read them, or a null pointer.
@@ -60,8 +66,8 @@ pub(crate) fn attn_fwd(
     let lens = keylen_view(keylen)?;
     let o = output(&dev, (g.batch * g.tq) as usize * c)?;
     let lse = output(&dev, (g.batch * g.heads * g.tq) as usize)?;
-    let (cfg, rows, cols) = tiles(g, AttnKernel::Forward, g.tq)?;
-    let f = dev.get_or_load_custom_func("fpt_attn_fwd_f32", MODULE, PTX)?;
+    let (cfg, name) = tiles(g, AttnKernel::Forward, g.tq)?;
+    let f = dev.get_or_load_custom_func(&name, MODULE, PTX)?;
     let mut b = f.builder();
     let null = 0u64;
     b.arg(&q).arg(&k).arg(&v).arg(&o).arg(&lse);
@@ -69,7 +75,7 @@ pub(crate) fn attn_fwd(
         Some(l) => b.arg(l),
         None => b.arg(&null),
     };
-    b.arg(g).arg(&rows).arg(&cols);
+    b.arg(g);
     // SAFETY: qkv holds batch * t rows of stride 3c (= sq = sk = sv) with Q, K, V at 0, c,
     // 2c (the caller built `g` from its shape); o holds batch * t * c (stride so = c) and
     // lse batch * heads * t; keylen, when given, holds batch values (null otherwise, with
@@ -101,28 +107,28 @@ pub(crate) fn attn_bwd(
     let dd = output(&dev, rows_all)?;
     let dqkv = output(&dev, (g.batch * g.tq) as usize * 3 * c)?;
     let null = 0u64;
-    let (cfg, rows, cols) = tiles(g, AttnKernel::BackwardQ, g.tq)?;
-    let f = dev.get_or_load_custom_func("fpt_attn_bwd_q_f32", MODULE, PTX)?;
+    let (cfg, name) = tiles(g, AttnKernel::BackwardQ, g.tq)?;
+    let f = dev.get_or_load_custom_func(&name, MODULE, PTX)?;
     let mut b = f.builder();
     b.arg(&q).arg(&k).arg(&v).arg(&ov).arg(&gv).arg(lse).arg(&dd).arg(&dqkv);
     match &lens {
         Some(l) => b.arg(l),
         None => b.arg(&null),
     };
-    b.arg(g).arg(&rows).arg(&cols);
+    b.arg(g);
     // SAFETY: as attn_fwd's, and o, dout hold batch * t * c (stride so = c), lse and dd
     // batch * heads * t, dqkv batch * t * 3c (stride sg = 3c; this pass writes its dQ third
     // and every dd).
     unsafe { b.launch(cfg) }.w()?;
-    let (cfg, rows, cols) = tiles(g, AttnKernel::BackwardKv, g.tk)?;
-    let f = dev.get_or_load_custom_func("fpt_attn_bwd_kv_f32", MODULE, PTX)?;
+    let (cfg, name) = tiles(g, AttnKernel::BackwardKv, g.tk)?;
+    let f = dev.get_or_load_custom_func(&name, MODULE, PTX)?;
     let mut b = f.builder();
     b.arg(&q).arg(&k).arg(&v).arg(&gv).arg(lse).arg(&dd).arg(&dqkv);
     match &lens {
         Some(l) => b.arg(l),
         None => b.arg(&null),
     };
-    b.arg(g).arg(&rows).arg(&cols);
+    b.arg(g);
     // SAFETY: as above; this pass reads the first pass's dd (the same stream orders them)
     // and writes the dK and dV thirds of dqkv, every row of each.
     unsafe { b.launch(cfg) }.w()?;

@@ -661,6 +661,18 @@ mod tests {
         assert_eq!(tiles(128), [(32, 16), (16, 16), (16, 16)]);
         let e = plan(BackwardQ, 200).unwrap_err().to_string();
         assert!(e.contains("200 dims") && e.contains("BackwardQ"), "{e}");
+        // Each plan a head width takes has its kernels compiled (`src/cuda/attn.rs` names
+        // them `fpt_attn_*_f32_{rows}x{cols}`; fpt_kernels.cu makes them per plan).
+        let cu = include_str!("../../kernels/fpt_kernels.cu");
+        for d in 1..=MAX_HEAD_DIM {
+            for k in [Forward, BackwardQ, BackwardKv] {
+                let (r, c, _) = plan(k, d)?;
+                assert!(
+                    cu.contains(&format!("\nFPT_ATTN_KERNELS({r}, {c})\n")),
+                    "no kernels for {r}x{c}"
+                );
+            }
+        }
         Ok(())
     }
 }
