@@ -263,11 +263,6 @@ fn host_device_copies_go_through_the_counted_place() {
             "the self-check's golden comparisons",
         ),
         ("crates/fpt-train/src/trajectory.rs", 4, "the self-check's trajectories"),
-        (
-            "crates/fpt-train/src/outcomes.rs",
-            3,
-            "evaluation: per-example outcomes",
-        ),
         ("crates/fpt-train/src/checkpoint.rs", 2, "checkpoints written and read"),
         (
             "crates/fpt-train/src/optim.rs",

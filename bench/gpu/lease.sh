@@ -29,7 +29,8 @@
 # and the branch node's were decided by the 2026-11-27 calls), one round of 2 shapes (~80
 # s), and bf16-bench.jsonl adds ~45 s (minilm-mnist in f32, bf16 autocast, bf16 chosen per
 # shape). Estimates: check ~130, streams ~40, tiled ~80, LSTM ~25, bf16 ~45, graph ~60.
-# Since 2026-11-28 the check includes the replayed step against the eager one and the
+# Since 2026-11-28 the check includes the replayed step and the replayed evaluation
+# (captured forward passes, read back once) against the eager ones, and the
 # LSTM's block-per-row kernels against the CPU; one round of lstm-listops with those kernels
 # against FPT_LSTM=composed (~25 s) lands in lstm-bench.jsonl (lstm-listops stays out of
 # CHECK_SHAPES: PyTorch's side alone takes 2.5 s a step, 3 rounds of 22 steps), and the

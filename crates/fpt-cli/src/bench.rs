@@ -205,6 +205,20 @@ fn graph(a: &BenchArgs, shapes: &[fpt_train::bench::Shape], device: &candle_core
                 r.loss_last,
                 r.skipped
             );
+            println!(
+                "{:<14} evaluation of {} batches of {}: eager {:>8.2} ms (min {:.2}, max {:.2})  {} {:>8.2} ms (min {:.2}, max {:.2})  replay/eager {:.2}",
+                "",
+                fpt_train::bench_graph::EVAL_BATCHES,
+                r.eval_batch,
+                r.eval_eager.median_ms,
+                r.eval_eager.min_ms,
+                r.eval_eager.max_ms,
+                if r.eval_captured { "graph replay" } else { "replay (eager, no capture off a GPU)" },
+                r.eval_replay.median_ms,
+                r.eval_replay.min_ms,
+                r.eval_replay.max_ms,
+                r.eval_replay.median_ms / r.eval_eager.median_ms,
+            );
         }
         out.insert(s.name.to_string(), serde_json::to_value(&r)?);
     }

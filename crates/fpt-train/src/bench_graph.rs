@@ -38,7 +38,21 @@ pub struct GraphTiming {
     pub pipelined_ms: f64,
     /// Whether the replay was a captured CUDA graph (on a GPU), not the eager replay.
     pub captured: bool,
+    /// An evaluation of [`EVAL_BATCHES`] batches of the trainer's evaluation batch size
+    /// (synthetic examples) scored as [`crate::tally_with`] scores them: a forward pass
+    /// per batch, its loss, predictions and labels read back before the next.
+    pub eval_eager: Timing,
+    /// The same evaluation through [`crate::EvalReplay`]: each batch copied into fixed
+    /// buffers, the forward pass a replayed graph, everything read back once at the end.
+    pub eval_replay: Timing,
+    /// Examples per evaluation batch.
+    pub eval_batch: usize,
+    /// Whether the replayed evaluation ran as a captured CUDA graph.
+    pub eval_captured: bool,
 }
+
+/// Batches per timed evaluation.
+pub const EVAL_BATCHES: usize = 8;
 
 /// Times `steps` eager steps and `steps` replayed ones (after `warmup` eager steps and the
 /// replay's own first steps) of the FPT (`groups`) model of `shape` on `device`: on a GPU
@@ -52,7 +66,6 @@ pub fn time_graph_steps(
     steps: usize,
     device: &Device,
 ) -> Result<GraphTiming> {
-    use crate::bench::{timing, unix_now};
     use crate::replay_step::WARM_STEPS;
     use crate::Trainer;
     use std::time::Instant;
@@ -74,18 +87,7 @@ pub fn time_graph_steps(
     spec.train.steps = spec.train.steps.max(warmup + 3 * steps + WARM_STEPS + 4);
     let mut tr = Trainer::with_task(&spec, Box::new(fpt_tasks::Synthetic::new(shape.dims())), device)
         .map_err(|e| graph_err("build the model", &e))?;
-    let timed = |f: &mut dyn FnMut() -> Result<()>| -> Result<Timing> {
-        let mut ms = Vec::with_capacity(steps);
-        let from = unix_now();
-        for _ in 0..steps {
-            device.synchronize()?;
-            let t0 = Instant::now();
-            f()?;
-            device.synchronize()?;
-            ms.push(t0.elapsed().as_secs_f64() * 1e3);
-        }
-        Ok(timing(ms, from, unix_now()))
-    };
+    let timed = |f: &mut dyn FnMut() -> Result<()>| timed_rounds(device, steps, f);
     for _ in 0..warmup {
         tr.step().map_err(|e| graph_err("a warm-up step (eager)", &e))?;
     }
@@ -121,6 +123,8 @@ pub fn time_graph_steps(
     replay
         .drain(&mut tr)
         .map_err(|e| graph_err("read the back-to-back replays' losses", &e))?;
+    let (eval_eager, eval_replay, eval_captured) =
+        time_evaluations(&tr, shape, steps.clamp(3, 10), device).map_err(|e| graph_err("the evaluations", &e))?;
     Ok(GraphTiming {
         eager,
         replay: replayed,
@@ -129,7 +133,71 @@ pub fn time_graph_steps(
         skipped: outcomes.iter().filter(|o| !o.finite).count(),
         pipelined_ms,
         captured: replay.captured(),
+        eval_eager,
+        eval_replay,
+        eval_batch: tr.eval_batch_size(),
+        eval_captured,
     })
+}
+
+/// `rounds` runs of `f`, the device synchronised around each.
+fn timed_rounds(device: &Device, rounds: usize, f: &mut dyn FnMut() -> Result<()>) -> Result<Timing> {
+    use crate::bench::{timing, unix_now};
+    let mut ms = Vec::with_capacity(rounds);
+    let from = unix_now();
+    for _ in 0..rounds {
+        device.synchronize()?;
+        let t0 = std::time::Instant::now();
+        f()?;
+        device.synchronize()?;
+        ms.push(t0.elapsed().as_secs_f64() * 1e3);
+    }
+    Ok(timing(ms, from, unix_now()))
+}
+
+/// `rounds` evaluations of [`EVAL_BATCHES`] synthetic batches scored eagerly, then as many
+/// replayed (after one untimed evaluation each), the device synchronised around each; the
+/// two tallies must agree.
+fn time_evaluations(
+    tr: &crate::Trainer,
+    shape: &Shape,
+    rounds: usize,
+    device: &Device,
+) -> Result<(Timing, Timing, bool)> {
+    use crate::outcomes::Tally;
+    use fpt_tasks::Task;
+    let mut data = fpt_tasks::Synthetic::new(shape.dims());
+    let mut rng = fpt_nn::Rng::new(7);
+    let per_example = shape.dims().labels_per_example;
+    let batches = (0..EVAL_BATCHES)
+        .map(|_| Ok(data.train_batch(tr.eval_batch_size(), &mut rng, &tr.device)?))
+        .collect::<Result<Vec<_>>>()?;
+    let model = tr.model();
+    let eager = || -> Result<Tally> {
+        let mut t = Tally::default();
+        for b in &batches {
+            let logits = fpt_nn::no_grad(|| fpt_nn::on_pool(|| model.forward(&b.inputs, &mut fpt_nn::Ctx::eval())))?;
+            let classes = logits.dim(candle_core::D::Minus1)?;
+            t.add(&logits.reshape(((), classes))?, &b.labels.flatten_all()?, per_example)?;
+        }
+        Ok(t)
+    };
+    let mut ev = crate::EvalReplay::new();
+    let replayed = |ev: &mut crate::EvalReplay| ev.tally_batches(tr, &mut batches.iter().cloned().map(Ok));
+    let (want, got) = (eager()?, replayed(&mut ev)?);
+    // Within 1e-5 of the loss (a captured product may take another cuBLAS algorithm), the
+    // same outcomes.
+    let (lw, lg) = (want.loss_and_accuracy().0, got.loss_and_accuracy().0);
+    let same = (lw - lg).abs() <= 1e-5 * lw.abs().max(1.0)
+        && (want.correct.as_slice(), want.predicted.as_slice()) == (got.correct.as_slice(), got.predicted.as_slice());
+    if !same {
+        return Err(crate::TrainError::msg(
+            "the replayed evaluation's outcomes differ from the eager evaluation's",
+        ));
+    }
+    let eager_t = timed_rounds(device, rounds, &mut || eager().map(drop))?;
+    let replay_t = timed_rounds(device, rounds, &mut || replayed(&mut ev).map(drop))?;
+    Ok((eager_t, replay_t, ev.captured() > 0))
 }
 
 #[cfg(test)]
@@ -149,5 +217,7 @@ mod tests {
             "{r:?}"
         );
         assert_eq!(r.skipped, 0);
+        assert!(!r.eval_captured && r.eval_batch > 0, "{r:?}");
+        assert!(r.eval_eager.median_ms > 0.0 && r.eval_replay.median_ms > 0.0, "{r:?}");
     }
 }

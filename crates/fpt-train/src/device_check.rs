@@ -474,10 +474,15 @@ pub fn agreement(device: &Device) -> Result<Vec<KernelCheck>> {
 
 /// The training step replayed from device memory ([`crate::ReplayStep`], captured as a CUDA
 /// graph on a GPU) against [`crate::Trainer::step`] on the same device: twelve steps of a
-/// small random GPT-2 with every dropout on, the same losses and parameters. An error of
-/// the replay (a capture the driver refuses, say) is a failed check that names it.
+/// small random GPT-2 with every dropout on, the same losses and parameters; then the
+/// evaluation replayed ([`crate::EvalReplay`]) against [`crate::Trainer::tally`], before
+/// and after replayed steps change the parameters under its graphs: the same losses and
+/// per-example outcomes. An error of either replay (a capture the driver refuses, say) is
+/// a failed check that names it.
 pub fn replay_agreement(device: &Device) -> Result<Vec<KernelCheck>> {
+    use crate::outcomes;
     use fpt_spec::{BackboneSpec, Init, RunSpec, ShapeOverrides, TaskName, TaskSpec, TrainSpec};
+    use fpt_tasks::Split;
     let steps = 12;
     let spec = RunSpec {
         train: TrainSpec {
@@ -550,6 +555,54 @@ pub fn replay_agreement(device: &Device) -> Result<Vec<KernelCheck>> {
                 &params(&tr)?,
                 &params(&eager)?,
                 1e-6,
+            )?;
+        }
+    }
+    // The evaluation replayed (captured at its third pass of each batch shape) against the
+    // trainer's, three times, then once more after three replayed steps changed the
+    // parameters under the graphs.
+    let evaluated = (|| -> Result<Vec<(outcomes::Tally, outcomes::Tally)>> {
+        let mut ev = crate::EvalReplay::new();
+        let mut pairs = Vec::new();
+        for _ in 0..3 {
+            pairs.push((ev.tally(&tr, Split::Test)?, tr.tally(Split::Test)?));
+        }
+        let mut r = tr.replay_step(4)?;
+        for _ in 0..3 {
+            r.step(&mut tr)?;
+        }
+        r.drain(&mut tr)?;
+        pairs.push((ev.tally(&tr, Split::Test)?, tr.tally(Split::Test)?));
+        if device.is_cuda() && ev.captured() == 0 {
+            return Err(crate::TrainError::msg("not captured on the GPU"));
+        }
+        Ok(pairs)
+    })();
+    match evaluated {
+        Err(e) => out.push(failed(format!("replayed evaluation: {e}"))),
+        Ok(pairs) => {
+            let how = if device.is_cuda() { "captured" } else { "eager" };
+            let (mut loss, mut right) = ((Vec::new(), Vec::new()), (Vec::new(), Vec::new()));
+            for (got, want) in &pairs {
+                loss.0.push(got.loss_and_accuracy().0 as f32);
+                loss.1.push(want.loss_and_accuracy().0 as f32);
+                right.0.extend(got.correct.iter().map(|&c| c as f32));
+                right.1.extend(want.correct.iter().map(|&c| c as f32));
+            }
+            let t = |v: Vec<f32>| fpt_nn::transfer::upload(v.clone(), v.len(), &Device::Cpu);
+            check(
+                &mut out,
+                format!("replayed evaluation ({how}) losses"),
+                &t(loss.0)?,
+                &t(loss.1)?,
+                1e-6,
+            )?;
+            check(
+                &mut out,
+                format!("replayed evaluation ({how}) per-example outcomes"),
+                &t(right.0)?,
+                &t(right.1)?,
+                0.0,
             )?;
         }
     }
@@ -680,7 +733,7 @@ mod tests {
     #[test]
     fn the_replay_check_runs_on_the_cpu() {
         let checks = replay_agreement(&Device::Cpu).unwrap();
-        assert_eq!(checks.len(), 2, "{checks:?}");
+        assert_eq!(checks.len(), 4, "{checks:?}");
         for c in &checks {
             assert!(c.passed && c.max_diff == 0.0, "{c:?}");
         }

@@ -47,6 +47,7 @@ pub mod optim;
 pub mod outcomes;
 pub mod output_only;
 pub mod pretrain;
+pub mod replay_eval;
 pub mod replay_step;
 mod run_dir;
 mod run_loop;
@@ -58,6 +59,7 @@ pub mod trajectory;
 
 pub use evaluate::{device_name, evaluate, evaluate_with, predict_run, tally_with, Predictions, Predictor};
 pub use history::Segment;
+pub use replay_eval::EvalReplay;
 pub use replay_step::ReplayStep;
 pub use run_dir::{finished_result, in_use_by, reopen_reason, respec_run, saved_spec, write_atomic, Holder, Respec};
 pub(crate) use run_dir::{metrics_append, metrics_truncate, run_dir_err, write_result, RunLock};

@@ -34,13 +34,44 @@ impl Tally {
     /// Adds a batch: `logits` `[examples * labels_per_example, classes]`, `targets` the
     /// matching class ids.
     pub fn add(&mut self, logits: &Tensor, targets: &Tensor, labels_per_example: usize) -> crate::Result<()> {
-        let count = targets.elem_count();
-        self.loss_sum += fpt_nn::ops::cross_entropy(logits, targets)?
-            .to_dtype(DType::F64)?
-            .to_scalar::<f64>()?
-            * count as f64;
-        let pred = logits.argmax(candle_core::D::Minus1)?.to_vec1::<u32>()?;
-        let want = targets.to_vec1::<u32>()?;
+        let loss = fpt_nn::transfer::download_scalar::<f64>(
+            &fpt_nn::ops::cross_entropy(logits, targets)?.to_dtype(DType::F64)?,
+        )?;
+        let pred = fpt_nn::transfer::download_vec::<u32>(&logits.argmax(candle_core::D::Minus1)?)?;
+        let want = fpt_nn::transfer::download_vec::<u32>(targets)?;
+        self.add_host(loss, &pred, &want, labels_per_example);
+        Ok(())
+    }
+
+    /// A tally of batches kept on the device, `(logits, targets)` each as [`Tally::add`]
+    /// takes them, read back in three downloads (each batch's mean loss, every prediction,
+    /// every target): the tally of adding them one by one, to the last bit.
+    pub fn from_batches(batches: &[(Tensor, Tensor)], labels_per_example: usize) -> crate::Result<Tally> {
+        let mut tally = Tally::default();
+        if batches.is_empty() {
+            return Ok(tally);
+        }
+        let losses = batches
+            .iter()
+            .map(|(l, t)| Ok(fpt_nn::ops::cross_entropy(l, t)?.to_dtype(DType::F64)?.reshape(1)?))
+            .collect::<crate::Result<Vec<_>>>()?;
+        let losses = fpt_nn::transfer::download_vec::<f64>(&Tensor::cat(&losses, 0)?)?;
+        let (logits, targets): (Vec<Tensor>, Vec<Tensor>) = batches.iter().cloned().unzip();
+        let pred = fpt_nn::transfer::download_vec::<u32>(&Tensor::cat(&logits, 0)?.argmax(candle_core::D::Minus1)?)?;
+        let want = fpt_nn::transfer::download_vec::<u32>(&Tensor::cat(&targets, 0)?)?;
+        let mut at = 0;
+        for ((_, t), loss) in batches.iter().zip(losses) {
+            let n = t.elem_count();
+            tally.add_host(loss, &pred[at..at + n], &want[at..at + n], labels_per_example);
+            at += n;
+        }
+        Ok(tally)
+    }
+
+    /// Adds a batch read back: its mean loss, predictions and targets.
+    fn add_host(&mut self, loss: f64, pred: &[u32], want: &[u32], labels_per_example: usize) {
+        let count = want.len();
+        self.loss_sum += loss * count as f64;
         for row in pred
             .chunks(labels_per_example.max(1))
             .zip(want.chunks(labels_per_example.max(1)))
@@ -48,7 +79,7 @@ impl Tally {
             self.correct
                 .push(row.0.iter().zip(row.1).filter(|(p, w)| p == w).count() as u32);
         }
-        for &p in &pred {
+        for &p in pred {
             let p = p as usize;
             if p >= self.predicted.len() {
                 self.predicted.resize(p + 1, 0);
@@ -56,7 +87,6 @@ impl Tally {
             self.predicted[p] += 1;
         }
         self.labels += count;
-        Ok(())
     }
 
     /// Mean loss and accuracy over the labels counted.

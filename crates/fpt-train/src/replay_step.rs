@@ -18,6 +18,7 @@
 //! seed the step draws must be the slot's), and equals [`Trainer::step`] to the last bit
 //! (`tests/replay_step.rs`): what this checks on the CPU is everything but the capture.
 
+use crate::replay_eval::EvalReplay;
 use crate::{Result, StepOutcome, TrainError, Trainer};
 use candle_core::{Tensor, Var};
 use fpt_nn::ops::AdamGate;
@@ -216,7 +217,6 @@ impl ReplayStep {
         seeds: &[u64],
         after: Rng,
     ) -> Result<()> {
-        use candle_core::cuda_backend::cudarc::driver::sys;
         let stage = |what: &'static str| {
             move |e: &dyn std::fmt::Debug| TrainError::msg(format!("replay on a GPU: {what}: {e:?}"))
         };
@@ -232,21 +232,9 @@ impl ReplayStep {
         if self.steps <= 1 + WARM_STEPS {
             slots.bind(seeds, || tr.step_gated(fixed, gate))??;
         } else {
-            let stream = cuda.cuda_stream();
-            stream
-                .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
-                .map_err(|e| stage("begin the capture")(&e))?;
-            let captured = slots.bind(seeds, || tr.step_gated(fixed, gate));
-            let graph =
-                stream.end_capture(sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH);
-            captured.map_err(|e| stage("the step under capture")(&e))??;
-            let graph = graph
-                .map_err(|e| stage("end the capture")(&e))?
-                .ok_or_else(|| stage("end the capture")(&"no graph was captured"))?;
-            graph.upload().map_err(|e| stage("upload the graph")(&e))?;
-            // The capture recorded the step without running it: this step is its first replay.
-            graph.launch().map_err(|e| stage("the first replay")(&e))?;
-            self.graph = Some(graph);
+            self.graph = Some(capture(&cuda, "replay on a GPU", || {
+                slots.bind(seeds, || tr.step_gated(fixed, gate))?
+            })?);
         }
         if tr.ctx.rng != after {
             return Err(TrainError::msg(
@@ -298,8 +286,35 @@ impl ReplayStep {
     }
 }
 
-/// How a run takes its steps: [`Trainer::step`], or the replayed step (`FPT_STEP=replay`;
-/// on a GPU captured as a CUDA graph after its first steps), which runs up to the run's
+/// Captures `f`'s work on `cuda`'s stream as a CUDA graph, uploads the graph and launches
+/// it once: a capture records the work without running it, so that launch is the work's
+/// first run. Each failure names its stage after `what`.
+#[cfg(feature = "cuda")]
+pub(crate) fn capture(
+    cuda: &candle_core::CudaDevice,
+    what: &'static str,
+    f: impl FnOnce() -> Result<()>,
+) -> Result<candle_core::cuda_backend::cudarc::driver::CudaGraph> {
+    use candle_core::cuda_backend::cudarc::driver::sys;
+    let stage = |s: &'static str| move |e: &dyn std::fmt::Debug| TrainError::msg(format!("{what}: {s}: {e:?}"));
+    let stream = cuda.cuda_stream();
+    stream
+        .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+        .map_err(|e| stage("begin the capture")(&e))?;
+    let captured = f();
+    let graph = stream.end_capture(sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH);
+    captured.map_err(|e| stage("the work under capture")(&e))?;
+    let graph = graph
+        .map_err(|e| stage("end the capture")(&e))?
+        .ok_or_else(|| stage("end the capture")(&"no graph was captured"))?;
+    graph.upload().map_err(|e| stage("upload the graph")(&e))?;
+    graph.launch().map_err(|e| stage("the first replay")(&e))?;
+    Ok(graph)
+}
+
+/// How a run takes its steps and evaluations: [`Trainer::step`] and [`Trainer::tally`], or
+/// (`FPT_STEP=replay`) the replayed step and [`EvalReplay`] (on a GPU captured as CUDA
+/// graphs after their first passes). The replayed step runs up to the run's
 /// next evaluation, checkpoint or end (at most [`REPLAY_AHEAD`] steps) before it reads the
 /// gate back once, then hands the loop each step's outcome as the eager step gives it.
 /// The loop acts on the trainer's state only where the replay has settled (evaluations,
@@ -313,8 +328,12 @@ pub enum Stepper {
     /// [`Trainer::step`].
     Eager,
     /// [`ReplayStep`] and the outcomes read back but not yet handed out, each with Adam's
-    /// step count after it.
-    Replay(ReplayStep, std::collections::VecDeque<(StepOutcome, usize)>),
+    /// step count after it; the run's evaluations replayed too ([`EvalReplay`]).
+    Replay(
+        Box<ReplayStep>,
+        std::collections::VecDeque<(StepOutcome, usize)>,
+        EvalReplay,
+    ),
 }
 
 /// The most steps a replayed run takes before reading the gate back.
@@ -345,7 +364,7 @@ impl Stepper {
                 device = ?tr.device,
                 "FPT_STEP=replay: steps replayed from device memory (captured as a CUDA graph on a GPU)"
             );
-            Stepper::Replay(r, Default::default())
+            Stepper::Replay(Box::new(r), Default::default(), EvalReplay::new())
         } else {
             Stepper::Eager
         })
@@ -356,12 +375,21 @@ impl Stepper {
         matches!(self, Stepper::Replay(..))
     }
 
+    /// The per-example outcomes of an evaluation of `tr`'s whole `split`: [`Trainer::tally`],
+    /// or (steps replayed) the same replayed from device memory.
+    pub fn tally(&mut self, tr: &Trainer, split: fpt_tasks::Split) -> Result<crate::outcomes::Tally> {
+        match self {
+            Stepper::Eager => tr.tally(split),
+            Stepper::Replay(_, _, eval) => eval.tally(tr, split),
+        }
+    }
+
     /// Whether every step taken has been handed out: the trainer's state is the last
     /// handed-out step's (always, for eager steps).
     pub fn settled(&self) -> bool {
         match self {
             Stepper::Eager => true,
-            Stepper::Replay(_, ahead) => ahead.is_empty(),
+            Stepper::Replay(_, ahead, _) => ahead.is_empty(),
         }
     }
 
@@ -371,7 +399,7 @@ impl Stepper {
     pub fn step(&mut self, tr: &mut Trainer, t: &fpt_spec::TrainSpec, no_evaluation: bool) -> Result<StepOutcome> {
         let (r, ahead) = match self {
             Stepper::Eager => return tr.step(),
-            Stepper::Replay(r, ahead) => (r, ahead),
+            Stepper::Replay(r, ahead, _) => (r, ahead),
         };
         if ahead.is_empty() {
             let done = tr.step;

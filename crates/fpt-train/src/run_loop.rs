@@ -65,6 +65,7 @@ impl RunState {
 
 pub(crate) fn evaluate_now(
     tr: &Trainer,
+    stepper: &mut crate::replay_step::Stepper,
     run: &mut RunState,
     with_train: bool,
     started: &Instant,
@@ -72,10 +73,10 @@ pub(crate) fn evaluate_now(
 ) -> Result<(EvalRecord, outcomes::Tally)> {
     let _e = tracing::info_span!("eval", step = tr.steps_done()).entered();
     let eval_started = Instant::now();
-    let tally = tr.tally(Split::Test)?;
+    let tally = stepper.tally(tr, Split::Test)?;
     let (test_loss, test_accuracy) = tally.loss_and_accuracy();
     let train_accuracy = if with_train {
-        Some(tr.evaluate(Split::Train)?.1)
+        Some(stepper.tally(tr, Split::Train)?.loss_and_accuracy().1)
     } else {
         None
     };
@@ -189,7 +190,7 @@ pub(crate) fn run_loop(
         if step.is_multiple_of(t.eval_every) || step == t.steps {
             let before = run.best().map(|b| b.test_accuracy);
             let with_train = every_train || (step == t.steps && t.train_eval == TrainEval::Final);
-            let (rec, tally) = evaluate_now(&tr, &mut run, with_train, &started, &metrics)?;
+            let (rec, tally) = evaluate_now(&tr, &mut stepper, &mut run, with_train, &started, &metrics)?;
             last_tally = Some((rec.step, tally));
             on_event(&Event::Eval(&rec));
             if before.is_none_or(|b| rec.test_accuracy > b) {
@@ -311,7 +312,7 @@ pub(crate) fn run_loop(
             run.metrics_lines -= 1;
             metrics_truncate(&metrics, run.metrics_lines)?;
         }
-        let (rec, tally) = evaluate_now(&tr, &mut run, with_train, &started, &metrics)?;
+        let (rec, tally) = evaluate_now(&tr, &mut stepper, &mut run, with_train, &started, &metrics)?;
         last_tally = Some((rec.step, tally));
         on_event(&Event::Eval(&rec));
         rec
@@ -325,7 +326,7 @@ pub(crate) fn run_loop(
     // the same tensors; none for a diverged run whose best tensors are not at hand.
     let tally = match last_tally {
         Some((step, tally)) if step == last.step && diverged.is_none() => Some(tally),
-        _ if diverged.is_none() || best_params.is_some() => Some(tr.tally(Split::Test)?),
+        _ if diverged.is_none() || best_params.is_some() => Some(stepper.tally(&tr, Split::Test)?),
         _ => None,
     };
     let baseline = match tally {
