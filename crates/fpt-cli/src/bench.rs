@@ -189,16 +189,23 @@ fn graph(a: &BenchArgs, shapes: &[fpt_train::bench::Shape], device: &candle_core
         let r = fpt_train::bench_graph::time_graph_steps(s, groups, a.precision, a.warmup, a.steps, device)
             .with_context(|| format!("fpt bench --graph: {}", s.name))?;
         if !a.json {
+            // A side's median with its spread, and which replay ran.
+            let t = |t: &fpt_train::bench::Timing| {
+                format!("{:>8.2} ms (min {:.2}, max {:.2})", t.median_ms, t.min_ms, t.max_ms)
+            };
+            let how = |captured: bool| {
+                if captured {
+                    "graph replay"
+                } else {
+                    "replay (eager, no capture off a GPU)"
+                }
+            };
             println!(
-                "{:<14} eager step {:>8.2} ms (min {:.2}, max {:.2})  {} {:>8.2} ms (min {:.2}, max {:.2})  replay/eager {:.2}  back to back {:.2} ms  training loss {:.4} -> {:.4}, {} skipped",
+                "{:<14} eager step {}  {} {}  replay/eager {:.2}  back to back {:.2} ms  training loss {:.4} -> {:.4}, {} skipped",
                 s.name,
-                r.eager.median_ms,
-                r.eager.min_ms,
-                r.eager.max_ms,
-                if r.captured { "graph replay" } else { "replay (eager, no capture off a GPU)" },
-                r.replay.median_ms,
-                r.replay.min_ms,
-                r.replay.max_ms,
+                t(&r.eager),
+                how(r.captured),
+                t(&r.replay),
                 r.replay.median_ms / r.eager.median_ms,
                 r.pipelined_ms,
                 r.loss_first,
@@ -206,17 +213,13 @@ fn graph(a: &BenchArgs, shapes: &[fpt_train::bench::Shape], device: &candle_core
                 r.skipped
             );
             println!(
-                "{:<14} evaluation of {} batches of {}: eager {:>8.2} ms (min {:.2}, max {:.2})  {} {:>8.2} ms (min {:.2}, max {:.2})  replay/eager {:.2}",
+                "{:<14} evaluation of {} batches of {}: eager {}  {} {}  replay/eager {:.2}",
                 "",
                 fpt_train::bench_graph::EVAL_BATCHES,
                 r.eval_batch,
-                r.eval_eager.median_ms,
-                r.eval_eager.min_ms,
-                r.eval_eager.max_ms,
-                if r.eval_captured { "graph replay" } else { "replay (eager, no capture off a GPU)" },
-                r.eval_replay.median_ms,
-                r.eval_replay.min_ms,
-                r.eval_replay.max_ms,
+                t(&r.eval_eager),
+                how(r.eval_captured),
+                t(&r.eval_replay),
                 r.eval_replay.median_ms / r.eval_eager.median_ms,
             );
         }
