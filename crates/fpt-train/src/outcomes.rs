@@ -43,13 +43,12 @@ impl Tally {
         Ok(())
     }
 
-    /// A tally of batches kept on the device, `(logits, targets)` each as [`Tally::add`]
-    /// takes them, read back in three downloads (each batch's mean loss, every prediction,
-    /// every target): the tally of adding them one by one, to the last bit.
-    pub fn from_batches(batches: &[(Tensor, Tensor)], labels_per_example: usize) -> crate::Result<Tally> {
-        let mut tally = Tally::default();
+    /// Adds batches kept on the device, `(logits, targets)` each as [`Tally::add`] takes
+    /// them, read back in three downloads (each batch's mean loss, every prediction, every
+    /// target): the tally of adding them one by one, to the last bit.
+    pub fn add_batches(&mut self, batches: &[(Tensor, Tensor)], labels_per_example: usize) -> crate::Result<()> {
         if batches.is_empty() {
-            return Ok(tally);
+            return Ok(());
         }
         let losses = batches
             .iter()
@@ -62,10 +61,10 @@ impl Tally {
         let mut at = 0;
         for ((_, t), loss) in batches.iter().zip(losses) {
             let n = t.elem_count();
-            tally.add_host(loss, &pred[at..at + n], &want[at..at + n], labels_per_example);
+            self.add_host(loss, &pred[at..at + n], &want[at..at + n], labels_per_example);
             at += n;
         }
-        Ok(tally)
+        Ok(())
     }
 
     /// Adds a batch read back: its mean loss, predictions and targets.

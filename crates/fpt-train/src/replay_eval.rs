@@ -29,6 +29,10 @@ use fpt_tasks::{Inputs, Split};
 /// [`fpt_nn::ops::bf16_choice`]'s timing outside the capture).
 pub const WARM_RUNS: usize = 2;
 
+/// The most bytes of logits kept on the device before they are read back (a language
+/// model's logits over its vocabulary would otherwise fill the device).
+pub const KEPT_BYTES: usize = 64 << 20;
+
 /// One batch shape's buffers and, on a GPU, its graph.
 struct Entry {
     /// The inputs' shape, dtype and kind (tokens or vectors).
@@ -45,15 +49,33 @@ struct Entry {
 }
 
 /// A trainer's evaluation replayed from device memory; see the module's documentation.
-#[derive(Default)]
 pub struct EvalReplay {
     entries: Vec<Entry>,
+    kept_bytes: usize,
+}
+
+impl Default for EvalReplay {
+    fn default() -> Self {
+        EvalReplay {
+            entries: Vec::new(),
+            kept_bytes: KEPT_BYTES,
+        }
+    }
 }
 
 impl EvalReplay {
     /// An evaluation with nothing captured yet.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// The same, reading the logits back whenever `bytes` of them are kept (at least one
+    /// batch each time; [`KEPT_BYTES`] by default).
+    pub fn reading_back_every(bytes: usize) -> Self {
+        EvalReplay {
+            kept_bytes: bytes,
+            ..Self::default()
+        }
     }
 
     /// How many batch shapes run as a captured graph (always 0 without a GPU).
@@ -87,14 +109,23 @@ impl EvalReplay {
         tr: &Trainer,
         batches: &mut dyn Iterator<Item = Result<fpt_tasks::Batch>>,
     ) -> Result<Tally> {
-        let mut kept = Vec::new();
+        let per_example = tr.task().dims().labels_per_example;
+        let mut tally = Tally::default();
+        let (mut kept, mut bytes) = (Vec::new(), 0);
         for batch in batches {
             let batch = batch?;
             let logits = self.forward(tr, &batch.inputs)?;
             let classes = logits.dim(candle_core::D::Minus1)?;
+            bytes += logits.elem_count() * logits.dtype().size_in_bytes();
             kept.push((logits.reshape(((), classes))?, batch.labels.flatten_all()?));
+            // Logits over a large vocabulary add up: read back every KEPT_BYTES.
+            if bytes >= self.kept_bytes {
+                tally.add_batches(&kept, per_example)?;
+                (kept, bytes) = (Vec::new(), 0);
+            }
         }
-        Tally::from_batches(&kept, tr.task().dims().labels_per_example)
+        tally.add_batches(&kept, per_example)?;
+        Ok(tally)
     }
 
     /// The entry of `inputs`' shape, made at its first use.

@@ -52,7 +52,8 @@ fn agrees(s: &RunSpec, splits: &[Split], expect: usize) {
         "the split should end in a short batch: {expect} examples in batches of {}",
         tr.eval_batch_size()
     );
-    let mut replay = EvalReplay::new();
+    // Read back once a split, and after every batch.
+    let (mut replay, mut each) = (EvalReplay::new(), EvalReplay::reading_back_every(1));
     let mut seen = Vec::new();
     for round in 0..4 {
         for &split in splits {
@@ -60,6 +61,11 @@ fn agrees(s: &RunSpec, splits: &[Split], expect: usize) {
             let got = replay.tally(&tr, split).unwrap();
             assert_eq!(want.correct.len(), expect, "{split:?}");
             assert_eq!(bits(&got), bits(&want), "round {round}, {split:?}");
+            assert_eq!(
+                bits(&each.tally(&tr, split).unwrap()),
+                bits(&want),
+                "round {round}, {split:?}, read back each batch"
+            );
             seen.push(want.loss_and_accuracy().0.to_bits());
         }
         for _ in 0..3 {
@@ -135,6 +141,13 @@ fn a_tally_of_kept_batches_is_the_tally_of_each() {
     for (l, t) in &batches {
         one_by_one.add(l, t, 1).unwrap();
     }
-    assert_eq!(bits(&Tally::from_batches(&batches, 1).unwrap()), bits(&one_by_one));
-    assert_eq!(Tally::from_batches(&[], 1).unwrap().correct.len(), 0);
+    let mut kept = Tally::default();
+    kept.add_batches(&batches, 1).unwrap();
+    assert_eq!(bits(&kept), bits(&one_by_one));
+    // In two parts, and with nothing added: the same.
+    let mut parts = Tally::default();
+    parts.add_batches(&batches[..1], 1).unwrap();
+    parts.add_batches(&[], 1).unwrap();
+    parts.add_batches(&batches[1..], 1).unwrap();
+    assert_eq!(bits(&parts), bits(&one_by_one));
 }
