@@ -3,8 +3,9 @@
 # campaign runs named by key from their committed copies (results/campaign/<key>/, carried
 # with the working tree) on the device until the budget, and puts the runs it moved and the
 # report in $OUT (campaign.tgz), to be unpacked into results/campaign/ here and committed.
-# FPT_STEP=replay trains through the replayed step (a CUDA graph of it), once `fpt
-# gpu-check`'s replay checks have passed on the device.
+# FPT_STEP=replay trains through the replayed step (a CUDA graph of it) and evaluates
+# through the replayed evaluation (a graph of each batch shape's forward pass), once `fpt
+# gpu-check`'s replay checks (step and evaluation) have passed on the device.
 #   FPT_CAMPAIGN_BUDGET=300s FPT_CAMPAIGN_RUNS=key1,key2 bash bench/gpu/campaign.sh
 # Carried (ignored paths): target/cuda/fpt-cuda.gz (`cargo xtask cuda-build`) and
 # target/device-hub, a Hugging Face cache holding only the stand-in backbones' config.json
