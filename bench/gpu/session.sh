@@ -99,14 +99,18 @@ done
 
 # 1b'. The same step as N runs in one process, each on a stream of its own (`fpt bench
 # --streams N`: their kernels may overlap on the GPU, which N processes' cannot without MPS),
-# N from STREAMS, rounds alternating: one JSON line per measurement in streams.jsonl
-# ({"streams": N, "round": R, "out": <fpt bench --json>}). STREAMS="" skips it.
+# N from STREAMS, each with the replayed step (FPT_STEP=replay: a CUDA graph a run, what
+# the campaign's second call trains with) and the eager one (STREAM_STEPS), rounds
+# alternating: one JSON line per measurement in streams.jsonl ({"streams": N, "step":
+# "replay"|"eager", "round": R, "out": <fpt bench --json>}). STREAMS="" skips it.
 for r in $(seq "${STREAMS_ROUNDS:-2}"); do
-    for n in ${STREAMS-1 2 4 8}; do
-        [ "$(left 60)" -lt 10 ] && continue
-        o=$(timeout "$(left 60)" /tmp/fpt-cuda bench --json --no-full --shape minilm-mnist --streams "$n" \
-            --steps "${AT_ONCE_STEPS:-200}" --warmup 20 --device "$dev" 2>>"$OUT/streams.err" | tail -1)
-        [ -n "$o" ] && echo "{\"streams\":$n,\"round\":$r,\"out\":$o}" >> "$OUT/streams.jsonl"
+    for step in ${STREAM_STEPS-replay eager}; do
+        for n in ${STREAMS-1 2 4 8}; do
+            [ "$(left 60)" -lt 10 ] && continue
+            o=$(FPT_STEP="$step" timeout "$(left 60)" /tmp/fpt-cuda bench --json --no-full --shape minilm-mnist --streams "$n" \
+                --steps "${AT_ONCE_STEPS:-200}" --warmup 20 --device "$dev" 2>>"$OUT/streams.err" | tail -1)
+            [ -n "$o" ] && echo "{\"streams\":$n,\"step\":\"$step\",\"round\":$r,\"out\":$o}" >> "$OUT/streams.jsonl"
+        done
     done
 done
 [ -s "$OUT/streams.jsonl" ] && echo "session: runs in one process timed after $(( $(date +%s) - start )) s" | tee -a "$OUT/session.log"

@@ -311,20 +311,30 @@ pub(crate) fn import_at_once(lines: &str, device: &str) -> Result<serde_json::Ma
 }
 
 /// The rows of a `streams.jsonl` a device call wrote (bench/gpu/session.sh: one line per
-/// measurement, `{"streams": N, "round": R, "out": <fpt bench --streams N --json>}`): N runs in
-/// one process, each round's steps a second in all beside PyTorch's N processes of the same
-/// call (`at_once`'s rows, from its at-once.jsonl), keyed `<shape> [<device> streams] xN`.
+/// measurement, `{"streams": N, "step": "replay"|"eager", "round": R, "out": <fpt bench
+/// --streams N --json>}`; files from before the replayed steps have no `step`: eager): N
+/// runs in one process, each round's steps a second in all beside PyTorch's N processes of
+/// the same call (`at_once`'s rows, from its at-once.jsonl), keyed `<shape> [<device>
+/// streams] xN` (eager steps) or `<shape> [<device> streams, replayed] xN`.
 pub(crate) fn import_streams(
     lines: &str,
     device: &str,
     at_once: &serde_json::Map<String, serde_json::Value>,
 ) -> Result<serde_json::Map<String, serde_json::Value>> {
     use std::collections::BTreeMap;
-    let mut per_n: BTreeMap<usize, Vec<serde_json::Value>> = BTreeMap::new();
+    let mut per_n: BTreeMap<(bool, usize), Vec<serde_json::Value>> = BTreeMap::new();
     let mut shape = None;
     for (i, line) in lines.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
         let v: serde_json::Value =
             serde_json::from_str(line).with_context(|| format!("line {}: not JSON: {line}", i + 1))?;
+        let replayed = match v.get("step").map(|s| s.as_str()) {
+            None | Some(Some("eager")) => false,
+            Some(Some("replay")) => true,
+            Some(other) => bail!(
+                "line {}: `step` is {other:?}, not \"replay\" or \"eager\": {line}",
+                i + 1
+            ),
+        };
         let (Some(n), Some((name, t))) = (
             v["streams"].as_u64(),
             v["out"].as_object().and_then(|o| o.iter().next()),
@@ -348,26 +358,34 @@ pub(crate) fn import_streams(
         };
         let mut sorted = runs.clone();
         sorted.sort_by(|a, b| a.total_cmp(b));
-        per_n.entry(n as usize).or_default().push(serde_json::json!({
-            "processes": n,
-            "steps_per_s": sps,
-            "median_ms": sorted[sorted.len() / 2],
-            "per_process_ms": runs,
-            "overlap": t["overlap"],
-        }));
+        per_n
+            .entry((replayed, n as usize))
+            .or_default()
+            .push(serde_json::json!({
+                "processes": n,
+                "steps_per_s": sps,
+                "median_ms": sorted[sorted.len() / 2],
+                "per_process_ms": runs,
+                "overlap": t["overlap"],
+            }));
     }
     let shape = shape.context("no measurement in the file")?;
     let backbone = shape.split('-').next().unwrap_or("?").to_string();
     Ok(per_n
         .into_iter()
-        .map(|(n, ours)| {
+        .map(|((replayed, n), ours)| {
             let theirs = at_once
                 .get(&format!("{shape} [{device}] x{n}"))
                 .and_then(|r| r["pytorch_rounds"].as_array().cloned())
                 .unwrap_or_default();
-            let kernels = format!("{device}, {n} runs in one process");
+            let (how, key) = if replayed {
+                (", replayed steps", " streams, replayed")
+            } else {
+                ("", " streams")
+            };
+            let kernels = format!("{device}, {n} runs in one process{how}");
             let row = at_once_row(&shape, &backbone, &kernels, "f32", n, ours, theirs);
-            (format!("{shape} [{device} streams] x{n}"), row)
+            (format!("{shape} [{device}{key}] x{n}"), row)
         })
         .collect())
 }
@@ -446,12 +464,27 @@ mod tests {
         let line = |n: usize, sps: f64, runs: &str| {
             format!("{{\"streams\":{n},\"round\":1,\"out\":{{\"minilm-mnist\":{{\"runs\":{n},\"steps_per_s\":{sps},\"overlap\":0.9,\"per_run\":[{runs}]}}}}}}")
         };
+        let replayed = line(2, 300.0, r#"{"median_ms":1.0},{"median_ms":1.1}"#).replacen(
+            "\"round\"",
+            "\"step\":\"replay\",\"round\"",
+            1,
+        );
         let text = [
             line(1, 120.0, r#"{"median_ms":8.3}"#),
             line(2, 200.0, r#"{"median_ms":10.0},{"median_ms":10.2}"#),
+            replayed.clone(),
         ]
         .join("\n");
         let rows = super::import_streams(&text, "cuda:0", &at_once).unwrap();
+        assert_eq!(rows.len(), 3, "{rows:?}");
+        let r2 = &rows["minilm-mnist [cuda:0 streams, replayed] x2"];
+        assert_eq!(r2["steps_per_s"].as_f64(), Some(300.0));
+        assert_eq!(
+            r2["kernel_path"].as_str(),
+            Some("cuda:0, 2 runs in one process, replayed steps")
+        );
+        let odd = replayed.replace("\"replay\"", "\"graph\"");
+        assert!(super::import_streams(&odd, "cuda:0", &at_once).is_err());
         let two = &rows["minilm-mnist [cuda:0 streams] x2"];
         assert_eq!(two["steps_per_s"].as_f64(), Some(200.0));
         assert_eq!(two["kernel_path"].as_str(), Some("cuda:0, 2 runs in one process"));

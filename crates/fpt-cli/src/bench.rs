@@ -162,6 +162,7 @@ fn streams(a: &BenchArgs, shapes: &[fpt_train::bench::Shape], n: usize) -> Resul
         a.warmup,
         a.steps,
         n,
+        fpt_train::replay_step::step_choice()?,
         &make,
     )
     .with_context(|| format!("fpt bench --streams {n}: {}", s.name))?;
@@ -170,9 +171,10 @@ fn streams(a: &BenchArgs, shapes: &[fpt_train::bench::Shape], n: usize) -> Resul
     } else {
         let each: Vec<String> = t.per_run.iter().map(|r| format!("{:.2}", r.median_ms)).collect();
         println!(
-            "{:<14} {n} runs in one process on {}: {:.1} steps/s in all; each run's median step {} ms; timed together {:.0}% of the window",
+            "{:<14} {n} runs in one process on {} ({} steps): {:.1} steps/s in all; each run's median step {} ms; timed together {:.0}% of the window",
             s.name,
             a.device,
+            if t.replayed { "replayed" } else { "eager" },
             t.steps_per_s,
             each.join(", "),
             100.0 * t.overlap

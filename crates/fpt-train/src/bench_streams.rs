@@ -20,7 +20,13 @@ use std::time::{Duration, Instant};
 pub struct StreamsTiming {
     /// How many runs.
     pub runs: usize,
-    /// Each run's timed steps.
+    /// Whether the runs took replayed steps ([`crate::ReplayStep`]: a CUDA graph each on a
+    /// GPU, the losses read back every [`crate::replay_step::REPLAY_AHEAD`] steps) instead of
+    /// [`Trainer::step`].
+    pub replayed: bool,
+    /// Each run's timed steps (replayed: the host's time to hand each step to the device,
+    /// the waits falling on the steps that read the losses back; `steps_per_s` is the
+    /// measure then).
     pub per_run: Vec<Timing>,
     /// Timed steps of all runs over the window from the first start to the last end.
     pub steps_per_s: f64,
@@ -29,8 +35,11 @@ pub struct StreamsTiming {
 }
 
 /// Times `steps` steps of `runs` FPT models of `shape` (after `warmup` each), one thread and
-/// one device from `make_device` per run, their timed steps started together. A run that
-/// fails stops the others at the start line and its error is returned, naming the run.
+/// one device from `make_device` per run, their timed steps started together; with
+/// `replay`, replayed steps (captured before the timed ones on a GPU) as a run under
+/// `FPT_STEP=replay` takes them. A run that fails stops the others at the start line and
+/// its error is returned, naming the run.
+#[allow(clippy::too_many_arguments)]
 pub fn time_streams(
     shape: &Shape,
     groups: TrainGroups,
@@ -38,12 +47,16 @@ pub fn time_streams(
     warmup: usize,
     steps: usize,
     runs: usize,
+    replay: bool,
     make_device: &(dyn Fn() -> Result<Device> + Sync),
 ) -> Result<StreamsTiming> {
+    use crate::replay_step::{REPLAY_AHEAD, WARM_STEPS};
     let runs = runs.max(1);
     let ready = AtomicUsize::new(0);
     let failed = AtomicBool::new(false);
-    let spec = shape.spec(groups, precision);
+    let mut spec = shape.spec(groups, precision);
+    // The replay's coefficient table covers every step the bench runs.
+    spec.train.steps = spec.train.steps.max(warmup + steps + WARM_STEPS + 4);
     let one = |i: usize| -> Result<Timing> {
         let at_start = || -> Result<()> {
             ready.fetch_add(1, Ordering::SeqCst);
@@ -63,14 +76,37 @@ pub fn time_streams(
             for _ in 0..warmup {
                 tr.step()?;
             }
+            // The replay's first steps (and on a GPU its capture) before the start line.
+            let mut replayed = match replay {
+                true => {
+                    let mut r = tr.replay_step(REPLAY_AHEAD)?;
+                    while !r.captured() && r.steps() <= WARM_STEPS + 1 {
+                        r.step(&mut tr)?;
+                    }
+                    r.drain(&mut tr)?;
+                    Some(r)
+                }
+                false => None,
+            };
             device.synchronize()?;
             at_start()?;
             let mut ms = Vec::with_capacity(steps.max(1));
             let from = unix_now();
-            for _ in 0..steps.max(1) {
+            for k in 0..steps.max(1) {
                 let t0 = Instant::now();
-                tr.step()?;
+                match replayed.as_mut() {
+                    Some(r) => {
+                        r.step(&mut tr)?;
+                        if (k + 1) % REPLAY_AHEAD == 0 {
+                            r.drain(&mut tr)?;
+                        }
+                    }
+                    None => drop(tr.step()?),
+                }
                 ms.push(t0.elapsed().as_secs_f64() * 1e3);
+            }
+            if let Some(r) = replayed.as_mut() {
+                r.drain(&mut tr)?;
             }
             device.synchronize()?;
             Ok(timing(ms, from, unix_now()))
@@ -108,6 +144,7 @@ pub fn time_streams(
     let window = (last - first).max(1e-9);
     Ok(StreamsTiming {
         runs,
+        replayed: replay,
         steps_per_s: (runs * steps.max(1)) as f64 / window,
         overlap: ((shared_to - shared_from) / window).clamp(0.0, 1.0),
         per_run,
@@ -124,11 +161,22 @@ mod tests {
     #[test]
     fn runs_side_by_side_are_timed_together_and_a_failure_is_named() {
         let shape = crate::bench::shape("tiny").expect("the tiny shape");
-        let t = time_streams(&shape, TrainGroups::fpt(), Precision::F32, 1, 2, 2, &|| Ok(Device::Cpu)).unwrap();
-        assert_eq!(t.per_run.len(), 2);
-        assert!(t.steps_per_s > 0.0 && t.overlap > 0.0 && t.overlap <= 1.0, "{t:?}");
+        for replay in [false, true] {
+            // Replayed: more steps than the gate's ring, so the loop must drain on the way.
+            let steps = if replay {
+                crate::replay_step::REPLAY_AHEAD + 3
+            } else {
+                2
+            };
+            let t = time_streams(&shape, TrainGroups::fpt(), Precision::F32, 1, steps, 2, replay, &|| {
+                Ok(Device::Cpu)
+            })
+            .unwrap();
+            assert_eq!((t.per_run.len(), t.replayed), (2, replay));
+            assert!(t.steps_per_s > 0.0 && t.overlap > 0.0 && t.overlap <= 1.0, "{t:?}");
+        }
         let made = AtomicUsize::new(0);
-        let e = time_streams(&shape, TrainGroups::fpt(), Precision::F32, 1, 2, 2, &|| {
+        let e = time_streams(&shape, TrainGroups::fpt(), Precision::F32, 1, 2, 2, false, &|| {
             if made.fetch_add(1, Ordering::SeqCst) == 1 {
                 Err(crate::TrainError::msg("no such device"))
             } else {
