@@ -474,14 +474,35 @@ pub fn agreement(device: &Device) -> Result<Vec<KernelCheck>> {
 
 /// The training step replayed from device memory ([`crate::ReplayStep`], captured as a CUDA
 /// graph on a GPU) against [`crate::Trainer::step`] on the same device: twelve steps of a
-/// small random GPT-2 with every dropout on, the same losses and parameters; then the
-/// evaluation replayed ([`crate::EvalReplay`]) against [`crate::Trainer::tally`], before
-/// and after replayed steps change the parameters under its graphs: the same losses and
-/// per-example outcomes. An error of either replay (a capture the driver refuses, say) is
-/// a failed check that names it.
+/// small random GPT-2, MiniLM (the campaign's family) and SmolLM2 with every dropout on, the
+/// same losses and parameters; then the evaluation replayed ([`crate::EvalReplay`]) against
+/// [`crate::Trainer::tally`], before and after replayed steps change the parameters under
+/// its graphs: the same losses and per-example outcomes. Each check's name ends with its
+/// backbone. An error of either replay (a capture the driver refuses, say) is a failed check
+/// that names it.
 pub fn replay_agreement(device: &Device) -> Result<Vec<KernelCheck>> {
+    let mut out = Vec::new();
+    for (source, hidden) in [("gpt2", Some(64)), ("minilm", Some(64)), ("smollm2", None)] {
+        let shape = fpt_spec::ShapeOverrides {
+            layers: Some(2),
+            hidden,
+            heads: hidden.map(|_| 4),
+            ..Default::default()
+        };
+        replay_agreement_of(device, source, shape, &mut out)?;
+    }
+    Ok(out)
+}
+
+/// [`replay_agreement`] for one small random backbone.
+fn replay_agreement_of(
+    device: &Device,
+    source: &str,
+    shape: fpt_spec::ShapeOverrides,
+    out: &mut Vec<KernelCheck>,
+) -> Result<()> {
     use crate::outcomes;
-    use fpt_spec::{BackboneSpec, Init, RunSpec, ShapeOverrides, TaskName, TaskSpec, TrainSpec};
+    use fpt_spec::{BackboneSpec, Init, RunSpec, TaskName, TaskSpec, TrainSpec};
     use fpt_tasks::Split;
     let steps = 12;
     let spec = RunSpec {
@@ -493,15 +514,13 @@ pub fn replay_agreement(device: &Device) -> Result<Vec<KernelCheck>> {
             ..TrainSpec::default()
         },
         ..RunSpec::new(
-            TaskSpec::new(TaskName::BitXor),
+            TaskSpec {
+                eval_examples: 200,
+                ..TaskSpec::new(TaskName::BitXor)
+            },
             BackboneSpec {
-                shape: ShapeOverrides {
-                    layers: Some(2),
-                    hidden: Some(64),
-                    heads: Some(4),
-                    ..Default::default()
-                },
-                ..BackboneSpec::new("gpt2", Init::Random)
+                shape,
+                ..BackboneSpec::new(source, Init::Random)
             },
         )
     };
@@ -532,7 +551,6 @@ pub fn replay_agreement(device: &Device) -> Result<Vec<KernelCheck>> {
         let losses = r.drain(&mut tr)?.iter().map(|o| o.loss).collect();
         Ok((losses, r.captured()))
     })();
-    let mut out = Vec::new();
     let failed = |name: String| KernelCheck {
         name,
         max_diff: f64::INFINITY,
@@ -540,18 +558,26 @@ pub fn replay_agreement(device: &Device) -> Result<Vec<KernelCheck>> {
         passed: false,
     };
     match replayed {
-        Err(e) => out.push(failed(format!("replayed step: {e}"))),
-        Ok((_, false)) if device.is_cuda() => out.push(failed("replayed step: not captured on the GPU".into())),
+        Err(e) => out.push(failed(format!("replayed step: {e}, {source}"))),
+        Ok((_, false)) if device.is_cuda() => {
+            out.push(failed(format!("replayed step: not captured on the GPU, {source}")))
+        }
         Ok((got, captured)) => {
             let how = if captured { "captured" } else { "eager" };
             let f32s = |v: &[f64]| {
                 fpt_nn::transfer::upload(v.iter().map(|&x| x as f32).collect::<Vec<_>>(), v.len(), &Device::Cpu)
             };
             let (got, want) = (f32s(&got)?, f32s(&want)?);
-            check(&mut out, format!("replayed step ({how}) losses"), &got, &want, 1e-6)?;
             check(
-                &mut out,
-                format!("replayed step ({how}) parameters"),
+                out,
+                format!("replayed step ({how}) losses, {source}"),
+                &got,
+                &want,
+                1e-6,
+            )?;
+            check(
+                out,
+                format!("replayed step ({how}) parameters, {source}"),
                 &params(&tr)?,
                 &params(&eager)?,
                 1e-6,
@@ -579,7 +605,7 @@ pub fn replay_agreement(device: &Device) -> Result<Vec<KernelCheck>> {
         Ok(pairs)
     })();
     match evaluated {
-        Err(e) => out.push(failed(format!("replayed evaluation: {e}"))),
+        Err(e) => out.push(failed(format!("replayed evaluation: {e}, {source}"))),
         Ok(pairs) => {
             let how = if device.is_cuda() { "captured" } else { "eager" };
             let (mut loss, mut right) = ((Vec::new(), Vec::new()), (Vec::new(), Vec::new()));
@@ -591,22 +617,22 @@ pub fn replay_agreement(device: &Device) -> Result<Vec<KernelCheck>> {
             }
             let t = |v: Vec<f32>| fpt_nn::transfer::upload(v.clone(), v.len(), &Device::Cpu);
             check(
-                &mut out,
-                format!("replayed evaluation ({how}) losses"),
+                out,
+                format!("replayed evaluation ({how}) losses, {source}"),
                 &t(loss.0)?,
                 &t(loss.1)?,
                 1e-6,
             )?;
             check(
-                &mut out,
-                format!("replayed evaluation ({how}) per-example outcomes"),
+                out,
+                format!("replayed evaluation ({how}) per-example outcomes, {source}"),
                 &t(right.0)?,
                 &t(right.1)?,
                 0.0,
             )?;
         }
     }
-    Ok(out)
+    Ok(())
 }
 
 /// One backbone family's gradients on the device.
@@ -733,7 +759,7 @@ mod tests {
     #[test]
     fn the_replay_check_runs_on_the_cpu() {
         let checks = replay_agreement(&Device::Cpu).unwrap();
-        assert_eq!(checks.len(), 4, "{checks:?}");
+        assert_eq!(checks.len(), 12, "{checks:?}");
         for c in &checks {
             assert!(c.passed && c.max_diff == 0.0, "{c:?}");
         }
