@@ -50,9 +50,11 @@ done
 gunzip -c target/cuda/fpt-cuda.gz > /tmp/fpt-cuda && chmod +x /tmp/fpt-cuda || exit 2
 
 # 1. The check and a reduced bench (run.sh records the machine); CHECK_S=0 skips it.
-# CHECK_SHAPES the bench's shapes after the checks.
+# CHECK_SHAPES the bench's shapes after the checks; CHECK_STEP=replay times their steps
+# replayed (FPT_STEP=replay: a CUDA graph a step, its loss read back every step) against
+# PyTorch's, once the replay checks have passed on a GPU (eager by default).
 if [ "${CHECK_S:-190}" != 0 ]; then
-    FPT_GPU_CHECK_TIMEOUT="$(left "${CHECK_S:-190}")" bash bench/gpu/run.sh --steps 100 \
+    FPT_STEP="${CHECK_STEP:-eager}" FPT_GPU_CHECK_TIMEOUT="$(left "${CHECK_S:-190}")" bash bench/gpu/run.sh --steps 100 \
         $(for s in ${CHECK_SHAPES-minilm-mnist lstm-listops smollm2-mnist}; do echo --shape "$s"; done) --precision f32 >/dev/null 2>&1
     echo "session: gpu-check exited $? after $(( $(date +%s) - start )) s" | tee -a "$OUT/session.log"
 fi

@@ -434,6 +434,8 @@ pub struct Timed {
     pub frozen_mb: f64,
     /// The host-device copies of one timed step ([`fpt_nn::transfer`]; averaged).
     pub copies: StepCopies,
+    /// Whether the steps were replayed ([`crate::ReplayStep`], `FPT_STEP=replay`).
+    pub replayed: bool,
 }
 
 /// What one step copied between the host and the device (on the CPU: what it would copy
@@ -471,10 +473,13 @@ pub fn time_steps_resident(
     steps: usize,
     device: &Device,
 ) -> Result<Timed> {
-    time_steps_gated(shape, groups, precision, warmup, steps, device, &Gate::Open)
+    let replay = crate::replay_step::step_choice()?;
+    time_steps_gated(shape, groups, precision, warmup, steps, device, &Gate::Open, replay)
 }
 
-/// [`time_steps_resident`], passing `gate` between the warm-up and the timed steps.
+/// [`time_steps_resident`], passing `gate` between the warm-up and the timed steps; with
+/// `replay` (what `FPT_STEP=replay` asks for), the replayed step.
+#[allow(clippy::too_many_arguments)]
 fn time_steps_gated(
     shape: &Shape,
     groups: TrainGroups,
@@ -483,23 +488,41 @@ fn time_steps_gated(
     steps: usize,
     device: &Device,
     gate: &Gate,
+    replay: bool,
 ) -> Result<Timed> {
+    use crate::replay_step::{REPLAY_AHEAD, WARM_STEPS};
     let before = rss_mb("VmRSS:");
-    let mut tr = Trainer::with_task(
-        &shape.spec(groups, precision),
-        Box::new(Synthetic::new(shape.dims())),
-        device,
-    )?;
+    let mut spec = shape.spec(groups, precision);
+    // A replay's coefficient table covers every step the bench runs.
+    spec.train.steps = spec.train.steps.max(warmup + steps + WARM_STEPS + 4);
+    let mut tr = Trainer::with_task(&spec, Box::new(Synthetic::new(shape.dims())), device)?;
     for _ in 0..warmup {
         tr.step()?;
     }
+    // FPT_STEP=replay: the replayed step (a CUDA graph on a GPU, captured here, before the
+    // timed steps), as a run under FPT_STEP=replay trains.
+    let mut replay = match replay {
+        true => {
+            let mut r = tr.replay_step(REPLAY_AHEAD)?;
+            while !r.captured() && r.steps() <= WARM_STEPS + 1 {
+                r.step(&mut tr)?;
+            }
+            r.drain(&mut tr)?;
+            Some(r)
+        }
+        false => None,
+    };
     gate.pass()?;
     let mut ms = Vec::with_capacity(steps);
     let copied_before = fpt_nn::transfer::counts();
     let from_unix = unix_now();
     for _ in 0..steps.max(1) {
         let t0 = Instant::now();
-        tr.step()?;
+        match replay.as_mut() {
+            // Its loss read back every step, as the eager step's (and PyTorch's) is.
+            Some(r) => drop(r.step(&mut tr).and_then(|()| r.drain(&mut tr))?),
+            None => drop(tr.step()?),
+        }
         ms.push(t0.elapsed().as_secs_f64() * 1e3);
     }
     let to_unix = unix_now();
@@ -508,6 +531,7 @@ fn time_steps_gated(
     let frozen_mb = frozen_mb(tr.model());
     drop(tr);
     Ok(Timed {
+        replayed: replay.is_some(),
         timing: timing(ms, from_unix, to_unix),
         model_rss_mb,
         frozen_mb,
@@ -604,6 +628,10 @@ pub struct BenchResult {
     pub precision: Precision,
     /// Host-device copies a step of the FPT model.
     pub copies: StepCopies,
+    /// Whether the FPT steps were replayed (`FPT_STEP=replay`: on a GPU a CUDA graph a
+    /// step, its loss read back every step as the eager step's is); `kernel_path` says so too.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub replayed: bool,
     /// With bf16 weights off the CPU: each product shape's measured choice
     /// (`fpt_nn::ops::bf16_choice`), empty otherwise.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -675,7 +703,17 @@ pub fn run_gated(
         model_rss_mb,
         frozen_mb,
         copies,
-    } = time_steps_gated(shape, TrainGroups::fpt(), precision, warmup, steps, device, gate)?;
+        replayed,
+    } = time_steps_gated(
+        shape,
+        TrainGroups::fpt(),
+        precision,
+        warmup,
+        steps,
+        device,
+        gate,
+        crate::replay_step::step_choice()?,
+    )?;
     // The machine's speed drifts: the peak is the better of a measurement just before and
     // one just after the FPT steps, so a slow moment does not flatter the fraction.
     let peak = before.max(matmul_peak(device, precision)?);
@@ -697,13 +735,49 @@ pub fn run_gated(
         peak_rss_mb: rss,
         model_rss_mb,
         frozen_mb: Some(frozen_mb),
-        kernel_path: if device.is_cpu() {
-            fpt_nn::kernels::KernelPath::active().name().to_string()
-        } else {
-            format!("{device:?}")
-        },
+        kernel_path: format!(
+            "{}{}",
+            if device.is_cpu() {
+                fpt_nn::kernels::KernelPath::active().name().to_string()
+            } else {
+                format!("{device:?}")
+            },
+            if replayed { ", replayed steps" } else { "" }
+        ),
+        replayed,
         precision,
         copies,
         bf16_products: bf16_choices(device),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The bench's steps replayed (what `FPT_STEP=replay` times) on the CPU, where the
+    /// replay runs eagerly through its buffers: more steps than the gate's ring (the loss is
+    /// read back every step), each step's copies counted, the result marked replayed.
+    #[test]
+    fn the_bench_times_replayed_steps() {
+        let s = shape("tiny").expect("the tiny shape");
+        let steps = crate::replay_step::REPLAY_AHEAD + 3;
+        for replay in [false, true] {
+            let t = time_steps_gated(
+                &s,
+                TrainGroups::fpt(),
+                Precision::F32,
+                1,
+                steps,
+                &Device::Cpu,
+                &Gate::Open,
+                replay,
+            )
+            .unwrap();
+            assert_eq!(t.replayed, replay);
+            assert!(t.timing.median_ms > 0.0 && t.copies.uploads >= 1.0, "{:?}", t.timing);
+            // One read-back a step either way: the eager step's loss, the replay's gate.
+            assert!((t.copies.downloads - 1.0).abs() < 1e-9, "{replay}: {:?}", t.copies);
+        }
+    }
 }
