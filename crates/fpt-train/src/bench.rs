@@ -501,16 +501,10 @@ fn time_steps_gated(
     }
     // FPT_STEP=replay: the replayed step (a CUDA graph on a GPU, captured here, before the
     // timed steps), as a run under FPT_STEP=replay trains.
-    let mut replay = match replay {
-        true => {
-            let mut r = tr.replay_step(REPLAY_AHEAD)?;
-            while !r.captured() && r.steps() <= WARM_STEPS + 1 {
-                r.step(&mut tr)?;
-            }
-            r.drain(&mut tr)?;
-            Some(r)
-        }
-        false => None,
+    let mut replay = if replay {
+        Some(tr.replay_step_warmed(REPLAY_AHEAD)?)
+    } else {
+        None
     };
     gate.pass()?;
     let mut ms = Vec::with_capacity(steps);

@@ -77,16 +77,10 @@ pub fn time_streams(
                 tr.step()?;
             }
             // The replay's first steps (and on a GPU its capture) before the start line.
-            let mut replayed = match replay {
-                true => {
-                    let mut r = tr.replay_step(REPLAY_AHEAD)?;
-                    while !r.captured() && r.steps() <= WARM_STEPS + 1 {
-                        r.step(&mut tr)?;
-                    }
-                    r.drain(&mut tr)?;
-                    Some(r)
-                }
-                false => None,
+            let mut replayed = if replay {
+                Some(tr.replay_step_warmed(REPLAY_AHEAD)?)
+            } else {
+                None
             };
             device.synchronize()?;
             at_start()?;

@@ -82,6 +82,18 @@ impl Trainer {
         })
     }
 
+    /// A replayed step ([`Trainer::replay_step`], its gate keeping `ring` steps) with its
+    /// first steps taken (on a GPU: the eager ones and the capture) and read back: what a
+    /// timing starts from, so that no capture falls inside the timed steps.
+    pub fn replay_step_warmed(&mut self, ring: usize) -> Result<ReplayStep> {
+        let mut r = self.replay_step(ring)?;
+        while !r.captured() && r.steps() <= WARM_STEPS + 1 {
+            r.step(self)?;
+        }
+        r.drain(self)?;
+        Ok(r)
+    }
+
     /// One step on `batch` queued on the device, its update decided by `gate`: forward,
     /// backward, clip, the gate's record, then Adam through the gate. Nothing read back.
     fn step_gated(&mut self, batch: &Batch, gate: &AdamGate) -> Result<()> {
