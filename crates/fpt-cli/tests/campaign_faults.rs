@@ -17,9 +17,11 @@ fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// A committed campaign run with a checkpoint and no result yet that needs nothing these
-/// tests' empty caches lack (random init, a generated bit task), the first by key.
-fn committed_run() -> PathBuf {
+/// A committed campaign run with a checkpoint that needs nothing these tests' empty caches
+/// lack (random init, a generated bit task), the first by key: one with no result yet, or
+/// (once every such run has ended) an ended one, whose copy [`fresh`] reopens by removing
+/// its result. `(dir, ended)`.
+fn committed_run() -> (PathBuf, bool) {
     let needs_nothing = |p: &Path| {
         let spec: serde_json::Value = std::fs::read_to_string(p.join("spec.json"))
             .ok()
@@ -27,14 +29,16 @@ fn committed_run() -> PathBuf {
             .unwrap_or_default();
         spec["backbone"]["init"] == "random" && matches!(spec["task"]["name"].as_str(), Some("bit-xor" | "bit-memory"))
     };
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir(repo().join("results/campaign"))
+    let mut dirs: Vec<(bool, PathBuf)> = std::fs::read_dir(repo().join("results/campaign"))
         .expect("results/campaign is committed")
         .map(|e| e.unwrap().path())
-        .filter(|p| p.join("checkpoints/LATEST").is_file() && !p.join("result.json").exists() && needs_nothing(p))
+        .filter(|p| p.join("checkpoints/LATEST").is_file() && needs_nothing(p))
+        .map(|p| (p.join("result.json").exists(), p))
         .collect();
     dirs.sort();
     dirs.into_iter()
         .next()
+        .map(|(ended, p)| (p, ended))
         .expect("a committed campaign run with a checkpoint")
 }
 
@@ -70,11 +74,15 @@ fn snapshot(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
 
 /// A results directory holding a copy of the committed run: `(tempdir, key, copy)`.
 fn fresh() -> (tempfile::TempDir, String, PathBuf) {
-    let src = committed_run();
+    let (src, ended) = committed_run();
     let key = src.file_name().unwrap().to_string_lossy().into_owned();
     let t = tempfile::tempdir().unwrap();
     let copy = t.path().join("campaign").join(&key);
     copy_dir(&src, &copy);
+    if ended {
+        // Reopened: pending again at its last checkpoint, as a run whose stretch was cut.
+        std::fs::remove_file(copy.join("result.json")).unwrap();
+    }
     (t, key, copy)
 }
 
