@@ -190,9 +190,12 @@ fi
 
 # 2. ListOps probes and campaign runs, side by side, for WORK_S seconds.
 export HF_HUB_CACHE="$PWD/target/device-hub" HF_HUB_OFFLINE=1 FPT_HOME="${FPT_HOME:-/tmp/fpt-home}"
-/tmp/fpt-cuda fetch listops > "$OUT/fetch.log" 2>&1
 work="$(left "${WORK_S:-300}")"
 if [ "$work" -lt 10 ]; then PROBES=" "; FPT_CAMPAIGN_RUNS=""; fi
+# ListOps (LRA's procedure, a minute or so) only when a probe or a run will read it.
+if [ -z "${PROBES:-}" ] || [ -n "${PROBES// /}" ] || [ -n "${FPT_CAMPAIGN_RUNS:-}" ]; then
+    /tmp/fpt-cuda fetch listops > "$OUT/fetch.log" 2>&1
+fi
 for p in ${PROBES:-b16-drop:16:drop b16-keep:16:keep b4-keep:4:keep}; do
     IFS=: read -r name batch brackets <<< "$p"
     HF_HUB_CACHE="$PWD/target/${PROBE_HUB:-device-hub}" FPT_LOG=info timeout -s INT "$work" /tmp/fpt-cuda train --task listops --backbone sentence-transformers/all-MiniLM-L6-v2 \
