@@ -143,8 +143,8 @@ pub fn pool() -> Option<&'static rayon::ThreadPool> {
 /// (`bench/HISTORY.md`, "Steps on a pool worker"). `fpt_train::Trainer` runs each step and
 /// evaluation through it.
 ///
-/// What this thread set for itself goes along: [`no_grad`], [`kernels::with_path`] and
-/// [`with_branch`] hold inside `f` as they do here.
+/// What this thread set for itself goes along: [`no_grad`], [`kernels::with_path`],
+/// [`with_branch`] and [`replay::with_upload_cache`] hold inside `f` as they do here.
 pub fn on_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     let Some(pool) = pool().filter(|_| rayon::current_thread_index().is_none()) else {
         return f();
@@ -152,10 +152,17 @@ pub fn on_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     let path = kernels::overridden();
     let detached = grad_disabled();
     let branch = ops::branch_node::overridden();
+    let cached = replay::upload_cache_device();
     pool.install(move || {
-        kernels::with_override(path, || {
-            param::with_grad_disabled(detached, || ops::branch_node::with_branch(branch, f))
-        })
+        let run = || {
+            kernels::with_override(path, || {
+                param::with_grad_disabled(detached, || ops::branch_node::with_branch(branch, f))
+            })
+        };
+        match &cached {
+            Some(device) => replay::with_upload_cache(device, run),
+            None => run(),
+        }
     })
 }
 

@@ -174,6 +174,47 @@ pub(crate) fn bound() -> bool {
     BOUND.with(|b| !b.borrow().is_empty())
 }
 
+thread_local! {
+    /// The devices whose small uploads are being kept for a capture ([`with_upload_cache`])
+    /// on this thread, innermost last.
+    static UPLOAD_CACHE: RefCell<Vec<Device>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` with `device`'s small uploads (a strided op's dims and strides, constants) kept
+/// on the device, as a CUDA graph's capture needs them: candle's
+/// `enable_cuda_graph_htod_cache` on a GPU, for the eager passes that fill the cache and the
+/// capture that finds it full. Candle's switch is per thread; this one is carried into
+/// rayon's pool by [`crate::on_pool`], so that work a capture sends there uploads the same
+/// way (without it, a pass on the pool captured plain uploads from host memory freed right
+/// after: the H200 of 2026-11-28 read garbage strides in `badd_f32` at the first replay).
+/// On other devices it runs `f` as it is, the scope only noted ([`upload_cache_active`]).
+pub fn with_upload_cache<R>(device: &Device, f: impl FnOnce() -> R) -> R {
+    #[cfg(feature = "cuda")]
+    let _guard = match device {
+        Device::Cuda(cuda) => Some(cuda.enable_cuda_graph_htod_cache()),
+        _ => None,
+    };
+    UPLOAD_CACHE.with(|c| c.borrow_mut().push(device.clone()));
+    struct Pop;
+    impl Drop for Pop {
+        fn drop(&mut self) {
+            UPLOAD_CACHE.with(|c| c.borrow_mut().pop());
+        }
+    }
+    let _pop = Pop;
+    f()
+}
+
+/// Whether this thread is inside [`with_upload_cache`].
+pub fn upload_cache_active() -> bool {
+    UPLOAD_CACHE.with(|c| !c.borrow().is_empty())
+}
+
+/// The innermost device of [`with_upload_cache`] on this thread, for [`crate::on_pool`].
+pub(crate) fn upload_cache_device() -> Option<Device> {
+    UPLOAD_CACHE.with(|c| c.borrow().last().cloned())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -267,5 +308,22 @@ mod tests {
         assert!(err.contains("not given"), "{err}");
         assert!(!bound());
         Ok(())
+    }
+
+    #[test]
+    fn the_upload_cache_scope_goes_along_to_the_pool() {
+        // A capture's pass runs on rayon's pool: the scope must hold there too, or its
+        // uploads are captured from host memory that is freed after the capture.
+        assert!(!upload_cache_active());
+        let (outside, on_pool, nested) = with_upload_cache(&Device::Cpu, || {
+            (
+                upload_cache_active(),
+                crate::on_pool(upload_cache_active),
+                crate::on_pool(|| crate::on_pool(upload_cache_active)),
+            )
+        });
+        assert!(outside && on_pool && nested);
+        assert!(!upload_cache_active());
+        assert!(!crate::on_pool(upload_cache_active), "the scope ended with the call");
     }
 }

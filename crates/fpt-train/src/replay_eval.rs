@@ -202,17 +202,20 @@ fn pass(e: &mut Entry, tr: &Trainer) -> Result<()> {
 fn forward_on_gpu(e: &mut Entry, tr: &Trainer, cuda: &candle_core::CudaDevice) -> Result<Tensor> {
     // Small uploads of the pass are kept on the device from the eager passes on, so the
     // capture finds them there.
-    let _htod = cuda.enable_cuda_graph_htod_cache();
-    if let Some(graph) = &e.graph {
-        graph
-            .launch()
-            .map_err(|err| TrainError::msg(format!("replayed evaluation on a GPU: launch the graph: {err:?}")))?;
-    } else if e.runs <= WARM_RUNS {
-        pass(e, tr)?;
-    } else {
-        let graph = crate::replay_step::capture(cuda, "replayed evaluation", || pass(e, tr))?;
-        e.graph = Some(graph);
-    }
+    // The pass runs on rayon's pool (`pass`), where this scope goes along.
+    fpt_nn::replay::with_upload_cache(&tr.device, || -> Result<()> {
+        if let Some(graph) = &e.graph {
+            graph
+                .launch()
+                .map_err(|err| TrainError::msg(format!("replayed evaluation on a GPU: launch the graph: {err:?}")))?;
+        } else if e.runs <= WARM_RUNS {
+            pass(e, tr)?;
+        } else {
+            let graph = crate::replay_step::capture(cuda, "replayed evaluation", || pass(e, tr))?;
+            e.graph = Some(graph);
+        }
+        Ok(())
+    })?;
     Ok(e.logits
         .as_ref()
         .expect("written by the first pass")

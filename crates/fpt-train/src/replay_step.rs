@@ -27,7 +27,7 @@ use fpt_nn::Rng;
 use fpt_tasks::{Batch, Inputs};
 
 /// Eager steps on a GPU before the capture: one to count the seeds, then these, each
-/// filling candle's upload cache (`enable_cuda_graph_htod_cache`).
+/// filling candle's upload cache ([`fpt_nn::replay::with_upload_cache`]).
 pub const WARM_STEPS: usize = 2;
 
 /// A trainer's step replayed from device memory; see the module's documentation.
@@ -240,14 +240,17 @@ impl ReplayStep {
         let gate = &self.gate;
         // Small uploads of the step (a strided op's dims, constants) are kept on the device
         // from the eager steps on, so the capture finds them there.
-        let _htod = cuda.enable_cuda_graph_htod_cache();
-        if self.steps <= 1 + WARM_STEPS {
-            slots.bind(seeds, || tr.step_gated(fixed, gate))??;
-        } else {
-            self.graph = Some(capture(&cuda, "replay on a GPU", || {
-                slots.bind(seeds, || tr.step_gated(fixed, gate))?
-            })?);
-        }
+        let device = tr.device.clone();
+        fpt_nn::replay::with_upload_cache(&device, || -> Result<()> {
+            if self.steps <= 1 + WARM_STEPS {
+                slots.bind(seeds, || tr.step_gated(fixed, gate))??;
+            } else {
+                self.graph = Some(capture(&cuda, "replay on a GPU", || {
+                    slots.bind(seeds, || tr.step_gated(fixed, gate))?
+                })?);
+            }
+            Ok(())
+        })?;
         if tr.ctx.rng != after {
             return Err(TrainError::msg(
                 "replay: the step drew a different number of dropout seeds than its first",
