@@ -11,7 +11,7 @@
 //!
 //! On an H200 (2026-11-26) MiniLM's small products made the bf16 step slower than the f32 one
 //! (minilm-mnist 16.0 against 13.6 ms): the casts' launches cost more than the tensor cores
-//! saved. So, under `FPT_BF16_PRODUCT=auto` (the default), the first product of each shape
+//! saved. So, under `FPT_BF16_PRODUCT=auto`, the first product of each shape
 //! (device, rows, in, out) times both (forward and input gradient, 2 warm-up and 5 timed
 //! rounds, alternating, each synchronised) and keeps the faster: `Widened` only when its
 //! median is at least 3% below `Autocast`'s. Later products of that shape, and the input
@@ -19,6 +19,12 @@
 //! forward and its backward never disagree. Each choice is logged with both medians and
 //! listed by [`chosen`] (`fpt bench` prints them). `FPT_BF16_PRODUCT=autocast` or `widened`
 //! pins one everywhere (a rerun that must repeat a run's numbers pins what it logged).
+//!
+//! Autocast is the default. On an H200 (2026-11-28, `bench/gpu/2026-11-28T1625Z-h200-*`)
+//! the per-shape choice made the minilm-mnist step slower, not faster: 10.1 ms against
+//! autocast's 7.2 ms (f32: 7.3 ms). Each product timed alone, synchronised, is launch-bound
+//! (60-150 us a side) and favoured the widened one for the small shapes, whose widening cast
+//! then cost more inside the step than the timing alone showed.
 //! The CPU keeps its own bf16 product (`ops/bf16.rs`), which this module never replaces.
 
 use candle_core::{DType, DeviceLocation, Result, Shape, Tensor};
@@ -87,15 +93,16 @@ pub fn requested() -> Result<Option<Bf16Product>> {
         .map_err(candle_core::Error::Msg)
 }
 
-/// `FPT_BF16_PRODUCT`'s value: unset, empty or `auto` measure; `autocast` or `widened` pin.
+/// `FPT_BF16_PRODUCT`'s value: `auto` measures; unset, empty or `autocast` pin autocast's
+/// product (the default; see the module's documentation), `widened` the widened one.
 pub(crate) fn parse(v: Option<&str>) -> std::result::Result<Option<Bf16Product>, String> {
     match v.map(str::trim) {
-        None | Some("") | Some("auto") => Ok(None),
-        Some("autocast") => Ok(Some(Bf16Product::Autocast)),
+        Some("auto") => Ok(None),
+        None | Some("") | Some("autocast") => Ok(Some(Bf16Product::Autocast)),
         Some("widened") => Ok(Some(Bf16Product::Widened)),
         Some(other) => Err(format!(
-            "FPT_BF16_PRODUCT=`{other}`: the choices are `auto` (the default: the faster per shape, measured), \
-             `autocast` (bf16 operands, cuBLAS's bf16 product) and `widened` (the weight widened to f32)"
+            "FPT_BF16_PRODUCT=`{other}`: the choices are `autocast` (the default: bf16 operands, cuBLAS's bf16 \
+             product), `widened` (the weight widened to f32) and `auto` (the faster per shape, measured)"
         )),
     }
 }
@@ -161,7 +168,17 @@ pub(crate) fn choose_with(
 /// The kept choice for the input gradient of a product with an input of `x_shape` (its
 /// forward chose it); a shape never seen forward is measured as the forward would.
 pub(crate) fn choice_for_grad(dy: &Tensor, w: &Tensor, x_shape: &Shape) -> Result<Bf16Product> {
-    if let Some(p) = requested()? {
+    choice_for_grad_with(requested()?, dy, w, x_shape)
+}
+
+/// [`choice_for_grad`] under the switch's value `requested` (`None`: measure).
+fn choice_for_grad_with(
+    requested: Option<Bf16Product>,
+    dy: &Tensor,
+    w: &Tensor,
+    x_shape: &Shape,
+) -> Result<Bf16Product> {
+    if let Some(p) = requested {
         return Ok(p);
     }
     let key = shape_of(x_shape, w, dy.device().location())?;
@@ -223,7 +240,8 @@ mod tests {
 
     #[test]
     fn the_switch_is_read_and_refused_by_name() {
-        assert_eq!(parse(None), Ok(None));
+        assert_eq!(parse(None), Ok(Some(Bf16Product::Autocast)));
+        assert_eq!(parse(Some("")), Ok(Some(Bf16Product::Autocast)));
         assert_eq!(parse(Some(" auto ")), Ok(None));
         assert_eq!(parse(Some("autocast")), Ok(Some(Bf16Product::Autocast)));
         assert_eq!(parse(Some("widened")), Ok(Some(Bf16Product::Widened)));
@@ -260,7 +278,11 @@ mod tests {
         assert!(kept.autocast_s > 0.0 && kept.widened_s > 0.0, "{kept:?}");
         assert_eq!(choose_with(None, x.as_tensor(), &w, None)?, p);
         let dy = Tensor::ones((m, n), DType::F32, &dev)?;
-        assert_eq!(choice_for_grad(&dy, &w, x.shape())?, p);
+        assert_eq!(choice_for_grad_with(None, &dy, &w, x.shape())?, p);
+        // The default pins autocast's product, measuring nothing.
+        if std::env::var_os("FPT_BF16_PRODUCT").is_none() {
+            assert_eq!(choice_for_grad(&dy, &w, x.shape())?, Bf16Product::Autocast);
+        }
         assert_eq!(chosen().into_iter().filter(|(s, _)| *s == key).count(), 1);
 
         let wf = w.to_dtype(DType::F32)?;
