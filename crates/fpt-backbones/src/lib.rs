@@ -77,6 +77,11 @@ pub trait Backbone: Send + Sync {
         let t = h.dim(1)?;
         h.narrow(1, t.saturating_sub(last), last.min(t))
     }
+    /// What a forward pass draws on the host and uploads, if anything: a step replayed from
+    /// device memory reads only what the device holds, so such a backbone cannot replay.
+    fn host_draws(&self) -> Option<&'static str> {
+        None
+    }
     /// Every materialised parameter with its checkpoint name and role.
     fn params(&self) -> Vec<(String, Role, &Param)>;
     /// Every parameter of the architecture (materialised or not) from the config.

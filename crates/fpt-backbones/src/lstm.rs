@@ -419,6 +419,9 @@ impl Backbone for Lstm {
     fn architecture(&self) -> &'static str {
         "lstm"
     }
+    fn host_draws(&self) -> Option<&'static str> {
+        Some("the LSTM's random initial state and its dropout seeds, drawn on the host at every call")
+    }
     fn max_positions(&self) -> usize {
         self.config.max_positions
     }

@@ -473,12 +473,24 @@ pub fn time_steps_resident(
     steps: usize,
     device: &Device,
 ) -> Result<Timed> {
-    let replay = crate::replay_step::step_choice()?;
+    let replay = replay_for_shape(shape, device)?;
     time_steps_gated(shape, groups, precision, warmup, steps, device, &Gate::Open, replay)
 }
 
+/// Whether the bench times replayed steps of `shape` on `device`, as a run of it would take
+/// them ([`crate::replay_step::replays`] under `FPT_STEP`): by default on a GPU, but never
+/// an LSTM's shapes (its initial state is drawn on the host: `fpt_backbones::Backbone::host_draws`).
+pub fn replay_for_shape(shape: &Shape, device: &Device) -> Result<bool> {
+    let blocker = (shape.arch == Arch::Lstm).then_some("an LSTM");
+    Ok(crate::replay_step::replays(
+        crate::replay_step::step_kind()?,
+        device.is_cuda(),
+        blocker,
+    ))
+}
+
 /// [`time_steps_resident`], passing `gate` between the warm-up and the timed steps; with
-/// `replay` (what `FPT_STEP=replay` asks for), the replayed step.
+/// `replay` ([`replay_for_shape`]), the replayed step.
 #[allow(clippy::too_many_arguments)]
 fn time_steps_gated(
     shape: &Shape,
@@ -706,7 +718,7 @@ pub fn run_gated(
         steps,
         device,
         gate,
-        crate::replay_step::step_choice()?,
+        replay_for_shape(shape, device)?,
     )?;
     // The machine's speed drifts: the peak is the better of a measurement just before and
     // one just after the FPT steps, so a slow moment does not flatter the fraction.

@@ -45,6 +45,29 @@ pub struct ReplayStep {
 }
 
 impl Trainer {
+    /// Why this run cannot take replayed steps, if anything stops it: a batch in
+    /// micro-batches, a backbone that draws on the host ([`fpt_backbones::Backbone::host_draws`]),
+    /// training batches whose shape varies ([`fpt_tasks::Task::batch_shapes_vary`]).
+    pub fn replay_blocker(&self) -> Option<String> {
+        let t = &self.spec.train;
+        if t.batch_size != t.micro_batch_size {
+            return Some(format!(
+                "a batch of {} in micro-batches of {} accumulates; a replayed step takes the whole batch",
+                t.batch_size, t.micro_batch_size
+            ));
+        }
+        if let Some(what) = self.model.backbone().host_draws() {
+            return Some(format!("it draws {what}"));
+        }
+        if self.task.batch_shapes_vary() {
+            return Some(format!(
+                "{}'s training batches differ in shape (each padded to its longest sequence)",
+                self.task.name()
+            ));
+        }
+        None
+    }
+
     /// A replayed step for this trainer, its gate keeping the last `ring` steps (drain at
     /// least that often). The whole batch must be one micro-batch.
     pub fn replay_step(&self, ring: usize) -> Result<ReplayStep> {
@@ -354,14 +377,43 @@ pub enum Stepper {
 /// The most steps a replayed run takes before reading the gate back.
 pub const REPLAY_AHEAD: usize = 32;
 
-/// The `FPT_STEP` variable: `eager` (the default) or `replay`.
-pub fn step_choice() -> Result<bool> {
-    match std::env::var("FPT_STEP").ok().as_deref() {
-        None | Some("") | Some("eager") => Ok(false),
-        Some("replay") => Ok(true),
+/// What the `FPT_STEP` variable asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StepKind {
+    /// `eager`: [`Trainer::step`] everywhere.
+    Eager,
+    /// `replay`: the replayed step, or an error naming why the run cannot take it.
+    Replay,
+    /// `auto` (the default): replayed on a GPU where the run can replay, eager elsewhere.
+    Auto,
+}
+
+/// The `FPT_STEP` variable: `auto` (unset or empty: the default), `eager` or `replay`.
+pub fn step_kind() -> Result<StepKind> {
+    parse_step_kind(std::env::var("FPT_STEP").ok().as_deref())
+}
+
+/// `FPT_STEP`'s value `v` (`None`: unset), as [`step_kind`] reads it.
+pub fn parse_step_kind(v: Option<&str>) -> Result<StepKind> {
+    match v.map(str::trim) {
+        None | Some("") | Some("auto") => Ok(StepKind::Auto),
+        Some("eager") => Ok(StepKind::Eager),
+        Some("replay") => Ok(StepKind::Replay),
         Some(other) => Err(TrainError::msg(format!(
-            "FPT_STEP={other}: expected `eager` or `replay`"
+            "FPT_STEP={other}: expected `auto` (the default), `eager` or `replay`"
         ))),
+    }
+}
+
+/// Whether steps on a device are replayed: as `kind` asks, and under `auto` on a GPU
+/// (`on_gpu`) when nothing stops the run replaying (`blocker`, [`Trainer::replay_blocker`]).
+/// A CPU gains nothing from the replay (it runs it eagerly, to check it), so `auto` keeps
+/// the eager step there.
+pub fn replays(kind: StepKind, on_gpu: bool, blocker: Option<&str>) -> bool {
+    match kind {
+        StepKind::Eager => false,
+        StepKind::Replay => true,
+        StepKind::Auto => on_gpu && blocker.is_none(),
     }
 }
 
@@ -371,18 +423,31 @@ fn to_next(done: usize, every: Option<usize>) -> usize {
 }
 
 impl Stepper {
-    /// The stepper `FPT_STEP` asks for, for `tr`.
+    /// The stepper `FPT_STEP` asks for, for `tr` ([`replays`]): an explicit `replay` that
+    /// the run cannot take is an error naming why; under `auto` on a GPU, a run that cannot
+    /// replay says why it steps eagerly.
     pub fn for_run(tr: &Trainer) -> Result<Self> {
-        Ok(if step_choice()? {
-            let r = tr.replay_step(REPLAY_AHEAD)?;
-            tracing::info!(
-                device = ?tr.device,
-                "FPT_STEP=replay: steps replayed from device memory (captured as a CUDA graph on a GPU)"
-            );
-            Stepper::Replay(Box::new(r), Default::default(), EvalReplay::new())
-        } else {
-            Stepper::Eager
-        })
+        let kind = step_kind()?;
+        let blocker = tr.replay_blocker();
+        if let (StepKind::Replay, Some(why)) = (kind, &blocker) {
+            return Err(TrainError::msg(format!(
+                "FPT_STEP=replay: this run cannot replay its steps: {why}"
+            )));
+        }
+        let on_gpu = tr.device.is_cuda();
+        if !replays(kind, on_gpu, blocker.as_deref()) {
+            if let (StepKind::Auto, true, Some(why)) = (kind, on_gpu, &blocker) {
+                tracing::info!("steps taken eagerly on the GPU (a replayed step cannot take this run: {why})");
+            }
+            return Ok(Stepper::Eager);
+        }
+        let r = tr.replay_step(REPLAY_AHEAD)?;
+        tracing::info!(
+            device = ?tr.device,
+            "FPT_STEP={}: steps replayed from device memory (captured as a CUDA graph on a GPU)",
+            if kind == StepKind::Replay { "replay" } else { "auto" }
+        );
+        Ok(Stepper::Replay(Box::new(r), Default::default(), EvalReplay::new()))
     }
 
     /// Whether steps are replayed.

@@ -120,3 +120,76 @@ fn host_drawn_masks_are_refused() {
     let err = r.step(&mut b).expect_err("refused").to_string();
     assert!(err.contains("copies between host and device"), "{err}");
 }
+
+/// What `FPT_STEP` asks for, and when a run replays by default: on a GPU only, and only a
+/// run that can (each reason it cannot is named: a batch in micro-batches, a backbone that
+/// draws on the host, batches padded to their longest sequence).
+#[test]
+fn the_default_replays_on_a_gpu_where_the_run_can() {
+    use fpt_train::replay_step::{parse_step_kind, replays, StepKind};
+    assert_eq!(parse_step_kind(None).unwrap(), StepKind::Auto);
+    assert_eq!(parse_step_kind(Some(" auto")).unwrap(), StepKind::Auto);
+    assert_eq!(parse_step_kind(Some("")).unwrap(), StepKind::Auto);
+    assert_eq!(parse_step_kind(Some("eager")).unwrap(), StepKind::Eager);
+    assert_eq!(parse_step_kind(Some("replay")).unwrap(), StepKind::Replay);
+    let err = parse_step_kind(Some("graph")).unwrap_err().to_string();
+    assert!(err.contains("FPT_STEP=graph") && err.contains("`auto`"), "{err}");
+    // (kind, on a GPU, blocked) -> replays
+    for (kind, gpu, blocked, want) in [
+        (StepKind::Auto, true, false, true),
+        (StepKind::Auto, true, true, false),
+        (StepKind::Auto, false, false, false),
+        (StepKind::Eager, true, false, false),
+        (StepKind::Replay, false, false, true),
+    ] {
+        assert_eq!(
+            replays(kind, gpu, blocked.then_some("why")),
+            want,
+            "{kind:?} {gpu} {blocked}"
+        );
+    }
+
+    let blocker = |t: &Trainer| t.replay_blocker();
+    assert_eq!(
+        blocker(&Trainer::new(&spec("gpt2", TaskName::BitXor, 3, 4), &Device::Cpu).unwrap()),
+        None
+    );
+    let why = blocker(&Trainer::new(&spec("gpt2", TaskName::BitXor, 3, 2), &Device::Cpu).unwrap()).unwrap();
+    assert!(why.contains("accumulates"), "{why}");
+    let mut s = spec("lstm", TaskName::BitXor, 3, 4);
+    s.backbone.shape.heads = None;
+    let why = blocker(&Trainer::new(&s, &Device::Cpu).unwrap()).unwrap();
+    assert!(why.contains("LSTM") && why.contains("host"), "{why}");
+
+    // Token sequences padded to the longest of each batch (TAPE's collate) vary in shape;
+    // padded to a fixed length they do not.
+    use fpt_tasks::data::{Dataset, DatasetTask, Encoding, Examples};
+    let data = |n: usize| Dataset {
+        examples: Examples::Tokens((0..n).map(|i| vec![1 + (i % 5) as u32; 3 + i % 4]).collect()),
+        labels: (0..n).map(|i| (i % 2) as u32).collect(),
+        lengths: (0..n).map(|i| (3 + i % 4) as u32).collect(),
+    };
+    for per_batch in [true, false] {
+        let encoding = Encoding::Tokens {
+            len: 8,
+            pad: 0,
+            per_batch,
+            left: false,
+        };
+        let task = DatasetTask::new(
+            TaskName::Homology,
+            data(12),
+            data(6),
+            encoding,
+            2,
+            8,
+            &fpt_nn::Rng::new(1),
+        )
+        .unwrap();
+        let t = Trainer::with_task(&spec("gpt2", TaskName::Homology, 3, 4), Box::new(task), &Device::Cpu).unwrap();
+        match blocker(&t) {
+            Some(why) => assert!(per_batch && why.contains("differ in shape"), "{why}"),
+            None => assert!(!per_batch),
+        }
+    }
+}
