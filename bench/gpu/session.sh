@@ -50,12 +50,14 @@ done
 gunzip -c target/cuda/fpt-cuda.gz > /tmp/fpt-cuda && chmod +x /tmp/fpt-cuda || exit 2
 
 # 1. The check and a reduced bench (run.sh records the machine); CHECK_S=0 skips it.
-# CHECK_SHAPES the bench's shapes after the checks; CHECK_STEP=replay times their steps
-# replayed (FPT_STEP=replay: a CUDA graph a step, its loss read back every step) against
-# PyTorch's, once the replay checks have passed on a GPU (eager by default).
+# CHECK_SHAPES the bench's shapes after the checks; CHECK_STEP the step they time against
+# PyTorch's: `auto` (the default since 2026-11-28: replayed, a CUDA graph a step with its
+# loss read back every step, but for the LSTM's shapes), `eager` or `replay`;
+# CHECK_PRECISION their precisions (`f32`; "f32 bf16" for both, bf16 beside autocast).
 if [ "${CHECK_S:-190}" != 0 ]; then
-    FPT_STEP="${CHECK_STEP:-eager}" FPT_GPU_CHECK_TIMEOUT="$(left "${CHECK_S:-190}")" bash bench/gpu/run.sh --steps 100 \
-        $(for s in ${CHECK_SHAPES-minilm-mnist lstm-listops smollm2-mnist}; do echo --shape "$s"; done) --precision f32 >/dev/null 2>&1
+    FPT_STEP="${CHECK_STEP:-auto}" FPT_GPU_CHECK_TIMEOUT="$(left "${CHECK_S:-190}")" bash bench/gpu/run.sh --steps 100 \
+        $(for s in ${CHECK_SHAPES-minilm-mnist lstm-listops smollm2-mnist}; do echo --shape "$s"; done) \
+        $(for p in ${CHECK_PRECISION-f32}; do echo --precision "$p"; done) >/dev/null 2>&1
     echo "session: gpu-check exited $? after $(( $(date +%s) - start )) s" | tee -a "$OUT/session.log"
 fi
 
