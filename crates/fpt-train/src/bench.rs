@@ -511,8 +511,8 @@ fn time_steps_gated(
     for _ in 0..warmup {
         tr.step()?;
     }
-    // FPT_STEP=replay: the replayed step (a CUDA graph on a GPU, captured here, before the
-    // timed steps), as a run under FPT_STEP=replay trains.
+    // The replayed step (a CUDA graph on a GPU, captured here, before the timed steps), as
+    // a run that replays trains.
     let mut replay = if replay {
         Some(tr.replay_step_warmed(REPLAY_AHEAD)?)
     } else {

@@ -31,7 +31,7 @@ pub struct Segment {
     /// On a GPU, `own`: the device had a stream of its own (else see [`Segment::raced`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cuda_stream: Option<String>,
-    /// `replay` when its steps went through the replayed step (`FPT_STEP=replay`; a CUDA
+    /// `replay` when its steps went through the replayed step (by default on a GPU; a CUDA
     /// graph of the step on a GPU); absent for eager steps.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub step: Option<String>,

@@ -351,7 +351,7 @@ pub(crate) fn capture(
 }
 
 /// How a run takes its steps and evaluations: [`Trainer::step`] and [`Trainer::tally`], or
-/// (`FPT_STEP=replay`) the replayed step and [`EvalReplay`] (on a GPU captured as CUDA
+/// ([`replays`]: by default on a GPU) the replayed step and [`EvalReplay`] (on a GPU captured as CUDA
 /// graphs after their first passes). The replayed step runs up to the run's
 /// next evaluation, checkpoint or end (at most [`REPLAY_AHEAD`] steps) before it reads the
 /// gate back once, then hands the loop each step's outcome as the eager step gives it.
