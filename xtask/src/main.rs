@@ -648,6 +648,10 @@ enum Task {
     CudaToolkit(cuda::DirArgs),
     /// `cargo build --release -p fpt-cli --features cuda` with that toolkit
     CudaBuild(cuda::DirArgs),
+    /// `cargo clippy -D warnings` with `--features cuda` (fpt-nn, fpt-train, fpt-cli) with
+    /// that toolkit: every crate and every CUDA kernel compiled (nvcc), the CUDA code
+    /// linted; no link, no binary (what CI runs)
+    CudaClippy(cuda::DirArgs),
     /// Build with CUDA and run `fpt gpu-check` (`--device cpu`: try it on the CPU)
     GpuCheck(cuda::GpuCheckArgs),
     /// A sharded sweep under a real one-node Slurm on this machine, against an unsharded one
@@ -670,6 +674,7 @@ fn main() -> Result<()> {
         Task::Fuzz(a) => fuzz::fuzz(&a),
         Task::CudaToolkit(a) => cuda::toolkit(&a),
         Task::CudaBuild(a) => cuda::build(&a).map(|_| ()),
+        Task::CudaClippy(a) => cuda::clippy(&a),
         Task::GpuCheck(a) => cuda::gpu_check(&a),
         Task::SlurmCheck(a) => slurm::check(&a),
         Task::SlurmScript(a) => slurm::script(&a),
@@ -697,6 +702,7 @@ mod tests {
             "slurm-check",
             "gpu-check --device cpu --shape tiny",
             "cuda-build --dir /tmp/c",
+            "cuda-clippy",
         ] {
             let args = std::iter::once("cargo-xtask").chain(line.split(' '));
             if let Err(e) = Cli::try_parse_from(args) {
