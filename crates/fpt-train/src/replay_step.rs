@@ -49,12 +49,8 @@ impl Trainer {
     /// micro-batches, a backbone that draws on the host ([`fpt_backbones::Backbone::host_draws`]),
     /// training batches whose shape varies ([`fpt_tasks::Task::batch_shapes_vary`]).
     pub fn replay_blocker(&self) -> Option<String> {
-        let t = &self.spec.train;
-        if t.batch_size != t.micro_batch_size {
-            return Some(format!(
-                "a batch of {} in micro-batches of {} accumulates; a replayed step takes the whole batch",
-                t.batch_size, t.micro_batch_size
-            ));
+        if let Some(why) = accumulates(&self.spec.train) {
+            return Some(why);
         }
         if let Some(what) = self.model.backbone().host_draws() {
             return Some(format!("it draws {what}"));
@@ -72,11 +68,8 @@ impl Trainer {
     /// least that often). The whole batch must be one micro-batch.
     pub fn replay_step(&self, ring: usize) -> Result<ReplayStep> {
         let t = &self.spec.train;
-        if t.batch_size != t.micro_batch_size {
-            return Err(TrainError::msg(format!(
-                "replay: a batch of {} in micro-batches of {} accumulates; a replayed step takes the whole batch",
-                t.batch_size, t.micro_batch_size
-            )));
+        if let Some(why) = accumulates(t) {
+            return Err(TrainError::msg(format!("replay: {why}")));
         }
         if self.adam.t != self.step {
             return Err(TrainError::msg(format!(
@@ -137,6 +130,16 @@ impl Trainer {
         }
         Ok(())
     }
+}
+
+/// Why a step of `t` cannot be replayed as one micro-batch, if it cannot.
+fn accumulates(t: &fpt_spec::TrainSpec) -> Option<String> {
+    (t.batch_size != t.micro_batch_size).then(|| {
+        format!(
+            "a batch of {} in micro-batches of {} accumulates; a replayed step takes the whole batch",
+            t.batch_size, t.micro_batch_size
+        )
+    })
 }
 
 /// How many draws took `from` to `to` (at most `limit`).
