@@ -7,6 +7,7 @@ mod bench;
 mod bench_at_once;
 mod bench_records;
 mod cuda;
+mod features;
 mod fuzz;
 mod sanitize;
 mod slurm;
@@ -51,15 +52,14 @@ fn cargo_command() -> Command {
 
 /// Builds the release `fpt` binary and returns its path.
 fn build_fpt() -> Result<PathBuf> {
-    build_fpt_profile(false, true)
+    build_fpt_profile(false)
 }
 
-/// Builds `fpt` in the release profile, or (`dev`) the dev profile, which this workspace
-/// optimises (opt-level 3) and which `cargo test` has usually built already.
-/// Builds `fpt` in the release profile (or the optimised dev profile with `dev`); without
-/// `png`, without the PNG rasteriser (resvg and its font stack: about a minute of a clean
-/// build on 2 cores), which only figures and learning-curve PNGs need.
-fn build_fpt_profile(dev: bool, png: bool) -> Result<PathBuf> {
+/// Builds `fpt` (default features, as `cargo test --release --workspace`, `cargo install`
+/// and maturin resolve them, so every build shares one set of artifacts) in the release
+/// profile, or (`dev`) the dev profile, which this workspace optimises (opt-level 3) and
+/// which `cargo test` has usually built already.
+fn build_fpt_profile(dev: bool) -> Result<PathBuf> {
     let (args, dir): (&[&str], &str) = if dev {
         eprintln!("xtask: building fpt (dev profile, optimised)");
         (&["build", "-p", "fpt-cli"], "debug")
@@ -68,9 +68,6 @@ fn build_fpt_profile(dev: bool, png: bool) -> Result<PathBuf> {
         (&["build", "--release", "-p", "fpt-cli"], "release")
     };
     let mut args: Vec<&str> = args.to_vec();
-    if !png {
-        args.push("--no-default-features");
-    }
     if std::env::var("FPT_CUDA").is_ok_and(|v| v == "1") {
         eprintln!("xtask: FPT_CUDA=1: building with --features cuda");
         args.extend(["--features", "cuda"]);
@@ -169,7 +166,7 @@ const CAMPAIGN_ROWS: &str = "FPT,Random,Bit,w/o LLM,LLM2Attn";
 /// in a stretch of `--budget`, carried through results/campaign/.
 fn campaign(a: &CampaignArgs) -> Result<()> {
     if a.status {
-        let bin = build_fpt_profile(false, false)?;
+        let bin = build_fpt()?;
         let tables = root().join("data").join("tables");
         return fpt(
             &bin,
@@ -236,9 +233,7 @@ fn reproduce(a: &ReproduceArgs) -> Result<()> {
         }
     }
     let t0 = std::time::Instant::now();
-    // Tables alone need no PNG rasteriser (their learning curves stay SVG); figures do.
-    let png = ids.iter().any(|i| !i.starts_with("table"));
-    let bin = build_fpt_profile(dev, png)?;
+    let bin = build_fpt_profile(dev)?;
     let mut stages = vec![("build", t0.elapsed().as_secs_f64())];
     let tables = root().join("data").join("tables");
     let tables_s = tables.to_str().context("non-UTF-8 path")?.to_string();
@@ -584,8 +579,7 @@ fn site(a: &SiteArgs) -> Result<()> {
         );
         return Ok(());
     }
-    // The same build `cargo xtask reproduce` of tables makes (no PNG rasteriser).
-    let bin = build_fpt_profile(false, false)?;
+    let bin = build_fpt()?;
     let mut cmd = vec!["report".to_string(), results.display().to_string()];
     if let Some(o) = &out {
         cmd.extend(["--out".to_string(), o.display().to_string()]);
@@ -660,6 +654,9 @@ enum Task {
     /// A sharded sweep's sbatch scripts (prepare, an array of shards, merge) and how to
     /// submit them
     SlurmScript(slurm::ScriptArgs),
+    /// Check that `-p fpt-cli`, `-p fpt-py` (maturin) and `--workspace` builds resolve the same
+    /// features for every crate they share, so none rebuilds what another made
+    SameFeatures,
 }
 
 fn main() -> Result<()> {
@@ -678,6 +675,7 @@ fn main() -> Result<()> {
         Task::GpuCheck(a) => cuda::gpu_check(&a),
         Task::SlurmCheck(a) => slurm::check(&a),
         Task::SlurmScript(a) => slurm::script(&a),
+        Task::SameFeatures => features::check(),
     }
 }
 
@@ -703,6 +701,7 @@ mod tests {
             "gpu-check --device cpu --shape tiny",
             "cuda-build --dir /tmp/c",
             "cuda-clippy",
+            "same-features",
         ] {
             let args = std::iter::once("cargo-xtask").chain(line.split(' '));
             if let Err(e) = Cli::try_parse_from(args) {

@@ -464,7 +464,7 @@ pub fn check(a: &CheckArgs) -> Result<()> {
     stages.push(("install", t.elapsed().as_secs_f64()));
     let t = Instant::now();
     // The default features, as `cargo test --release` builds them: CI builds nothing again.
-    let bin = crate::build_fpt_profile(false, true)?;
+    let bin = crate::build_fpt()?;
     stages.push(("build", t.elapsed().as_secs_f64()));
     let work = root().join("target/slurm-check");
     if work.exists() {

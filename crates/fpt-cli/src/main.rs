@@ -107,7 +107,7 @@ fn main() {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("FPT_LOG")
-                .unwrap_or_else(|_| "warn,fpt_train::pretrain=info,fpt_train::output_only=info".into()),
+                .unwrap_or_else(|_| fpt_train::DEFAULT_LOG_FILTER.into()),
         )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))

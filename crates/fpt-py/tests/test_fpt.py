@@ -263,3 +263,21 @@ def test_progress_is_one_updating_line_on_sys_stderr(trained, tmp_path, capsys):
     assert "test_accuracy" in err and "left" in err, repr(err[-300:])
     assert err.count("\n") == 1 and err.endswith("\n"), repr(err[-300:])
     assert err.count("\r") >= 2, repr(err[-300:])
+
+
+def test_the_librarys_warnings_reach_stderr_as_the_cli_prints_them(trained, tmp_path, capfd):
+    # A class in the test split that training never shows: fpt warns, whatever the run learns.
+    data = tmp_path / "data"
+    data.mkdir()
+    xtr, ytr = records(64, 3)
+    xte, yte = records(32, 4)
+    yte[:4] = 2
+    write_jsonl(data / "train.jsonl", xtr, ytr)
+    write_jsonl(data / "test.jsonl", xte, yte)
+    spec = json.loads(Path(trained["spec"]).read_text())
+    spec["task"]["path"] = str(data)
+    spec["train"]["steps"] = 20
+    capfd.readouterr()
+    fpt.train(spec, tmp_path / "run", progress=False)
+    err = capfd.readouterr().err
+    assert "WARN" in err and "never in training" in err, err

@@ -66,6 +66,11 @@ pub(crate) use run_dir::{metrics_append, metrics_truncate, run_dir_err, write_re
 pub use run_loop::{evaluate_run, resume, resume_task, train, train_task, RunState};
 pub use trainer::{root_rng, StepOutcome, Trainer};
 
+/// The log filter the `fpt` binary and the Python package start from when `FPT_LOG` is
+/// unset (`FPT_LOG` takes tracing's `EnvFilter` syntax): warnings from every crate, and
+/// the progress lines of pre-training and the output-only fit.
+pub const DEFAULT_LOG_FILTER: &str = "warn,fpt_train::pretrain=info,fpt_train::output_only=info";
+
 use candle_core::{DType, Device, Tensor, Var};
 use fpt_model::{Fpt, HeadConfig};
 use fpt_nn::{ops, Ctx, Rng};
