@@ -104,14 +104,7 @@ fn main() {
     if std::env::var_os("RAYON_NUM_THREADS").is_none() {
         std::env::set_var("RAYON_NUM_THREADS", fpt_nn::num_threads().to_string());
     }
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("FPT_LOG")
-                .unwrap_or_else(|_| fpt_train::DEFAULT_LOG_FILTER.into()),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    fpt_train::log_to_stderr();
     if let Err(e) = fpt_nn::kernels::ceiling_from_env() {
         eprintln!("error: {e}");
         std::process::exit(2);

@@ -407,15 +407,8 @@ fn run_table(
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     fpt_nn::quiet_candle_pool();
     // The library's warnings (and FPT_LOG's choice) on stderr, as the `fpt` binary prints
-    // them; `try_init`: a host process that installed a subscriber first keeps it.
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("FPT_LOG")
-                .unwrap_or_else(|_| fpt_train::DEFAULT_LOG_FILTER.into()),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .try_init();
+    // them; a host process that installed a subscriber first keeps it.
+    fpt_train::log_to_stderr();
     m.add("FptError", m.py().get_type::<FptError>())?;
     m.add(
         "CHECKOUT_TABLES",

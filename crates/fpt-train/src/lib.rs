@@ -71,6 +71,20 @@ pub use trainer::{root_rng, StepOutcome, Trainer};
 /// the progress lines of pre-training and the output-only fit.
 pub const DEFAULT_LOG_FILTER: &str = "warn,fpt_train::pretrain=info,fpt_train::output_only=info";
 
+/// Sends fpt's log (filtered by `FPT_LOG`, else [`DEFAULT_LOG_FILTER`]) to stderr, in colour
+/// on a terminal: what the `fpt` binary and the Python package call once at start. False
+/// when the process had a global subscriber already (it keeps it).
+pub fn log_to_stderr() -> bool {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("FPT_LOG").unwrap_or_else(|_| DEFAULT_LOG_FILTER.into()),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init()
+        .is_ok()
+}
+
 use candle_core::{DType, Device, Tensor, Var};
 use fpt_model::{Fpt, HeadConfig};
 use fpt_nn::{ops, Ctx, Rng};
