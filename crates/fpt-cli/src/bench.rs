@@ -162,7 +162,7 @@ fn streams(a: &BenchArgs, shapes: &[fpt_train::bench::Shape], n: usize) -> Resul
         a.warmup,
         a.steps,
         n,
-        fpt_train::bench::replay_for_shape(s, &make()?)?,
+        None,
         &make,
     )
     .with_context(|| format!("fpt bench --streams {n}: {}", s.name))?;

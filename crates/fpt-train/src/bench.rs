@@ -473,24 +473,13 @@ pub fn time_steps_resident(
     steps: usize,
     device: &Device,
 ) -> Result<Timed> {
-    let replay = replay_for_shape(shape, device)?;
-    time_steps_gated(shape, groups, precision, warmup, steps, device, &Gate::Open, replay)
+    time_steps_gated(shape, groups, precision, warmup, steps, device, &Gate::Open, None)
 }
 
-/// Whether the bench times replayed steps of `shape` on `device`, as a run of it would take
-/// them ([`crate::replay_step::replays`] under `FPT_STEP`): by default on a GPU, but never
-/// an LSTM's shapes (its initial state is drawn on the host: `fpt_backbones::Backbone::host_draws`).
-pub fn replay_for_shape(shape: &Shape, device: &Device) -> Result<bool> {
-    let blocker = (shape.arch == Arch::Lstm).then_some("an LSTM");
-    Ok(crate::replay_step::replays(
-        crate::replay_step::step_kind()?,
-        device.is_cuda(),
-        blocker,
-    ))
-}
-
-/// [`time_steps_resident`], passing `gate` between the warm-up and the timed steps; with
-/// `replay` ([`replay_for_shape`]), the replayed step.
+/// [`time_steps_resident`], passing `gate` between the warm-up and the timed steps. The
+/// steps are replayed as `replay` says, or (`None`) as a run of the shape would take them
+/// ([`Trainer::takes_replayed_steps`]: under `FPT_STEP`, by default on a GPU, never where
+/// the backbone draws on the host, as an LSTM does).
 #[allow(clippy::too_many_arguments)]
 fn time_steps_gated(
     shape: &Shape,
@@ -500,7 +489,7 @@ fn time_steps_gated(
     steps: usize,
     device: &Device,
     gate: &Gate,
-    replay: bool,
+    replay: Option<bool>,
 ) -> Result<Timed> {
     use crate::replay_step::{REPLAY_AHEAD, WARM_STEPS};
     let before = rss_mb("VmRSS:");
@@ -508,6 +497,10 @@ fn time_steps_gated(
     // A replay's coefficient table covers every step the bench runs.
     spec.train.steps = spec.train.steps.max(warmup + steps + WARM_STEPS + 4);
     let mut tr = Trainer::with_task(&spec, Box::new(Synthetic::new(shape.dims())), device)?;
+    let replay = match replay {
+        Some(r) => r,
+        None => tr.takes_replayed_steps()?,
+    };
     for _ in 0..warmup {
         tr.step()?;
     }
@@ -710,16 +703,7 @@ pub fn run_gated(
         frozen_mb,
         copies,
         replayed,
-    } = time_steps_gated(
-        shape,
-        TrainGroups::fpt(),
-        precision,
-        warmup,
-        steps,
-        device,
-        gate,
-        replay_for_shape(shape, device)?,
-    )?;
+    } = time_steps_gated(shape, TrainGroups::fpt(), precision, warmup, steps, device, gate, None)?;
     // The machine's speed drifts: the peak is the better of a measurement just before and
     // one just after the FPT steps, so a slow moment does not flatter the fraction.
     let peak = before.max(matmul_peak(device, precision)?);
@@ -777,7 +761,7 @@ mod tests {
                 steps,
                 &Device::Cpu,
                 &Gate::Open,
-                replay,
+                Some(replay),
             )
             .unwrap();
             assert_eq!(t.replayed, replay);

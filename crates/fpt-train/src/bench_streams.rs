@@ -35,9 +35,9 @@ pub struct StreamsTiming {
 }
 
 /// Times `steps` steps of `runs` FPT models of `shape` (after `warmup` each), one thread and
-/// one device from `make_device` per run, their timed steps started together; with
-/// `replay`, replayed steps (captured before the timed ones on a GPU) as a run under
-/// `FPT_STEP=replay` takes them. A run that fails stops the others at the start line and
+/// one device from `make_device` per run, their timed steps started together; the steps
+/// replayed (captured before the timed ones on a GPU) as `replay` says, or (`None`) as a
+/// run of the shape would take them ([`Trainer::takes_replayed_steps`]). A run that fails stops the others at the start line and
 /// its error is returned, naming the run.
 #[allow(clippy::too_many_arguments)]
 pub fn time_streams(
@@ -47,7 +47,7 @@ pub fn time_streams(
     warmup: usize,
     steps: usize,
     runs: usize,
-    replay: bool,
+    replay: Option<bool>,
     make_device: &(dyn Fn() -> Result<Device> + Sync),
 ) -> Result<StreamsTiming> {
     use crate::replay_step::{REPLAY_AHEAD, WARM_STEPS};
@@ -57,7 +57,7 @@ pub fn time_streams(
     let mut spec = shape.spec(groups, precision);
     // The replay's coefficient table covers every step the bench runs.
     spec.train.steps = spec.train.steps.max(warmup + steps + WARM_STEPS + 4);
-    let one = |i: usize| -> Result<Timing> {
+    let one = |i: usize| -> Result<(Timing, bool)> {
         let at_start = || -> Result<()> {
             ready.fetch_add(1, Ordering::SeqCst);
             while ready.load(Ordering::SeqCst) < runs {
@@ -70,9 +70,13 @@ pub fn time_streams(
             }
             Ok(())
         };
-        let body = || -> Result<Timing> {
+        let body = || -> Result<(Timing, bool)> {
             let device = make_device()?;
             let mut tr = Trainer::with_task(&spec, Box::new(Synthetic::new(shape.dims())), &device)?;
+            let replay = match replay {
+                Some(r) => r,
+                None => tr.takes_replayed_steps()?,
+            };
             for _ in 0..warmup {
                 tr.step()?;
             }
@@ -103,11 +107,11 @@ pub fn time_streams(
                 r.drain(&mut tr)?;
             }
             device.synchronize()?;
-            Ok(timing(ms, from, unix_now()))
+            Ok((timing(ms, from, unix_now()), replay))
         };
         body().inspect_err(|_| failed.store(true, Ordering::SeqCst))
     };
-    let results: Vec<Result<Timing>> = std::thread::scope(|s| {
+    let results: Vec<Result<(Timing, bool)>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..runs)
             .map(|i| {
                 std::thread::Builder::new()
@@ -128,8 +132,12 @@ pub fn time_streams(
             .collect()
     });
     let mut per_run = Vec::with_capacity(runs);
+    let mut replayed = false;
     for (i, r) in results.into_iter().enumerate() {
-        per_run.push(r.map_err(|e| crate::TrainError::msg(format!("fpt bench --streams: run {i} of {runs}: {e}")))?);
+        let (t, r) = r.map_err(|e| crate::TrainError::msg(format!("fpt bench --streams: run {i} of {runs}: {e}")))?;
+        // Every run is of the same shape on the same kind of device: one answer.
+        replayed = r;
+        per_run.push(t);
     }
     let first = per_run.iter().map(|t| t.from_unix).fold(f64::INFINITY, f64::min);
     let last = per_run.iter().map(|t| t.to_unix).fold(f64::NEG_INFINITY, f64::max);
@@ -138,7 +146,7 @@ pub fn time_streams(
     let window = (last - first).max(1e-9);
     Ok(StreamsTiming {
         runs,
-        replayed: replay,
+        replayed,
         steps_per_s: (runs * steps.max(1)) as f64 / window,
         overlap: ((shared_to - shared_from) / window).clamp(0.0, 1.0),
         per_run,
@@ -162,21 +170,37 @@ mod tests {
             } else {
                 2
             };
-            let t = time_streams(&shape, TrainGroups::fpt(), Precision::F32, 1, steps, 2, replay, &|| {
-                Ok(Device::Cpu)
-            })
+            let t = time_streams(
+                &shape,
+                TrainGroups::fpt(),
+                Precision::F32,
+                1,
+                steps,
+                2,
+                Some(replay),
+                &|| Ok(Device::Cpu),
+            )
             .unwrap();
             assert_eq!((t.per_run.len(), t.replayed), (2, replay));
             assert!(t.steps_per_s > 0.0 && t.overlap > 0.0 && t.overlap <= 1.0, "{t:?}");
         }
         let made = AtomicUsize::new(0);
-        let e = time_streams(&shape, TrainGroups::fpt(), Precision::F32, 1, 2, 2, false, &|| {
-            if made.fetch_add(1, Ordering::SeqCst) == 1 {
-                Err(crate::TrainError::msg("no such device"))
-            } else {
-                Ok(Device::Cpu)
-            }
-        })
+        let e = time_streams(
+            &shape,
+            TrainGroups::fpt(),
+            Precision::F32,
+            1,
+            2,
+            2,
+            Some(false),
+            &|| {
+                if made.fetch_add(1, Ordering::SeqCst) == 1 {
+                    Err(crate::TrainError::msg("no such device"))
+                } else {
+                    Ok(Device::Cpu)
+                }
+            },
+        )
         .unwrap_err()
         .to_string();
         assert!(e.contains("fpt bench --streams: run") && e.contains("of 2"), "{e}");

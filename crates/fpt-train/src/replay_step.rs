@@ -64,6 +64,20 @@ impl Trainer {
         None
     }
 
+    /// Whether this run takes replayed steps: as `FPT_STEP` asks ([`step_kind`], [`replays`]),
+    /// given what stops it ([`Trainer::replay_blocker`]). An explicit `replay` that the run
+    /// cannot take is an error naming why. The one rule for runs and the bench alike.
+    pub fn takes_replayed_steps(&self) -> Result<bool> {
+        let kind = step_kind()?;
+        let blocker = self.replay_blocker();
+        if let (StepKind::Replay, Some(why)) = (kind, &blocker) {
+            return Err(TrainError::msg(format!(
+                "FPT_STEP=replay: this run cannot replay its steps: {why}"
+            )));
+        }
+        Ok(replays(kind, self.device.is_cuda(), blocker.as_deref()))
+    }
+
     /// A replayed step for this trainer, its gate keeping the last `ring` steps (drain at
     /// least that often). The whole batch must be one micro-batch.
     pub fn replay_step(&self, ring: usize) -> Result<ReplayStep> {
@@ -431,15 +445,8 @@ impl Stepper {
     /// replay says why it steps eagerly.
     pub fn for_run(tr: &Trainer) -> Result<Self> {
         let kind = step_kind()?;
-        let blocker = tr.replay_blocker();
-        if let (StepKind::Replay, Some(why)) = (kind, &blocker) {
-            return Err(TrainError::msg(format!(
-                "FPT_STEP=replay: this run cannot replay its steps: {why}"
-            )));
-        }
-        let on_gpu = tr.device.is_cuda();
-        if !replays(kind, on_gpu, blocker.as_deref()) {
-            if let (StepKind::Auto, true, Some(why)) = (kind, on_gpu, &blocker) {
+        if !tr.takes_replayed_steps()? {
+            if let (StepKind::Auto, true, Some(why)) = (kind, tr.device.is_cuda(), tr.replay_blocker()) {
                 tracing::info!("steps taken eagerly on the GPU (a replayed step cannot take this run: {why})");
             }
             return Ok(Stepper::Eager);
