@@ -490,9 +490,6 @@ impl Task for DatasetTask {
     fn dims(&self) -> TaskDims {
         self.dims
     }
-    fn batch_shapes_vary(&self) -> bool {
-        matches!(self.encoding, Encoding::Tokens { per_batch: true, .. })
-    }
     fn train_batch(&mut self, n: usize, rng: &mut Rng, device: &Device) -> Result<Batch> {
         let mut idx = Vec::with_capacity(n);
         while idx.len() < n {

@@ -190,11 +190,6 @@ pub trait Task: Send {
     fn dims(&self) -> TaskDims;
     /// A training batch of `n` examples drawn with `rng`.
     fn train_batch(&mut self, n: usize, rng: &mut Rng, device: &Device) -> Result<Batch>;
-    /// Whether training batches can differ in shape (sequences padded to the longest of
-    /// each batch, TAPE's collate): a step replayed from device memory needs one shape.
-    fn batch_shapes_vary(&self) -> bool {
-        false
-    }
     /// Number of examples in an evaluation split.
     fn eval_len(&self, split: Split) -> usize;
     /// Examples `start..start + n` (clamped to the split) of an evaluation split.

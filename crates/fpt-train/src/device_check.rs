@@ -11,6 +11,9 @@ use fpt_nn::ops::{self, AttentionSpec, Mask};
 use fpt_nn::Rng;
 use serde::Serialize;
 
+mod replay;
+pub use replay::replay_agreement;
+
 /// One kernel's agreement with the CPU.
 #[derive(Debug, Serialize)]
 pub struct KernelCheck {
@@ -472,169 +475,6 @@ pub fn agreement(device: &Device) -> Result<Vec<KernelCheck>> {
     Ok(out)
 }
 
-/// The training step replayed from device memory ([`crate::ReplayStep`], captured as a CUDA
-/// graph on a GPU) against [`crate::Trainer::step`] on the same device: twelve steps of a
-/// small random GPT-2, MiniLM (the campaign's family) and SmolLM2 with every dropout on, the
-/// same losses and parameters; then the evaluation replayed ([`crate::EvalReplay`]) against
-/// [`crate::Trainer::tally`], before and after replayed steps change the parameters under
-/// its graphs: the same losses and per-example outcomes. Each check's name ends with its
-/// backbone. An error of either replay (a capture the driver refuses, say) is a failed check
-/// that names it.
-pub fn replay_agreement(device: &Device) -> Result<Vec<KernelCheck>> {
-    let mut out = Vec::new();
-    for (source, hidden) in [("gpt2", Some(64)), ("minilm", Some(64)), ("smollm2", None)] {
-        let shape = fpt_spec::ShapeOverrides {
-            layers: Some(2),
-            hidden,
-            heads: hidden.map(|_| 4),
-            ..Default::default()
-        };
-        replay_agreement_of(device, source, shape, &mut out)?;
-    }
-    Ok(out)
-}
-
-/// [`replay_agreement`] for one small random backbone.
-fn replay_agreement_of(
-    device: &Device,
-    source: &str,
-    shape: fpt_spec::ShapeOverrides,
-    out: &mut Vec<KernelCheck>,
-) -> Result<()> {
-    use crate::outcomes;
-    use fpt_spec::{BackboneSpec, Init, RunSpec, TaskName, TaskSpec, TrainSpec};
-    use fpt_tasks::Split;
-    let steps = 12;
-    let spec = RunSpec {
-        train: TrainSpec {
-            steps: 100,
-            batch_size: 8,
-            micro_batch_size: 8,
-            seed: 5,
-            ..TrainSpec::default()
-        },
-        ..RunSpec::new(
-            TaskSpec {
-                eval_examples: 200,
-                ..TaskSpec::new(TaskName::BitXor)
-            },
-            BackboneSpec {
-                shape,
-                ..BackboneSpec::new(source, Init::Random)
-            },
-        )
-    };
-    let params = |t: &crate::Trainer| -> Result<Tensor> {
-        let flat = t
-            .model()
-            .trainable()
-            .iter()
-            .map(|(_, v)| {
-                Ok(fpt_nn::transfer::to_device(
-                    &v.as_tensor().flatten_all()?,
-                    &Device::Cpu,
-                )?)
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Ok(Tensor::cat(&flat, 0)?)
-    };
-    let mut eager = crate::Trainer::new(&spec, device)?;
-    let want = (0..steps)
-        .map(|_| Ok(eager.step()?.loss))
-        .collect::<Result<Vec<f64>>>()?;
-    let mut tr = crate::Trainer::new(&spec, device)?;
-    let replayed = (|| -> Result<(Vec<f64>, bool)> {
-        let mut r = tr.replay_step(steps)?;
-        for _ in 0..steps {
-            r.step(&mut tr)?;
-        }
-        let losses = r.drain(&mut tr)?.iter().map(|o| o.loss).collect();
-        Ok((losses, r.captured()))
-    })();
-    let failed = |name: String| KernelCheck {
-        name,
-        max_diff: f64::INFINITY,
-        allowed: 1e-6,
-        passed: false,
-    };
-    match replayed {
-        Err(e) => out.push(failed(format!("replayed step: {e}, {source}"))),
-        Ok((_, false)) if device.is_cuda() => {
-            out.push(failed(format!("replayed step: not captured on the GPU, {source}")))
-        }
-        Ok((got, captured)) => {
-            let how = if captured { "captured" } else { "eager" };
-            let f32s = |v: &[f64]| {
-                fpt_nn::transfer::upload(v.iter().map(|&x| x as f32).collect::<Vec<_>>(), v.len(), &Device::Cpu)
-            };
-            let (got, want) = (f32s(&got)?, f32s(&want)?);
-            check(
-                out,
-                format!("replayed step ({how}) losses, {source}"),
-                &got,
-                &want,
-                1e-6,
-            )?;
-            check(
-                out,
-                format!("replayed step ({how}) parameters, {source}"),
-                &params(&tr)?,
-                &params(&eager)?,
-                1e-6,
-            )?;
-        }
-    }
-    // The evaluation replayed (captured at its third pass of each batch shape) against the
-    // trainer's, three times, then once more after three replayed steps changed the
-    // parameters under the graphs.
-    let evaluated = (|| -> Result<Vec<(outcomes::Tally, outcomes::Tally)>> {
-        let mut ev = crate::EvalReplay::new();
-        let mut pairs = Vec::new();
-        for _ in 0..3 {
-            pairs.push((ev.tally(&tr, Split::Test)?, tr.tally(Split::Test)?));
-        }
-        let mut r = tr.replay_step(4)?;
-        for _ in 0..3 {
-            r.step(&mut tr)?;
-        }
-        r.drain(&mut tr)?;
-        pairs.push((ev.tally(&tr, Split::Test)?, tr.tally(Split::Test)?));
-        if device.is_cuda() && ev.captured() == 0 {
-            return Err(crate::TrainError::msg("not captured on the GPU"));
-        }
-        Ok(pairs)
-    })();
-    match evaluated {
-        Err(e) => out.push(failed(format!("replayed evaluation: {e}, {source}"))),
-        Ok(pairs) => {
-            let how = if device.is_cuda() { "captured" } else { "eager" };
-            let (mut loss, mut right) = ((Vec::new(), Vec::new()), (Vec::new(), Vec::new()));
-            for (got, want) in &pairs {
-                loss.0.push(got.loss_and_accuracy().0 as f32);
-                loss.1.push(want.loss_and_accuracy().0 as f32);
-                right.0.extend(got.correct.iter().map(|&c| c as f32));
-                right.1.extend(want.correct.iter().map(|&c| c as f32));
-            }
-            let t = |v: Vec<f32>| fpt_nn::transfer::upload(v.clone(), v.len(), &Device::Cpu);
-            check(
-                out,
-                format!("replayed evaluation ({how}) losses, {source}"),
-                &t(loss.0)?,
-                &t(loss.1)?,
-                1e-6,
-            )?;
-            check(
-                out,
-                format!("replayed evaluation ({how}) per-example outcomes, {source}"),
-                &t(right.0)?,
-                &t(right.1)?,
-                0.0,
-            )?;
-        }
-    }
-    Ok(())
-}
-
 /// One backbone family's gradients on the device.
 #[derive(Debug, Serialize)]
 pub struct GradientCheck {
@@ -754,12 +594,16 @@ mod tests {
         assert!(failed.is_empty(), "{failed:?}");
     }
 
-    /// The replay check runs on the CPU (eagerly through the replay's buffers) and agrees
-    /// exactly there.
+    /// The replay check runs on the CPU (eagerly through the replay's buffers, batches of
+    /// several shapes each in its own) and agrees exactly there.
     #[test]
     fn the_replay_check_runs_on_the_cpu() {
         let checks = replay_agreement(&Device::Cpu).unwrap();
-        assert_eq!(checks.len(), 12, "{checks:?}");
+        assert_eq!(checks.len(), 16, "{checks:?}");
+        let shapes = checks
+            .iter()
+            .filter(|c| c.name.ends_with("gpt2, batches of many shapes"));
+        assert_eq!(shapes.count(), 4, "{checks:?}");
         for c in &checks {
             assert!(c.passed && c.max_diff == 0.0, "{c:?}");
         }

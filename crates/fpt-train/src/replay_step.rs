@@ -3,24 +3,27 @@
 //!
 //! A captured graph replays its kernels with the pointers and arguments of the capture.
 //! So a [`ReplayStep`] keeps everything a step reads that changes from step to step in
-//! device memory the graph points at: the batch in fixed buffers (each step's batch is
-//! drawn as [`Trainer::step`] draws it, uploaded and copied in), the dropout seeds in
+//! device memory the graph points at: the batch in fixed buffers, one set per batch shape
+//! (each step's batch is drawn as [`Trainer::step`] draws it, uploaded and copied into its
+//! shape's), the dropout seeds in
 //! slots ([`fpt_nn::replay::SeedSlots`], written before each step from the run's dropout
 //! stream in the order the step draws them), and Adam's step count, coefficient table and
 //! the non-finite skip in a gate ([`fpt_nn::ops::AdamGate`]), which also keeps the last
 //! steps' losses and norms. A step reads nothing back; [`ReplayStep::drain`] reads the
 //! gate once for every step since the last drain.
 //!
-//! On a GPU (the `cuda` feature), after its first steps run eagerly (the first learns how
-//! many seeds a step draws; the next ones fill candle's cache of small uploads, which a
-//! capture cannot take), the step is captured once and replayed. Everywhere else the
+//! On a GPU (the `cuda` feature), after a shape's first steps run eagerly (the very first
+//! learns how many seeds a step draws; the next ones fill candle's cache of small uploads,
+//! which a capture cannot take), that shape's step is captured once and replayed (batches
+//! padded to their longest sequence, TAPE's, see many shapes: at most [`MAX_STEP_GRAPHS`]
+//! are captured, the rest run eagerly through their buffers). Everywhere else the
 //! step runs eagerly through the same buffers, slots and gate, with the slots bound (every
 //! seed the step draws must be the slot's), and equals [`Trainer::step`] to the last bit
 //! (`tests/replay_step.rs`): what this checks on the CPU is everything but the capture.
 
 use crate::replay_eval::EvalReplay;
 use crate::{Result, StepOutcome, TrainError, Trainer};
-use candle_core::{Tensor, Var};
+use candle_core::{DType, Tensor, Var};
 use fpt_nn::ops::AdamGate;
 use fpt_nn::replay::SeedSlots;
 use fpt_nn::Rng;
@@ -30,36 +33,51 @@ use fpt_tasks::{Batch, Inputs};
 /// filling candle's upload cache ([`fpt_nn::replay::with_upload_cache`]).
 pub const WARM_STEPS: usize = 2;
 
+/// The most batch shapes whose step is captured as a graph; the steps of shapes beyond
+/// them run eagerly through their buffers (as exact, only slower). Tasks whose batches are
+/// padded to their longest sequence (TAPE's) see many shapes; the common ones reach their
+/// capture first.
+pub const MAX_STEP_GRAPHS: usize = 64;
+
+/// A batch's shape as the replay keys it: the inputs' dims, dtype and kind (tokens or
+/// vectors), the labels' dims and dtype.
+type ShapeKey = (Vec<usize>, DType, bool, Vec<usize>, DType);
+
+/// One batch shape's fixed buffers (the batch the step reads, and the variables that
+/// hold its storage) and, on a GPU, the graph of its step.
+struct ShapeEntry {
+    key: ShapeKey,
+    fixed: Batch,
+    vars: Vec<Var>,
+    /// Steps of this shape so far.
+    runs: usize,
+    #[cfg(feature = "cuda")]
+    graph: Option<candle_core::cuda_backend::cudarc::driver::CudaGraph>,
+}
+
 /// A trainer's step replayed from device memory; see the module's documentation.
 pub struct ReplayStep {
     gate: AdamGate,
-    fixed: Option<(Batch, Vec<Var>)>,
+    /// Per batch shape, in the order first seen.
+    shapes: Vec<ShapeEntry>,
     seeds: Option<SeedSlots>,
     /// Adam's step count and the steps recorded at the last drain.
     t: usize,
     recorded: usize,
     /// Steps run since the replay began.
     steps: usize,
-    #[cfg(feature = "cuda")]
-    graph: Option<candle_core::cuda_backend::cudarc::driver::CudaGraph>,
 }
 
 impl Trainer {
     /// Why this run cannot take replayed steps, if anything stops it: a batch in
-    /// micro-batches, a backbone that draws on the host ([`fpt_backbones::Backbone::host_draws`]),
-    /// training batches whose shape varies ([`fpt_tasks::Task::batch_shapes_vary`]).
+    /// micro-batches, a backbone that draws on the host ([`fpt_backbones::Backbone::host_draws`]).
+    /// Batches of different shapes replay, each shape with its own buffers and graph.
     pub fn replay_blocker(&self) -> Option<String> {
         if let Some(why) = accumulates(&self.spec.train) {
             return Some(why);
         }
         if let Some(what) = self.model.backbone().host_draws() {
             return Some(format!("it draws {what}"));
-        }
-        if self.task.batch_shapes_vary() {
-            return Some(format!(
-                "{}'s training batches differ in shape (each padded to its longest sequence)",
-                self.task.name()
-            ));
         }
         None
     }
@@ -102,13 +120,11 @@ impl Trainer {
         )?;
         Ok(ReplayStep {
             gate,
-            fixed: None,
+            shapes: Vec::new(),
             seeds: None,
             t: self.step,
             recorded: 0,
             steps: 0,
-            #[cfg(feature = "cuda")]
-            graph: None,
         })
     }
 
@@ -168,6 +184,21 @@ fn draws_between(from: &Rng, to: &Rng, limit: usize) -> Option<usize> {
     None
 }
 
+/// `b`'s shape as the replay keys it.
+fn shape_key(b: &Batch) -> ShapeKey {
+    let (t, tokens) = match &b.inputs {
+        Inputs::Vectors(t) => (t, false),
+        Inputs::Tokens(t) => (t, true),
+    };
+    (
+        t.dims().to_vec(),
+        t.dtype(),
+        tokens,
+        b.labels.dims().to_vec(),
+        b.labels.dtype(),
+    )
+}
+
 /// The tensors of `b` with storage of their own: the buffers replays read.
 fn fixed_copy(b: &Batch) -> Result<(Batch, Vec<Var>)> {
     let fix = |t: &Tensor| -> Result<(Tensor, Var)> {
@@ -194,44 +225,59 @@ impl ReplayStep {
         self.steps
     }
 
-    /// Whether the step is now a captured graph (always false without a GPU).
+    /// Whether some batch shape's step is now a captured graph (always false without a GPU).
     pub fn captured(&self) -> bool {
-        #[cfg(feature = "cuda")]
-        return self.graph.is_some();
-        #[cfg(not(feature = "cuda"))]
-        false
+        self.captured_shapes() > 0
     }
 
-    /// Copies `batch` into the fixed buffers (made from the first batch).
-    fn load(&mut self, batch: &Batch) -> Result<Batch> {
-        let (fixed, vars) = match &self.fixed {
-            Some(f) => f,
-            None => self.fixed.insert(fixed_copy(batch)?),
+    /// How many batch shapes' steps are captured graphs (always 0 without a GPU).
+    pub fn captured_shapes(&self) -> usize {
+        #[cfg(feature = "cuda")]
+        return self.shapes.iter().filter(|e| e.graph.is_some()).count();
+        #[cfg(not(feature = "cuda"))]
+        0
+    }
+
+    /// How many batch shapes the steps have seen (each has its own buffers).
+    pub fn shapes(&self) -> usize {
+        self.shapes.len()
+    }
+
+    /// Copies `batch` into its shape's fixed buffers (made at the shape's first batch) and
+    /// counts the step; the shape's index.
+    fn load(&mut self, batch: &Batch) -> Result<usize> {
+        let key = shape_key(batch);
+        let i = match self.shapes.iter().position(|e| e.key == key) {
+            Some(i) => i,
+            None => {
+                let (fixed, vars) = fixed_copy(batch)?;
+                self.shapes.push(ShapeEntry {
+                    key,
+                    fixed,
+                    vars,
+                    runs: 0,
+                    #[cfg(feature = "cuda")]
+                    graph: None,
+                });
+                self.shapes.len() - 1
+            }
         };
+        let e = &mut self.shapes[i];
         let src = match &batch.inputs {
             Inputs::Vectors(t) | Inputs::Tokens(t) => t,
         };
-        for (what, new, buf) in [("inputs", src, &vars[0]), ("labels", &batch.labels, &vars[1])] {
-            if new.shape() != buf.shape() || new.dtype() != buf.dtype() {
-                return Err(TrainError::msg(format!(
-                    "replay: this batch's {what} are {:?} {:?}, the first's {:?} {:?}: a replayed step needs batches of one shape",
-                    new.dtype(),
-                    new.shape(),
-                    buf.dtype(),
-                    buf.shape()
-                )));
-            }
-        }
-        vars[0].set(&src.contiguous()?)?;
-        vars[1].set(&batch.labels.contiguous()?)?;
-        Ok(fixed.clone())
+        e.vars[0].set(&src.contiguous()?)?;
+        e.vars[1].set(&batch.labels.contiguous()?)?;
+        e.runs += 1;
+        Ok(i)
     }
 
     /// One training step: the next batch (drawn as [`Trainer::step`] draws it), its seeds,
     /// then the step, eager or replayed. Nothing is read back.
     pub fn step(&mut self, tr: &mut Trainer) -> Result<()> {
         let batch = tr.draw_batch()?;
-        let fixed = self.load(&batch)?;
+        let shape = self.load(&batch)?;
+        let fixed = self.shapes[shape].fixed.clone();
         self.steps += 1;
         let Some(slots) = &self.seeds else {
             // The first step: it learns how many seeds a step draws.
@@ -248,7 +294,7 @@ impl ReplayStep {
         slots.write(&seeds)?;
         #[cfg(feature = "cuda")]
         if let candle_core::Device::Cuda(cuda) = &tr.device {
-            return self.step_on_gpu(tr, cuda.clone(), &fixed, &seeds, after);
+            return self.step_on_gpu(tr, cuda.clone(), shape, &seeds, after);
         }
         let gate = &self.gate;
         fpt_nn::on_pool(|| slots.bind(&seeds, || tr.step_gated(&fixed, gate)))??;
@@ -265,27 +311,30 @@ impl ReplayStep {
         &mut self,
         tr: &mut Trainer,
         cuda: candle_core::CudaDevice,
-        fixed: &Batch,
+        shape: usize,
         seeds: &[u64],
         after: Rng,
     ) -> Result<()> {
         let stage = |what: &'static str| {
             move |e: &dyn std::fmt::Debug| TrainError::msg(format!("replay on a GPU: {what}: {e:?}"))
         };
-        if let Some(graph) = &self.graph {
+        let graphs = self.captured_shapes();
+        let e = &mut self.shapes[shape];
+        if let Some(graph) = &e.graph {
             tr.ctx.rng = after;
             return graph.launch().map_err(|e| stage("launch the graph")(&e));
         }
         let slots = self.seeds.as_ref().expect("made at the first step");
         let gate = &self.gate;
         // Small uploads of the step (a strided op's dims, constants) are kept on the device
-        // from the eager steps on, so the capture finds them there.
+        // from the shape's eager steps on, so its capture finds them there.
         let device = tr.device.clone();
         fpt_nn::replay::with_upload_cache(&device, || -> Result<()> {
-            if self.steps <= 1 + WARM_STEPS {
-                slots.bind(seeds, || tr.step_gated(fixed, gate))??;
+            if e.runs <= 1 + WARM_STEPS || graphs >= MAX_STEP_GRAPHS {
+                slots.bind(seeds, || tr.step_gated(&e.fixed, gate))??;
             } else {
-                self.graph = Some(capture(&cuda, "replay on a GPU", || {
+                let fixed = &e.fixed;
+                e.graph = Some(capture(&cuda, "replay on a GPU", || {
                     slots.bind(seeds, || tr.step_gated(fixed, gate))?
                 })?);
             }

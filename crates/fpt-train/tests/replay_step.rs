@@ -123,7 +123,7 @@ fn host_drawn_masks_are_refused() {
 
 /// What `FPT_STEP` asks for, and when a run replays by default: on a GPU only, and only a
 /// run that can (each reason it cannot is named: a batch in micro-batches, a backbone that
-/// draws on the host, batches padded to their longest sequence).
+/// draws on the host).
 #[test]
 fn the_default_replays_on_a_gpu_where_the_run_can() {
     use fpt_train::replay_step::{parse_step_kind, replays, StepKind};
@@ -160,36 +160,64 @@ fn the_default_replays_on_a_gpu_where_the_run_can() {
     s.backbone.shape.heads = None;
     let why = blocker(&Trainer::new(&s, &Device::Cpu).unwrap()).unwrap();
     assert!(why.contains("LSTM") && why.contains("host"), "{why}");
+}
 
-    // Token sequences padded to the longest of each batch (TAPE's collate) vary in shape;
-    // padded to a fixed length they do not.
+/// Token sequences padded to the longest of each batch (TAPE's collate) give batches of
+/// many shapes: nothing stops their replay, each shape gets its own buffers, and the
+/// replayed steps equal the trainer's to the last bit, parameters included.
+#[test]
+fn batches_of_many_shapes_replay_each_in_its_own_buffers() {
     use fpt_tasks::data::{Dataset, DatasetTask, Encoding, Examples};
     let data = |n: usize| Dataset {
         examples: Examples::Tokens((0..n).map(|i| vec![1 + (i % 5) as u32; 3 + i % 4]).collect()),
         labels: (0..n).map(|i| (i % 2) as u32).collect(),
         lengths: (0..n).map(|i| (3 + i % 4) as u32).collect(),
     };
-    for per_batch in [true, false] {
+    let task = || {
         let encoding = Encoding::Tokens {
             len: 8,
             pad: 0,
-            per_batch,
+            per_batch: true,
             left: false,
         };
-        let task = DatasetTask::new(
-            TaskName::Homology,
-            data(12),
-            data(6),
-            encoding,
-            2,
-            8,
-            &fpt_nn::Rng::new(1),
+        Box::new(
+            DatasetTask::new(
+                TaskName::Homology,
+                data(12),
+                data(6),
+                encoding,
+                2,
+                8,
+                &fpt_nn::Rng::new(1),
+            )
+            .unwrap(),
         )
-        .unwrap();
-        let t = Trainer::with_task(&spec("gpt2", TaskName::Homology, 3, 4), Box::new(task), &Device::Cpu).unwrap();
-        match blocker(&t) {
-            Some(why) => assert!(per_batch && why.contains("differ in shape"), "{why}"),
-            None => assert!(!per_batch),
+    };
+    let s = spec("gpt2", TaskName::Homology, 12, 2);
+    let s = RunSpec {
+        train: TrainSpec {
+            batch_size: 2,
+            ..s.train
+        },
+        ..s
+    };
+    let (mut a, mut b) = (
+        Trainer::with_task(&s, task(), &Device::Cpu).unwrap(),
+        Trainer::with_task(&s, task(), &Device::Cpu).unwrap(),
+    );
+    assert_eq!(b.replay_blocker(), None);
+    let want: Vec<_> = (0..10).map(|_| bits(&a.step().unwrap())).collect();
+    let mut r = b.replay_step(4).unwrap();
+    let mut got = Vec::new();
+    for i in 0..10 {
+        r.step(&mut b).unwrap();
+        if i % 3 == 2 || i == 9 {
+            got.extend(r.drain(&mut b).unwrap().iter().map(bits));
         }
     }
+    assert!(r.shapes() > 1, "the batches took {} shape(s)", r.shapes());
+    assert_eq!(r.captured_shapes(), 0, "no capture without a GPU");
+    assert_eq!(got, want, "outcomes");
+    assert_eq!(trained(&b), trained(&a), "parameters");
+    assert_eq!(bits(&b.step().unwrap()), bits(&a.step().unwrap()), "the step after");
 }
