@@ -432,6 +432,11 @@ pub struct CheckArgs {
     /// Keep the two sweeps' result directories (`plain/`, `cancelled/`) afterwards
     #[arg(long)]
     keep: bool,
+    /// The unsharded reference already made by this checkout's build: a directory holding
+    /// Tables 2 and 13 at the smoke scale (`cargo xtask reproduce all --scale smoke --out
+    /// DIR`, as CI's smoke stage writes it), compared against instead of running them again
+    #[arg(long, value_name = "DIR")]
+    reference: Option<PathBuf>,
 }
 
 /// The smoke scale of Tables 2 and 13 as a Slurm array job on a one-node cluster of this
@@ -442,6 +447,20 @@ pub fn check(a: &CheckArgs) -> Result<()> {
     let uid = run(Command::new("id").arg("-u"))?;
     if uid != "0" {
         bail!("slurm-check starts slurmctld, slurmd and munged and may install them: run it as root");
+    }
+    let (ids, scale) = (["table2", "table13"], "smoke");
+    if let Some(dir) = &a.reference {
+        for id in ids {
+            let p = dir.join(id).join(scale).join("report.json");
+            if !p.is_file() {
+                bail!(
+                    "--reference {}: no {} (expected an unsharded run of {} at the {scale} scale there)",
+                    dir.display(),
+                    p.display(),
+                    ids.join(" and ")
+                );
+            }
+        }
     }
     let mut stages: Vec<(&str, f64)> = Vec::new();
     let t = Instant::now();
@@ -470,7 +489,6 @@ pub fn check(a: &CheckArgs) -> Result<()> {
     if work.exists() {
         std::fs::remove_dir_all(&work).with_context(|| format!("removing {}", work.display()))?;
     }
-    let (ids, scale) = (["table2", "table13"], "smoke");
     let t = Instant::now();
     let cluster = Cluster::start(&work.join("cluster"))?;
     stages.push(("cluster up", t.elapsed().as_secs_f64()));
@@ -488,14 +506,27 @@ pub fn check(a: &CheckArgs) -> Result<()> {
     };
     let shard_dirs = |out: &Path| (0..shards).map(|i| out.join(format!("shard-{i}"))).collect::<Vec<_>>();
 
-    // The reference: the same tables, unsharded, on this machine.
+    // The reference: the same tables, unsharded, on this machine (or as given).
     let t = Instant::now();
-    let single = work.join("single");
-    let mut args = vec!["run-table"];
-    args.extend(ids);
-    args.extend(["--scale", scale, "--out", single.to_str().context("non-UTF-8 path")?]);
-    run(Command::new(&bin).current_dir(root()).args(&args))?;
-    stages.push(("unsharded run", t.elapsed().as_secs_f64()));
+    let single = match &a.reference {
+        Some(dir) => dir.clone(),
+        None => {
+            let single = work.join("single");
+            let mut args = vec!["run-table"];
+            args.extend(ids);
+            args.extend(["--scale", scale, "--out", single.to_str().context("non-UTF-8 path")?]);
+            run(Command::new(&bin).current_dir(root()).args(&args))?;
+            single
+        }
+    };
+    stages.push((
+        if a.reference.is_some() {
+            "unsharded run (given)"
+        } else {
+            "unsharded run"
+        },
+        t.elapsed().as_secs_f64(),
+    ));
 
     // 1. The array job, to the end.
     // The sweep's scripts under `out/scripts`, submitted: the prepare job, then the array
