@@ -130,11 +130,11 @@ impl EvalReplay {
 
     /// The entry of `inputs`' shape, made at its first use.
     fn entry(&mut self, inputs: &Inputs) -> Result<&mut Entry> {
+        let key = inputs_key(inputs);
         let (t, tokens) = match inputs {
             Inputs::Vectors(t) => (t, false),
             Inputs::Tokens(t) => (t, true),
         };
-        let key = (t.dims().to_vec(), t.dtype(), tokens);
         if let Some(i) = self.entries.iter().position(|e| e.key == key) {
             return Ok(&mut self.entries[i]);
         }
@@ -173,6 +173,15 @@ impl EvalReplay {
         pass(e, tr)?;
         Ok(e.logits.as_ref().expect("written by the pass").as_tensor().copy()?)
     }
+}
+
+/// `inputs`' shape as the replays key it: dims, dtype and kind (tokens or vectors).
+pub(crate) fn inputs_key(inputs: &Inputs) -> (Vec<usize>, DType, bool) {
+    let (t, tokens) = match inputs {
+        Inputs::Vectors(t) => (t, false),
+        Inputs::Tokens(t) => (t, true),
+    };
+    (t.dims().to_vec(), t.dtype(), tokens)
 }
 
 /// One eager pass of `e`'s shape: the forward pass on its input buffer, its logits written

@@ -39,9 +39,9 @@ pub const WARM_STEPS: usize = 2;
 /// capture first.
 pub const MAX_STEP_GRAPHS: usize = 64;
 
-/// A batch's shape as the replay keys it: the inputs' dims, dtype and kind (tokens or
-/// vectors), the labels' dims and dtype.
-type ShapeKey = (Vec<usize>, DType, bool, Vec<usize>, DType);
+/// A batch's shape as the replay keys it: the inputs' ([`crate::replay_eval::inputs_key`]),
+/// then the labels' dims and dtype.
+type ShapeKey = ((Vec<usize>, DType, bool), Vec<usize>, DType);
 
 /// One batch shape's fixed buffers (the batch the step reads, and the variables that
 /// hold its storage) and, on a GPU, the graph of its step.
@@ -186,14 +186,8 @@ fn draws_between(from: &Rng, to: &Rng, limit: usize) -> Option<usize> {
 
 /// `b`'s shape as the replay keys it.
 fn shape_key(b: &Batch) -> ShapeKey {
-    let (t, tokens) = match &b.inputs {
-        Inputs::Vectors(t) => (t, false),
-        Inputs::Tokens(t) => (t, true),
-    };
     (
-        t.dims().to_vec(),
-        t.dtype(),
-        tokens,
+        crate::replay_eval::inputs_key(&b.inputs),
         b.labels.dims().to_vec(),
         b.labels.dtype(),
     )
