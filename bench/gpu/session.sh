@@ -7,7 +7,7 @@
 #   probes/<name>/{spec.json,metrics.jsonl,history.jsonl,result.json?}, probes/<name>.log
 #   at-once.jsonl                            N campaign MNIST steps at once, fpt and PyTorch
 #   streams.jsonl                            the same step as N runs in one process (a stream each)
-#   tiled-bench.jsonl                        FPT_ATTENTION=tiled, FPT_LINEAR=product, FPT_BRANCH=composed, the default
+#   tiled-bench.jsonl                        FPT_SOFTMAX=composed, FPT_ATTENTION=tiled, the default (and TILED_VARIANTS')
 #   lstm-bench.jsonl                         lstm-listops: the LSTM's block-per-row kernels and FPT_LSTM=composed
 #   bf16-bench.jsonl                         minilm-mnist in f32, bf16 autocast, bf16 chosen per shape
 #   graph.json, graph.err                    the MiniLM step as a replayed CUDA graph beside it eager
@@ -23,8 +23,7 @@
 #       "target/device-hub.tgz"], timeout_s=560)
 # Times (seconds): CHECK_S for the check (190), then the runs-at-once measurement (about 15 s
 # a side and N: ~180 s for AT_ONCE="1 4 8" over 2 rounds, an estimate: never run yet) and
-# the tiled attention's, the epilogue's and the composed branch's (~160 s: 2 rounds of 2 shapes, 4
-# ways), the graph experiment (~20 s, at most 90; these two are estimates too, never run),
+# the softmax ops' and the tiled attention's (~120 s: 2 rounds of 2 shapes, 3 ways), the graph experiment (~20 s, at most 90; these two are estimates too, never run),
 # then WORK_S for probes and campaign together. All of it at the defaults is ~550 s before WORK_S: one 560 s call cannot hold
 # everything, so choose (AT_ONCE="1 4", TILED_ROUNDS=1, TILED_SHAPES="", GRAPH_SHAPES="",
 # CHECK_S=0 each cut a part) or split it over two calls (the second with CHECK_S=0);
@@ -119,17 +118,17 @@ for r in $(seq "${STREAMS_ROUNDS:-2}"); do
 done
 [ -s "$OUT/streams.jsonl" ] && echo "session: runs in one process timed after $(( $(date +%s) - start )) s" | tee -a "$OUT/session.log"
 
-# 1c. The attention tiled over keys (issue 56 item 5), the bias added after cuBLAS's product
-# (FPT_LINEAR=product: before item 4's epilogue, the default since 2026-11-27), and the
-# residual branches composed of candle's ops (FPT_BRANCH=composed: each intermediate's
-# gradient started from zero and added into, as before the branch node of item 3) against
-# the default, the long-sequence shapes, alternating rounds: one JSON line
-# per process in tiled-bench.jsonl ({"variant": "auto"|"FPT_ATTENTION=tiled"|
-# "FPT_LINEAR=product"|"FPT_BRANCH=composed", "round": R, "out": <fpt bench --json>}).
-# TILED_SHAPES="" skips it; TILED_VARIANTS picks the variants (all four by default).
+# 1c. The attention's softmax and dropout as separate ops (FPT_SOFTMAX=composed: before
+# the one-pass ops of 2026-11-29) and the attention tiled over keys (issue 56 item 5)
+# against the default, the long-sequence shapes, alternating rounds: one JSON line per
+# process in tiled-bench.jsonl ({"variant": "auto"|"FPT_SOFTMAX=composed"|
+# "FPT_ATTENTION=tiled"|..., "round": R, "out": <fpt bench --json>}). TILED_SHAPES="" skips
+# it; TILED_VARIANTS picks the variants (also FPT_LINEAR=product, the bias added after
+# cuBLAS's product, and FPT_BRANCH=composed, the residual branches composed of candle's
+# ops: both measured on an H100 on 2026-11-27, 5% slower than the default each).
 for r in $(seq "${TILED_ROUNDS:-2}"); do
     for s in ${TILED_SHAPES-lra minilm-listops}; do
-        for v in ${TILED_VARIANTS-auto FPT_ATTENTION=tiled FPT_LINEAR=product FPT_BRANCH=composed}; do
+        for v in ${TILED_VARIANTS-auto FPT_SOFTMAX=composed FPT_ATTENTION=tiled}; do
             [ "$(left 120)" -lt 10 ] && continue
             o=$(env "$([ "$v" = auto ] && echo FPT_ATTENTION=auto || echo "$v")" timeout "$(left "${TILED_TIMEOUT:-120}")" /tmp/fpt-cuda bench --json \
                 --no-full --shape "$s" --steps 20 --warmup 3 --device "$dev" 2>>"$OUT/tiled-bench.err" | tail -1)
@@ -137,7 +136,7 @@ for r in $(seq "${TILED_ROUNDS:-2}"); do
         done
     done
 done
-[ -s "$OUT/tiled-bench.jsonl" ] && echo "session: tiled attention, epilogue and composed branch timed after $(( $(date +%s) - start )) s" | tee -a "$OUT/session.log"
+[ -s "$OUT/tiled-bench.jsonl" ] && echo "session: the softmax ops and the tiled attention timed after $(( $(date +%s) - start )) s" | tee -a "$OUT/session.log"
 
 # 1c'. The layer-norm LSTM's recurrence as one block per batch row (kernels/fpt_lstm.h:
 # one launch a layer each way, the default on a GPU since 2026-11-28) against the composed

@@ -70,6 +70,52 @@ extern "C" __global__ void fpt_softmax_bwd_f32(const float *y, const float *dy, 
     }
 }
 
+// Attention's softmax with its dropout in one pass over the scores: y = softmax(scale * s)
+// times the mask of blocks of `block` elements (thr 0: none), and, when `lse` is not null,
+// each row's log-sum-exp of scale * s (what fpt_attn_ds_f32 recomputes the probabilities
+// from). One warp per row; `seed_at` as fpt_dropout_mul_f32's.
+extern "C" __global__ void fpt_softmax_drop_f32(const float *s, float *y, float *lse, uint64_t rows, int64_t tq,
+                                                int64_t tk, float scale, int32_t kind, int64_t band, uint64_t seed,
+                                                uint64_t block, int32_t thr, float keep, const uint64_t *seed_at) {
+    if (seed_at) seed = *seed_at;
+    uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) / FPT_WARP;
+    uint64_t warps = ((uint64_t)gridDim.x * blockDim.x) / FPT_WARP;
+    int lane = threadIdx.x % FPT_WARP;
+    for (uint64_t r = warp; r < rows; r += warps) {
+        const float *sr = s + r * tk;
+        float *yr = y + r * tk;
+        int64_t lo, hi;
+        fpt_mask_range(kind, band, (int64_t)r, tq, tk, &lo, &hi);
+        float m = fpt_warp_max(fpt_softmax_lane_max(sr, lo, hi, scale, lane, FPT_WARP));
+        float sum = fpt_warp_sum(fpt_softmax_lane_exp(sr, yr, lo, hi, scale, m, lane, FPT_WARP));
+        if (lse && lane == 0) lse[r] = m + logf(sum);
+        uint64_t first = r * (uint64_t)tk;
+        uint32_t key = thr > 0 ? fpt_block_key(seed, first / block) : 0u;
+        __syncwarp();
+        fpt_softmax_lane_finish_drop(yr, tk, lo, hi, 1.0f / sum, key, first % block, thr, keep, lane, FPT_WARP);
+    }
+}
+
+// The scores' gradient of attention's softmax and dropout (fpt_attn_ds_lane), one warp per
+// row; lse and dd hold one value per row.
+extern "C" __global__ void fpt_attn_ds_f32(const float *s, const float *dp, const float *lse, const float *dd,
+                                           float *ds, uint64_t rows, int64_t tq, int64_t tk, float scale, int32_t kind,
+                                           int64_t band, uint64_t seed, uint64_t block, int32_t thr, float keep,
+                                           const uint64_t *seed_at) {
+    if (seed_at) seed = *seed_at;
+    uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) / FPT_WARP;
+    uint64_t warps = ((uint64_t)gridDim.x * blockDim.x) / FPT_WARP;
+    int lane = threadIdx.x % FPT_WARP;
+    for (uint64_t r = warp; r < rows; r += warps) {
+        int64_t lo, hi;
+        fpt_mask_range(kind, band, (int64_t)r, tq, tk, &lo, &hi);
+        uint64_t first = r * (uint64_t)tk;
+        uint32_t key = thr > 0 ? fpt_block_key(seed, first / block) : 0u;
+        fpt_attn_ds_lane(s + first, dp + first, ds + first, tk, lo, hi, scale, lse[r], dd[r], key, first % block, thr,
+                         keep, lane, FPT_WARP);
+    }
+}
+
 // Adam's moment update in place: x = x decay + g rest (g^2 when `square`).
 extern "C" __global__ void fpt_moment_f32(float *x, const float *g, uint64_t n, float decay, float rest, int32_t square) {
     FPT_FOR_EACH(i, n) { x[i] = fpt_moment_elem(x[i], g[i], decay, rest, square); }

@@ -151,6 +151,42 @@ FPT_HD void fpt_softmax_lane_grad(const float *y, const float *dy, float *ds, in
     }
 }
 
+/* ---- attention's softmax with its dropout, and their backward -------------------- */
+
+/* The multiplier of element jb of a mask block whose key is `key` (fpt_block_key): what
+ * fpt_dropout_mult gives for that element, the key drawn once per row by the caller (a row
+ * never straddles two blocks: attention's blocks are whole t x t matrices). */
+FPT_HD float fpt_row_mult(uint32_t key, uint64_t jb, int32_t thr, float keep) {
+    uint32_t h = fpt_mask_hash(key, (uint32_t)jb);
+    return ((int32_t)(h >> 8) < thr) ? 0.0f : keep;
+}
+
+/* Pass 3 of the softmax with the dropout after it: y = y / sum, 0 on the hidden keys, then
+ * times the multiplier of the row's element j (the row's first element is element jb of its
+ * block; thr 0: no dropout). Rounded as the softmax's pass 3 then the dropout kernel round. */
+FPT_HD void fpt_softmax_lane_finish_drop(float *y, int64_t tk, int64_t lo, int64_t hi, float inv, uint32_t key,
+                                         uint64_t jb, int32_t thr, float keep, int lane, int nl) {
+    for (int64_t j = lane; j < tk; j += nl) {
+        float v = (j >= lo && j < hi) ? y[j] * inv : 0.0f;
+        if (thr > 0) v = v * fpt_row_mult(key, jb + (uint64_t)j, thr, keep);
+        y[j] = v;
+    }
+}
+
+/* The scores' gradient through the softmax and its dropout for a row, from the scores s,
+ * the dropped probabilities' gradient dp, the row's log-sum-exp of scale * s and
+ * dd = sum_j P'_j dp_j (= dO . O, the output's row): ds = scale * P * (M dp - dd), the
+ * probability P = exp(scale * s - lse) recomputed, 0 on the hidden keys. */
+FPT_HD void fpt_attn_ds_lane(const float *s, const float *dp, float *ds, int64_t tk, int64_t lo, int64_t hi,
+                             float scale, float lse, float dd, uint32_t key, uint64_t jb, int32_t thr, float keep,
+                             int lane, int nl) {
+    for (int64_t j = lane; j < tk; j += nl) {
+        float g = dp[j];
+        if (thr > 0) g = g * fpt_row_mult(key, jb + (uint64_t)j, thr, keep);
+        ds[j] = (j >= lo && j < hi) ? scale * expf(s[j] * scale - lse) * (g - dd) : 0.0f;
+    }
+}
+
 /* ---- Adam ------------------------------------------------------------------------ */
 
 /* Adam's moment update with fpt_nn::ops::adam_update's f32 roundings, each product and

@@ -66,6 +66,43 @@ void fpt_host_softmax_bwd_f32(const float *y, const float *dy, float *ds, uint64
     }
 }
 
+void fpt_host_softmax_drop_f32(const float *s, float *y, float *lse, uint64_t rows, int64_t tq, int64_t tk,
+                               float scale, int32_t kind, int64_t band, uint64_t seed, uint64_t block, int32_t thr,
+                               float keep) {
+    for (uint64_t r = 0; r < rows; r++) {
+        const float *sr = s + r * tk;
+        float *yr = y + r * tk;
+        int64_t lo, hi;
+        fpt_mask_range(kind, band, (int64_t)r, tq, tk, &lo, &hi);
+        float part[LANES];
+        for (int l = 0; l < LANES; l++) part[l] = fpt_softmax_lane_max(sr, lo, hi, scale, l, LANES);
+        butterfly_max(part);
+        float m = part[0];
+        for (int l = 0; l < LANES; l++) part[l] = fpt_softmax_lane_exp(sr, yr, lo, hi, scale, m, l, LANES);
+        butterfly_sum(part);
+        if (lse) lse[r] = m + logf(part[0]);
+        uint64_t first = r * (uint64_t)tk;
+        uint32_t key = thr > 0 ? fpt_block_key(seed, first / block) : 0u;
+        float inv = 1.0f / part[0];
+        for (int l = 0; l < LANES; l++)
+            fpt_softmax_lane_finish_drop(yr, tk, lo, hi, inv, key, first % block, thr, keep, l, LANES);
+    }
+}
+
+void fpt_host_attn_ds_f32(const float *s, const float *dp, const float *lse, const float *dd, float *ds,
+                          uint64_t rows, int64_t tq, int64_t tk, float scale, int32_t kind, int64_t band,
+                          uint64_t seed, uint64_t block, int32_t thr, float keep) {
+    for (uint64_t r = 0; r < rows; r++) {
+        int64_t lo, hi;
+        fpt_mask_range(kind, band, (int64_t)r, tq, tk, &lo, &hi);
+        uint64_t first = r * (uint64_t)tk;
+        uint32_t key = thr > 0 ? fpt_block_key(seed, first / block) : 0u;
+        for (int l = 0; l < LANES; l++)
+            fpt_attn_ds_lane(s + first, dp + first, ds + first, tk, lo, hi, scale, lse[r], dd[r], key,
+                             first % block, thr, keep, l, LANES);
+    }
+}
+
 void fpt_host_moment_f32(float *x, const float *g, uint64_t n, float decay, float rest, int32_t square) {
     for (uint64_t i = 0; i < n; i++) x[i] = fpt_moment_elem(x[i], g[i], decay, rest, square);
 }

@@ -62,6 +62,7 @@ macro_rules! func {
 }
 
 pub(crate) mod attn;
+pub(crate) mod attn_rows;
 pub(crate) mod lstm;
 
 /// Uninitialised device memory for `n` f32 results (every kernel writes all of them).

@@ -31,6 +31,38 @@ extern "C" {
         band: i64,
     );
     fn fpt_host_softmax_bwd_f32(y: *const f32, dy: *const f32, ds: *mut f32, rows: u64, tk: i64, scale: f32);
+    fn fpt_host_softmax_drop_f32(
+        s: *const f32,
+        y: *mut f32,
+        lse: *mut f32,
+        rows: u64,
+        tq: i64,
+        tk: i64,
+        scale: f32,
+        kind: i32,
+        band: i64,
+        seed: u64,
+        block: u64,
+        thr: i32,
+        keep: f32,
+    );
+    fn fpt_host_attn_ds_f32(
+        s: *const f32,
+        dp: *const f32,
+        lse: *const f32,
+        dd: *const f32,
+        ds: *mut f32,
+        rows: u64,
+        tq: i64,
+        tk: i64,
+        scale: f32,
+        kind: i32,
+        band: i64,
+        seed: u64,
+        block: u64,
+        thr: i32,
+        keep: f32,
+    );
     fn fpt_host_moment_f32(x: *mut f32, g: *const f32, n: u64, decay: f32, rest: f32, square: i32);
     fn fpt_host_adam_step_f32(
         p: *mut f32,
@@ -254,6 +286,99 @@ fn softmax_kernels_equal_the_cpu_op() -> Result<()> {
             .to_vec1::<f32>()?;
         let e = max_rel(&ds, &want);
         assert!(e < 2e-5, "backward {tq}x{tk} {mask:?}: {e}");
+    }
+    Ok(())
+}
+
+/// Attention's one-pass softmax with dropout and the scores' gradient (one warp per row)
+/// against their CPU twins (`ops/attention_rows.rs`): the same dropped elements, the
+/// probabilities, the rows' log-sum-exps and the gradients within rounding; every mask
+/// kind, rows shorter and longer than a warp, with and without dropout.
+#[test]
+fn attention_row_kernels_equal_the_cpu_ops() -> Result<()> {
+    use ops::attention_rows::{scores_grad, softmax_dropout, RowSoftmax};
+    let dev = Device::Cpu;
+    for (t, mask) in [
+        (5usize, Mask::None),
+        (33, Mask::Causal),
+        (70, Mask::Band(4)),
+        (40, Mask::None),
+    ] {
+        for dropout in [None, Some((0.2, 77u64))] {
+            let m = 3;
+            let (n, rows) = (m * t * t, m * t);
+            let rs = RowSoftmax {
+                scale: 0.41,
+                mask,
+                dropout,
+                block: t * t,
+            };
+            let ((kind, band), (thr, keep)) = (rs.kind_band(), rs.thr_keep());
+            let what = format!("t {t} {mask:?} dropout {dropout:?}");
+            let s = randn(n, 21 + t as u64);
+            let (mut y, mut lse) = (poisoned(n), poisoned(rows));
+            // SAFETY: s and y hold rows * t elements, lse rows.
+            unsafe {
+                fpt_host_softmax_drop_f32(
+                    s.as_ptr(),
+                    y.as_mut_ptr(),
+                    lse.as_mut_ptr(),
+                    rows as u64,
+                    t as i64,
+                    t as i64,
+                    rs.scale as f32,
+                    kind,
+                    band as i64,
+                    rs.seed(),
+                    rs.block as u64,
+                    thr,
+                    keep,
+                )
+            };
+            let st = Tensor::from_vec(s.clone(), (m, t, t), &dev)?;
+            let (probs, cpu_lse) = softmax_dropout(&st, rs, true)?;
+            let (probs, cpu_lse) = (
+                probs.flatten_all()?.to_vec1::<f32>()?,
+                cpu_lse.expect("asked for").to_vec1::<f32>()?,
+            );
+            let zeros = |v: &[f32]| v.iter().map(|&x| x == 0.0).collect::<Vec<_>>();
+            assert_eq!(zeros(&y), zeros(&probs), "{what}: the dropped and hidden elements");
+            if dropout.is_some() {
+                let dropped = zeros(&y).iter().filter(|&&z| z).count();
+                assert!(dropped > 0, "{what}: nothing dropped");
+            }
+            assert!(max_rel(&y, &probs) < 2e-6, "{what}: probabilities");
+            assert!(max_rel(&lse, &cpu_lse) < 2e-6, "{what}: log-sum-exps");
+            let (dp, dd) = (randn(n, 31), randn(rows, 32));
+            let mut ds = poisoned(n);
+            // SAFETY: s, dp and ds hold rows * t elements, lse and dd rows.
+            unsafe {
+                fpt_host_attn_ds_f32(
+                    s.as_ptr(),
+                    dp.as_ptr(),
+                    lse.as_ptr(),
+                    dd.as_ptr(),
+                    ds.as_mut_ptr(),
+                    rows as u64,
+                    t as i64,
+                    t as i64,
+                    rs.scale as f32,
+                    kind,
+                    band as i64,
+                    rs.seed(),
+                    rs.block as u64,
+                    thr,
+                    keep,
+                )
+            };
+            let dpt = Tensor::from_vec(dp, (m, t, t), &dev)?;
+            let (lt, ddt) = (
+                Tensor::from_vec(cpu_lse, rows, &dev)?,
+                Tensor::from_vec(dd, rows, &dev)?,
+            );
+            let want = scores_grad(&st, &dpt, &lt, &ddt, rs)?.flatten_all()?.to_vec1::<f32>()?;
+            assert!(max_rel(&ds, &want) < 2e-5, "{what}: scores' gradient");
+        }
     }
     Ok(())
 }

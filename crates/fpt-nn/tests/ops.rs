@@ -628,3 +628,31 @@ fn recomputed_attention_matches_the_composed_ops() -> Result<()> {
     }
     Ok(())
 }
+
+/// The recomputing node's passes draw their dropout masks as a replayed step needs (the
+/// one-pass softmax forward and backward, and the scores' gradient, on the CPU here; a GPU's
+/// kernels read the seed from its slot): bound to a slot holding the spec's seed, a forward
+/// and backward read it and draw no other; bound to another seed, the step is refused.
+#[test]
+fn recomputed_attention_draws_its_masks_from_the_seed_slots() -> Result<()> {
+    let (b, t, heads, d) = (2, 7, 2, 4);
+    let spec = ops::AttentionSpec {
+        heads,
+        scale: 0.5,
+        mask: ops::Mask::Causal,
+        dropout: Some((0.25, 1234)),
+    };
+    let qkv = Var::from_tensor(&randn(&[b, t, 3 * heads * d], 5, DType::F32)?)?;
+    let step = || -> Result<Tensor> {
+        let y = ops::attention_packed_recomputed(qkv.as_tensor(), spec)?;
+        let g = loss(&y, 2)?.backward()?;
+        Ok(g.get(qkv.as_tensor()).expect("a gradient").clone())
+    };
+    let want = step()?;
+    let slots = fpt_nn::replay::SeedSlots::new(1, &Device::Cpu)?;
+    let got = slots.bind(&[1234], step)??;
+    assert_eq!(max_abs_diff(&got, &want)?, 0.0, "the bound step's gradient");
+    let e = slots.bind(&[99], step).expect_err("a seed outside the slots");
+    assert!(e.to_string().contains("not given"), "{e}");
+    Ok(())
+}

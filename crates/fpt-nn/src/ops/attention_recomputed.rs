@@ -14,27 +14,132 @@
 //!
 //! Gradients, for P = softmax(S), P' = P * M (M: dropout's 0 or 1/(1-p)), O = P' V:
 //! dV = P'^T dO; dP = (dO V^T) * M; dS = softmax's backward of dP; dQ = dS K; dK = dS^T Q.
+//!
+//! For f32 (every device) the softmax and its dropout are one pass each way
+//! ([`super::attention_rows`]): the forward's probabilities in one kernel, the backward's
+//! scores' gradient in one more from each row's log-sum-exp and `dO . O`, the output's own
+//! row, where the softmax's backward would reduce each row of `dP` first.
+//! `FPT_SOFTMAX=composed` keeps the separate softmax, dropout and softmax-backward ops (to
+//! time one against the other); other dtypes always take them.
 
 use super::attention::{attention_composed, AttentionSpec};
+use super::attention_rows::{scores_grad, softmax_dropout, RowSoftmax};
 use super::dropout::DropoutMul;
 use super::{tracks, Computed, Three, ThreeOperands};
-use candle_core::{CpuStorage, CudaStorage, CustomOp1, Layout, Result, Shape, Tensor, D};
+use candle_core::{CpuStorage, CudaStorage, CustomOp1, DType, Layout, Result, Shape, Tensor, D};
 
-/// dQ, dK, dV (each `[b, t, c]`, `None` where `want` says no) from the forward's inputs and
-/// the output's gradient, the probabilities recomputed.
-fn gradients(
+/// Whether `FPT_SOFTMAX` asks for the composed softmax, dropout and softmax backward in the
+/// recomputing node: `composed`; unset, empty or `auto` keep the one-pass ops; anything else
+/// is refused, naming the variable.
+pub fn composed_softmax_requested() -> Result<bool> {
+    static CHOICE: std::sync::OnceLock<std::result::Result<bool, String>> = std::sync::OnceLock::new();
+    CHOICE
+        .get_or_init(|| {
+            let v = std::env::var("FPT_SOFTMAX").ok();
+            super::parse_switch(
+                "FPT_SOFTMAX",
+                v.as_deref(),
+                "composed",
+                "the recomputing attention's softmax, dropout and softmax backward as separate ops",
+            )
+        })
+        .clone()
+        .map_err(candle_core::Error::Msg)
+}
+
+/// Whether the node takes the one-pass softmax ops for `x` (f32 where fpt's kernels run).
+fn one_pass(x: &Tensor) -> Result<bool> {
+    Ok(x.dtype() == DType::F32 && super::fused_here(x) && !composed_softmax_requested()?)
+}
+
+/// Splits `[b, t, c]` into heads, `[b, heads, t, c / heads]`, contiguous and detached.
+fn heads(x: &Tensor, h: usize) -> Result<Tensor> {
+    let (b, t, c) = x.dims3()?;
+    x.detach().reshape((b, t, h, c / h))?.transpose(1, 2)?.contiguous()
+}
+
+/// Merges `[b, heads, t, d]` back to `[b, t, heads * d]`.
+fn merge(x: Tensor) -> Result<Tensor> {
+    let (b, h, t, d) = x.dims4()?;
+    x.transpose(1, 2)?.reshape((b, t, h * d))
+}
+
+/// The attention's values: [`attention_composed`]'s to the last bit; for f32 its softmax
+/// and dropout in one op ([`softmax_dropout`]).
+fn values(q: &Tensor, k: &Tensor, v: &Tensor, spec: AttentionSpec) -> Result<Tensor> {
+    if !one_pass(q)? {
+        return attention_composed(q, k, v, spec);
+    }
+    let t = q.dim(1)?;
+    let scores = heads(q, spec.heads)?.matmul(&heads(k, spec.heads)?.t()?)?;
+    let (probs, _) = softmax_dropout(&scores, RowSoftmax::of(&spec, t), false)?;
+    merge(probs.matmul(&heads(v, spec.heads)?)?)
+}
+
+/// [`gradients`] for f32 through the one-pass ops: the probabilities and each row's
+/// log-sum-exp in one pass, the scores' gradient in one more, with
+/// `D = sum_j P'_j dP_j = dO . O` taken from the output `out` (see the module docs).
+#[allow(clippy::too_many_arguments)]
+fn gradients_one_pass(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
+    out: &Tensor,
     dout: &Tensor,
     spec: &AttentionSpec,
     want: [bool; 3],
 ) -> Result<[Option<Tensor>; 3]> {
     let (b, t, c) = q.dims3()?;
     let h = spec.heads;
-    let split = |x: &Tensor| x.detach().reshape((b, t, h, c / h))?.transpose(1, 2)?.contiguous();
-    let merge = |x: Tensor| x.transpose(1, 2)?.reshape((b, t, c));
-    let (qh, kh, vh, doh) = (split(q)?, split(k)?, split(v)?, split(dout)?);
+    let rs = RowSoftmax::of(spec, t);
+    let (qh, kh, vh, doh) = (heads(q, h)?, heads(k, h)?, heads(v, h)?, heads(dout, h)?);
+    let scores = qh.matmul(&kh.t()?)?;
+    let want_qk = want[0] || want[1];
+    let (probs, lse) = softmax_dropout(&scores, rs, want_qk)?;
+    let dv = match want[2] {
+        true => Some(merge(probs.t()?.matmul(&doh)?)?),
+        false => None,
+    };
+    let Some(lse) = lse else {
+        return Ok([None, None, dv]);
+    };
+    drop(probs);
+    // D per (example, head, query), in the scores' row order.
+    let dd = (dout.detach() * out.detach())?
+        .reshape((b, t, h, c / h))?
+        .sum(3)?
+        .transpose(1, 2)?
+        .contiguous()?;
+    let dp = doh.matmul(&vh.t()?)?;
+    let ds = scores_grad(&scores, &dp, &lse, &dd, rs)?;
+    let dq = match want[0] {
+        true => Some(merge(ds.matmul(&kh)?)?),
+        false => None,
+    };
+    let dk = match want[1] {
+        true => Some(merge(ds.t()?.matmul(&qh)?)?),
+        false => None,
+    };
+    Ok([dq, dk, dv])
+}
+
+/// dQ, dK, dV (each `[b, t, c]`, `None` where `want` says no) from the forward's inputs and
+/// the output's gradient, the probabilities recomputed; `out` is the forward's output (the
+/// one-pass ops take `D` from it).
+fn gradients(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    out: &Tensor,
+    dout: &Tensor,
+    spec: &AttentionSpec,
+    want: [bool; 3],
+) -> Result<[Option<Tensor>; 3]> {
+    if one_pass(q)? {
+        return gradients_one_pass(q, k, v, out, dout, spec, want);
+    }
+    let (t, h) = (q.dim(1)?, spec.heads);
+    let (qh, kh, vh, doh) = (heads(q, h)?, heads(k, h)?, heads(v, h)?, heads(dout, h)?);
     let probs = super::masked_softmax(&qh.matmul(&kh.t()?)?, spec.scale, spec.mask)?;
     let drop = |x: &Tensor| match spec.dropout {
         // The forward's mask: one block per (example, head) matrix, from the same seed.
@@ -79,8 +184,8 @@ impl ThreeOperands for Split {
         self.out.take(super::computed_cuda)
     }
 
-    fn gradients(&self, [q, k, v]: [&Tensor; 3], _res: &Tensor, dy: &Tensor) -> Result<[Option<Tensor>; 3]> {
-        gradients(q, k, v, dy, &self.spec, [tracks(q), tracks(k), tracks(v)])
+    fn gradients(&self, [q, k, v]: [&Tensor; 3], res: &Tensor, dy: &Tensor) -> Result<[Option<Tensor>; 3]> {
+        gradients(q, k, v, res, dy, &self.spec, [tracks(q), tracks(k), tracks(v)])
     }
 }
 
@@ -109,19 +214,19 @@ impl CustomOp1 for Packed {
         self.out.take(super::computed_cuda)
     }
 
-    fn bwd(&self, qkv: &Tensor, _res: &Tensor, dy: &Tensor) -> Result<Option<Tensor>> {
+    fn bwd(&self, qkv: &Tensor, res: &Tensor, dy: &Tensor) -> Result<Option<Tensor>> {
         if !tracks(qkv) {
             return Ok(None);
         }
-        Ok(Some(packed_grad(&qkv.detach(), dy, &self.spec)?))
+        Ok(Some(packed_grad(&qkv.detach(), res, dy, &self.spec)?))
     }
 }
 
-/// The packed `qkv`'s gradient (`[b, t, 3c]`) from the output's, the probabilities
-/// recomputed.
-fn packed_grad(qkv: &Tensor, dy: &Tensor, spec: &AttentionSpec) -> Result<Tensor> {
+/// The packed `qkv`'s gradient (`[b, t, 3c]`) from the output `out` and its gradient, the
+/// probabilities recomputed.
+fn packed_grad(qkv: &Tensor, out: &Tensor, dy: &Tensor, spec: &AttentionSpec) -> Result<Tensor> {
     let [q, k, v] = thirds(qkv)?;
-    let [dq, dk, dv] = gradients(&q, &k, &v, dy, spec, [true; 3])?;
+    let [dq, dk, dv] = gradients(&q, &k, &v, out, dy, spec, [true; 3])?;
     let missing = || candle_core::Error::Msg("attention: a wanted gradient was not computed".into());
     Tensor::cat(
         &[
@@ -141,8 +246,9 @@ pub(super) fn attention_packed_recomputed_detached(
 ) -> Result<(Tensor, super::InputGrad)> {
     let qkv = qkv.detach();
     let [q, k, v] = thirds(&qkv)?;
-    let out = attention_composed(&q, &k, &v, spec)?;
-    Ok((out, Box::new(move |dy: &Tensor| packed_grad(&qkv, dy, &spec))))
+    let out = values(&q, &k, &v, spec)?;
+    let kept = out.clone();
+    Ok((out, Box::new(move |dy: &Tensor| packed_grad(&qkv, &kept, dy, &spec))))
 }
 
 /// Multi-head self-attention of `q, k, v: [b, t, c]` as one node of the graph, on any device
@@ -150,7 +256,7 @@ pub(super) fn attention_packed_recomputed_detached(
 /// that recomputes the probabilities instead of keeping them (see the module docs).
 /// [`super::attention`] takes it on a GPU.
 pub fn attention_recomputed(q: &Tensor, k: &Tensor, v: &Tensor, spec: AttentionSpec) -> Result<Tensor> {
-    let out = attention_composed(&q.detach(), &k.detach(), &v.detach(), spec)?;
+    let out = values(&q.detach(), &k.detach(), &v.detach(), spec)?;
     q.apply_op3(
         k,
         v,
@@ -165,7 +271,7 @@ pub fn attention_recomputed(q: &Tensor, k: &Tensor, v: &Tensor, spec: AttentionS
 /// whose gradient is one `[b, t, 3c]` tensor.
 pub fn attention_packed_recomputed(qkv: &Tensor, spec: AttentionSpec) -> Result<Tensor> {
     let [q, k, v] = thirds(&qkv.detach())?;
-    let out = attention_composed(&q, &k, &v, spec)?;
+    let out = values(&q, &k, &v, spec)?;
     qkv.apply_op1(Packed {
         spec,
         out: Computed::new("attention", out),

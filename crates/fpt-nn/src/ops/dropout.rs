@@ -100,7 +100,7 @@ pub(crate) struct DropoutMul {
 }
 
 impl DropoutMul {
-    fn host<T: super::Float>(&self, x: &[T]) -> Vec<T> {
+    pub(crate) fn host<T: super::Float>(&self, x: &[T]) -> Vec<T> {
         let mut out = super::uninit::<T>(x.len());
         fill_with_mask(&mut out, self.block, self.p, self.seed, |i, m| {
             x[i] * T::from(m).expect("f32 converts")

@@ -30,6 +30,7 @@ mod adam_gate;
 mod attention;
 mod attention_dispatch;
 mod attention_recomputed;
+pub(crate) mod attention_rows;
 pub(crate) mod attention_tiled;
 pub mod bf16;
 pub mod bf16_choice;

@@ -37,7 +37,7 @@ struct SoftmaxOp {
     mask: Mask,
 }
 
-fn fwd_kernel<T: Float>(s: &[T], tq: usize, tk: usize, scale: f64, mask: Mask) -> Vec<T> {
+pub(crate) fn fwd_kernel<T: Float>(s: &[T], tq: usize, tk: usize, scale: f64, mask: Mask) -> Vec<T> {
     let scale = T::from(scale).unwrap();
     let mut y = vec![T::zero(); s.len()];
     let rows = rows_per_task(tk);
