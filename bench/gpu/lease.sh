@@ -53,7 +53,7 @@ OUT="$work/session" DEADLINE_S="${SESSION_S:-380}" CHECK_S="${CHECK_S:-175}" \
     CHECK_SHAPES="${CHECK_SHAPES-minilm-mnist smollm2-mnist}" AT_ONCE="${AT_ONCE-}" TILED_ROUNDS="${TILED_ROUNDS:-1}" \
     TILED_VARIANTS="${TILED_VARIANTS-auto FPT_SOFTMAX=composed}" BF16_ROUNDS="${BF16_ROUNDS:-1}" \
     STREAMS="${STREAMS-1 4 8}" STREAMS_ROUNDS="${STREAMS_ROUNDS:-1}" LSTM_ROUNDS="${LSTM_ROUNDS:-1}" \
-    GRAPH_S="${GRAPH_S:-60}" PROBES="${PROBES- }" WORK_S="${WORK_S:-0}" bash bench/gpu/session.sh
+    GRAPH_S="${GRAPH_S:-60}" PROFILE_SHAPES="${PROFILE_SHAPES-}" PROBES="${PROBES- }" WORK_S="${WORK_S:-0}" bash bench/gpu/session.sh
 echo "lease: session part done after $(( $(date +%s) - t0 )) s" >> "$work/session/session.log"
 OUT="$work/sanitize" SAN_S="${SAN_S:-30}" INIT_S="${INIT_S:-30}" PLAIN_S="${PLAIN_S:-30}" \
     VARIANTS="${VARIANTS-check plain}" bash bench/gpu/sanitize.sh

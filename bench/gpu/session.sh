@@ -11,6 +11,7 @@
 #   lstm-bench.jsonl                         lstm-listops: the LSTM's block-per-row kernels and FPT_LSTM=composed
 #   bf16-bench.jsonl                         minilm-mnist in f32, bf16 autocast, bf16 chosen per shape
 #   graph.json, graph.err                    the MiniLM step as a replayed CUDA graph beside it eager
+#   profile-<shape>-*, profile.log           PROFILE_SHAPES' kernel times, fpt's and PyTorch's (bench/gpu/profile.sh)
 #   campaign/<key>/ and campaign.log         runs to copy into results/campaign/ here
 # Carried (ignored paths): target/cuda/fpt-cuda.gz (`cargo xtask cuda-build`) and
 # target/device-hub.tgz (`bash bench/gpu/campaign.sh --prepare [--weights]`, then
@@ -188,6 +189,16 @@ if [ -n "${GRAPH_SHAPES-minilm-mnist minilm-listops}" ] && [ "$(left 90)" -ge 10
         --steps 20 --warmup 3 --device "$dev" > "$OUT/graph.json" 2> "$OUT/graph.err"
     echo "session: graph experiment exited $? after $(( $(date +%s) - start )) s" | tee -a "$OUT/session.log"
 fi
+
+# 1e. Where a step's device time goes (bench/gpu/profile.sh: fpt's kernels by Nsight
+# Compute, one warm-up and one timed step; PyTorch's step by torch.profiler), for each of
+# PROFILE_SHAPES (none by default; lra is the shape furthest behind PyTorch's): the files
+# profile-<shape>-{ncu.csv,fpt.txt,pytorch.txt}. About 60-120 s a shape (an estimate).
+for s in ${PROFILE_SHAPES-}; do
+    [ "$(left 150)" -lt 30 ] && continue
+    OUT="$OUT" FPT_PROFILE_TIMEOUT="$(left 120)" bash bench/gpu/profile.sh "$s" >> "$OUT/profile.log" 2>&1
+    echo "session: $s profiled after $(( $(date +%s) - start )) s" | tee -a "$OUT/session.log"
+done
 
 # 2. ListOps probes and campaign runs, side by side, for WORK_S seconds.
 export HF_HUB_CACHE="$PWD/target/device-hub" HF_HUB_OFFLINE=1 FPT_HOME="${FPT_HOME:-/tmp/fpt-home}"
