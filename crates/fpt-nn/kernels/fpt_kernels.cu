@@ -39,25 +39,6 @@ extern "C" __global__ void fpt_dropout_add_f32(const float *a, const float *b, f
     FPT_FOR_EACH(i, n) { out[i] = __fadd_rn(a[i], __fmul_rn(b[i], fpt_dropout_mult(seed, block, i, thr, keep))); }
 }
 
-// Masked, scaled softmax over rows of tk keys: one warp per row, the lanes' partial
-// maxima and sums combined by shuffles. rows = batch * heads * tq.
-extern "C" __global__ void fpt_softmax_fwd_f32(const float *s, float *y, uint64_t rows, int64_t tq, int64_t tk,
-                                               float scale, int32_t kind, int64_t band) {
-    uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) / FPT_WARP;
-    uint64_t warps = ((uint64_t)gridDim.x * blockDim.x) / FPT_WARP;
-    int lane = threadIdx.x % FPT_WARP;
-    for (uint64_t r = warp; r < rows; r += warps) {
-        const float *sr = s + r * tk;
-        float *yr = y + r * tk;
-        int64_t lo, hi;
-        fpt_mask_range(kind, band, (int64_t)r, tq, tk, &lo, &hi);
-        float m = fpt_warp_max(fpt_softmax_lane_max(sr, lo, hi, scale, lane, FPT_WARP));
-        float sum = fpt_warp_sum(fpt_softmax_lane_exp(sr, yr, lo, hi, scale, m, lane, FPT_WARP));
-        __syncwarp();
-        fpt_softmax_lane_finish(yr, tk, lo, hi, 1.0f / sum, lane, FPT_WARP);
-    }
-}
-
 // ds = scale * y * (dy - sum(dy * y)), one warp per row.
 extern "C" __global__ void fpt_softmax_bwd_f32(const float *y, const float *dy, float *ds, uint64_t rows, int64_t tk,
                                                float scale) {
@@ -70,10 +51,12 @@ extern "C" __global__ void fpt_softmax_bwd_f32(const float *y, const float *dy, 
     }
 }
 
-// Attention's softmax with its dropout in one pass over the scores: y = softmax(scale * s)
-// times the mask of blocks of `block` elements (thr 0: none), and, when `lse` is not null,
-// each row's log-sum-exp of scale * s (what fpt_attn_ds_f32 recomputes the probabilities
-// from). One warp per row; `seed_at` as fpt_dropout_mul_f32's.
+// The masked, scaled softmax over rows of tk keys (rows = batch * heads * tq), with
+// attention's dropout in the same pass: y = softmax(scale * s) times the mask of blocks of
+// `block` elements (thr 0: none, the plain softmax), and, when `lse` is not null, each
+// row's log-sum-exp of scale * s (what fpt_attn_ds_f32 recomputes the probabilities from).
+// One warp per row, the lanes' partial maxima and sums combined by shuffles; `seed_at` as
+// fpt_dropout_mul_f32's.
 extern "C" __global__ void fpt_softmax_drop_f32(const float *s, float *y, float *lse, uint64_t rows, int64_t tq,
                                                 int64_t tk, float scale, int32_t kind, int64_t band, uint64_t seed,
                                                 uint64_t block, int32_t thr, float keep, const uint64_t *seed_at) {

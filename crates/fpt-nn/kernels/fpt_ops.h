@@ -128,13 +128,6 @@ FPT_HD float fpt_softmax_lane_exp(const float *s, float *y, int64_t lo, int64_t 
     return sum;
 }
 
-/* Pass 3: y *= 1 / sum over the visible keys, 0 on the hidden ones. */
-FPT_HD void fpt_softmax_lane_finish(float *y, int64_t tk, int64_t lo, int64_t hi, float inv, int lane, int nl) {
-    for (int64_t j = lane; j < tk; j += nl) {
-        y[j] = (j >= lo && j < hi) ? y[j] * inv : 0.0f;
-    }
-}
-
 /* Backward, pass 1: the lane's part of sum(dy * y) (hidden keys have y = 0). */
 FPT_HD float fpt_softmax_lane_dot(const float *y, const float *dy, int64_t tk, int lane, int nl) {
     float d = 0.0f;
@@ -161,9 +154,10 @@ FPT_HD float fpt_row_mult(uint32_t key, uint64_t jb, int32_t thr, float keep) {
     return ((int32_t)(h >> 8) < thr) ? 0.0f : keep;
 }
 
-/* Pass 3 of the softmax with the dropout after it: y = y / sum, 0 on the hidden keys, then
+/* Pass 3 of the softmax, with the dropout after it: y = y / sum, 0 on the hidden keys, then
  * times the multiplier of the row's element j (the row's first element is element jb of its
- * block; thr 0: no dropout). Rounded as the softmax's pass 3 then the dropout kernel round. */
+ * block; thr 0: no dropout, the plain softmax). Rounded as a softmax then the dropout
+ * kernel (fpt_dropout_mul_f32) round. */
 FPT_HD void fpt_softmax_lane_finish_drop(float *y, int64_t tk, int64_t lo, int64_t hi, float inv, uint32_t key,
                                          uint64_t jb, int32_t thr, float keep, int lane, int nl) {
     for (int64_t j = lane; j < tk; j += nl) {

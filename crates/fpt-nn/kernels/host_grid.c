@@ -38,24 +38,6 @@ void fpt_host_dropout_add_f32(const float *a, const float *b, float *out, uint64
     for (uint64_t i = 0; i < n; i++) out[i] = a[i] + b[i] * fpt_dropout_mult(seed, block, i, thr, keep);
 }
 
-void fpt_host_softmax_fwd_f32(const float *s, float *y, uint64_t rows, int64_t tq, int64_t tk, float scale,
-                              int32_t kind, int64_t band) {
-    for (uint64_t r = 0; r < rows; r++) {
-        const float *sr = s + r * tk;
-        float *yr = y + r * tk;
-        int64_t lo, hi;
-        fpt_mask_range(kind, band, (int64_t)r, tq, tk, &lo, &hi);
-        float part[LANES];
-        for (int l = 0; l < LANES; l++) part[l] = fpt_softmax_lane_max(sr, lo, hi, scale, l, LANES);
-        butterfly_max(part);
-        float m = part[0];
-        for (int l = 0; l < LANES; l++) part[l] = fpt_softmax_lane_exp(sr, yr, lo, hi, scale, m, l, LANES);
-        butterfly_sum(part);
-        float inv = 1.0f / part[0];
-        for (int l = 0; l < LANES; l++) fpt_softmax_lane_finish(yr, tk, lo, hi, inv, l, LANES);
-    }
-}
-
 void fpt_host_softmax_bwd_f32(const float *y, const float *dy, float *ds, uint64_t rows, int64_t tk, float scale) {
     for (uint64_t r = 0; r < rows; r++) {
         float part[LANES];

@@ -1,6 +1,7 @@
 //! fpt's own CUDA kernels (`kernels/fpt_kernels.cu`, compiled to PTX by `build.rs` with the
 //! `cuda` feature), launched from the `cuda_fwd` of fpt's custom ops: dropout drawn on the
-//! device (the mask never crosses from the host), the masked softmax and its backward, and
+//! device (the mask never crosses from the host), the masked softmax (with attention's dropout:
+//! `cuda/attn_rows.rs`) and its backward, and
 //! Adam's in-place updates. Their arithmetic is `kernels/fpt_ops.h`, which the tests also
 //! run on the host (`kernels/host_grid.c`) against the CPU ops.
 //!
@@ -147,38 +148,6 @@ pub(crate) fn dropout_add(
         // seed_at is null or the address of a live slot of the bound step's buffer.
         unsafe { b.launch(elementwise(n)) }.w()
     })?;
-    Ok(CudaStorage::wrap_cuda_slice(out, dev))
-}
-
-/// The masked, scaled softmax over rows of `tk` keys (`tq` queries per matrix).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn softmax_fwd(
-    s: &CudaStorage,
-    l: &Layout,
-    tq: usize,
-    tk: usize,
-    scale: f64,
-    kind: i32,
-    band: usize,
-) -> Result<CudaStorage> {
-    let dev = s.device().clone();
-    let sv = f32_view(s, l, "masked_softmax")?;
-    let n = l.shape().elem_count();
-    let rows = n / tk.max(1);
-    let out = output(&dev, n)?;
-    let f = func!(dev, "fpt_softmax_fwd_f32")?;
-    let mut b = f.builder();
-    let (rows64, tq64, tk64, scale32, band64) = (rows as u64, tq as i64, tk as i64, scale as f32, band as i64);
-    b.arg(&sv)
-        .arg(&out)
-        .arg(&rows64)
-        .arg(&tq64)
-        .arg(&tk64)
-        .arg(&scale32)
-        .arg(&kind)
-        .arg(&band64);
-    // SAFETY: s and out hold rows * tk elements.
-    unsafe { b.launch(per_row(rows)) }.w()?;
     Ok(CudaStorage::wrap_cuda_slice(out, dev))
 }
 

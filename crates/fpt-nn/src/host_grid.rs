@@ -20,16 +20,6 @@ extern "C" {
         thr: i32,
         keep: f32,
     );
-    fn fpt_host_softmax_fwd_f32(
-        s: *const f32,
-        y: *mut f32,
-        rows: u64,
-        tq: i64,
-        tk: i64,
-        scale: f32,
-        kind: i32,
-        band: i64,
-    );
     fn fpt_host_softmax_bwd_f32(y: *const f32, dy: *const f32, ds: *mut f32, rows: u64, tk: i64, scale: f32);
     fn fpt_host_softmax_drop_f32(
         s: *const f32,
@@ -255,17 +245,23 @@ fn softmax_kernels_equal_the_cpu_op() -> Result<()> {
         };
         let mut y = poisoned(n);
         let rows = (batch * tq) as u64;
-        // SAFETY: s and y hold rows * tk elements.
+        // The one-pass kernel without dropout (thr 0) and without the rows' log-sum-exps.
+        // SAFETY: s and y hold rows * tk elements; a null lse is never written.
         unsafe {
-            fpt_host_softmax_fwd_f32(
+            fpt_host_softmax_drop_f32(
                 s.as_ptr(),
                 y.as_mut_ptr(),
+                std::ptr::null_mut(),
                 rows,
                 tq as i64,
                 tk as i64,
                 scale as f32,
                 kind,
                 band,
+                0,
+                1,
+                0,
+                1.0,
             )
         };
         let st = candle_core::Var::from_tensor(&Tensor::from_vec(s, (batch, tq, tk), &dev)?)?;

@@ -8,6 +8,15 @@ use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::PushKernelArg;
 use candle_core::{CudaStorage, Layout, Result};
 
+/// Runs `launch` with the address of the dropout seed's slot when a replayed step holds it
+/// (null otherwise, and without dropout, where the kernels never read the seed).
+fn with_dropout_seed<R>(rs: &RowSoftmax, launch: impl FnOnce(u64) -> Result<R>) -> Result<R> {
+    match rs.dropout {
+        Some((_, seed)) => with_seed_at(seed, launch),
+        None => launch(0),
+    }
+}
+
 /// The probabilities (softmax then dropout) of scores `s` (`rows = n / tk` rows of `tk`,
 /// `tq` queries a matrix), followed, when `lse`, by each row's log-sum-exp: `n` or
 /// `n + rows` values.
@@ -56,10 +65,7 @@ pub(crate) fn softmax_drop(
         // (`with_seed_at`); block is a multiple of tk (RowSoftmax::geometry).
         unsafe { b.launch(per_row(rows)) }.w()
     };
-    match rs.dropout {
-        Some(_) => with_seed_at(seed, launch)?,
-        None => launch(0)?,
-    };
+    with_dropout_seed(rs, launch)?;
     Ok(CudaStorage::wrap_cuda_slice(out, dev))
 }
 
@@ -111,9 +117,6 @@ pub(crate) fn scores_grad(
         // op); seed_at is null or a live slot's address; block is a multiple of tk.
         unsafe { b.launch(per_row(rows)) }.w()
     };
-    match rs.dropout {
-        Some(_) => with_seed_at(seed, launch)?,
-        None => launch(0)?,
-    };
+    with_dropout_seed(rs, launch)?;
     Ok(CudaStorage::wrap_cuda_slice(out, dev))
 }

@@ -76,6 +76,13 @@ fn values(q: &Tensor, k: &Tensor, v: &Tensor, spec: AttentionSpec) -> Result<Ten
     merge(probs.matmul(&heads(v, spec.heads)?)?)
 }
 
+/// dQ = dS K and dK = dS^T Q (merged to `[b, t, c]`) where `want` asks for them.
+fn qk_grads(ds: &Tensor, qh: &Tensor, kh: &Tensor, want: [bool; 3]) -> Result<(Option<Tensor>, Option<Tensor>)> {
+    let dq = want[0].then(|| merge(ds.matmul(kh)?)).transpose()?;
+    let dk = want[1].then(|| merge(ds.t()?.matmul(qh)?)).transpose()?;
+    Ok((dq, dk))
+}
+
 /// [`gradients`] for f32 through the one-pass ops: the probabilities and each row's
 /// log-sum-exp in one pass, the scores' gradient in one more, with
 /// `D = sum_j P'_j dP_j = dO . O` taken from the output `out` (see the module docs).
@@ -96,10 +103,7 @@ fn gradients_one_pass(
     let scores = qh.matmul(&kh.t()?)?;
     let want_qk = want[0] || want[1];
     let (probs, lse) = softmax_dropout(&scores, rs, want_qk)?;
-    let dv = match want[2] {
-        true => Some(merge(probs.t()?.matmul(&doh)?)?),
-        false => None,
-    };
+    let dv = want[2].then(|| merge(probs.t()?.matmul(&doh)?)).transpose()?;
     let Some(lse) = lse else {
         return Ok([None, None, dv]);
     };
@@ -112,14 +116,7 @@ fn gradients_one_pass(
         .contiguous()?;
     let dp = doh.matmul(&vh.t()?)?;
     let ds = scores_grad(&scores, &dp, &lse, &dd, rs)?;
-    let dq = match want[0] {
-        true => Some(merge(ds.matmul(&kh)?)?),
-        false => None,
-    };
-    let dk = match want[1] {
-        true => Some(merge(ds.t()?.matmul(&qh)?)?),
-        false => None,
-    };
+    let (dq, dk) = qk_grads(&ds, &qh, &kh, want)?;
     Ok([dq, dk, dv])
 }
 
@@ -146,23 +143,13 @@ fn gradients(
         Some((p, seed)) => DropoutMul { p, seed, block: t * t }.apply(x),
         None => Ok(x.clone()),
     };
-    let dv = match want[2] {
-        true => Some(merge(drop(&probs)?.t()?.matmul(&doh)?)?),
-        false => None,
-    };
+    let dv = want[2].then(|| merge(drop(&probs)?.t()?.matmul(&doh)?)).transpose()?;
     if !want[0] && !want[1] {
         return Ok([None, None, dv]);
     }
     let dp = drop(&doh.matmul(&vh.t()?)?)?;
     let ds = super::softmax::masked_softmax_backward(&probs, &dp, spec.scale, spec.mask)?;
-    let dq = match want[0] {
-        true => Some(merge(ds.matmul(&kh)?)?),
-        false => None,
-    };
-    let dk = match want[1] {
-        true => Some(merge(ds.t()?.matmul(&qh)?)?),
-        false => None,
-    };
+    let (dq, dk) = qk_grads(&ds, &qh, &kh, want)?;
     Ok([dq, dk, dv])
 }
 

@@ -16,7 +16,7 @@
 //!
 //! The kernels are `kernels/fpt_ops.h`'s `fpt_softmax_lane_finish_drop` and
 //! `fpt_attn_ds_lane` (one warp per row; `host_grid.rs` runs them here against the CPU
-//! twins below).
+//! twins below); the first, without dropout, is also [`super::masked_softmax`]'s on a GPU.
 
 use super::dropout::{mask_params, DropoutMul};
 use super::{cpu_slice, f32_only, AttentionSpec, Mask};

@@ -141,13 +141,15 @@ impl CustomOp1 for SoftmaxOp {
     #[cfg(feature = "cuda")]
     fn cuda_fwd(&self, s: &candle_core::CudaStorage, l: &Layout) -> Result<(candle_core::CudaStorage, Shape)> {
         let (tq, tk) = dims(l.shape())?;
-        let (kind, band) = match self.mask {
-            Mask::None => (0, 0),
-            Mask::Causal => (1, 0),
-            Mask::Band(w) => (2, w),
+        // Attention's one-pass softmax kernel without its dropout.
+        let rs = super::attention_rows::RowSoftmax {
+            scale: self.scale,
+            mask: self.mask,
+            dropout: None,
+            block: 1,
         };
         Ok((
-            crate::cuda::softmax_fwd(s, l, tq, tk, self.scale, kind, band)?,
+            crate::cuda::attn_rows::softmax_drop(s, l, &rs, tq, tk, false)?,
             l.shape().clone(),
         ))
     }
