@@ -463,6 +463,9 @@ pub struct RunState {
     pub outcome: Option<String>,
     /// The share of its time the run spent evaluating ([`crate::campaign_time::eval_time`]).
     pub eval_time: Option<crate::campaign_time::EvalShare>,
+    /// For a pending run: the convergence rule's call as of its checkpoint
+    /// ([`fpt_train::pending_call`], described).
+    pub call: Option<String>,
 }
 
 /// Seconds a step on a CPU: from the run's CPU stretches in `history.jsonl` where it has
@@ -549,6 +552,10 @@ pub fn status(cells: &[Cell], rows: &[String], cols: &[String], out: &Path, task
                 floor: spec.train.converge_floor,
                 secs_per_step: secs_per_step(&dir),
                 eval_time: crate::campaign_time::eval_time(&dir),
+                call: p
+                    .filter(|p| !p.0)
+                    .and_then(|_| fpt_train::pending_call(&dir))
+                    .map(|c| c.describe()),
                 outcome,
             }
         })
@@ -601,7 +608,7 @@ pub fn status_lines(states: &[RunState], jobs: usize) -> Vec<String> {
                     secs_floor += to_floor as f64 * p;
                 }
                 format!(
-                    "{:<9} {}  step {} of {}{}{}{}",
+                    "{:<9} {}  step {} of {}{}{}{}{}",
                     st,
                     s.what,
                     s.step,
@@ -612,6 +619,7 @@ pub fn status_lines(states: &[RunState], jobs: usize) -> Vec<String> {
                     s.eval_time
                         .as_ref()
                         .map_or(String::new(), |e| format!(", evaluating {}", e.describe())),
+                    s.call.as_ref().map_or(String::new(), |c| format!("; now {c}")),
                 )
             }
         };

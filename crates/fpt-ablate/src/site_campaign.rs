@@ -85,9 +85,10 @@ fn read_row(dir: &Path) -> Option<Row> {
                 .and_then(|r| fpt_train::reopen_reason(&r, &spec));
             (
                 format!("pending (step {step})"),
-                match reopened {
-                    Some(_) => "reopened: an earlier rule stopped it; training on".into(),
-                    None => "resumes from its checkpoint".into(),
+                match (reopened, fpt_train::pending_call(dir)) {
+                    (Some(_), _) => "reopened: an earlier rule stopped it; training on".into(),
+                    (None, Some(c)) => format!("resumes from its checkpoint; now {}", c.describe()),
+                    (None, None) => "resumes from its checkpoint".into(),
                 },
             )
         }

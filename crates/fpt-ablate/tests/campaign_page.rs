@@ -44,7 +44,7 @@ fn the_campaign_page_says_what_status_says() {
     let order = fpt_ablate::scale_of(&table, &scales, "converge")
         .unwrap()
         .campaign_order;
-    let mut seen = 0;
+    let (mut seen, mut calls, mut callable) = (0, 0, 0);
     for s in fpt_ablate::campaign::status(&cells, &rows, &cols, &results, &order) {
         if s.state == "not started" {
             assert!(!html.contains(&s.key), "{} is not started but on the page", s.key);
@@ -59,8 +59,27 @@ fn the_campaign_page_says_what_status_says() {
             other => other.to_string(),
         };
         assert!(row.contains(&want), "{}: --status says {want}: {row}", s.key);
+        // A pending run's call as of its checkpoint, the same words on both.
+        if let Some(call) = &s.call {
+            assert!(
+                row.contains(&format!("now {call}")),
+                "{}: --status says now {call}: {row}",
+                s.key
+            );
+            calls += 1;
+        }
+        let evals = std::fs::read_to_string(results.join("campaign").join(&s.key).join("metrics.jsonl"))
+            .map_or(0, |m| m.lines().count());
+        if s.state == "pending" && evals >= 3 {
+            callable += 1;
+        }
         seen += 1;
     }
     assert!(seen > 0);
+    // Runs in progress with three evaluations or more have a call (the rule's least window).
+    assert!(
+        callable == 0 || calls > 0,
+        "{callable} pending runs with 3+ evaluations, no call"
+    );
     assert!(html.matches("<svg").count() >= 2, "a curve per task");
 }

@@ -107,6 +107,37 @@ impl Plateau {
     }
 }
 
+impl Plateau {
+    /// The call with its numbers, for a reader: `rising: +1.20 points over steps
+    /// 6000-12000 (95%: +0.30 to +2.10)`, `flat: ...` (`flat, but before its floor` where the
+    /// floor is still ahead), `flat for 1 of 3 evaluations: ...` (a flat window whose call
+    /// has not held long enough) and `unsettled ...` (neither rising nor flat: the
+    /// interval's top at a point or more).
+    pub fn describe(&self) -> String {
+        let pts = |v: f64| format!("{:+.2}", 100.0 * v);
+        let numbers = format!(
+            "{} points over steps {}-{} (95%: {} to {})",
+            pts(self.gain),
+            self.from_step,
+            self.to_step,
+            pts(self.interval.0),
+            pts(self.interval.1)
+        );
+        match (self.call(), self.flat_for, self.hold) {
+            ("flat", _, _) => match self.floor.filter(|_| self.before_floor()) {
+                Some(f) => format!("flat, but before its floor ({f} steps): {numbers}"),
+                None => format!("flat: {numbers}"),
+            },
+            ("rising", _, _) => format!("rising: {numbers}"),
+            (_, Some(n), Some(h)) if n > 0 => format!("flat for {n} of {h} evaluations: {numbers}"),
+            _ => format!(
+                "unsettled (flat needs the interval's top under {:.0} point): {numbers}",
+                100.0 * FLAT_GAIN
+            ),
+        }
+    }
+}
+
 /// The plateau test between the last of `evals` and the one `window` evaluations before it
 /// (the first, where fewer were made); `None` with fewer than two evaluations or where the
 /// two did not score the same examples. This is the fixed window of records written before
@@ -586,5 +617,42 @@ mod tests {
         let p = convergence(&curve(&steps, &lower, 256_000), 3, Some(10000)).unwrap();
         assert_eq!(p.ceiling, None, "{p:?}");
         assert!(p.rising && !p.converged(), "{p:?}");
+    }
+
+    /// Each call reads as what the rule said, with its numbers in points.
+    #[test]
+    fn a_call_is_described_with_its_numbers() {
+        let p = |gain: f64, lo: f64, hi: f64, flat_for: usize, floor: Option<usize>| Plateau {
+            from_step: 6000,
+            to_step: 12000,
+            window: 6,
+            gain,
+            interval: (lo, hi),
+            rising: gain >= RISING_GAIN || lo > 0.0,
+            floor,
+            rule: Some("trend".into()),
+            flat_for: Some(flat_for),
+            hold: Some(3),
+            ceiling: None,
+        };
+        assert_eq!(
+            p(0.012, 0.003, 0.021, 0, None).describe(),
+            "rising: +1.20 points over steps 6000-12000 (95%: +0.30 to +2.10)"
+        );
+        assert_eq!(
+            p(-0.0004, -0.0113, 0.0105, 0, None).describe(),
+            "unsettled (flat needs the interval's top under 1 point): -0.04 points over steps 6000-12000 (95%: -1.13 to +1.05)"
+        );
+        assert_eq!(
+            p(0.001, -0.004, 0.006, 2, None).describe(),
+            "flat for 2 of 3 evaluations: +0.10 points over steps 6000-12000 (95%: -0.40 to +0.60)"
+        );
+        assert_eq!(
+            p(0.001, -0.004, 0.006, 3, Some(10000)).describe(),
+            "flat: +0.10 points over steps 6000-12000 (95%: -0.40 to +0.60)"
+        );
+        assert!(p(0.001, -0.004, 0.006, 3, Some(40000))
+            .describe()
+            .starts_with("flat, but before its floor (40000 steps): "));
     }
 }

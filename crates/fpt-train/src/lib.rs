@@ -61,7 +61,9 @@ pub use evaluate::{device_name, evaluate, evaluate_with, predict_run, tally_with
 pub use history::Segment;
 pub use replay_eval::EvalReplay;
 pub use replay_step::ReplayStep;
-pub use run_dir::{finished_result, in_use_by, reopen_reason, respec_run, saved_spec, write_atomic, Holder, Respec};
+pub use run_dir::{
+    finished_result, in_use_by, pending_call, reopen_reason, respec_run, saved_spec, write_atomic, Holder, Respec,
+};
 pub(crate) use run_dir::{metrics_append, metrics_truncate, run_dir_err, write_result, RunLock};
 pub use run_loop::{evaluate_run, resume, resume_task, train, train_task, RunState};
 pub use trainer::{root_rng, StepOutcome, Trainer};

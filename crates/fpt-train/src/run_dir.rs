@@ -365,6 +365,19 @@ pub fn finished_result(dir: &Path) -> Option<RunResult> {
     (!reopen).then_some(res)
 }
 
+/// The convergence rule's call on the unfinished run in `dir` as of its latest checkpoint:
+/// its evaluations judged as the run's loop judged them at the last one
+/// ([`crate::convergence::convergence`] over the checkpoint's kept per-example scores, the
+/// spec's patience and floor). `None` where the run has no readable checkpoint or too few
+/// evaluations for a window. For reports of a run in progress; it decides nothing.
+pub fn pending_call(dir: &Path) -> Option<crate::convergence::Plateau> {
+    let ckpt = crate::checkpoint::latest(dir).ok()??;
+    let text = std::fs::read_to_string(ckpt.join(crate::checkpoint::STATE_FILE)).ok()?;
+    let state: crate::checkpoint::CheckpointState = serde_json::from_str(&text).ok()?;
+    let t = &state.spec.train;
+    crate::convergence::convergence(&state.run.recent, crate::run_loop::plateau_window(t), t.converge_floor)
+}
+
 /// One line of a run's `respec.jsonl`: its spec was changed in place, at a step.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Respec {
