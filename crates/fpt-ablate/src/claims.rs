@@ -13,9 +13,9 @@
 //! A pair is left out of the comparison, and named, when a cell is at its trivial baseline
 //! (but for a `b` of "a beats b" that ended there: flat at it past its row's Table 6 count,
 //! the model that did not learn);
-//! when the cell that must not be beaten (`b` in "a beats b"; either in "comparable") did
-//! not reach its plateau (a still-rising `b` could close the gap; a still-rising `a` only
-//! widens it), or its convergence was not recorded; when both cells sit at the task's
+//! when a cell on either side did not reach its plateau (a still-rising cell is a lower
+//! bound, and the claims take only where runs end, since `dc8d0ae`), or its convergence was
+//! not recorded; when both cells sit at the task's
 //! ceiling (100% within their noise: the pair says nothing about the difference); and when
 //! both ran one seed and no seed spread was measured for a cell's backbone and task (the
 //! spread of another backbone is never borrowed); and when a cell's model is not what its
