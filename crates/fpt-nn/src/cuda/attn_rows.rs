@@ -62,7 +62,8 @@ pub(crate) fn softmax_drop(
             .arg(&seed_at);
         // SAFETY: s and the output's first n values hold rows * tk elements, its last rows
         // values (when lse) one per row; seed_at is null or a live slot's address
-        // (`with_seed_at`); block is a multiple of tk (RowSoftmax::geometry).
+        // (`with_seed_at`); with dropout, block is a multiple of tk (RowSoftmax::geometry),
+        // and without it (thr 0) the kernel never reads the mask.
         unsafe { b.launch(per_row(rows)) }.w()
     };
     with_dropout_seed(rs, launch)?;
