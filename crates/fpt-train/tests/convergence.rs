@@ -179,3 +179,18 @@ fn a_run_flat_at_its_baseline_past_its_floor_ended_there() {
     let (r, curve) = run(&spec);
     assert!(!r.stopped_early && r.steps == 600 && !r.ended_at_baseline, "{curve:?}");
 }
+
+/// `fpt_train::pending_call`: the rule's call on a run as of its latest checkpoint, what
+/// `fpt run-table --status` and the campaign page show for a run in progress. At a run's
+/// last evaluation (its last checkpoint) it is the call the run's own loop wrote.
+#[test]
+fn the_call_from_a_checkpoint_is_the_one_the_run_wrote() {
+    let dir = tempfile::tempdir().unwrap();
+    assert!(fpt_train::pending_call(dir.path()).is_none(), "no run, no call");
+    let result = train(&xor(40, 5), dir.path(), &Device::Cpu, &mut |_| {}).unwrap();
+    let written = result.plateau.expect("the run wrote its call");
+    let read = fpt_train::pending_call(dir.path()).expect("a call from the last checkpoint");
+    assert_eq!(read, written);
+    assert_eq!(read.to_step, 40);
+    assert!(read.describe().contains("points over steps"), "{}", read.describe());
+}
