@@ -238,11 +238,8 @@ fn softmax_kernels_equal_the_cpu_op() -> Result<()> {
         let n = batch * tq * tk;
         let s = randn(n, 11);
         let scale = 0.37f64;
-        let (kind, band) = match mask {
-            Mask::None => (0, 0),
-            Mask::Causal => (1, 0),
-            Mask::Band(w) => (2, w as i64),
-        };
+        let (kind, band) = mask.kernel_kind();
+        let band = band as i64;
         let mut y = poisoned(n);
         let rows = (batch * tq) as u64;
         // The one-pass kernel without dropout (thr 0) and without the rows' log-sum-exps.

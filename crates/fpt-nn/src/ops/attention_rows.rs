@@ -44,13 +44,9 @@ impl RowSoftmax {
     }
 
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    /// The mask as the kernels take it: kind (fpt_ops.h's `FPT_MASK_*`) and band width.
+    /// The mask as the kernels take it ([`Mask::kernel_kind`]).
     pub(crate) fn kind_band(&self) -> (i32, usize) {
-        match self.mask {
-            Mask::None => (0, 0),
-            Mask::Causal => (1, 0),
-            Mask::Band(w) => (2, w),
-        }
+        self.mask.kernel_kind()
     }
 
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]

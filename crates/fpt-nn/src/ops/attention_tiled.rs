@@ -19,7 +19,6 @@
 //! that shape.
 
 use super::attention::AttentionSpec;
-use super::softmax::Mask;
 use super::{cpu_slice, tracks};
 use candle_core::backend::BackendStorage as _;
 #[cfg(feature = "cuda")]
@@ -69,11 +68,8 @@ impl AttnGeom {
         for k in [AttnKernel::Forward, AttnKernel::BackwardQ, AttnKernel::BackwardKv] {
             plan(k, d)?;
         }
-        let (kind, band) = match spec.mask {
-            Mask::None => (0, 0),
-            Mask::Causal => (1, 0),
-            Mask::Band(w) => (2, w as i64),
-        };
+        let (kind, band) = spec.mask.kernel_kind();
+        let (kind, band) = (kind as i64, band as i64);
         let (seed, thr, keep) = match spec.dropout {
             Some((p, seed)) if p > 0.0 => {
                 let (thr, keep) = super::dropout::mask_params(p);
@@ -454,6 +450,7 @@ pub fn attention_tiled(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ops::Mask;
     use crate::Rng;
     use candle_core::{Device, Var, D};
 

@@ -21,6 +21,15 @@ pub enum Mask {
 }
 
 impl Mask {
+    /// The mask as fpt's kernels take it: kind (`fpt_ops.h`'s `FPT_MASK_*`) and band width.
+    pub(crate) fn kernel_kind(self) -> (i32, usize) {
+        match self {
+            Mask::None => (0, 0),
+            Mask::Causal => (1, 0),
+            Mask::Band(w) => (2, w),
+        }
+    }
+
     /// The visible keys `lo..hi` of row `r` of a `[.., tq, tk]` tensor.
     pub(crate) fn range(self, r: usize, tq: usize, tk: usize) -> (usize, usize) {
         let i = r % tq;
