@@ -11,7 +11,16 @@ use std::process::Command;
 
 fn main() {
     let kernels = PathBuf::from("kernels");
-    for f in ["fpt_ops.h", "fpt_attn.h", "fpt_lstm.h", "host_grid.c", "fpt_kernels.cu"] {
+    for f in [
+        "fpt_ops.h",
+        "fpt_attn.h",
+        "fpt_attn_mma.h",
+        "fpt_attn_mma_body.h",
+        "fpt_lstm.h",
+        "host_grid.c",
+        "host_mma.c",
+        "fpt_kernels.cu",
+    ] {
         println!("cargo:rerun-if-changed=kernels/{f}");
     }
     // Under AddressSanitizer (`cargo xtask sanitize` sets -Zsanitizer=address in RUSTFLAGS)
@@ -23,6 +32,7 @@ fn main() {
         c.flag("-fsanitize=address");
     }
     c.file(kernels.join("host_grid.c"))
+        .file(kernels.join("host_mma.c"))
         .include(&kernels)
         .flag_if_supported("-std=c99")
         // Each product and sum rounded on its own, as the CUDA kernels' FPT_MUL/FPT_ADD.

@@ -1,9 +1,11 @@
-//! The attention tiled in blocks, three kernels (`kernels/fpt_attn.h`, `fpt_kernels.cu`): a
-//! block of 256 lanes per tile of rows of one (example, head), the tiles `fpt_attn_plan`
-//! picks for the head's width; the op around them is `ops/attention_tiled.rs`.
+//! The attention tiled in blocks, three kernels of each family: the SIMT ones
+//! (`kernels/fpt_attn.h`: a block of 256 lanes per tile of rows of one (example, head), the
+//! tiles `fpt_attn_plan` picks for the head's width) and the tensor-core ones
+//! (`kernels/fpt_attn_mma.h`: 4 warps per 64 rows, compiled for heads of 32 and 64 dims);
+//! the op around them is `ops/attention_tiled.rs`.
 
 use super::{f32_view, output, u32_view, WrapErr, MODULE, PTX};
-use crate::ops::attention_tiled::{plan, AttnGeom, AttnKernel};
+use crate::ops::attention_tiled::{mma_smem, plan, AttnGeom, AttnKernel, TiledKernels};
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, LaunchConfig, PushKernelArg};
 use candle_core::{CudaStorage, Layout, Result};
@@ -17,21 +19,32 @@ const MAX_BLOCKS: i64 = 65_535;
 
 /// A kernel's launch over the tiles of `t` rows (queries, or keys for the dK, dV pass):
 /// the config and the name of the kernel compiled for the plan's tiles
-/// (`fpt_kernels.cu`'s `FPT_ATTN_KERNELS`: `fpt_attn_fwd_f32_64x32`, ...).
-fn tiles(g: &AttnGeom, kernel: AttnKernel, t: i64) -> Result<(LaunchConfig, String)> {
-    let (rows, cols, bytes) = plan(kernel, g.d as usize)?;
+/// (`fpt_kernels.cu`'s `FPT_ATTN_KERNELS`: `fpt_attn_fwd_f32_64x32`, ...), or for the
+/// tensor-core family the head width's (`FPT_MB_KERNELS`: `fpt_attn_mma_fwd_f32_d64`, ...).
+fn tiles(g: &AttnGeom, kernel: AttnKernel, t: i64, kernels: TiledKernels) -> Result<(LaunchConfig, String)> {
+    let base = match kernel {
+        AttnKernel::Forward => "fwd_f32",
+        AttnKernel::BackwardQ => "bwd_q_f32",
+        AttnKernel::BackwardKv => "bwd_kv_f32",
+    };
+    let (rows, threads, bytes, name) = match kernels {
+        TiledKernels::Simt => {
+            let (rows, cols, bytes) = plan(kernel, g.d as usize)?;
+            (rows, 256, bytes, format!("fpt_attn_{base}_{rows}x{cols}"))
+        }
+        TiledKernels::Mma => {
+            let bytes = mma_smem(kernel, g.d as usize)?;
+            let dk = if g.d <= 32 { 32 } else { 64 };
+            (64, 128, bytes, format!("fpt_attn_mma_{base}_d{dk}"))
+        }
+    };
     let blocks = g.batch * g.heads * ((t + rows as i64 - 1) / rows as i64);
     let cfg = LaunchConfig {
         grid_dim: (blocks.clamp(1, MAX_BLOCKS) as u32, 1, 1),
-        block_dim: (256, 1, 1),
+        block_dim: (threads, 1, 1),
         shared_mem_bytes: bytes,
     };
-    let base = match kernel {
-        AttnKernel::Forward => "fpt_attn_fwd_f32",
-        AttnKernel::BackwardQ => "fpt_attn_bwd_q_f32",
-        AttnKernel::BackwardKv => "fpt_attn_bwd_kv_f32",
-    };
-    Ok((cfg, format!("{base}_{rows}x{cols}")))
+    Ok((cfg, name))
 }
 
 /// The examples' valid key counts as the kernels read them, or a null pointer.
@@ -57,6 +70,7 @@ pub(crate) fn attn_fwd(
     qkv: (&CudaStorage, &Layout),
     keylen: Option<(&CudaStorage, &Layout)>,
     g: &AttnGeom,
+    kernels: TiledKernels,
 ) -> Result<(CudaStorage, CudaSlice<f32>)> {
     tiled_not_replayed(g)?;
     let dev = qkv.0.device().clone();
@@ -66,7 +80,7 @@ pub(crate) fn attn_fwd(
     let lens = keylen_view(keylen)?;
     let o = output(&dev, (g.batch * g.tq) as usize * c)?;
     let lse = output(&dev, (g.batch * g.heads * g.tq) as usize)?;
-    let (cfg, name) = tiles(g, AttnKernel::Forward, g.tq)?;
+    let (cfg, name) = tiles(g, AttnKernel::Forward, g.tq, kernels)?;
     let f = dev.get_or_load_custom_func(&name, MODULE, PTX)?;
     let mut b = f.builder();
     let null = 0u64;
@@ -79,8 +93,8 @@ pub(crate) fn attn_fwd(
     // SAFETY: qkv holds batch * t rows of stride 3c (= sq = sk = sv) with Q, K, V at 0, c,
     // 2c (the caller built `g` from its shape); o holds batch * t * c (stride so = c) and
     // lse batch * heads * t; keylen, when given, holds batch values (null otherwise, with
-    // has_len 0); the shared memory is what fpt_attn_plan sized for these tiles, and the
-    // block has the 256 lanes the kernel's tiles divide among.
+    // has_len 0); the shared memory is what fpt_attn_plan (or fpt_mb_smem_bytes) sized for
+    // these tiles, and the block has the lanes the kernel's tiles divide among (256; 128).
     unsafe { b.launch(cfg) }.w()?;
     Ok((CudaStorage::wrap_cuda_slice(o, dev), lse))
 }
@@ -94,6 +108,7 @@ pub(crate) fn attn_bwd(
     lse: &CudaSlice<f32>,
     keylen: Option<(&CudaStorage, &Layout)>,
     g: &AttnGeom,
+    kernels: TiledKernels,
 ) -> Result<CudaStorage> {
     tiled_not_replayed(g)?;
     let dev = qkv.0.device().clone();
@@ -107,7 +122,7 @@ pub(crate) fn attn_bwd(
     let dd = output(&dev, rows_all)?;
     let dqkv = output(&dev, (g.batch * g.tq) as usize * 3 * c)?;
     let null = 0u64;
-    let (cfg, name) = tiles(g, AttnKernel::BackwardQ, g.tq)?;
+    let (cfg, name) = tiles(g, AttnKernel::BackwardQ, g.tq, kernels)?;
     let f = dev.get_or_load_custom_func(&name, MODULE, PTX)?;
     let mut b = f.builder();
     b.arg(&q).arg(&k).arg(&v).arg(&ov).arg(&gv).arg(lse).arg(&dd).arg(&dqkv);
@@ -120,7 +135,7 @@ pub(crate) fn attn_bwd(
     // batch * heads * t, dqkv batch * t * 3c (stride sg = 3c; this pass writes its dQ third
     // and every dd).
     unsafe { b.launch(cfg) }.w()?;
-    let (cfg, name) = tiles(g, AttnKernel::BackwardKv, g.tk)?;
+    let (cfg, name) = tiles(g, AttnKernel::BackwardKv, g.tk, kernels)?;
     let f = dev.get_or_load_custom_func(&name, MODULE, PTX)?;
     let mut b = f.builder();
     b.arg(&q).arg(&k).arg(&v).arg(&gv).arg(lse).arg(&dd).arg(&dqkv);

@@ -3,11 +3,13 @@
 //! ([`super::attention_recomputed`]), the composed candle ops otherwise. `FPT_ATTENTION=tiled`
 //! runs the attention tiled over keys ([`super::attention_tiled`]) on every device instead
 //! (f32): its CUDA kernels on a GPU, their host-grid bodies on the CPU (a reference there,
-//! one thread); it is not the default until a GPU has measured it. The dispatch lives
+//! one thread); `FPT_ATTENTION=mma` the same op on the tensor-core kernels. Neither is the
+//! default until a GPU has measured it. The dispatch lives
 //! here so that the two implementations depend one way: the recomputed node uses the
 //! composed ops; neither knows of the other's dispatch.
 
 use super::attention::{attention_composed, attention_fused, attention_packed_fused, fused_ok, AttentionSpec};
+use super::attention_tiled::{attention_tiled_packed_with, TiledKernels};
 use candle_core::{Result, Tensor, D};
 
 /// Multi-head self-attention of `q`, `k`, `v` (`[b, t, c]` each), heads merged back to
@@ -15,8 +17,8 @@ use candle_core::{Result, Tensor, D};
 /// recomputes the probabilities ([`super::attention_recomputed`]); composed of candle ops
 /// otherwise ([`attention_composed`]). The same dropout mask everywhere.
 pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, spec: AttentionSpec) -> Result<Tensor> {
-    if tiled_requested()? && q.dtype() == candle_core::DType::F32 {
-        return super::attention_tiled(q, k, v, spec, None);
+    if let (Some(kernels), candle_core::DType::F32) = (tiled_requested()?, q.dtype()) {
+        return attention_tiled_packed_with(&Tensor::cat(&[q, k, v], 2)?, spec, None, kernels);
     }
     if !q.device().is_cpu() {
         return super::attention_recomputed(q, k, v, spec);
@@ -30,8 +32,8 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, spec: AttentionSpec) -> Res
 /// [`attention`] on Q, K and V packed side by side in `[b, t, 3c]` (GPT-2's `c_attn`
 /// output): the gradient comes back as one `[b, t, 3c]` tensor.
 pub fn attention_packed(qkv: &Tensor, spec: AttentionSpec) -> Result<Tensor> {
-    if tiled_requested()? && qkv.dtype() == candle_core::DType::F32 {
-        return super::attention_tiled_packed(qkv, spec, None);
+    if let (Some(kernels), candle_core::DType::F32) = (tiled_requested()?, qkv.dtype()) {
+        return attention_tiled_packed_with(qkv, spec, None, kernels);
     }
     if !qkv.device().is_cpu() {
         return super::attention_packed_recomputed(qkv, spec);
@@ -52,8 +54,8 @@ pub fn attention_packed(qkv: &Tensor, spec: AttentionSpec) -> Result<Tensor> {
 /// op's backward kept beside them: what a hand-chained backward ([`super::branch_node`])
 /// calls instead of candle's backprop through the op.
 pub(crate) fn attention_packed_detached(qkv: &Tensor, spec: AttentionSpec) -> Result<(Tensor, super::InputGrad)> {
-    if tiled_requested()? && qkv.dtype() == candle_core::DType::F32 {
-        return super::attention_tiled::attention_tiled_packed_detached(qkv, spec);
+    if let (Some(kernels), candle_core::DType::F32) = (tiled_requested()?, qkv.dtype()) {
+        return super::attention_tiled::attention_tiled_packed_detached(qkv, spec, kernels);
     }
     if !qkv.device().is_cpu() {
         return super::attention_recomputed::attention_packed_recomputed_detached(qkv, spec);
@@ -75,7 +77,7 @@ pub(crate) fn attention_packed_detached(qkv: &Tensor, spec: AttentionSpec) -> Re
 /// without dropout (with dropout the mask is drawn for the `last x t` scores only). What a
 /// causal model's last block needs when only its last positions are read out.
 pub fn attention_packed_last(qkv: &Tensor, spec: AttentionSpec, last: usize) -> Result<Tensor> {
-    if !fused_ok(qkv) || tiled_requested()? {
+    if !fused_ok(qkv) || tiled_requested()?.is_some() {
         let full = attention_packed(qkv, spec)?;
         let t = full.dim(1)?;
         return full.narrow(1, t.saturating_sub(last), last.min(t));
@@ -83,22 +85,25 @@ pub fn attention_packed_last(qkv: &Tensor, spec: AttentionSpec, last: usize) -> 
     attention_packed_fused(qkv, spec, Some(last))
 }
 
-/// Whether `FPT_ATTENTION` asks for the attention tiled over keys: `tiled`; unset, empty or
-/// `auto` keep the dispatch above; anything else is refused, naming the variable.
-pub fn tiled_requested() -> Result<bool> {
-    static CHOICE: std::sync::OnceLock<std::result::Result<bool, String>> = std::sync::OnceLock::new();
+/// Whether `FPT_ATTENTION` asks for the attention tiled over keys, and on which kernels:
+/// `tiled` (the SIMT ones) or `mma` (the tensor-core ones); unset, empty or `auto` keep the
+/// dispatch above (None); anything else is refused, naming the variable.
+pub fn tiled_requested() -> Result<Option<TiledKernels>> {
+    static CHOICE: std::sync::OnceLock<std::result::Result<Option<TiledKernels>, String>> = std::sync::OnceLock::new();
     CHOICE
-        .get_or_init(|| {
-            let v = std::env::var("FPT_ATTENTION").ok();
-            super::parse_switch(
-                "FPT_ATTENTION",
-                v.as_deref(),
-                "tiled",
-                "attention tiled over keys on every device",
-            )
-        })
+        .get_or_init(|| parse_attention(std::env::var("FPT_ATTENTION").ok().as_deref()))
         .clone()
         .map_err(candle_core::Error::Msg)
+}
+
+/// `FPT_ATTENTION`'s value read.
+fn parse_attention(v: Option<&str>) -> std::result::Result<Option<TiledKernels>, String> {
+    match v.map(str::trim) {
+        Some("mma") => Ok(Some(TiledKernels::Mma)),
+        v => super::parse_switch("FPT_ATTENTION", v, "tiled", "attention tiled over keys on every device")
+            .map(|on| on.then_some(TiledKernels::Simt))
+            .map_err(|e| format!("{e}, or `mma` (the tiled attention on the tensor cores)")),
+    }
 }
 
 #[cfg(test)]
@@ -116,6 +121,14 @@ mod tests {
             e.contains("FPT_ATTENTION") && e.contains("flash") && e.contains("tiled"),
             "{e}"
         );
+        use super::super::attention_tiled::TiledKernels::*;
+        let a = super::parse_attention;
+        assert_eq!(a(None), Ok(None));
+        assert_eq!(a(Some("auto")), Ok(None));
+        assert_eq!(a(Some("tiled")), Ok(Some(Simt)));
+        assert_eq!(a(Some(" mma ")), Ok(Some(Mma)));
+        let e = a(Some("flash")).unwrap_err();
+        assert!(e.contains("flash") && e.contains("tiled") && e.contains("mma"), "{e}");
     }
 }
 
@@ -148,7 +161,7 @@ mod detached_tests {
             let c = x.dim(D::Minus1)? / 3;
             attention_composed(&x.narrow(2, 0, c)?, &x.narrow(2, c, c)?, &x.narrow(2, 2 * c, c)?, spec)
         };
-        let cases: [(&str, DType, Op, Detached); 4] = [
+        let cases: [(&str, DType, Op, Detached); 5] = [
             ("fused", DType::F32, attention_packed, |x, s| {
                 crate::ops::attention::attention_packed_fused_detached(x, s)
             }),
@@ -159,7 +172,13 @@ mod detached_tests {
                 "tiled",
                 DType::F32,
                 |x, s| attention_tiled_packed(x, s, None),
-                |x, s| crate::ops::attention_tiled::attention_tiled_packed_detached(x, s),
+                |x, s| crate::ops::attention_tiled::attention_tiled_packed_detached(x, s, TiledKernels::Simt),
+            ),
+            (
+                "mma",
+                DType::F32,
+                |x, s| attention_tiled_packed_with(x, s, None, TiledKernels::Mma),
+                |x, s| crate::ops::attention_tiled::attention_tiled_packed_detached(x, s, TiledKernels::Mma),
             ),
             ("composed", DType::F64, composed, attention_packed_detached),
         ];

@@ -8,11 +8,15 @@
 //! valid key count: the keys past it are hidden from every query) and dropout on the
 //! probabilities (the composed op's mask, drawn from its seed in both passes).
 //!
-//! The arithmetic is `kernels/fpt_attn.h`'s, in three CUDA kernels (`fpt_kernels.cu`) and,
-//! block by block and lane by lane, on the host (`host_grid.c`): the CPU runs the same
-//! bodies, so this op has a path on every device and its tests here check the kernels'
-//! indexing, tiles and numbers against the composed ops, forward and backward. On the CPU
-//! it is a reference (one thread), not the fast path: the fused CPU op of `attention.rs` is.
+//! Two families of kernels ([`TiledKernels`]): the SIMT ones of `kernels/fpt_attn.h` (a
+//! block of 256 lanes, FMAs on CUDA cores) and the tensor-core ones of
+//! `kernels/fpt_attn_mma.h` (`FPT_ATTENTION=mma`: 4 warps, mma.sync on TF32 operands split
+//! in three, heads up to 64 dims), each in three CUDA kernels (`fpt_kernels.cu`) and,
+//! block by block and lane by lane, on the host (`host_grid.c`, `host_mma.c`): the CPU runs
+//! the same bodies, so this op has a path on every device and its tests here check the
+//! kernels' indexing, tiles and numbers against the composed ops, forward and backward. On
+//! the CPU it is a reference (one thread), not the fast path: the fused CPU op of
+//! `attention.rs` is.
 //!
 //! Q, K and V are read in place from one packed `[b, t, 3c]` tensor (GPT-2's `c_attn`
 //! output; separate Q, K, V are concatenated first), and the gradient is one tensor of
@@ -54,9 +58,30 @@ pub(crate) struct AttnGeom {
     pub(crate) has_len: i64,
 }
 
+/// Which kernels run the tiled attention.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TiledKernels {
+    /// `kernels/fpt_attn.h`: a block of 256 lanes, each row's dot products on CUDA cores.
+    Simt,
+    /// `kernels/fpt_attn_mma.h`: 4 warps a block, the products on the tensor cores
+    /// (mma.sync m16n8k8, TF32 operands split in three: f32's accuracy); heads up to
+    /// [`MMA_MAX_HEAD_DIM`] dims.
+    Mma,
+}
+
+/// The widest head the tensor-core kernels take (`fpt_attn_mma.h`'s FPT_MB_MAX_D).
+pub const MMA_MAX_HEAD_DIM: usize = 64;
+
 impl AttnGeom {
     /// Self-attention over `qkv: [b, t, 3c]` with `spec`'s heads, scale, mask and dropout.
-    fn packed(b: usize, t: usize, c: usize, spec: &AttentionSpec, has_len: bool) -> Result<Self> {
+    fn packed(
+        b: usize,
+        t: usize,
+        c: usize,
+        spec: &AttentionSpec,
+        has_len: bool,
+        kernels: TiledKernels,
+    ) -> Result<Self> {
         let h = spec.heads;
         if h == 0 || !c.is_multiple_of(h) {
             candle_core::bail!("attention_tiled: a width of {c} does not split into {h} heads")
@@ -66,7 +91,10 @@ impl AttnGeom {
             candle_core::bail!("attention_tiled: heads of {d} dims exceed the kernel's {MAX_HEAD_DIM}")
         }
         for k in [AttnKernel::Forward, AttnKernel::BackwardQ, AttnKernel::BackwardKv] {
-            plan(k, d)?;
+            match kernels {
+                TiledKernels::Simt => plan(k, d).map(|_| ())?,
+                TiledKernels::Mma => mma_smem(k, d).map(|_| ())?,
+            }
         }
         let (kind, band) = spec.mask.kernel_kind();
         let (kind, band) = (kind as i64, band as i64);
@@ -125,6 +153,19 @@ pub(crate) fn plan(kernel: AttnKernel, d: usize) -> Result<(u32, u32, u32)> {
     Ok((rows as u32, cols as u32, bytes as u32))
 }
 
+/// The bytes of shared memory one of the tensor-core kernels takes for heads of `d` dims
+/// (`fpt_attn_mma.h`'s `fpt_mb_smem_bytes`), or an error past the widest head.
+pub(crate) fn mma_smem(kernel: AttnKernel, d: usize) -> Result<u32> {
+    // SAFETY: a pure function of its two integers.
+    let bytes = unsafe { fpt_host_attn_mma_smem(kernel as i32, d as i64) };
+    if bytes <= 0 {
+        candle_core::bail!(
+            "attention_tiled (FPT_ATTENTION=mma): heads of {d} dims exceed the tensor-core kernels' {MMA_MAX_HEAD_DIM}"
+        )
+    }
+    Ok(bytes as u32)
+}
+
 /// The three kernels (fpt_attn.h's FPT_AB_FWD, FPT_AB_BWD_Q, FPT_AB_BWD_KV).
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum AttnKernel {
@@ -133,8 +174,28 @@ pub(crate) enum AttnKernel {
     BackwardKv = 2,
 }
 
+/// A host-grid forward: (q, k, v, o, lse, keylen, geometry) -> 0, or 1 on failure.
+type HostFwd =
+    unsafe extern "C" fn(*const f32, *const f32, *const f32, *mut f32, *mut f32, *const u32, *const AttnGeom) -> i32;
+/// A host-grid backward: (q, k, v, o, dout, lse, dd, dq, dk, dv, keylen, geometry).
+type HostBwd = unsafe extern "C" fn(
+    *const f32,
+    *const f32,
+    *const f32,
+    *const f32,
+    *const f32,
+    *const f32,
+    *mut f32,
+    *mut f32,
+    *mut f32,
+    *mut f32,
+    *const u32,
+    *const AttnGeom,
+) -> i32;
+
 extern "C" {
     fn fpt_host_attn_plan(kind: i32, d: i64, rows: *mut i64, cols: *mut i64) -> i64;
+    fn fpt_host_attn_mma_smem(kind: i32, d: i64) -> i64;
     fn fpt_host_attn_fwd_f32(
         q: *const f32,
         k: *const f32,
@@ -158,6 +219,37 @@ extern "C" {
         keylen: *const u32,
         g: *const AttnGeom,
     ) -> i32;
+    fn fpt_host_attn_mma_fwd_f32(
+        q: *const f32,
+        k: *const f32,
+        v: *const f32,
+        o: *mut f32,
+        lse: *mut f32,
+        keylen: *const u32,
+        g: *const AttnGeom,
+    ) -> i32;
+    fn fpt_host_attn_mma_bwd_f32(
+        q: *const f32,
+        k: *const f32,
+        v: *const f32,
+        o: *const f32,
+        dout: *const f32,
+        lse: *const f32,
+        dd: *mut f32,
+        dq: *mut f32,
+        dk: *mut f32,
+        dv: *mut f32,
+        keylen: *const u32,
+        g: *const AttnGeom,
+    ) -> i32;
+}
+
+/// The host-grid bodies of a family.
+fn host_fns(kernels: TiledKernels) -> (HostFwd, HostBwd) {
+    match kernels {
+        TiledKernels::Simt => (fpt_host_attn_fwd_f32, fpt_host_attn_bwd_f32),
+        TiledKernels::Mma => (fpt_host_attn_mma_fwd_f32, fpt_host_attn_mma_bwd_f32),
+    }
 }
 
 /// Each row's log-sum-exp, kept by the forward for the backward.
@@ -220,6 +312,7 @@ fn with_device_keylen<R>(
 /// The graph's node: the forward on `qkv`, its backward through [`TiledBackward`].
 struct Tiled {
     g: AttnGeom,
+    kernels: TiledKernels,
     keylen: Option<Tensor>,
     lse: Saved,
 }
@@ -241,7 +334,7 @@ impl CustomOp1 for Tiled {
         // 2c with stride 3c (g.sq = sk = sv); o holds batch * t * c (stride g.so = c), lse
         // g.rows(); kl is null with g.has_len = 0, else batch values (host_keylen checked).
         let failed = unsafe {
-            fpt_host_attn_fwd_f32(
+            host_fns(self.kernels).0(
                 x.as_ptr(),
                 x.as_ptr().add(c),
                 x.as_ptr().add(2 * c),
@@ -260,7 +353,9 @@ impl CustomOp1 for Tiled {
 
     #[cfg(feature = "cuda")]
     fn cuda_fwd(&self, s: &CudaStorage, l: &Layout) -> Result<(CudaStorage, Shape)> {
-        let (o, lse) = with_device_keylen(&self.keylen, |kl| crate::cuda::attn::attn_fwd((s, l), kl, &self.g))?;
+        let (o, lse) = with_device_keylen(&self.keylen, |kl| {
+            crate::cuda::attn::attn_fwd((s, l), kl, &self.g, self.kernels)
+        })?;
         *self.lse.lock().unwrap_or_else(|e| e.into_inner()) = Some(Lse::Cuda(lse));
         Ok((o, self.g.shape()))
     }
@@ -271,6 +366,7 @@ impl CustomOp1 for Tiled {
         }
         let op = TiledBackward {
             g: self.g,
+            kernels: self.kernels,
             keylen: self.keylen.clone(),
             lse: self.lse.clone(),
         };
@@ -284,6 +380,7 @@ impl CustomOp1 for Tiled {
 /// The backward: `(qkv, o, dO)` -> the packed gradient `[b, t, 3c]`.
 struct TiledBackward {
     g: AttnGeom,
+    kernels: TiledKernels,
     keylen: Option<Tensor>,
     lse: Saved,
 }
@@ -331,7 +428,7 @@ impl CustomOp3 for TiledBackward {
         // dd g.rows(), grad batch * t * 3c written as dQ, dK, dV at 0, c, 2c with stride
         // g.sg = 3c (the three never overlap: each row's thirds are disjoint).
         let failed = unsafe {
-            fpt_host_attn_bwd_f32(
+            host_fns(self.kernels).1(
                 x.as_ptr(),
                 x.as_ptr().add(c),
                 x.as_ptr().add(2 * c),
@@ -370,7 +467,7 @@ impl CustomOp3 for TiledBackward {
             candle_core::bail!("{}: no forward on this GPU kept its log-sum-exp", self.name())
         };
         let grad = with_device_keylen(&self.keylen, |kl| {
-            crate::cuda::attn::attn_bwd((s1, l1), (s2, l2), (s3, l3), lse, kl, &self.g)
+            crate::cuda::attn::attn_bwd((s1, l1), (s2, l2), (s3, l3), lse, kl, &self.g, self.kernels)
         })?;
         let c = self.g.width();
         Ok((grad, Shape::from((self.g.batch as usize, self.g.tq as usize, 3 * c))))
@@ -384,20 +481,35 @@ impl CustomOp3 for TiledBackward {
 /// query (a count above `t` counts as `t`; 0 leaves the example's output 0). The gradient
 /// is one `[b, t, 3c]` tensor.
 pub fn attention_tiled_packed(qkv: &Tensor, spec: AttentionSpec, keylen: Option<&Tensor>) -> Result<Tensor> {
-    qkv.contiguous()?.apply_op1(tiled_op(qkv, spec, keylen)?)
+    attention_tiled_packed_with(qkv, spec, keylen, TiledKernels::Simt)
+}
+
+/// [`attention_tiled_packed`] on the chosen family of kernels.
+pub fn attention_tiled_packed_with(
+    qkv: &Tensor,
+    spec: AttentionSpec,
+    keylen: Option<&Tensor>,
+    kernels: TiledKernels,
+) -> Result<Tensor> {
+    qkv.contiguous()?.apply_op1(tiled_op(qkv, spec, keylen, kernels)?)
 }
 
 /// [`attention_tiled_packed`] (no key lengths) on a detached `qkv`, its backward kept
 /// beside it (the forward's log-sum-exp and output, as the op's own backward reads them).
-pub(super) fn attention_tiled_packed_detached(qkv: &Tensor, spec: AttentionSpec) -> Result<(Tensor, super::InputGrad)> {
+pub(super) fn attention_tiled_packed_detached(
+    qkv: &Tensor,
+    spec: AttentionSpec,
+    kernels: TiledKernels,
+) -> Result<(Tensor, super::InputGrad)> {
     let qkv = qkv.detach().contiguous()?;
-    let op = tiled_op(&qkv, spec, None)?;
+    let op = tiled_op(&qkv, spec, None, kernels)?;
     let (g, lse) = (op.g, op.lse.clone());
     let out = qkv.apply_op1_no_bwd(&op)?;
     let o = out.clone();
     let grad = move |dy: &Tensor| {
         let back = TiledBackward {
             g,
+            kernels,
             keylen: None,
             lse: lse.clone(),
         };
@@ -407,7 +519,7 @@ pub(super) fn attention_tiled_packed_detached(qkv: &Tensor, spec: AttentionSpec)
 }
 
 /// The tiled op for `qkv` (its shape, dtype and key lengths checked).
-fn tiled_op(qkv: &Tensor, spec: AttentionSpec, keylen: Option<&Tensor>) -> Result<Tiled> {
+fn tiled_op(qkv: &Tensor, spec: AttentionSpec, keylen: Option<&Tensor>, kernels: TiledKernels) -> Result<Tiled> {
     let (b, t, w) = qkv.dims3()?;
     if w % 3 != 0 {
         candle_core::bail!("attention_tiled: a packed qkv of width {w} is not three equal parts")
@@ -427,9 +539,10 @@ fn tiled_op(qkv: &Tensor, spec: AttentionSpec, keylen: Option<&Tensor>) -> Resul
         }
         None => None,
     };
-    let g = AttnGeom::packed(b, t, w / 3, &spec, keylen.is_some())?;
+    let g = AttnGeom::packed(b, t, w / 3, &spec, keylen.is_some(), kernels)?;
     Ok(Tiled {
         g,
+        kernels,
         keylen,
         lse: Arc::new(Mutex::new(None)),
     })
@@ -503,9 +616,10 @@ mod tests {
             .fold(0.0, f32::max)
     }
 
-    /// Forward and gradient of the tiled op against the written-out reference, over the
-    /// mask kinds, padding, dropout, heads narrower and wider than a warp and sequences of
-    /// one to three tiles; and without padding against the composed op the GPU path runs.
+    /// Forward and gradient of the tiled op on both families of kernels against the
+    /// written-out reference, over the mask kinds, padding, dropout, heads narrower and wider
+    /// than a warp and sequences of one to three tiles; and without padding against the
+    /// composed op the GPU path runs. The tensor-core kernels refuse the head of 128.
     #[test]
     fn tiled_attention_equals_the_composed_ops_forward_and_backward() -> Result<()> {
         let dev = Device::Cpu;
@@ -528,49 +642,56 @@ mod tests {
             (2, 19, 2, Mask::Band(3), Some((0.3, 5)), None),
         ];
         for (case, (b, t, h, mask, dropout, lens)) in cases.into_iter().enumerate() {
-            // Head widths: 40 (tiles of 32 rows), GPT-2's 64, 24, 16, 8, MiniLM's 32, 128, 30.
-            let d = [40, 40, 40, 64, 24, 16, 8, 32, 128, 30][case];
-            let c = h * d;
-            let spec = AttentionSpec {
-                heads: h,
-                scale: 1.0 / (d as f64).sqrt(),
-                mask,
-                dropout,
-            };
-            let qkv = Var::from_vec(
-                Rng::new(case as u64).normal_vec(b * t * 3 * c, 0.0, 1.0),
-                (b, t, 3 * c),
-                &dev,
-            )?;
-            let up = Tensor::from_vec(
-                Rng::new(100 + case as u64).normal_vec(b * t * c, 0.0, 1.0),
-                (b, t, c),
-                &dev,
-            )?;
-            let keylen = lens.as_ref().map(|l| Tensor::new(l.as_slice(), &dev)).transpose()?;
-            let ours = attention_tiled_packed(qkv.as_tensor(), spec, keylen.as_ref())?;
-            let want = reference(qkv.as_tensor(), spec, lens.as_deref())?;
-            let e = max_rel(&ours, &want);
-            assert!(e < 2e-5, "case {case}: forward {e}");
-            let g_ours = (ours * &up)?
-                .sum_all()?
-                .backward()?
-                .get(qkv.as_tensor())
-                .unwrap()
-                .clone();
-            let g_want = (want * &up)?
-                .sum_all()?
-                .backward()?
-                .get(qkv.as_tensor())
-                .unwrap()
-                .clone();
-            let e = max_rel(&g_ours, &g_want);
-            assert!(e < 1e-4, "case {case}: gradient {e}");
-            if lens.is_none() {
-                let third = |i: usize| qkv.as_tensor().narrow(2, i * c, c);
-                let composed = super::super::attention_composed(&third(0)?, &third(1)?, &third(2)?, spec)?;
-                let e = max_rel(&attention_tiled_packed(qkv.as_tensor(), spec, None)?, &composed);
-                assert!(e < 2e-5, "case {case}: against attention_composed {e}");
+            for kernels in [TiledKernels::Simt, TiledKernels::Mma] {
+                // Head widths: 40 (tiles of 32 rows), GPT-2's 64, 24, 16, 8, MiniLM's 32, 128, 30.
+                let d = [40, 40, 40, 64, 24, 16, 8, 32, 128, 30][case];
+                let seed = case as u64;
+                let case = format!("{case} ({kernels:?})");
+                let c = h * d;
+                let spec = AttentionSpec {
+                    heads: h,
+                    scale: 1.0 / (d as f64).sqrt(),
+                    mask,
+                    dropout,
+                };
+                let qkv = Var::from_vec(Rng::new(seed).normal_vec(b * t * 3 * c, 0.0, 1.0), (b, t, 3 * c), &dev)?;
+                let up = Tensor::from_vec(Rng::new(100 + seed).normal_vec(b * t * c, 0.0, 1.0), (b, t, c), &dev)?;
+                let keylen = lens.as_ref().map(|l| Tensor::new(l.as_slice(), &dev)).transpose()?;
+                if kernels == TiledKernels::Mma && d > MMA_MAX_HEAD_DIM {
+                    let e = attention_tiled_packed_with(qkv.as_tensor(), spec, keylen.as_ref(), kernels).unwrap_err();
+                    assert!(
+                        e.to_string().contains("FPT_ATTENTION=mma") && e.to_string().contains("128 dims"),
+                        "{e}"
+                    );
+                    continue;
+                }
+                let ours = attention_tiled_packed_with(qkv.as_tensor(), spec, keylen.as_ref(), kernels)?;
+                let want = reference(qkv.as_tensor(), spec, lens.as_deref())?;
+                let e = max_rel(&ours, &want);
+                assert!(e < 2e-5, "case {case}: forward {e}");
+                let g_ours = (ours * &up)?
+                    .sum_all()?
+                    .backward()?
+                    .get(qkv.as_tensor())
+                    .unwrap()
+                    .clone();
+                let g_want = (want * &up)?
+                    .sum_all()?
+                    .backward()?
+                    .get(qkv.as_tensor())
+                    .unwrap()
+                    .clone();
+                let e = max_rel(&g_ours, &g_want);
+                assert!(e < 1e-4, "case {case}: gradient {e}");
+                if lens.is_none() {
+                    let third = |i: usize| qkv.as_tensor().narrow(2, i * c, c);
+                    let composed = super::super::attention_composed(&third(0)?, &third(1)?, &third(2)?, spec)?;
+                    let e = max_rel(
+                        &attention_tiled_packed_with(qkv.as_tensor(), spec, None, kernels)?,
+                        &composed,
+                    );
+                    assert!(e < 2e-5, "case {case}: against attention_composed {e}");
+                }
             }
         }
         Ok(())

@@ -56,7 +56,7 @@ pub use attention::{attention_composed, attention_probs, dropout_mask as attenti
 pub(crate) use attention_dispatch::attention_packed_detached;
 pub use attention_dispatch::{attention, attention_packed, attention_packed_last, tiled_requested};
 pub use attention_recomputed::{attention_packed_recomputed, attention_recomputed};
-pub use attention_tiled::{attention_tiled, attention_tiled_packed};
+pub use attention_tiled::{attention_tiled, attention_tiled_packed, attention_tiled_packed_with, TiledKernels};
 pub use dropout::{dropout, dropout_add, dropout_mask_values};
 pub use gelu::{gelu_erf, gelu_erf_composed, gelu_new, gelu_new_composed};
 pub use layer_norm::{layer_norm, layer_norm_composed, rms_norm, rms_norm_composed};

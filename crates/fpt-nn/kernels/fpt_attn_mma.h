@@ -1,0 +1,280 @@
+/* Attention tiled in blocks on the tensor cores (FPT_ATTENTION=mma): fpt_attn.h's three
+ * kernels (forward; backward per query tile for D and dQ; backward per key tile for dK and
+ * dV), their products done by warps with mma.sync m16n8k8 on TF32 operands, each product
+ * split in three (3xTF32: a = a_hi + a_lo, both TF32, and a b ~ a_hi b_hi + a_hi b_lo +
+ * a_lo b_hi), which keeps f32's accuracy (the terms dropped are ~2^-22 relative) at three
+ * tensor-core products where the SIMT kernels spend one FMA per element.
+ *
+ * A block is 4 warps; each warp owns 16 rows of the block's 64 (queries; keys in the dK, dV
+ * pass) and walks the other side a tile at a time from shared memory. The lanes hold the
+ * products' fragments as the PTX ISA lays them out for m16n8k8 .tf32 (lane = 4 g + t):
+ *   A (16 x 8, row):  a0 (g, t)   a1 (g + 8, t)   a2 (g, t + 4)   a3 (g + 8, t + 4)
+ *   B (8 x 8, col):   b0 (t, g)   b1 (t + 4, g)
+ *   C (16 x 8):       c0 (g, 2t)  c1 (g, 2t + 1)  c2 (g + 8, 2t)  c3 (g + 8, 2t + 1)
+ * A product's accumulator C becomes the next product's A without moving between lanes:
+ * the inner index of that second product is permuted within each 8 (slot t is column 2t
+ * of the C tile, slot t + 4 column 2t + 1), so A = (c0, c2, c1, c3) and its B reads rows
+ * 2t and 2t + 1 (fpt_mb_b_perm). Shared rows are d rounded up to 32 (DK) plus 4 floats:
+ * both B patterns and the A loads then hit 32 distinct banks.
+ *
+ * The bodies are written once, for a block of SIMT lanes, and compiled twice, as every
+ * kernel here: by nvcc (each lane runs them) and by the host C compiler into host_mma.c,
+ * which runs them over the block in lockstep: FPT_EACH runs a phase for each of the 128
+ * lanes in turn, per-lane values are arrays over the lanes (FPT_MB_TV, read through
+ * FPT_T), and the warp-wide steps (the products, the quad reductions) combine all 32
+ * lanes' values as the hardware does (fpt_mb_host_mma: the fragments above gathered into
+ * 16 x 8 x 8 products). So `cargo test` checks the fragments' indexing, the masks, the
+ * online softmax and the gradients of the code the GPU runs, on a machine without one.
+ * What it cannot check: the hardware's own summation order inside an mma (the host sums
+ * k = 0..7 in order, in f32) and speed. */
+#ifndef FPT_ATTN_MMA_H
+#define FPT_ATTN_MMA_H
+
+#include "fpt_attn.h"
+
+#define FPT_MB_THREADS 128
+#define FPT_MB_WARPS 4
+/* A block's own rows (16 a warp), and the other side's tile: 32 keys in the forward, 16
+ * in the backward's passes (two operands of 64 own rows each there). */
+#define FPT_MB_ROWS 64
+#define FPT_MB_FWD_COLS 32
+#define FPT_MB_BWD_COLS 16
+/* The widest head: DK = 64 (d rounded up to 32). */
+#define FPT_MB_MAX_D 64
+
+#ifdef __CUDACC__
+#define FPT_MB_FN __device__ __forceinline__ static
+#define FPT_MB_TV(type, name, dims) type name dims
+#define FPT_T(x) x
+#define FPT_EACH                                                  \
+    {                                                             \
+        const int fpt_tid = (int)threadIdx.x;                     \
+        const int fpt_w = fpt_tid >> 5, fpt_l = fpt_tid & 31;     \
+        (void)fpt_w;                                              \
+        (void)fpt_l;
+#define FPT_END }
+#define FPT_SYNC() __syncthreads()
+#define FPT_UNROLL _Pragma("unroll")
+#else
+#define FPT_MB_FN static
+#define FPT_MB_TV(type, name, dims) type name[FPT_MB_THREADS] dims
+#define FPT_T(x) x[fpt_tid]
+#define FPT_EACH                                                  \
+    for (int fpt_tid = 0; fpt_tid < FPT_MB_THREADS; fpt_tid++) {  \
+        const int fpt_w = fpt_tid >> 5, fpt_l = fpt_tid & 31;     \
+        (void)fpt_w;                                              \
+        (void)fpt_l;
+#define FPT_END }
+#define FPT_SYNC() ((void)0)
+#define FPT_UNROLL
+#endif
+
+/* ---- TF32 ------------------------------------------------------------------------- */
+
+FPT_HD uint32_t fpt_mb_bits(float x) {
+#ifdef __CUDACC__
+    return __float_as_uint(x);
+#else
+    union {
+        float f;
+        uint32_t u;
+    } c;
+    c.f = x;
+    return c.u;
+#endif
+}
+
+FPT_HD float fpt_mb_float(uint32_t u) {
+#ifdef __CUDACC__
+    return __uint_as_float(u);
+#else
+    union {
+        float f;
+        uint32_t u;
+    } c;
+    c.u = u;
+    return c.f;
+#endif
+}
+
+/* x rounded to TF32 (10 bits of mantissa), to nearest with ties away from zero (what
+ * cvt.rna.tf32.f32 does), as the bits of an f32 whose low 13 bits are 0. Infinities and
+ * NaNs stay what they are. */
+FPT_HD uint32_t fpt_tf32(float x) {
+    uint32_t u = fpt_mb_bits(x);
+    if ((u & 0x7f800000u) == 0x7f800000u) return u;
+    return (u + 0x1000u) & 0xffffe000u;
+}
+
+/* x = hi + lo (to ~2^-22 relative), both TF32. */
+FPT_HD void fpt_tf32_split(float x, uint32_t *hi, uint32_t *lo) {
+    *hi = fpt_tf32(x);
+    *lo = fpt_tf32(x - fpt_mb_float(*hi));
+}
+
+/* ---- fragments (lane l of a warp: g = l / 4, t = l % 4) ---------------------------- */
+
+/* A of rows 0..15 and columns k0..k0+7 of a row-major tile (ld floats a row), split. */
+FPT_HD void fpt_mb_a(const float *s, int64_t ld, int k0, int l, uint32_t hi[4], uint32_t lo[4]) {
+    const int g = l >> 2, t = l & 3;
+    fpt_tf32_split(s[g * ld + k0 + t], &hi[0], &lo[0]);
+    fpt_tf32_split(s[(g + 8) * ld + k0 + t], &hi[1], &lo[1]);
+    fpt_tf32_split(s[g * ld + k0 + t + 4], &hi[2], &lo[2]);
+    fpt_tf32_split(s[(g + 8) * ld + k0 + t + 4], &hi[3], &lo[3]);
+}
+
+/* B (k, n) = tile row n0 + n, column k0 + k: the product with the tile's rows (S = Q K^T). */
+FPT_HD void fpt_mb_b_rows(const float *s, int64_t ld, int n0, int k0, int l, uint32_t hi[2], uint32_t lo[2]) {
+    const int g = l >> 2, t = l & 3;
+    fpt_tf32_split(s[(n0 + g) * ld + k0 + t], &hi[0], &lo[0]);
+    fpt_tf32_split(s[(n0 + g) * ld + k0 + t + 4], &hi[1], &lo[1]);
+}
+
+/* B (k, n) = tile row k0 + k, column n0 + n, k in the permuted order (slot t: row 2t, slot
+ * t + 4: row 2t + 1): the product with an A made from an accumulator (O += P V). */
+FPT_HD void fpt_mb_b_perm(const float *s, int64_t ld, int k0, int n0, int l, uint32_t hi[2], uint32_t lo[2]) {
+    const int g = l >> 2, t = l & 3;
+    fpt_tf32_split(s[(k0 + 2 * t) * ld + n0 + g], &hi[0], &lo[0]);
+    fpt_tf32_split(s[(k0 + 2 * t + 1) * ld + n0 + g], &hi[1], &lo[1]);
+}
+
+/* A from an accumulator tile c (16 x 8) in the permuted order, split. */
+FPT_HD void fpt_mb_a_of_c(const float c[4], uint32_t hi[4], uint32_t lo[4]) {
+    fpt_tf32_split(c[0], &hi[0], &lo[0]);
+    fpt_tf32_split(c[2], &hi[1], &lo[1]);
+    fpt_tf32_split(c[1], &hi[2], &lo[2]);
+    fpt_tf32_split(c[3], &hi[3], &lo[3]);
+}
+
+/* ---- the warp-wide steps ------------------------------------------------------------ */
+
+#define FPT_MB_ADD(a, b) ((a) + (b))
+
+#ifdef __CUDACC__
+/* c += a b on the tensor cores: one m16n8k8 TF32 product. */
+__device__ __forceinline__ void fpt_mb_mma(float c[4], const uint32_t a[4], const uint32_t b[2]) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+/* c += a b in 3xTF32: the small terms first. */
+__device__ __forceinline__ void fpt_mb_mma3(float c[4], const uint32_t ah[4], const uint32_t al[4],
+                                            const uint32_t bh[2], const uint32_t bl[2]) {
+    fpt_mb_mma(c, ah, bl);
+    fpt_mb_mma(c, al, bh);
+    fpt_mb_mma(c, ah, bh);
+}
+
+#define FPT_MMA3(C, AH, AL, BH, BL) fpt_mb_mma3(C, AH, AL, BH, BL)
+/* x (a lane's value) combined over the lane's quad (the 4 lanes of one row), butterfly. */
+#define FPT_QUAD(OP, X)                                           \
+    do {                                                          \
+        X = OP(X, __shfl_xor_sync(0xffffffffu, X, 1));            \
+        X = OP(X, __shfl_xor_sync(0xffffffffu, X, 2));            \
+    } while (0)
+#else
+/* One m16n8k8 product of a warp: each lane's fragments gathered into the 16 x 8 x 8
+ * matrices by the layout above, c += a b summed over k in order, scattered back. */
+static void fpt_mb_host_mma(float *c[32], const uint32_t *a[32], const uint32_t *b[32]) {
+    float am[16][8], bm[8][8], cm[16][8];
+    for (int l = 0; l < 32; l++) {
+        const int g = l >> 2, t = l & 3;
+        am[g][t] = fpt_mb_float(a[l][0]);
+        am[g + 8][t] = fpt_mb_float(a[l][1]);
+        am[g][t + 4] = fpt_mb_float(a[l][2]);
+        am[g + 8][t + 4] = fpt_mb_float(a[l][3]);
+        bm[t][g] = fpt_mb_float(b[l][0]);
+        bm[t + 4][g] = fpt_mb_float(b[l][1]);
+        cm[g][2 * t] = c[l][0];
+        cm[g][2 * t + 1] = c[l][1];
+        cm[g + 8][2 * t] = c[l][2];
+        cm[g + 8][2 * t + 1] = c[l][3];
+    }
+    for (int r = 0; r < 16; r++)
+        for (int n = 0; n < 8; n++) {
+            float acc = cm[r][n];
+            for (int k = 0; k < 8; k++) acc += am[r][k] * bm[k][n];
+            cm[r][n] = acc;
+        }
+    for (int l = 0; l < 32; l++) {
+        const int g = l >> 2, t = l & 3;
+        c[l][0] = cm[g][2 * t];
+        c[l][1] = cm[g][2 * t + 1];
+        c[l][2] = cm[g + 8][2 * t];
+        c[l][3] = cm[g + 8][2 * t + 1];
+    }
+}
+
+static void fpt_mb_host_mma3(float *c[32], const uint32_t *ah[32], const uint32_t *al[32], const uint32_t *bh[32],
+                             const uint32_t *bl[32]) {
+    fpt_mb_host_mma(c, ah, bl);
+    fpt_mb_host_mma(c, al, bh);
+    fpt_mb_host_mma(c, ah, bh);
+}
+
+#define FPT_MMA3(C, AH, AL, BH, BL)                                                         \
+    for (int fpt_wm = 0; fpt_wm < FPT_MB_WARPS; fpt_wm++) {                                 \
+        float *fpt_c[32];                                                                   \
+        const uint32_t *fpt_ah[32], *fpt_al[32], *fpt_bh[32], *fpt_bl[32];                  \
+        for (int fpt_lm = 0; fpt_lm < 32; fpt_lm++) {                                       \
+            const int fpt_tid = fpt_wm * 32 + fpt_lm;                                       \
+            fpt_c[fpt_lm] = C;                                                              \
+            fpt_ah[fpt_lm] = AH;                                                            \
+            fpt_al[fpt_lm] = AL;                                                            \
+            fpt_bh[fpt_lm] = BH;                                                            \
+            fpt_bl[fpt_lm] = BL;                                                            \
+        }                                                                                   \
+        fpt_mb_host_mma3(fpt_c, fpt_ah, fpt_al, fpt_bh, fpt_bl);                            \
+    }
+#define FPT_QUAD(OP, X)                                                                     \
+    for (int fpt_q = 0; fpt_q < FPT_MB_THREADS; fpt_q += 4) {                               \
+        float fpt_v[4], fpt_u[4];                                                           \
+        for (int fpt_lq = 0; fpt_lq < 4; fpt_lq++) {                                        \
+            const int fpt_tid = fpt_q + fpt_lq;                                             \
+            fpt_v[fpt_lq] = X;                                                              \
+        }                                                                                   \
+        for (int fpt_lq = 0; fpt_lq < 4; fpt_lq++) fpt_u[fpt_lq] = OP(fpt_v[fpt_lq], fpt_v[fpt_lq ^ 1]); \
+        for (int fpt_lq = 0; fpt_lq < 4; fpt_lq++) fpt_v[fpt_lq] = OP(fpt_u[fpt_lq], fpt_u[fpt_lq ^ 2]); \
+        for (int fpt_lq = 0; fpt_lq < 4; fpt_lq++) {                                        \
+            const int fpt_tid = fpt_q + fpt_lq;                                             \
+            X = fpt_v[fpt_lq];                                                              \
+        }                                                                                   \
+    }
+#endif
+
+/* ---- plans ------------------------------------------------------------------------- */
+
+/* The head width the kernels are compiled for (d rounded up to 32), or 0 past the widest. */
+FPT_HD int64_t fpt_mb_dk(int64_t d) {
+    if (d < 1 || d > FPT_MB_MAX_D) return 0;
+    return d <= 32 ? 32 : 64;
+}
+
+/* The bytes of shared memory kernel `kind` (FPT_AB_FWD, ...) takes for heads of d dims, or
+ * 0 when the head is too wide: own rows and inner tiles of DK + 4 floats; the dK, dV pass
+ * adds the query tile's lse, D and key ranges. */
+FPT_HD int64_t fpt_mb_smem_bytes(int kind, int64_t d) {
+    const int64_t dk = fpt_mb_dk(d), ld = dk + 4;
+    if (dk == 0) return 0;
+    if (kind == FPT_AB_FWD) return 4 * (FPT_MB_ROWS * ld + 2 * FPT_MB_FWD_COLS * ld);
+    if (kind == FPT_AB_BWD_Q) return 4 * (2 * FPT_MB_ROWS * ld + 2 * FPT_MB_BWD_COLS * ld);
+    return 4 * (2 * FPT_MB_ROWS * ld + 2 * FPT_MB_BWD_COLS * ld + 4 * FPT_MB_BWD_COLS);
+}
+
+/* Names of the bodies for the head width FPT_MB_DK: fpt_mb_fwd_64, ... */
+#define FPT_MB_CAT2(a, b) a##b
+#define FPT_MB_CAT(a, b) FPT_MB_CAT2(a, b)
+#define FPT_MB_NAME(x) FPT_MB_CAT(fpt_mb_##x##_, FPT_MB_DK)
+
+/* The bodies, once for each head width compiled. */
+#define FPT_MB_DK 32
+#include "fpt_attn_mma_body.h"
+#undef FPT_MB_DK
+#define FPT_MB_DK 64
+#include "fpt_attn_mma_body.h"
+#undef FPT_MB_DK
+
+#endif

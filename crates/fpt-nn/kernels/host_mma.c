@@ -1,0 +1,64 @@
+/* fpt_attn_mma.h's kernels over the host grid: each block's body run with its 128 lanes in
+ * lockstep (the header's host macros), block after block. Built into fpt-nn by build.rs on
+ * every machine and called by src/ops/attention_tiled.rs for FPT_ATTENTION=mma on the CPU
+ * (a reference, one thread) and by its tests, which compare the results with the composed
+ * ops: the tensor-core kernels' fragments, masks and numbers checked without a GPU. */
+
+#include "fpt_attn_mma.h"
+#include <stdlib.h>
+
+/* The bytes of shared memory kernel `kind` takes for heads of d dims; 0 past the widest. */
+int64_t fpt_host_attn_mma_smem(int32_t kind, int64_t d) { return fpt_mb_smem_bytes(kind, d); }
+
+static int64_t mb_blocks(const fpt_attn_geom *g, int64_t n) {
+    return g->batch * g->heads * ((n + FPT_MB_ROWS - 1) / FPT_MB_ROWS);
+}
+
+static float *mb_smem(int kind, int64_t d) {
+    int64_t bytes = fpt_mb_smem_bytes(kind, d);
+    return bytes > 0 ? (float *)calloc((size_t)bytes / 4, sizeof(float)) : 0;
+}
+
+/* fpt_attn_mma_fwd_f32_d{32,64} over the host grid; returns 0, or 1 when the head is too
+ * wide or scratch memory ran out. */
+int fpt_host_attn_mma_fwd_f32(const float *q, const float *k, const float *v, float *o, float *lse,
+                              const uint32_t *keylen, const fpt_attn_geom *g) {
+    const int64_t dk = fpt_mb_dk(g->d);
+    float *smem = mb_smem(FPT_AB_FWD, g->d);
+    if (!smem) return 1;
+    for (int64_t blk = 0; blk < mb_blocks(g, g->tq); blk++) {
+        if (dk == 32)
+            fpt_mb_fwd_32(q, k, v, o, lse, keylen, g, smem, blk);
+        else
+            fpt_mb_fwd_64(q, k, v, o, lse, keylen, g, smem, blk);
+    }
+    free(smem);
+    return 0;
+}
+
+/* The two backward passes over the host grid (dq, dk, dv: the packed gradient's thirds,
+ * rows of stride g->sg); returns 0, or 1 when the head is too wide or memory ran out. */
+int fpt_host_attn_mma_bwd_f32(const float *q, const float *k, const float *v, const float *o, const float *dout,
+                              const float *lse, float *dd, float *dq, float *dk, float *dv, const uint32_t *keylen,
+                              const fpt_attn_geom *g) {
+    const int64_t w = fpt_mb_dk(g->d);
+    float *smem = mb_smem(FPT_AB_BWD_Q, g->d);
+    if (!smem) return 1;
+    for (int64_t blk = 0; blk < mb_blocks(g, g->tq); blk++) {
+        if (w == 32)
+            fpt_mb_bwd_q_32(q, k, v, o, dout, lse, dd, dq, keylen, g, smem, blk);
+        else
+            fpt_mb_bwd_q_64(q, k, v, o, dout, lse, dd, dq, keylen, g, smem, blk);
+    }
+    free(smem);
+    smem = mb_smem(FPT_AB_BWD_KV, g->d);
+    if (!smem) return 1;
+    for (int64_t blk = 0; blk < mb_blocks(g, g->tk); blk++) {
+        if (w == 32)
+            fpt_mb_bwd_kv_32(q, k, v, dout, lse, dd, dk, dv, keylen, g, smem, blk);
+        else
+            fpt_mb_bwd_kv_64(q, k, v, dout, lse, dd, dk, dv, keylen, g, smem, blk);
+    }
+    free(smem);
+    return 0;
+}
