@@ -392,8 +392,8 @@ fn bench_processes_timed_at_once_share_their_window() {
     assert!(!out.status.success() && err.contains("one shape"), "{err}");
 }
 
-/// `FPT_ATTENTION=tiled` trains through the attention tiled over keys (here its host-grid
-/// bodies): two steps of a small causal GPT-2 end where the default fused op's end (the
+/// `FPT_ATTENTION=tiled` and `=mma` train through the attention tiled over keys (here the
+/// host-grid bodies of its SIMT and its tensor-core kernels): two steps of a small causal GPT-2 end where the default fused op's end (the
 /// backbone's dropouts off: the fused op draws the last block's attention mask for its
 /// read-out rows only, the tiled op for every row, as the GPU's default does). Two steps,
 /// because the two sum in different orders (gradients within 1e-6 relative) and Adam
@@ -436,14 +436,21 @@ fn the_tiled_attention_trains_as_the_default_does() {
             })
             .collect()
     };
-    for (choice, out) in [("auto", "default"), ("tiled", "tiled")] {
+    for (choice, out) in [("auto", "default"), ("tiled", "tiled"), ("mma", "mma")] {
         let o = train(choice, out);
         assert!(o.status.success(), "{choice}: {}", stderr(&o));
     }
-    let (a, b) = (losses("default"), losses("tiled"));
+    let a = losses("default");
     assert_eq!(a.len(), 2);
-    for (x, y) in a.iter().zip(&b) {
-        assert!((x - y).abs() <= 1e-6 * x.abs().max(1.0), "default {a:?} vs tiled {b:?}");
+    for other in ["tiled", "mma"] {
+        let b = losses(other);
+        assert_eq!(b.len(), 2);
+        for (x, y) in a.iter().zip(&b) {
+            assert!(
+                (x - y).abs() <= 1e-6 * x.abs().max(1.0),
+                "default {a:?} vs {other} {b:?}"
+            );
+        }
     }
     let o = train("flash", "bad");
     assert!(!o.status.success());

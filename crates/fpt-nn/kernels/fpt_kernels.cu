@@ -410,18 +410,22 @@ __device__ void fpt_attn_bwd_kv(const float *q, const float *k, const float *v, 
 #define FPT_ATTN_KERNELS(R, C)                                                                              \
     extern "C" __global__ void fpt_attn_fwd_f32_##R##x##C(const float *q, const float *k, const float *v,      \
                                                           float *o, float *lse, const uint32_t *keylen,       \
-                                                          fpt_attn_geom g) {                                  \
+                                                          fpt_attn_geom g, const uint64_t *seed_at) {         \
+        if (seed_at) g.seed = *seed_at;                                                                       \
         fpt_attn_fwd<R, C>(q, k, v, o, lse, keylen, g);                                                       \
     }                                                                                                         \
     extern "C" __global__ void fpt_attn_bwd_q_f32_##R##x##C(                                                  \
         const float *q, const float *k, const float *v, const float *o, const float *dout, const float *lse,  \
-        float *dd, float *dq, const uint32_t *keylen, fpt_attn_geom g) {                                      \
+        float *dd, float *dq, const uint32_t *keylen, fpt_attn_geom g, const uint64_t *seed_at) {             \
+        if (seed_at) g.seed = *seed_at;                                                                       \
         fpt_attn_bwd_q<R, C>(q, k, v, o, dout, lse, dd, dq, keylen, g);                                       \
     }                                                                                                         \
     extern "C" __global__ void fpt_attn_bwd_kv_f32_##R##x##C(const float *q, const float *k, const float *v,   \
                                                              const float *dout, const float *lse,             \
                                                              const float *dd, float *dqkv,                    \
-                                                             const uint32_t *keylen, fpt_attn_geom g) {       \
+                                                             const uint32_t *keylen, fpt_attn_geom g,         \
+                                                             const uint64_t *seed_at) {                       \
+        if (seed_at) g.seed = *seed_at;                                                                       \
         fpt_attn_bwd_kv<R, C>(q, k, v, dout, lse, dd, dqkv, keylen, g);                                       \
     }
 FPT_ATTN_KERNELS(64, 64)
@@ -437,27 +441,32 @@ FPT_ATTN_KERNELS(16, 16)
 // The three kernels for heads of up to DK dims (fpt_attn_mma_fwd_f32_d64, ...: src/cuda/attn.rs
 // names them from the head width), 128 lanes a block, each block striding over the tiles of
 // 64 rows; the arguments are the SIMT kernels' (the dK, dV pass finds its thirds of dqkv).
+// Both families read their dropout seed from seed_at when it is not null (a replayed step's
+// slot, src/replay.rs), from the geometry otherwise.
 #define FPT_MB_KERNELS(DK)                                                                                    \
     extern "C" __global__ void __launch_bounds__(FPT_MB_THREADS)                                              \
         fpt_attn_mma_fwd_f32_d##DK(const float *q, const float *k, const float *v, float *o, float *lse,      \
-                                   const uint32_t *keylen, fpt_attn_geom g) {                                 \
+                                   const uint32_t *keylen, fpt_attn_geom g, const uint64_t *seed_at) {        \
         extern __shared__ float fpt_mb_smem[];                                                                \
+        if (seed_at) g.seed = *seed_at;                                                                       \
         const int64_t blocks = g.batch * g.heads * ((g.tq + FPT_MB_ROWS - 1) / FPT_MB_ROWS);                  \
         for (int64_t blk = blockIdx.x; blk < blocks; blk += gridDim.x)                                        \
             fpt_mb_fwd_##DK(q, k, v, o, lse, keylen, &g, fpt_mb_smem, blk);                                   \
     }                                                                                                         \
     extern "C" __global__ void __launch_bounds__(FPT_MB_THREADS) fpt_attn_mma_bwd_q_f32_d##DK(                \
         const float *q, const float *k, const float *v, const float *o, const float *dout, const float *lse,  \
-        float *dd, float *dq, const uint32_t *keylen, fpt_attn_geom g) {                                      \
+        float *dd, float *dq, const uint32_t *keylen, fpt_attn_geom g, const uint64_t *seed_at) {             \
         extern __shared__ float fpt_mb_smem[];                                                                \
+        if (seed_at) g.seed = *seed_at;                                                                       \
         const int64_t blocks = g.batch * g.heads * ((g.tq + FPT_MB_ROWS - 1) / FPT_MB_ROWS);                  \
         for (int64_t blk = blockIdx.x; blk < blocks; blk += gridDim.x)                                        \
             fpt_mb_bwd_q_##DK(q, k, v, o, dout, lse, dd, dq, keylen, &g, fpt_mb_smem, blk);                   \
     }                                                                                                         \
     extern "C" __global__ void __launch_bounds__(FPT_MB_THREADS) fpt_attn_mma_bwd_kv_f32_d##DK(               \
         const float *q, const float *k, const float *v, const float *dout, const float *lse, const float *dd, \
-        float *dqkv, const uint32_t *keylen, fpt_attn_geom g) {                                               \
+        float *dqkv, const uint32_t *keylen, fpt_attn_geom g, const uint64_t *seed_at) {                      \
         extern __shared__ float fpt_mb_smem[];                                                                \
+        if (seed_at) g.seed = *seed_at;                                                                       \
         float *dk = dqkv + g.heads * g.d, *dv = dqkv + 2 * g.heads * g.d;                                     \
         const int64_t blocks = g.batch * g.heads * ((g.tk + FPT_MB_ROWS - 1) / FPT_MB_ROWS);                  \
         for (int64_t blk = blockIdx.x; blk < blocks; blk += gridDim.x)                                        \

@@ -656,3 +656,35 @@ fn recomputed_attention_draws_its_masks_from_the_seed_slots() -> Result<()> {
     assert!(e.to_string().contains("not given"), "{e}");
     Ok(())
 }
+
+/// So do the tiled attention's kernels, both families (their forward and two backward
+/// passes, on the CPU here over the host grid; a GPU's read the seed from its slot).
+#[test]
+fn tiled_attention_draws_its_masks_from_the_seed_slots() -> Result<()> {
+    let (b, t, heads, d) = (2, 9, 2, 8);
+    let spec = ops::AttentionSpec {
+        heads,
+        scale: 0.4,
+        mask: ops::Mask::None,
+        dropout: Some((0.3, 77)),
+    };
+    let qkv = Var::from_tensor(&randn(&[b, t, 3 * heads * d], 6, DType::F32)?)?;
+    for kernels in [ops::TiledKernels::Simt, ops::TiledKernels::Mma] {
+        let step = || -> Result<Tensor> {
+            let y = ops::attention_tiled_packed_with(qkv.as_tensor(), spec, None, kernels)?;
+            let g = loss(&y, 2)?.backward()?;
+            Ok(g.get(qkv.as_tensor()).expect("a gradient").clone())
+        };
+        let want = step()?;
+        let slots = fpt_nn::replay::SeedSlots::new(1, &Device::Cpu)?;
+        let got = slots.bind(&[77], step)??;
+        assert_eq!(
+            max_abs_diff(&got, &want)?,
+            0.0,
+            "{kernels:?}: the bound step's gradient"
+        );
+        let e = slots.bind(&[5], step).expect_err("a seed outside the slots");
+        assert!(e.to_string().contains("not given"), "{kernels:?}: {e}");
+    }
+    Ok(())
+}

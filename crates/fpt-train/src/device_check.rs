@@ -7,7 +7,7 @@
 use crate::Result;
 use candle_core::{DType, Device, Tensor, Var};
 use fpt_nn::ops::bf16_choice::{self, Bf16Product};
-use fpt_nn::ops::{self, AttentionSpec, Mask};
+use fpt_nn::ops::{self, AttentionSpec, Mask, TiledKernels};
 use fpt_nn::Rng;
 use serde::Serialize;
 
@@ -284,7 +284,8 @@ pub fn agreement(device: &Device) -> Result<Vec<KernelCheck>> {
     }
     // Attention tiled in blocks (its CUDA kernels on a GPU; on the CPU the same bodies over
     // the host grid), with dropout and padding: values and the packed gradient. Heads of 8,
-    // 32 (MiniLM's tiles) and 64 (GPT-2's), over several tiles of rows and keys.
+    // 32 (MiniLM's tiles) and 64 (GPT-2's), over several tiles of rows and keys; the
+    // tensor-core kernels (`attention_mma`, heads up to 64) on the same cases.
     for (t, c, heads, mask, lens) in [
         (33usize, 32usize, 4usize, Mask::Causal, None),
         (64, 32, 4, Mask::None, Some([64u32, 40])),
@@ -299,18 +300,23 @@ pub fn agreement(device: &Device) -> Result<Vec<KernelCheck>> {
             mask,
             dropout: Some((0.1, 11)),
         };
-        op_check(
-            &mut out,
-            device,
-            &format!("attention_tiled t={t} c={c} {mask:?} lengths {lens:?} with dropout"),
-            &[&[2, t, 3 * c]],
-            |x| {
-                let keylen = lens
-                    .map(|l| fpt_nn::transfer::upload_slice(&l, 2, x[0].device()))
-                    .transpose()?;
-                ops::attention_tiled_packed(x[0], spec, keylen.as_ref())
-            },
-        )?;
+        for (what, kernels) in [("tiled", TiledKernels::Simt), ("mma", TiledKernels::Mma)] {
+            if kernels == TiledKernels::Mma && c / heads > 64 {
+                continue;
+            }
+            op_check(
+                &mut out,
+                device,
+                &format!("attention_{what} t={t} c={c} {mask:?} lengths {lens:?} with dropout"),
+                &[&[2, t, 3 * c]],
+                |x| {
+                    let keylen = lens
+                        .map(|l| fpt_nn::transfer::upload_slice(&l, 2, x[0].device()))
+                        .transpose()?;
+                    ops::attention_tiled_packed_with(x[0], spec, keylen.as_ref(), kernels)
+                },
+            )?;
+        }
     }
     // The linear layer with its bias added in cuBLASLt's product (the default on a
     // GPU), against the CPU's product; the input, weight and bias all take gradients. Products
@@ -582,6 +588,7 @@ mod tests {
             "rotary gradient of input 0",
             "cross_entropy 7x1000 gradient",
             "attention_tiled t=64 c=32 None lengths Some([64, 40]) with dropout gradient of input 0",
+            "attention_mma t=150 c=64 None lengths Some([150, 131]) with dropout gradient of input 0",
             "linear_epilogue 7x33 -> 10 gradient of input 2",
             "bf16 product Widened 64x384 -> 1536 gradient of input 0",
             "bf16 product Autocast 64x384 -> 1536 gradient of input 1",

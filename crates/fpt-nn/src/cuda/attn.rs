@@ -53,15 +53,14 @@ fn keylen_view<'a>(k: Option<(&'a CudaStorage, &'a Layout)>) -> Result<Option<Cu
         .transpose()
 }
 
-/// The tiled attention's dropout seed is a field of its geometry, not a slot: a replayed
-/// step with it would repeat its masks, so it refuses to run under one.
-fn tiled_not_replayed(g: &AttnGeom) -> Result<()> {
-    if g.thr != 0 && crate::replay::bound() {
-        candle_core::bail!(
-            "FPT_ATTENTION=tiled with dropout cannot run in a replayed step (its seed is not read from a slot)"
-        )
+/// Runs `launch` with the address of the dropout seed's slot in a replayed step (the
+/// kernels read the seed from there, so each replay draws new masks), null otherwise or
+/// without dropout (they take the geometry's).
+fn seeded<R>(g: &AttnGeom, launch: impl FnOnce(u64) -> Result<R>) -> Result<R> {
+    if g.thr == 0 {
+        return launch(0);
     }
-    Ok(())
+    super::with_seed_at(g.seed, launch)
 }
 
 /// Attention tiled in blocks on Q, K, V read in place from `qkv` ([b, t, 3c], `g`'s
@@ -72,7 +71,6 @@ pub(crate) fn attn_fwd(
     g: &AttnGeom,
     kernels: TiledKernels,
 ) -> Result<(CudaStorage, CudaSlice<f32>)> {
-    tiled_not_replayed(g)?;
     let dev = qkv.0.device().clone();
     let x = f32_view(qkv.0, qkv.1, "attention_tiled")?;
     let c = (g.heads * g.d) as usize;
@@ -82,20 +80,23 @@ pub(crate) fn attn_fwd(
     let lse = output(&dev, (g.batch * g.heads * g.tq) as usize)?;
     let (cfg, name) = tiles(g, AttnKernel::Forward, g.tq, kernels)?;
     let f = dev.get_or_load_custom_func(&name, MODULE, PTX)?;
-    let mut b = f.builder();
-    let null = 0u64;
-    b.arg(&q).arg(&k).arg(&v).arg(&o).arg(&lse);
-    match &lens {
-        Some(l) => b.arg(l),
-        None => b.arg(&null),
-    };
-    b.arg(g);
-    // SAFETY: qkv holds batch * t rows of stride 3c (= sq = sk = sv) with Q, K, V at 0, c,
-    // 2c (the caller built `g` from its shape); o holds batch * t * c (stride so = c) and
-    // lse batch * heads * t; keylen, when given, holds batch values (null otherwise, with
-    // has_len 0); the shared memory is what fpt_attn_plan (or fpt_mb_smem_bytes) sized for
-    // these tiles, and the block has the lanes the kernel's tiles divide among (256; 128).
-    unsafe { b.launch(cfg) }.w()?;
+    seeded(g, |seed_at| {
+        let mut b = f.builder();
+        let null = 0u64;
+        b.arg(&q).arg(&k).arg(&v).arg(&o).arg(&lse);
+        match &lens {
+            Some(l) => b.arg(l),
+            None => b.arg(&null),
+        };
+        b.arg(g).arg(&seed_at);
+        // SAFETY: qkv holds batch * t rows of stride 3c (= sq = sk = sv) with Q, K, V at 0,
+        // c, 2c (the caller built `g` from its shape); o holds batch * t * c (stride so = c)
+        // and lse batch * heads * t; keylen, when given, holds batch values (null otherwise,
+        // with has_len 0); seed_at is null or a live slot of the bound step; the shared
+        // memory is what fpt_attn_plan (or fpt_mb_smem_bytes) sized for these tiles, and the
+        // block has the lanes the kernel's tiles divide among (256; 128).
+        unsafe { b.launch(cfg) }.w()
+    })?;
     Ok((CudaStorage::wrap_cuda_slice(o, dev), lse))
 }
 
@@ -110,7 +111,6 @@ pub(crate) fn attn_bwd(
     g: &AttnGeom,
     kernels: TiledKernels,
 ) -> Result<CudaStorage> {
-    tiled_not_replayed(g)?;
     let dev = qkv.0.device().clone();
     let x = f32_view(qkv.0, qkv.1, "attention_tiled backward")?;
     let ov = f32_view(o.0, o.1, "attention_tiled backward")?;
@@ -122,30 +122,32 @@ pub(crate) fn attn_bwd(
     let dd = output(&dev, rows_all)?;
     let dqkv = output(&dev, (g.batch * g.tq) as usize * 3 * c)?;
     let null = 0u64;
-    let (cfg, name) = tiles(g, AttnKernel::BackwardQ, g.tq, kernels)?;
-    let f = dev.get_or_load_custom_func(&name, MODULE, PTX)?;
-    let mut b = f.builder();
-    b.arg(&q).arg(&k).arg(&v).arg(&ov).arg(&gv).arg(lse).arg(&dd).arg(&dqkv);
-    match &lens {
-        Some(l) => b.arg(l),
-        None => b.arg(&null),
-    };
-    b.arg(g);
-    // SAFETY: as attn_fwd's, and o, dout hold batch * t * c (stride so = c), lse and dd
-    // batch * heads * t, dqkv batch * t * 3c (stride sg = 3c; this pass writes its dQ third
-    // and every dd).
-    unsafe { b.launch(cfg) }.w()?;
-    let (cfg, name) = tiles(g, AttnKernel::BackwardKv, g.tk, kernels)?;
-    let f = dev.get_or_load_custom_func(&name, MODULE, PTX)?;
-    let mut b = f.builder();
-    b.arg(&q).arg(&k).arg(&v).arg(&gv).arg(lse).arg(&dd).arg(&dqkv);
-    match &lens {
-        Some(l) => b.arg(l),
-        None => b.arg(&null),
-    };
-    b.arg(g);
-    // SAFETY: as above; this pass reads the first pass's dd (the same stream orders them)
-    // and writes the dK and dV thirds of dqkv, every row of each.
-    unsafe { b.launch(cfg) }.w()?;
+    let (cfg_q, name_q) = tiles(g, AttnKernel::BackwardQ, g.tq, kernels)?;
+    let (cfg_kv, name_kv) = tiles(g, AttnKernel::BackwardKv, g.tk, kernels)?;
+    let f_q = dev.get_or_load_custom_func(&name_q, MODULE, PTX)?;
+    let f_kv = dev.get_or_load_custom_func(&name_kv, MODULE, PTX)?;
+    seeded(g, |seed_at| {
+        let mut b = f_q.builder();
+        b.arg(&q).arg(&k).arg(&v).arg(&ov).arg(&gv).arg(lse).arg(&dd).arg(&dqkv);
+        match &lens {
+            Some(l) => b.arg(l),
+            None => b.arg(&null),
+        };
+        b.arg(g).arg(&seed_at);
+        // SAFETY: as attn_fwd's, and o, dout hold batch * t * c (stride so = c), lse and dd
+        // batch * heads * t, dqkv batch * t * 3c (stride sg = 3c; this pass writes its dQ
+        // third and every dd).
+        unsafe { b.launch(cfg_q) }.w()?;
+        let mut b = f_kv.builder();
+        b.arg(&q).arg(&k).arg(&v).arg(&gv).arg(lse).arg(&dd).arg(&dqkv);
+        match &lens {
+            Some(l) => b.arg(l),
+            None => b.arg(&null),
+        };
+        b.arg(g).arg(&seed_at);
+        // SAFETY: as above; this pass reads the first pass's dd (the same stream orders
+        // them) and writes the dK and dV thirds of dqkv, every row of each.
+        unsafe { b.launch(cfg_kv) }.w()
+    })?;
     Ok(CudaStorage::wrap_cuda_slice(dqkv, dev))
 }

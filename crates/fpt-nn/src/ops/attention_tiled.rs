@@ -244,6 +244,14 @@ extern "C" {
     ) -> i32;
 }
 
+/// Notes the dropout seed the kernels draw their masks from (in a replayed step it must be
+/// one of the step's slots: `crate::replay`; on a GPU the kernels read it from there).
+fn note_seed(g: &AttnGeom) {
+    if g.thr != 0 {
+        crate::replay::seed_slot(g.seed);
+    }
+}
+
 /// The host-grid bodies of a family.
 fn host_fns(kernels: TiledKernels) -> (HostFwd, HostBwd) {
     match kernels {
@@ -330,6 +338,7 @@ impl CustomOp1 for Tiled {
         let mut o = vec![0f32; (g.batch * g.tq) as usize * c];
         let mut lse = vec![0f32; g.rows()];
         let kl = lens.as_ref().map_or(std::ptr::null(), |v| v.as_ptr());
+        note_seed(g);
         // SAFETY: x holds batch * t rows of 3c (checked), read as Q, K, V at offsets 0, c,
         // 2c with stride 3c (g.sq = sk = sv); o holds batch * t * c (stride g.so = c), lse
         // g.rows(); kl is null with g.has_len = 0, else batch values (host_keylen checked).
@@ -423,6 +432,7 @@ impl CustomOp3 for TiledBackward {
         let mut dd = vec![0f32; g.rows()];
         let mut grad = vec![0f32; 3 * n];
         let kl = lens.as_ref().map_or(std::ptr::null(), |v| v.as_ptr());
+        note_seed(g);
         let gp = grad.as_mut_ptr();
         // SAFETY: as the forward's, and o, dout hold batch * t * c (stride so = c), lse and
         // dd g.rows(), grad batch * t * 3c written as dQ, dK, dV at 0, c, 2c with stride
