@@ -43,6 +43,11 @@
 # recomputing attention's softmax, dropout and softmax backward as separate kernels, before
 # the one-pass ops of that day); the tiled attention (1.45x slower on the H200 of
 # 2026-11-28, unchanged since) only when TILED_VARIANTS names it.
+# Since 2026-11-29 (later) they also time FPT_ATTENTION=mma (the tiled attention on the
+# tensor cores, kernels/fpt_attn_mma.h: never run on a GPU before this call), and the
+# sanitizer part runs memcheck with it (SAN_ENV) and a plain mma run (VARIANTS="check mma"
+# instead of "check plain": the default path's memcheck and plain runs found nothing on
+# 2026-11-27 and 2026-11-28).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 final="${OUT:-$(mktemp -d)}"
@@ -51,12 +56,12 @@ rm -rf "$work" && mkdir -p "$work/session" "$work/sanitize"
 t0=$(date +%s)
 OUT="$work/session" DEADLINE_S="${SESSION_S:-380}" CHECK_S="${CHECK_S:-175}" \
     CHECK_SHAPES="${CHECK_SHAPES-minilm-mnist smollm2-mnist}" AT_ONCE="${AT_ONCE-}" TILED_ROUNDS="${TILED_ROUNDS:-1}" \
-    TILED_VARIANTS="${TILED_VARIANTS-auto FPT_SOFTMAX=composed}" BF16_ROUNDS="${BF16_ROUNDS:-1}" \
+    TILED_VARIANTS="${TILED_VARIANTS-auto FPT_SOFTMAX=composed FPT_ATTENTION=mma}" BF16_ROUNDS="${BF16_ROUNDS:-1}" \
     STREAMS="${STREAMS-1 4 8}" STREAMS_ROUNDS="${STREAMS_ROUNDS:-1}" LSTM_ROUNDS="${LSTM_ROUNDS:-1}" \
     GRAPH_S="${GRAPH_S:-60}" PROFILE_SHAPES="${PROFILE_SHAPES-}" PROBES="${PROBES- }" WORK_S="${WORK_S:-0}" bash bench/gpu/session.sh
 echo "lease: session part done after $(( $(date +%s) - t0 )) s" >> "$work/session/session.log"
-OUT="$work/sanitize" SAN_S="${SAN_S:-30}" INIT_S="${INIT_S:-30}" PLAIN_S="${PLAIN_S:-30}" \
-    VARIANTS="${VARIANTS-check plain}" bash bench/gpu/sanitize.sh
+OUT="$work/sanitize" SAN_S="${SAN_S:-30}" SAN_ENV="${SAN_ENV-FPT_ATTENTION=mma}" INIT_S="${INIT_S:-30}" \
+    PLAIN_S="${PLAIN_S:-30}" VARIANTS="${VARIANTS-check mma}" bash bench/gpu/sanitize.sh
 echo "lease: sanitizer part done after $(( $(date +%s) - t0 )) s" >> "$work/session/session.log"
 for f in machine.txt gpu-check.json gpu-check.log session.log; do
     [ -f "$work/session/$f" ] && cp "$work/session/$f" "$final/"

@@ -34,9 +34,11 @@ nvidia-smi -L > "$OUT/machine.txt" 2>&1; uname -r >> "$OUT/machine.txt"
 args=(train --task listops --backbone sentence-transformers/all-MiniLM-L6-v2 --init random --brackets keep
       --batch-size 16 --eval-examples 32 --seed 0 --device cuda:0)
 echo "setup $(( $(date +%s) - t0 )) s" > "$OUT/times.txt"
-# SAN_S=0 skips memcheck (it found nothing on 2026-11-27); VARIANTS picks the plain runs.
+# SAN_S=0 skips memcheck (it found nothing on 2026-11-27); SAN_ENV sets its environment
+# (SAN_ENV=FPT_ATTENTION=mma: the tensor-core attention's kernels, new on 2026-11-29, under
+# memcheck); VARIANTS picks the plain runs.
 if [ "${SAN_S:-110}" != 0 ]; then
-    timeout "${SAN_S:-110}" compute-sanitizer --tool memcheck --print-limit 20 --show-backtrace device \
+    env ${SAN_ENV:-} timeout "${SAN_S:-110}" compute-sanitizer --tool memcheck --print-limit 20 --show-backtrace device \
         $B "${args[@]}" --steps 4 --eval-every 2 --out /tmp/probe/san > "$OUT/memcheck.log" 2>&1
     echo "memcheck exit $? at $(( $(date +%s) - t0 )) s" >> "$OUT/times.txt"
 fi
@@ -52,13 +54,15 @@ fi
 # error names an upload the device holds differently, or an id outside the table), then
 # with every launch synchronous (a race between streams, if any, goes away), then with the
 # attention tiled over keys instead of the composed ops (FPT_ATTENTION=tiled: if the fault
-# lives in the attention's path, this run does not have it).
+# lives in the attention's path, this run does not have it), then on the tensor cores
+# (FPT_ATTENTION=mma: that family's kernels over many steps and evaluations).
 for v in ${VARIANTS:-plain check blocking tiled}; do
     case $v in
         plain) env=() ;;
         check) env=(FPT_CHECK_DEVICE=1) ;;
         blocking) env=(CUDA_LAUNCH_BLOCKING=1) ;;
         tiled) env=(FPT_ATTENTION=tiled) ;;
+        mma) env=(FPT_ATTENTION=mma) ;;
     esac
     env "${env[@]}" FPT_LOG=info timeout "${PLAIN_S:-40}" $B "${args[@]}" --steps 2000 --eval-every 2 \
         --out /tmp/probe/$v > "$OUT/$v.log" 2>&1

@@ -123,13 +123,14 @@ done
 # the one-pass ops of 2026-11-29) and the attention tiled over keys (issue 56 item 5)
 # against the default, the long-sequence shapes, alternating rounds: one JSON line per
 # process in tiled-bench.jsonl ({"variant": "auto"|"FPT_SOFTMAX=composed"|
-# "FPT_ATTENTION=tiled"|..., "round": R, "out": <fpt bench --json>}). TILED_SHAPES="" skips
+# "FPT_ATTENTION=tiled"|"FPT_ATTENTION=mma"|..., "round": R, "out": <fpt bench --json>};
+# mma: the tiled attention on the tensor cores). TILED_SHAPES="" skips
 # it; TILED_VARIANTS picks the variants (also FPT_LINEAR=product, the bias added after
 # cuBLAS's product, and FPT_BRANCH=composed, the residual branches composed of candle's
 # ops: both measured on an H100 on 2026-11-27, 5% slower than the default each).
 for r in $(seq "${TILED_ROUNDS:-2}"); do
     for s in ${TILED_SHAPES-lra minilm-listops}; do
-        for v in ${TILED_VARIANTS-auto FPT_SOFTMAX=composed FPT_ATTENTION=tiled}; do
+        for v in ${TILED_VARIANTS-auto FPT_SOFTMAX=composed FPT_ATTENTION=tiled FPT_ATTENTION=mma}; do
             [ "$(left 120)" -lt 10 ] && continue
             o=$(env "$([ "$v" = auto ] && echo FPT_ATTENTION=auto || echo "$v")" timeout "$(left "${TILED_TIMEOUT:-120}")" /tmp/fpt-cuda bench --json \
                 --no-full --shape "$s" --steps 20 --warmup 3 --device "$dev" 2>>"$OUT/tiled-bench.err" | tail -1)
