@@ -97,25 +97,34 @@ FPT_HD float fpt_mb_float(uint32_t u) {
 #endif
 }
 
-/* x rounded to TF32 (10 bits of mantissa), to nearest with ties away from zero (what
- * cvt.rna.tf32.f32 does), as the bits of an f32 whose low 13 bits are 0. Infinities and
- * NaNs stay what they are. */
+/* x rounded to TF32 (10 bits of mantissa), to nearest with ties away from zero, as the bits
+ * of an f32 whose low 13 bits are 0: cvt.rna.tf32.f32 on a GPU (one instruction); on the
+ * host the same rounding on the bits (half an ulp added to the magnitude, the low bits
+ * cut), infinities and NaNs kept. The two agree on every finite value. */
 FPT_HD uint32_t fpt_tf32(float x) {
+#ifdef __CUDACC__
+    uint32_t u;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(u) : "f"(x));
+    return u;
+#else
     uint32_t u = fpt_mb_bits(x);
     if ((u & 0x7f800000u) == 0x7f800000u) return u;
     return (u + 0x1000u) & 0xffffe000u;
+#endif
 }
 
-/* x = hi + lo (to ~2^-22 relative), both TF32. */
+/* x = hi + lo (to ~2^-22 relative), both TF32: hi rounded as above, lo the remainder
+ * (exact in f32) rounded on its bits the same way, which for a finite x needs no guard (the
+ * remainder is finite and far below overflow): three integer and float operations. */
 FPT_HD void fpt_tf32_split(float x, uint32_t *hi, uint32_t *lo) {
     *hi = fpt_tf32(x);
-    *lo = fpt_tf32(x - fpt_mb_float(*hi));
+    *lo = (fpt_mb_bits(x - fpt_mb_float(*hi)) + 0x1000u) & 0xffffe000u;
 }
 
 /* ---- fragments (lane l of a warp: g = l / 4, t = l % 4) ---------------------------- */
 
 /* A of rows 0..15 and columns k0..k0+7 of a row-major tile (ld floats a row), split. */
-FPT_HD void fpt_mb_a(const float *s, int64_t ld, int k0, int l, uint32_t hi[4], uint32_t lo[4]) {
+FPT_HD void fpt_mb_a(const float *s, int ld, int k0, int l, uint32_t hi[4], uint32_t lo[4]) {
     const int g = l >> 2, t = l & 3;
     fpt_tf32_split(s[g * ld + k0 + t], &hi[0], &lo[0]);
     fpt_tf32_split(s[(g + 8) * ld + k0 + t], &hi[1], &lo[1]);
@@ -124,7 +133,7 @@ FPT_HD void fpt_mb_a(const float *s, int64_t ld, int k0, int l, uint32_t hi[4], 
 }
 
 /* B (k, n) = tile row n0 + n, column k0 + k: the product with the tile's rows (S = Q K^T). */
-FPT_HD void fpt_mb_b_rows(const float *s, int64_t ld, int n0, int k0, int l, uint32_t hi[2], uint32_t lo[2]) {
+FPT_HD void fpt_mb_b_rows(const float *s, int ld, int n0, int k0, int l, uint32_t hi[2], uint32_t lo[2]) {
     const int g = l >> 2, t = l & 3;
     fpt_tf32_split(s[(n0 + g) * ld + k0 + t], &hi[0], &lo[0]);
     fpt_tf32_split(s[(n0 + g) * ld + k0 + t + 4], &hi[1], &lo[1]);
@@ -132,7 +141,7 @@ FPT_HD void fpt_mb_b_rows(const float *s, int64_t ld, int n0, int k0, int l, uin
 
 /* B (k, n) = tile row k0 + k, column n0 + n, k in the permuted order (slot t: row 2t, slot
  * t + 4: row 2t + 1): the product with an A made from an accumulator (O += P V). */
-FPT_HD void fpt_mb_b_perm(const float *s, int64_t ld, int k0, int n0, int l, uint32_t hi[2], uint32_t lo[2]) {
+FPT_HD void fpt_mb_b_perm(const float *s, int ld, int k0, int n0, int l, uint32_t hi[2], uint32_t lo[2]) {
     const int g = l >> 2, t = l & 3;
     fpt_tf32_split(s[(k0 + 2 * t) * ld + n0 + g], &hi[0], &lo[0]);
     fpt_tf32_split(s[(k0 + 2 * t + 1) * ld + n0 + g], &hi[1], &lo[1]);
