@@ -14,8 +14,10 @@
  * A product's accumulator C becomes the next product's A without moving between lanes:
  * the inner index of that second product is permuted within each 8 (slot t is column 2t
  * of the C tile, slot t + 4 column 2t + 1), so A = (c0, c2, c1, c3) and its B reads rows
- * 2t and 2t + 1 (fpt_mb_b_perm). Shared rows are d rounded up to 32 (DK) plus 4 floats:
- * both B patterns and the A loads then hit 32 distinct banks.
+ * 2t and 2t + 1 (fpt_mb_b_perm). The operands in shared memory are split when loaded (hi
+ * and lo words, once for all warps: the split costs more than the products otherwise);
+ * rows are d rounded up to 32 (DK) plus 4 words: both B patterns and the A loads then hit
+ * 32 distinct banks. The forward keeps its Q fragments in registers.
  *
  * The bodies are written once, for a block of SIMT lanes, and compiled twice, as every
  * kernel here: by nvcc (each lane runs them) and by the host C compiler into host_mma.c,
@@ -34,11 +36,10 @@
 
 #define FPT_MB_THREADS 128
 #define FPT_MB_WARPS 4
-/* A block's own rows (16 a warp), and the other side's tile: 32 keys in the forward, 16
- * in the backward's passes (two operands of 64 own rows each there). */
+/* A block's own rows (16 a warp), and the other side's tile: 32 rows each way. */
 #define FPT_MB_ROWS 64
 #define FPT_MB_FWD_COLS 32
-#define FPT_MB_BWD_COLS 16
+#define FPT_MB_BWD_COLS 32
 /* The widest head: DK = 64 (d rounded up to 32). */
 #define FPT_MB_MAX_D 64
 
@@ -121,30 +122,53 @@ FPT_HD void fpt_tf32_split(float x, uint32_t *hi, uint32_t *lo) {
     *lo = (fpt_mb_bits(x - fpt_mb_float(*hi)) + 0x1000u) & 0xffffe000u;
 }
 
-/* ---- fragments (lane l of a warp: g = l / 4, t = l % 4) ---------------------------- */
+/* Lane's share of loading rows row0 .. row0 + n (of which `valid` exist) of an operand's
+ * head into shared memory split: hi and lo words of rows of ld, zeros past the valid rows
+ * and past d. A warp a row, its lanes along it (coalesced); nl is a multiple of 32. Each
+ * value is split once here for every warp and fragment that reads it. */
+FPT_HD void fpt_mb_load_split(uint32_t *hi, uint32_t *lo, const float *src, int64_t stride, int64_t row0,
+                              int64_t valid, int n, int64_t d, int ld, int lane, int nl) {
+    const int w = lane / 32, nw = nl / 32, l = lane % 32;
+    for (int rr = w; rr < n; rr += nw) {
+        const float *r = rr < valid ? src + (row0 + rr) * stride : 0;
+        for (int e = l; e < ld; e += 32) {
+            const float x = (r && e < d) ? r[e] : 0.0f;
+            fpt_tf32_split(x, &hi[rr * ld + e], &lo[rr * ld + e]);
+        }
+    }
+}
 
-/* A of rows 0..15 and columns k0..k0+7 of a row-major tile (ld floats a row), split. */
-FPT_HD void fpt_mb_a(const float *s, int ld, int k0, int l, uint32_t hi[4], uint32_t lo[4]) {
+/* ---- fragments (lane l of a warp: g = l / 4, t = l % 4), from split shared rows ------- */
+
+/* A of rows 0..15 and columns k0..k0+7 of a row-major tile (ld words a row). */
+FPT_HD void fpt_mb_a(const uint32_t *sh, const uint32_t *sl, int ld, int k0, int l, uint32_t hi[4], uint32_t lo[4]) {
     const int g = l >> 2, t = l & 3;
-    fpt_tf32_split(s[g * ld + k0 + t], &hi[0], &lo[0]);
-    fpt_tf32_split(s[(g + 8) * ld + k0 + t], &hi[1], &lo[1]);
-    fpt_tf32_split(s[g * ld + k0 + t + 4], &hi[2], &lo[2]);
-    fpt_tf32_split(s[(g + 8) * ld + k0 + t + 4], &hi[3], &lo[3]);
+    const int o[4] = {g * ld + k0 + t, (g + 8) * ld + k0 + t, g * ld + k0 + t + 4, (g + 8) * ld + k0 + t + 4};
+    for (int i = 0; i < 4; i++) {
+        hi[i] = sh[o[i]];
+        lo[i] = sl[o[i]];
+    }
 }
 
 /* B (k, n) = tile row n0 + n, column k0 + k: the product with the tile's rows (S = Q K^T). */
-FPT_HD void fpt_mb_b_rows(const float *s, int ld, int n0, int k0, int l, uint32_t hi[2], uint32_t lo[2]) {
-    const int g = l >> 2, t = l & 3;
-    fpt_tf32_split(s[(n0 + g) * ld + k0 + t], &hi[0], &lo[0]);
-    fpt_tf32_split(s[(n0 + g) * ld + k0 + t + 4], &hi[1], &lo[1]);
+FPT_HD void fpt_mb_b_rows(const uint32_t *sh, const uint32_t *sl, int ld, int n0, int k0, int l, uint32_t hi[2],
+                          uint32_t lo[2]) {
+    const int g = l >> 2, t = l & 3, o = (n0 + g) * ld + k0 + t;
+    hi[0] = sh[o];
+    lo[0] = sl[o];
+    hi[1] = sh[o + 4];
+    lo[1] = sl[o + 4];
 }
 
 /* B (k, n) = tile row k0 + k, column n0 + n, k in the permuted order (slot t: row 2t, slot
  * t + 4: row 2t + 1): the product with an A made from an accumulator (O += P V). */
-FPT_HD void fpt_mb_b_perm(const float *s, int ld, int k0, int n0, int l, uint32_t hi[2], uint32_t lo[2]) {
-    const int g = l >> 2, t = l & 3;
-    fpt_tf32_split(s[(k0 + 2 * t) * ld + n0 + g], &hi[0], &lo[0]);
-    fpt_tf32_split(s[(k0 + 2 * t + 1) * ld + n0 + g], &hi[1], &lo[1]);
+FPT_HD void fpt_mb_b_perm(const uint32_t *sh, const uint32_t *sl, int ld, int k0, int n0, int l, uint32_t hi[2],
+                          uint32_t lo[2]) {
+    const int g = l >> 2, t = l & 3, o = (k0 + 2 * t) * ld + n0 + g;
+    hi[0] = sh[o];
+    lo[0] = sl[o];
+    hi[1] = sh[o + ld];
+    lo[1] = sl[o + ld];
 }
 
 /* A from an accumulator tile c (16 x 8) in the permuted order, split. */
@@ -263,14 +287,17 @@ FPT_HD int64_t fpt_mb_dk(int64_t d) {
 }
 
 /* The bytes of shared memory kernel `kind` (FPT_AB_FWD, ...) takes for heads of d dims, or
- * 0 when the head is too wide: own rows and inner tiles of DK + 4 floats; the dK, dV pass
- * adds the query tile's lse, D and key ranges. */
+ * 0 when the head is too wide: rows of DK + 4 words, each operand twice (hi and lo). The
+ * forward's K and V tiles (32 keys; Q passes through them into registers first) fit in the
+ * 48 KiB any block may take; the backward's passes keep both own operands (64 rows) and two
+ * inner tiles of 32, ~104 KiB at 64 dims, which the launch opts in to (an H100 or H200 gives
+ * a block up to 227 KiB); the dK, dV pass adds the query tile's lse, D and key ranges. */
 FPT_HD int64_t fpt_mb_smem_bytes(int kind, int64_t d) {
     const int64_t dk = fpt_mb_dk(d), ld = dk + 4;
     if (dk == 0) return 0;
-    if (kind == FPT_AB_FWD) return 4 * (FPT_MB_ROWS * ld + 2 * FPT_MB_FWD_COLS * ld);
-    if (kind == FPT_AB_BWD_Q) return 4 * (2 * FPT_MB_ROWS * ld + 2 * FPT_MB_BWD_COLS * ld);
-    return 4 * (2 * FPT_MB_ROWS * ld + 2 * FPT_MB_BWD_COLS * ld + 4 * FPT_MB_BWD_COLS);
+    if (kind == FPT_AB_FWD) return 4 * (4 * FPT_MB_FWD_COLS * ld);
+    if (kind == FPT_AB_BWD_Q) return 4 * (4 * FPT_MB_ROWS * ld + 4 * FPT_MB_BWD_COLS * ld);
+    return 4 * (4 * FPT_MB_ROWS * ld + 4 * FPT_MB_BWD_COLS * ld + 4 * FPT_MB_BWD_COLS);
 }
 
 /* Names of the bodies for the head width FPT_MB_DK: fpt_mb_fwd_64, ... */

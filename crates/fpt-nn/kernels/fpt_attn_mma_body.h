@@ -5,7 +5,8 @@
  * either family. Within a warp, lane l's rows are g = l / 4 and g + 8 of the warp's 16
  * (r = 0, 1 below) and its columns of each 8-wide tile 2t and 2t + 1 (t = l % 4). */
 
-/* The forward: O and each query row's log-sum-exp, online softmax over key tiles of 32. */
+/* The forward: O and each query row's log-sum-exp, online softmax over key tiles of 32. The
+ * warp's Q fragments stay in registers (split once, passed through shared memory). */
 FPT_MB_FN void FPT_MB_NAME(fwd)(const float *q, const float *k, const float *v, float *o, float *lse,
                                 const uint32_t *keylen, const fpt_attn_geom *gp, float *smem, int64_t blk) {
     enum { LD = FPT_MB_DK + 4, NC = FPT_MB_FWD_COLS, ND = FPT_MB_DK / 8, NS = FPT_MB_FWD_COLS / 8 };
@@ -16,7 +17,8 @@ FPT_MB_FN void FPT_MB_NAME(fwd)(const float *q, const float *k, const float *v, 
     fpt_attn_keys(&g, keylen, b, i0 + nv - 1, &x, &bhi);
     const uint32_t key = fpt_attn_bkey(&g, b, h);
     const float scale = (float)g.scale;
-    float *sq = smem, *sk = sq + FPT_MB_ROWS * LD, *sv = sk + NC * LD;
+    uint32_t *kh = (uint32_t *)smem, *kl = kh + NC * LD, *vh = kl + NC * LD, *vl = vh + NC * LD;
+    uint32_t *qh_s = kh, *ql_s = kh + FPT_MB_ROWS * LD; /* Q's staging: the same words */
     FPT_MB_TV(int64_t, lo, [2]);
     FPT_MB_TV(int64_t, hi, [2]);
     FPT_MB_TV(float, m, [2]);
@@ -24,6 +26,8 @@ FPT_MB_FN void FPT_MB_NAME(fwd)(const float *q, const float *k, const float *v, 
     FPT_MB_TV(float, red, [2]);
     FPT_MB_TV(float, acc, [ND][4]);
     FPT_MB_TV(float, s, [NS][4]);
+    FPT_MB_TV(uint32_t, qh, [ND][4]);
+    FPT_MB_TV(uint32_t, ql, [ND][4]);
     FPT_MB_TV(uint32_t, ah, [4]);
     FPT_MB_TV(uint32_t, al, [4]);
     FPT_MB_TV(uint32_t, bh, [2]);
@@ -40,27 +44,30 @@ FPT_MB_FN void FPT_MB_NAME(fwd)(const float *q, const float *k, const float *v, 
         FPT_T(l)[r] = 0.0f;
     }
     FPT_UNROLL for (int n = 0; n < ND; n++) for (int e = 0; e < 4; e++) FPT_T(acc)[n][e] = 0.0f;
-    fpt_ab_load(sq, q + b * g.tq * g.sq + h * g.d, g.sq, i0, nv, FPT_MB_ROWS, g.d, LD, fpt_tid, FPT_MB_THREADS);
+    fpt_mb_load_split(qh_s, ql_s, q + b * g.tq * g.sq + h * g.d, g.sq, i0, nv, FPT_MB_ROWS, g.d, LD, fpt_tid,
+                      FPT_MB_THREADS);
+    FPT_END
+    FPT_SYNC();
+    FPT_EACH
+    FPT_UNROLL for (int kk = 0; kk < ND; kk++)
+        fpt_mb_a(qh_s + 16 * fpt_w * LD, ql_s + 16 * fpt_w * LD, LD, 8 * kk, fpt_l, FPT_T(qh)[kk], FPT_T(ql)[kk]);
     FPT_END
     for (int64_t j0 = blo; j0 < bhi; j0 += NC) {
         const int64_t nk = g.tk - j0 < NC ? g.tk - j0 : NC;
-        FPT_SYNC(); /* Q is loaded; the tile before is done with K and V */
+        FPT_SYNC(); /* Q's fragments are read; the tile before is done with K and V */
         FPT_EACH
-        fpt_ab_load(sk, k + b * g.tk * g.sk + h * g.d, g.sk, j0, nk, NC, g.d, LD, fpt_tid, FPT_MB_THREADS);
-        fpt_ab_load(sv, v + b * g.tk * g.sv + h * g.d, g.sv, j0, nk, NC, g.d, LD, fpt_tid, FPT_MB_THREADS);
+        fpt_mb_load_split(kh, kl, k + b * g.tk * g.sk + h * g.d, g.sk, j0, nk, NC, g.d, LD, fpt_tid, FPT_MB_THREADS);
+        fpt_mb_load_split(vh, vl, v + b * g.tk * g.sv + h * g.d, g.sv, j0, nk, NC, g.d, LD, fpt_tid, FPT_MB_THREADS);
         FPT_UNROLL for (int n = 0; n < NS; n++) for (int e = 0; e < 4; e++) FPT_T(s)[n][e] = 0.0f;
         FPT_END
         FPT_SYNC();
         /* S = Q K^T, the warp's 16 rows against the tile's 32 keys. */
         FPT_UNROLL for (int kk = 0; kk < ND; kk++) {
-            FPT_EACH
-            fpt_mb_a(sq + 16 * fpt_w * LD, LD, 8 * kk, fpt_l, FPT_T(ah), FPT_T(al));
-            FPT_END
             FPT_UNROLL for (int n = 0; n < NS; n++) {
                 FPT_EACH
-                fpt_mb_b_rows(sk, LD, 8 * n, 8 * kk, fpt_l, FPT_T(bh), FPT_T(bl));
+                fpt_mb_b_rows(kh, kl, LD, 8 * n, 8 * kk, fpt_l, FPT_T(bh), FPT_T(bl));
                 FPT_END
-                FPT_MMA3(FPT_T(s)[n], FPT_T(ah), FPT_T(al), FPT_T(bh), FPT_T(bl));
+                FPT_MMA3(FPT_T(s)[n], FPT_T(qh)[kk], FPT_T(ql)[kk], FPT_T(bh), FPT_T(bl));
             }
         }
         /* The rows' maxima over this tile (masked scores -inf), then the probabilities. */
@@ -116,7 +123,7 @@ FPT_MB_FN void FPT_MB_NAME(fwd)(const float *q, const float *k, const float *v, 
             FPT_END
             FPT_UNROLL for (int n = 0; n < ND; n++) {
                 FPT_EACH
-                fpt_mb_b_perm(sv, LD, 8 * kc, 8 * n, fpt_l, FPT_T(bh), FPT_T(bl));
+                fpt_mb_b_perm(vh, vl, LD, 8 * kc, 8 * n, fpt_l, FPT_T(bh), FPT_T(bl));
                 FPT_END
                 FPT_MMA3(FPT_T(acc)[n], FPT_T(ah), FPT_T(al), FPT_T(bh), FPT_T(bl));
             }
@@ -139,7 +146,7 @@ FPT_MB_FN void FPT_MB_NAME(fwd)(const float *q, const float *k, const float *v, 
 }
 
 /* The backward's first pass, a tile of 64 query rows: D = dO . O (kept in dd for the second
- * pass) and dQ = sum_j dS_ij K_j into dq (stride sg), over key tiles of 16. */
+ * pass) and dQ = sum_j dS_ij K_j into dq (stride sg), over key tiles of 32. */
 FPT_MB_FN void FPT_MB_NAME(bwd_q)(const float *q, const float *k, const float *v, const float *o, const float *dout,
                                   const float *lse, float *dd, float *dq, const uint32_t *keylen,
                                   const fpt_attn_geom *gp, float *smem, int64_t blk) {
@@ -150,7 +157,9 @@ FPT_MB_FN void FPT_MB_NAME(bwd_q)(const float *q, const float *k, const float *v
     fpt_attn_keys(&g, keylen, b, i0, &blo, &x);
     fpt_attn_keys(&g, keylen, b, i0 + nv - 1, &x, &bhi);
     const uint32_t key = fpt_attn_bkey(&g, b, h);
-    float *sq = smem, *sg = sq + FPT_MB_ROWS * LD, *sk = sg + FPT_MB_ROWS * LD, *sv = sk + NC * LD;
+    uint32_t *qh = (uint32_t *)smem, *ql = qh + FPT_MB_ROWS * LD, *oh = ql + FPT_MB_ROWS * LD;
+    uint32_t *ol = oh + FPT_MB_ROWS * LD, *kh = ol + FPT_MB_ROWS * LD, *kl = kh + NC * LD, *vh = kl + NC * LD;
+    uint32_t *vl = vh + NC * LD;
     FPT_MB_TV(int64_t, lo, [2]);
     FPT_MB_TV(int64_t, hi, [2]);
     FPT_MB_TV(float, rl, [2]);
@@ -182,8 +191,10 @@ FPT_MB_FN void FPT_MB_NAME(bwd_q)(const float *q, const float *k, const float *v
         FPT_T(dsum)[r] = part;
     }
     FPT_UNROLL for (int n = 0; n < ND; n++) for (int e = 0; e < 4; e++) FPT_T(acc)[n][e] = 0.0f;
-    fpt_ab_load(sq, q + b * g.tq * g.sq + h * g.d, g.sq, i0, nv, FPT_MB_ROWS, g.d, LD, fpt_tid, FPT_MB_THREADS);
-    fpt_ab_load(sg, dout + b * g.tq * g.so + h * g.d, g.so, i0, nv, FPT_MB_ROWS, g.d, LD, fpt_tid, FPT_MB_THREADS);
+    fpt_mb_load_split(qh, ql, q + b * g.tq * g.sq + h * g.d, g.sq, i0, nv, FPT_MB_ROWS, g.d, LD, fpt_tid,
+                      FPT_MB_THREADS);
+    fpt_mb_load_split(oh, ol, dout + b * g.tq * g.so + h * g.d, g.so, i0, nv, FPT_MB_ROWS, g.d, LD, fpt_tid,
+                      FPT_MB_THREADS);
     FPT_END
     FPT_QUAD(FPT_MB_ADD, FPT_T(dsum)[0]);
     FPT_QUAD(FPT_MB_ADD, FPT_T(dsum)[1]);
@@ -191,24 +202,24 @@ FPT_MB_FN void FPT_MB_NAME(bwd_q)(const float *q, const float *k, const float *v
         const int64_t nk = g.tk - j0 < NC ? g.tk - j0 : NC;
         FPT_SYNC();
         FPT_EACH
-        fpt_ab_load(sk, k + b * g.tk * g.sk + h * g.d, g.sk, j0, nk, NC, g.d, LD, fpt_tid, FPT_MB_THREADS);
-        fpt_ab_load(sv, v + b * g.tk * g.sv + h * g.d, g.sv, j0, nk, NC, g.d, LD, fpt_tid, FPT_MB_THREADS);
+        fpt_mb_load_split(kh, kl, k + b * g.tk * g.sk + h * g.d, g.sk, j0, nk, NC, g.d, LD, fpt_tid, FPT_MB_THREADS);
+        fpt_mb_load_split(vh, vl, v + b * g.tk * g.sv + h * g.d, g.sv, j0, nk, NC, g.d, LD, fpt_tid, FPT_MB_THREADS);
         FPT_UNROLL for (int n = 0; n < NS; n++) for (int e = 0; e < 4; e++) FPT_T(s)[n][e] = FPT_T(dp)[n][e] = 0.0f;
         FPT_END
         FPT_SYNC();
         /* S = Q K^T and dP = dO V^T. */
         FPT_UNROLL for (int kk = 0; kk < ND; kk++) {
             FPT_EACH
-            fpt_mb_a(sq + 16 * fpt_w * LD, LD, 8 * kk, fpt_l, FPT_T(ah), FPT_T(al));
-            fpt_mb_a(sg + 16 * fpt_w * LD, LD, 8 * kk, fpt_l, FPT_T(gh), FPT_T(gl));
+            fpt_mb_a(qh + 16 * fpt_w * LD, ql + 16 * fpt_w * LD, LD, 8 * kk, fpt_l, FPT_T(ah), FPT_T(al));
+            fpt_mb_a(oh + 16 * fpt_w * LD, ol + 16 * fpt_w * LD, LD, 8 * kk, fpt_l, FPT_T(gh), FPT_T(gl));
             FPT_END
             FPT_UNROLL for (int n = 0; n < NS; n++) {
                 FPT_EACH
-                fpt_mb_b_rows(sk, LD, 8 * n, 8 * kk, fpt_l, FPT_T(bh), FPT_T(bl));
+                fpt_mb_b_rows(kh, kl, LD, 8 * n, 8 * kk, fpt_l, FPT_T(bh), FPT_T(bl));
                 FPT_END
                 FPT_MMA3(FPT_T(s)[n], FPT_T(ah), FPT_T(al), FPT_T(bh), FPT_T(bl));
                 FPT_EACH
-                fpt_mb_b_rows(sv, LD, 8 * n, 8 * kk, fpt_l, FPT_T(bh), FPT_T(bl));
+                fpt_mb_b_rows(vh, vl, LD, 8 * n, 8 * kk, fpt_l, FPT_T(bh), FPT_T(bl));
                 FPT_END
                 FPT_MMA3(FPT_T(dp)[n], FPT_T(gh), FPT_T(gl), FPT_T(bh), FPT_T(bl));
             }
@@ -235,7 +246,7 @@ FPT_MB_FN void FPT_MB_NAME(bwd_q)(const float *q, const float *k, const float *v
             FPT_END
             FPT_UNROLL for (int n = 0; n < ND; n++) {
                 FPT_EACH
-                fpt_mb_b_perm(sk, LD, 8 * kc, 8 * n, fpt_l, FPT_T(bh), FPT_T(bl));
+                fpt_mb_b_perm(kh, kl, LD, 8 * kc, 8 * n, fpt_l, FPT_T(bh), FPT_T(bl));
                 FPT_END
                 FPT_MMA3(FPT_T(acc)[n], FPT_T(ah), FPT_T(al), FPT_T(bh), FPT_T(bl));
             }
@@ -258,7 +269,7 @@ FPT_MB_FN void FPT_MB_NAME(bwd_q)(const float *q, const float *k, const float *v
 
 /* The backward's second pass, a tile of 64 key rows: dK = sum_i dS_ij Q_i and dV = sum_i
  * (P M)_ij dO_i into dk and dv (rows of stride sg: the packed gradient's thirds), over query
- * tiles of 16 (their lse, D and key ranges beside them in shared memory). */
+ * tiles of 32 (their lse, D and key ranges beside them in shared memory). */
 FPT_MB_FN void FPT_MB_NAME(bwd_kv)(const float *q, const float *k, const float *v, const float *dout,
                                    const float *lse, const float *dd, float *dk, float *dv, const uint32_t *keylen,
                                    const fpt_attn_geom *gp, float *smem, int64_t blk) {
@@ -269,8 +280,10 @@ FPT_MB_FN void FPT_MB_NAME(bwd_kv)(const float *q, const float *k, const float *
     fpt_attn_queries(&g, j0, &blo, &x);
     fpt_attn_queries(&g, j0 + nv - 1, &x, &bhi);
     const uint32_t key = fpt_attn_bkey(&g, b, h);
-    float *sk = smem, *sv = sk + FPT_MB_ROWS * LD, *sq = sv + FPT_MB_ROWS * LD, *sg = sq + NC * LD;
-    float *sl = sg + NC * LD, *sd = sl + NC;
+    uint32_t *kh_s = (uint32_t *)smem, *kl_s = kh_s + FPT_MB_ROWS * LD, *vh_s = kl_s + FPT_MB_ROWS * LD;
+    uint32_t *vl_s = vh_s + FPT_MB_ROWS * LD, *qh_s = vl_s + FPT_MB_ROWS * LD, *ql_s = qh_s + NC * LD;
+    uint32_t *oh_s = ql_s + NC * LD, *ol_s = oh_s + NC * LD;
+    float *sl = (float *)(ol_s + NC * LD), *sd = sl + NC;
     int32_t *ql = (int32_t *)(sd + NC), *qh = ql + NC;
     FPT_MB_TV(float, ak, [ND][4]);
     FPT_MB_TV(float, av, [ND][4]);
@@ -284,16 +297,20 @@ FPT_MB_FN void FPT_MB_NAME(bwd_kv)(const float *q, const float *k, const float *
     FPT_MB_TV(uint32_t, bl, [2]);
     FPT_SYNC(); /* the block before is done with shared memory */
     FPT_EACH
-    fpt_ab_load(sk, k + b * g.tk * g.sk + h * g.d, g.sk, j0, nv, FPT_MB_ROWS, g.d, LD, fpt_tid, FPT_MB_THREADS);
-    fpt_ab_load(sv, v + b * g.tk * g.sv + h * g.d, g.sv, j0, nv, FPT_MB_ROWS, g.d, LD, fpt_tid, FPT_MB_THREADS);
+    fpt_mb_load_split(kh_s, kl_s, k + b * g.tk * g.sk + h * g.d, g.sk, j0, nv, FPT_MB_ROWS, g.d, LD, fpt_tid,
+                      FPT_MB_THREADS);
+    fpt_mb_load_split(vh_s, vl_s, v + b * g.tk * g.sv + h * g.d, g.sv, j0, nv, FPT_MB_ROWS, g.d, LD, fpt_tid,
+                      FPT_MB_THREADS);
     FPT_UNROLL for (int n = 0; n < ND; n++) for (int e = 0; e < 4; e++) FPT_T(ak)[n][e] = FPT_T(av)[n][e] = 0.0f;
     FPT_END
     for (int64_t i0 = blo; i0 < bhi; i0 += NC) {
         const int64_t nq = g.tq - i0 < NC ? g.tq - i0 : NC;
         FPT_SYNC();
         FPT_EACH
-        fpt_ab_load(sq, q + b * g.tq * g.sq + h * g.d, g.sq, i0, nq, NC, g.d, LD, fpt_tid, FPT_MB_THREADS);
-        fpt_ab_load(sg, dout + b * g.tq * g.so + h * g.d, g.so, i0, nq, NC, g.d, LD, fpt_tid, FPT_MB_THREADS);
+        fpt_mb_load_split(qh_s, ql_s, q + b * g.tq * g.sq + h * g.d, g.sq, i0, nq, NC, g.d, LD, fpt_tid,
+                          FPT_MB_THREADS);
+        fpt_mb_load_split(oh_s, ol_s, dout + b * g.tq * g.so + h * g.d, g.so, i0, nq, NC, g.d, LD, fpt_tid,
+                          FPT_MB_THREADS);
         fpt_ab_kv_columns(&g, keylen, lse, dd, b, h, i0, nq, NC, sl, sd, ql, qh, fpt_tid, FPT_MB_THREADS);
         FPT_UNROLL for (int n = 0; n < NS; n++) for (int e = 0; e < 4; e++) FPT_T(s)[n][e] = FPT_T(dp)[n][e] = 0.0f;
         FPT_END
@@ -301,16 +318,16 @@ FPT_MB_FN void FPT_MB_NAME(bwd_kv)(const float *q, const float *k, const float *
         /* S^T = K Q^T and dP^T = V dO^T: the warp's 16 keys against the tile's queries. */
         FPT_UNROLL for (int kk = 0; kk < ND; kk++) {
             FPT_EACH
-            fpt_mb_a(sk + 16 * fpt_w * LD, LD, 8 * kk, fpt_l, FPT_T(kh), FPT_T(kl));
-            fpt_mb_a(sv + 16 * fpt_w * LD, LD, 8 * kk, fpt_l, FPT_T(vh), FPT_T(vl));
+            fpt_mb_a(kh_s + 16 * fpt_w * LD, kl_s + 16 * fpt_w * LD, LD, 8 * kk, fpt_l, FPT_T(kh), FPT_T(kl));
+            fpt_mb_a(vh_s + 16 * fpt_w * LD, vl_s + 16 * fpt_w * LD, LD, 8 * kk, fpt_l, FPT_T(vh), FPT_T(vl));
             FPT_END
             FPT_UNROLL for (int n = 0; n < NS; n++) {
                 FPT_EACH
-                fpt_mb_b_rows(sq, LD, 8 * n, 8 * kk, fpt_l, FPT_T(bh), FPT_T(bl));
+                fpt_mb_b_rows(qh_s, ql_s, LD, 8 * n, 8 * kk, fpt_l, FPT_T(bh), FPT_T(bl));
                 FPT_END
                 FPT_MMA3(FPT_T(s)[n], FPT_T(kh), FPT_T(kl), FPT_T(bh), FPT_T(bl));
                 FPT_EACH
-                fpt_mb_b_rows(sg, LD, 8 * n, 8 * kk, fpt_l, FPT_T(bh), FPT_T(bl));
+                fpt_mb_b_rows(oh_s, ol_s, LD, 8 * n, 8 * kk, fpt_l, FPT_T(bh), FPT_T(bl));
                 FPT_END
                 FPT_MMA3(FPT_T(dp)[n], FPT_T(vh), FPT_T(vl), FPT_T(bh), FPT_T(bl));
             }
@@ -339,11 +356,11 @@ FPT_MB_FN void FPT_MB_NAME(bwd_kv)(const float *q, const float *k, const float *
             FPT_END
             FPT_UNROLL for (int n = 0; n < ND; n++) {
                 FPT_EACH
-                fpt_mb_b_perm(sg, LD, 8 * kc, 8 * n, fpt_l, FPT_T(bh), FPT_T(bl));
+                fpt_mb_b_perm(oh_s, ol_s, LD, 8 * kc, 8 * n, fpt_l, FPT_T(bh), FPT_T(bl));
                 FPT_END
                 FPT_MMA3(FPT_T(av)[n], FPT_T(kh), FPT_T(kl), FPT_T(bh), FPT_T(bl));
                 FPT_EACH
-                fpt_mb_b_perm(sq, LD, 8 * kc, 8 * n, fpt_l, FPT_T(bh), FPT_T(bl));
+                fpt_mb_b_perm(qh_s, ql_s, LD, 8 * kc, 8 * n, fpt_l, FPT_T(bh), FPT_T(bl));
                 FPT_END
                 FPT_MMA3(FPT_T(ak)[n], FPT_T(vh), FPT_T(vl), FPT_T(bh), FPT_T(bl));
             }
