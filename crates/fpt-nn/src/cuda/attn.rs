@@ -7,7 +7,7 @@
 use super::{f32_view, output, u32_view, WrapErr, MODULE, PTX};
 use crate::ops::attention_tiled::{mma_smem, plan, AttnGeom, AttnKernel, TiledKernels};
 use candle_core::backend::BackendStorage;
-use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::cudarc::driver::{CudaFunction, CudaSlice, CudaView, LaunchConfig, PushKernelArg};
 use candle_core::{CudaStorage, Layout, Result};
 
 // SAFETY: AttnGeom is #[repr(C)] of 8-byte integers and floats only, laid out as
@@ -50,11 +50,10 @@ fn tiles(g: &AttnGeom, kernel: AttnKernel, t: i64, kernels: TiledKernels) -> Res
 /// The shared memory a block may take without opting in.
 const SMEM_DEFAULT: u32 = 48 * 1024;
 
-/// Loads kernel `name`, opted in to `bytes` of dynamic shared memory when that is past the
-/// 48 KiB any block may take (the tensor-core backward's passes: ~104 KiB at 64 dims; an
-/// H100 or H200 gives a block up to 227 KiB, and the driver refuses more, naming it).
-fn kernel(dev: &candle_core::CudaDevice, name: &str, bytes: u32) -> Result<candle_core::cuda_backend::CudaFunc> {
-    let f = dev.get_or_load_custom_func(name, MODULE, PTX)?;
+/// Opts kernel `f` in to `bytes` of dynamic shared memory when that is past the 48 KiB any
+/// block may take (the tensor-core backward's passes: ~104 KiB at 64 dims; an H100 or H200
+/// gives a block up to 227 KiB, and the driver refuses more, naming it).
+fn opt_in(f: &CudaFunction, bytes: u32) -> Result<()> {
     if bytes > SMEM_DEFAULT {
         use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute;
         f.set_attribute(
@@ -63,7 +62,7 @@ fn kernel(dev: &candle_core::CudaDevice, name: &str, bytes: u32) -> Result<candl
         )
         .w()?;
     }
-    Ok(f)
+    Ok(())
 }
 
 /// The examples' valid key counts as the kernels read them, or a null pointer.
@@ -98,7 +97,8 @@ pub(crate) fn attn_fwd(
     let o = output(&dev, (g.batch * g.tq) as usize * c)?;
     let lse = output(&dev, (g.batch * g.heads * g.tq) as usize)?;
     let (cfg, name) = tiles(g, AttnKernel::Forward, g.tq, kernels)?;
-    let f = kernel(&dev, &name, cfg.shared_mem_bytes)?;
+    let f = dev.get_or_load_custom_func(&name, MODULE, PTX)?;
+    opt_in(&f, cfg.shared_mem_bytes)?;
     seeded(g, |seed_at| {
         let mut b = f.builder();
         let null = 0u64;
@@ -143,8 +143,10 @@ pub(crate) fn attn_bwd(
     let null = 0u64;
     let (cfg_q, name_q) = tiles(g, AttnKernel::BackwardQ, g.tq, kernels)?;
     let (cfg_kv, name_kv) = tiles(g, AttnKernel::BackwardKv, g.tk, kernels)?;
-    let f_q = kernel(&dev, &name_q, cfg_q.shared_mem_bytes)?;
-    let f_kv = kernel(&dev, &name_kv, cfg_kv.shared_mem_bytes)?;
+    let f_q = dev.get_or_load_custom_func(&name_q, MODULE, PTX)?;
+    let f_kv = dev.get_or_load_custom_func(&name_kv, MODULE, PTX)?;
+    opt_in(&f_q, cfg_q.shared_mem_bytes)?;
+    opt_in(&f_kv, cfg_kv.shared_mem_bytes)?;
     seeded(g, |seed_at| {
         let mut b = f_q.builder();
         b.arg(&q).arg(&k).arg(&v).arg(&ov).arg(&gv).arg(lse).arg(&dd).arg(&dqkv);
