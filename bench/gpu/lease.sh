@@ -44,7 +44,8 @@
 # the one-pass ops of that day); the tiled attention (1.45x slower on the H200 of
 # 2026-11-28, unchanged since) only when TILED_VARIANTS names it.
 # Since 2026-11-29 (later) they also time FPT_ATTENTION=mma (the tiled attention on the
-# tensor cores, kernels/fpt_attn_mma.h: never run on a GPU before this call), and the
+# tensor cores, kernels/fpt_attn_mma.h: never run on a GPU before this call) and, in bf16
+# precision, the default against FPT_ATTENTION=mma-tf32 (one TF32 term a product), and the
 # sanitizer part runs memcheck with it (SAN_ENV) and a plain mma run (VARIANTS="check mma"
 # instead of "check plain": the default path's memcheck and plain runs found nothing on
 # 2026-11-27 and 2026-11-28).
@@ -56,7 +57,8 @@ rm -rf "$work" && mkdir -p "$work/session" "$work/sanitize"
 t0=$(date +%s)
 OUT="$work/session" DEADLINE_S="${SESSION_S:-380}" CHECK_S="${CHECK_S:-175}" \
     CHECK_SHAPES="${CHECK_SHAPES-minilm-mnist smollm2-mnist}" AT_ONCE="${AT_ONCE-}" TILED_ROUNDS="${TILED_ROUNDS:-1}" \
-    TILED_VARIANTS="${TILED_VARIANTS-auto FPT_SOFTMAX=composed FPT_ATTENTION=mma}" BF16_ROUNDS="${BF16_ROUNDS:-1}" \
+    TILED_VARIANTS="${TILED_VARIANTS-auto FPT_ATTENTION=mma FPT_SOFTMAX=composed bf16:auto bf16:FPT_ATTENTION=mma-tf32}" \
+    BF16_ROUNDS="${BF16_ROUNDS:-1}" \
     STREAMS="${STREAMS-1 4 8}" STREAMS_ROUNDS="${STREAMS_ROUNDS:-1}" LSTM_ROUNDS="${LSTM_ROUNDS:-1}" \
     GRAPH_S="${GRAPH_S:-60}" PROFILE_SHAPES="${PROFILE_SHAPES-}" PROBES="${PROBES- }" WORK_S="${WORK_S:-0}" bash bench/gpu/session.sh
 echo "lease: session part done after $(( $(date +%s) - t0 )) s" >> "$work/session/session.log"

@@ -124,7 +124,9 @@ done
 # against the default, the long-sequence shapes, alternating rounds: one JSON line per
 # process in tiled-bench.jsonl ({"variant": "auto"|"FPT_SOFTMAX=composed"|
 # "FPT_ATTENTION=tiled"|"FPT_ATTENTION=mma"|..., "round": R, "out": <fpt bench --json>};
-# mma: the tiled attention on the tensor cores). TILED_SHAPES="" skips
+# mma: the tiled attention on the tensor cores; a variant written bf16:V runs V in bf16
+# precision, e.g. bf16:auto against bf16:FPT_ATTENTION=mma-tf32, one TF32 term a product).
+# TILED_SHAPES="" skips
 # it; TILED_VARIANTS picks the variants (also FPT_LINEAR=product, the bias added after
 # cuBLAS's product, and FPT_BRANCH=composed, the residual branches composed of candle's
 # ops: both measured on an H100 on 2026-11-27, 5% slower than the default each).
@@ -132,8 +134,9 @@ for r in $(seq "${TILED_ROUNDS:-2}"); do
     for s in ${TILED_SHAPES-lra minilm-listops}; do
         for v in ${TILED_VARIANTS-auto FPT_SOFTMAX=composed FPT_ATTENTION=tiled FPT_ATTENTION=mma}; do
             [ "$(left 120)" -lt 10 ] && continue
-            o=$(env "$([ "$v" = auto ] && echo FPT_ATTENTION=auto || echo "$v")" timeout "$(left "${TILED_TIMEOUT:-120}")" /tmp/fpt-cuda bench --json \
-                --no-full --shape "$s" --steps 20 --warmup 3 --device "$dev" 2>>"$OUT/tiled-bench.err" | tail -1)
+            p=f32 && e="$v" && case "$v" in bf16:*) p=bf16 && e="${v#bf16:}" ;; esac
+            o=$(env "$([ "$e" = auto ] && echo FPT_ATTENTION=auto || echo "$e")" timeout "$(left "${TILED_TIMEOUT:-120}")" /tmp/fpt-cuda bench --json \
+                --no-full --shape "$s" --precision "$p" --steps 20 --warmup 3 --device "$dev" 2>>"$OUT/tiled-bench.err" | tail -1)
             [ -n "$o" ] && echo "{\"variant\":\"$v\",\"round\":$r,\"out\":$o}" >> "$OUT/tiled-bench.jsonl"
         done
     done

@@ -125,15 +125,19 @@ FPT_HD void fpt_tf32_split(float x, uint32_t *hi, uint32_t *lo) {
 /* Lane's share of loading rows row0 .. row0 + n (of which `valid` exist) of an operand's
  * head into shared memory split: hi and lo words of rows of ld, zeros past the valid rows
  * and past d. A warp a row, its lanes along it (coalesced); nl is a multiple of 32. Each
- * value is split once here for every warp and fragment that reads it. */
+ * value is split once here for every warp and fragment that reads it (with one term, only
+ * its hi word is written). */
 FPT_HD void fpt_mb_load_split(uint32_t *hi, uint32_t *lo, const float *src, int64_t stride, int64_t row0,
-                              int64_t valid, int n, int64_t d, int ld, int lane, int nl) {
+                              int64_t valid, int n, int64_t d, int ld, int lane, int nl, int terms) {
     const int w = lane / 32, nw = nl / 32, l = lane % 32;
     for (int rr = w; rr < n; rr += nw) {
         const float *r = rr < valid ? src + (row0 + rr) * stride : 0;
         for (int e = l; e < ld; e += 32) {
             const float x = (r && e < d) ? r[e] : 0.0f;
-            fpt_tf32_split(x, &hi[rr * ld + e], &lo[rr * ld + e]);
+            if (terms == 1)
+                hi[rr * ld + e] = fpt_tf32(x);
+            else
+                fpt_tf32_split(x, &hi[rr * ld + e], &lo[rr * ld + e]);
         }
     }
 }
@@ -171,12 +175,18 @@ FPT_HD void fpt_mb_b_perm(const uint32_t *sh, const uint32_t *sl, int ld, int k0
     lo[1] = sl[o + ld];
 }
 
-/* A from an accumulator tile c (16 x 8) in the permuted order, split. */
-FPT_HD void fpt_mb_a_of_c(const float c[4], uint32_t hi[4], uint32_t lo[4]) {
-    fpt_tf32_split(c[0], &hi[0], &lo[0]);
-    fpt_tf32_split(c[2], &hi[1], &lo[1]);
-    fpt_tf32_split(c[1], &hi[2], &lo[2]);
-    fpt_tf32_split(c[3], &hi[3], &lo[3]);
+/* A from an accumulator tile c (16 x 8) in the permuted order, split (hi only with one
+ * term; lo then holds zeros). */
+FPT_HD void fpt_mb_a_of_c(const float c[4], uint32_t hi[4], uint32_t lo[4], int terms) {
+    const float x[4] = {c[0], c[2], c[1], c[3]};
+    for (int i = 0; i < 4; i++) {
+        if (terms == 1) {
+            hi[i] = fpt_tf32(x[i]);
+            lo[i] = 0u;
+        } else {
+            fpt_tf32_split(x[i], &hi[i], &lo[i]);
+        }
+    }
 }
 
 /* ---- the warp-wide steps ------------------------------------------------------------ */
@@ -202,6 +212,7 @@ __device__ __forceinline__ void fpt_mb_mma3(float c[4], const uint32_t ah[4], co
 }
 
 #define FPT_MMA3(C, AH, AL, BH, BL) fpt_mb_mma3(C, AH, AL, BH, BL)
+#define FPT_MMA1(C, AH, AL, BH, BL) fpt_mb_mma(C, AH, BH)
 /* x (a lane's value) combined over the lane's quad (the 4 lanes of one row), butterfly. */
 #define FPT_QUAD(OP, X)                                           \
     do {                                                          \
@@ -262,6 +273,18 @@ static void fpt_mb_host_mma3(float *c[32], const uint32_t *ah[32], const uint32_
         }                                                                                   \
         fpt_mb_host_mma3(fpt_c, fpt_ah, fpt_al, fpt_bh, fpt_bl);                            \
     }
+#define FPT_MMA1(C, AH, AL, BH, BL)                                                         \
+    for (int fpt_wm = 0; fpt_wm < FPT_MB_WARPS; fpt_wm++) {                                 \
+        float *fpt_c[32];                                                                   \
+        const uint32_t *fpt_ah[32], *fpt_bh[32];                                            \
+        for (int fpt_lm = 0; fpt_lm < 32; fpt_lm++) {                                       \
+            const int fpt_tid = fpt_wm * 32 + fpt_lm;                                       \
+            fpt_c[fpt_lm] = C;                                                              \
+            fpt_ah[fpt_lm] = AH;                                                            \
+            fpt_bh[fpt_lm] = BH;                                                            \
+        }                                                                                   \
+        fpt_mb_host_mma(fpt_c, fpt_ah, fpt_bh);                                             \
+    }
 #define FPT_QUAD(OP, X)                                                                     \
     for (int fpt_q = 0; fpt_q < FPT_MB_THREADS; fpt_q += 4) {                               \
         float fpt_v[4], fpt_u[4];                                                           \
@@ -300,17 +323,34 @@ FPT_HD int64_t fpt_mb_smem_bytes(int kind, int64_t d) {
     return 4 * (4 * FPT_MB_ROWS * ld + 4 * FPT_MB_BWD_COLS * ld + 4 * FPT_MB_BWD_COLS);
 }
 
-/* Names of the bodies for the head width FPT_MB_DK: fpt_mb_fwd_64, ... */
+/* Names of the bodies for the head width FPT_MB_DK and FPT_MB_TERMS TF32 terms a product:
+ * fpt_mb_fwd_64_x3, ... */
 #define FPT_MB_CAT2(a, b) a##b
 #define FPT_MB_CAT(a, b) FPT_MB_CAT2(a, b)
-#define FPT_MB_NAME(x) FPT_MB_CAT(fpt_mb_##x##_, FPT_MB_DK)
+#define FPT_MB_NAME(x) FPT_MB_CAT(FPT_MB_CAT(FPT_MB_CAT(fpt_mb_##x##_, FPT_MB_DK), _x), FPT_MB_TERMS)
 
-/* The bodies, once for each head width compiled. */
+/* The bodies, once for each head width and each count of terms: 3 (hi and lo, f32's
+ * accuracy: FPT_ATTENTION=mma) and 1 (one TF32 product, 2^-11 relative: FPT_ATTENTION=
+ * mma-tf32, for runs whose products are bf16's anyway). */
+#define FPT_MB_TERMS 3
+#define FPT_MB_MMA FPT_MMA3
 #define FPT_MB_DK 32
 #include "fpt_attn_mma_body.h"
 #undef FPT_MB_DK
 #define FPT_MB_DK 64
 #include "fpt_attn_mma_body.h"
 #undef FPT_MB_DK
+#undef FPT_MB_MMA
+#undef FPT_MB_TERMS
+#define FPT_MB_TERMS 1
+#define FPT_MB_MMA FPT_MMA1
+#define FPT_MB_DK 32
+#include "fpt_attn_mma_body.h"
+#undef FPT_MB_DK
+#define FPT_MB_DK 64
+#include "fpt_attn_mma_body.h"
+#undef FPT_MB_DK
+#undef FPT_MB_MMA
+#undef FPT_MB_TERMS
 
 #endif

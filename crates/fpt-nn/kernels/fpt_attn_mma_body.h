@@ -1,5 +1,5 @@
-/* The three bodies of fpt_attn_mma.h for heads of up to FPT_MB_DK dims (included once per
- * width). Each runs one block's tile: `blk` as fpt_ab_locate reads it, `smem` its shared
+/* The three bodies of fpt_attn_mma.h for heads of up to FPT_MB_DK dims, each product in
+ * FPT_MB_TERMS TF32 terms (FPT_MB_MMA; included once per width and count). Each runs one block's tile: `blk` as fpt_ab_locate reads it, `smem` its shared
  * memory (fpt_mb_smem_bytes). Semantics as fpt_attn.h's kernels: the same masks, dropout
  * multipliers, log-sum-exp and D, so the op around them (src/ops/attention_tiled.rs) takes
  * either family. Within a warp, lane l's rows are g = l / 4 and g + 8 of the warp's 16
@@ -45,7 +45,7 @@ FPT_MB_FN void FPT_MB_NAME(fwd)(const float *q, const float *k, const float *v, 
     }
     FPT_UNROLL for (int n = 0; n < ND; n++) for (int e = 0; e < 4; e++) FPT_T(acc)[n][e] = 0.0f;
     fpt_mb_load_split(qh_s, ql_s, q + b * g.tq * g.sq + h * g.d, g.sq, i0, nv, FPT_MB_ROWS, g.d, LD, fpt_tid,
-                      FPT_MB_THREADS);
+                      FPT_MB_THREADS, FPT_MB_TERMS);
     FPT_END
     FPT_SYNC();
     FPT_EACH
@@ -56,8 +56,10 @@ FPT_MB_FN void FPT_MB_NAME(fwd)(const float *q, const float *k, const float *v, 
         const int64_t nk = g.tk - j0 < NC ? g.tk - j0 : NC;
         FPT_SYNC(); /* Q's fragments are read; the tile before is done with K and V */
         FPT_EACH
-        fpt_mb_load_split(kh, kl, k + b * g.tk * g.sk + h * g.d, g.sk, j0, nk, NC, g.d, LD, fpt_tid, FPT_MB_THREADS);
-        fpt_mb_load_split(vh, vl, v + b * g.tk * g.sv + h * g.d, g.sv, j0, nk, NC, g.d, LD, fpt_tid, FPT_MB_THREADS);
+        fpt_mb_load_split(kh, kl, k + b * g.tk * g.sk + h * g.d, g.sk, j0, nk, NC, g.d, LD, fpt_tid,
+                          FPT_MB_THREADS, FPT_MB_TERMS);
+        fpt_mb_load_split(vh, vl, v + b * g.tk * g.sv + h * g.d, g.sv, j0, nk, NC, g.d, LD, fpt_tid,
+                          FPT_MB_THREADS, FPT_MB_TERMS);
         FPT_UNROLL for (int n = 0; n < NS; n++) for (int e = 0; e < 4; e++) FPT_T(s)[n][e] = 0.0f;
         FPT_END
         FPT_SYNC();
@@ -67,7 +69,7 @@ FPT_MB_FN void FPT_MB_NAME(fwd)(const float *q, const float *k, const float *v, 
                 FPT_EACH
                 fpt_mb_b_rows(kh, kl, LD, 8 * n, 8 * kk, fpt_l, FPT_T(bh), FPT_T(bl));
                 FPT_END
-                FPT_MMA3(FPT_T(s)[n], FPT_T(qh)[kk], FPT_T(ql)[kk], FPT_T(bh), FPT_T(bl));
+                FPT_MB_MMA(FPT_T(s)[n], FPT_T(qh)[kk], FPT_T(ql)[kk], FPT_T(bh), FPT_T(bl));
             }
         }
         /* The rows' maxima over this tile (masked scores -inf), then the probabilities. */
@@ -119,13 +121,13 @@ FPT_MB_FN void FPT_MB_NAME(fwd)(const float *q, const float *k, const float *v, 
         /* O += P V, the probabilities (dropped out) straight from S's accumulators. */
         FPT_UNROLL for (int kc = 0; kc < NS; kc++) {
             FPT_EACH
-            fpt_mb_a_of_c(FPT_T(s)[kc], FPT_T(ah), FPT_T(al));
+            fpt_mb_a_of_c(FPT_T(s)[kc], FPT_T(ah), FPT_T(al), FPT_MB_TERMS);
             FPT_END
             FPT_UNROLL for (int n = 0; n < ND; n++) {
                 FPT_EACH
                 fpt_mb_b_perm(vh, vl, LD, 8 * kc, 8 * n, fpt_l, FPT_T(bh), FPT_T(bl));
                 FPT_END
-                FPT_MMA3(FPT_T(acc)[n], FPT_T(ah), FPT_T(al), FPT_T(bh), FPT_T(bl));
+                FPT_MB_MMA(FPT_T(acc)[n], FPT_T(ah), FPT_T(al), FPT_T(bh), FPT_T(bl));
             }
         }
     }
@@ -192,9 +194,9 @@ FPT_MB_FN void FPT_MB_NAME(bwd_q)(const float *q, const float *k, const float *v
     }
     FPT_UNROLL for (int n = 0; n < ND; n++) for (int e = 0; e < 4; e++) FPT_T(acc)[n][e] = 0.0f;
     fpt_mb_load_split(qh, ql, q + b * g.tq * g.sq + h * g.d, g.sq, i0, nv, FPT_MB_ROWS, g.d, LD, fpt_tid,
-                      FPT_MB_THREADS);
+                      FPT_MB_THREADS, FPT_MB_TERMS);
     fpt_mb_load_split(oh, ol, dout + b * g.tq * g.so + h * g.d, g.so, i0, nv, FPT_MB_ROWS, g.d, LD, fpt_tid,
-                      FPT_MB_THREADS);
+                      FPT_MB_THREADS, FPT_MB_TERMS);
     FPT_END
     FPT_QUAD(FPT_MB_ADD, FPT_T(dsum)[0]);
     FPT_QUAD(FPT_MB_ADD, FPT_T(dsum)[1]);
@@ -202,8 +204,10 @@ FPT_MB_FN void FPT_MB_NAME(bwd_q)(const float *q, const float *k, const float *v
         const int64_t nk = g.tk - j0 < NC ? g.tk - j0 : NC;
         FPT_SYNC();
         FPT_EACH
-        fpt_mb_load_split(kh, kl, k + b * g.tk * g.sk + h * g.d, g.sk, j0, nk, NC, g.d, LD, fpt_tid, FPT_MB_THREADS);
-        fpt_mb_load_split(vh, vl, v + b * g.tk * g.sv + h * g.d, g.sv, j0, nk, NC, g.d, LD, fpt_tid, FPT_MB_THREADS);
+        fpt_mb_load_split(kh, kl, k + b * g.tk * g.sk + h * g.d, g.sk, j0, nk, NC, g.d, LD, fpt_tid,
+                          FPT_MB_THREADS, FPT_MB_TERMS);
+        fpt_mb_load_split(vh, vl, v + b * g.tk * g.sv + h * g.d, g.sv, j0, nk, NC, g.d, LD, fpt_tid,
+                          FPT_MB_THREADS, FPT_MB_TERMS);
         FPT_UNROLL for (int n = 0; n < NS; n++) for (int e = 0; e < 4; e++) FPT_T(s)[n][e] = FPT_T(dp)[n][e] = 0.0f;
         FPT_END
         FPT_SYNC();
@@ -217,11 +221,11 @@ FPT_MB_FN void FPT_MB_NAME(bwd_q)(const float *q, const float *k, const float *v
                 FPT_EACH
                 fpt_mb_b_rows(kh, kl, LD, 8 * n, 8 * kk, fpt_l, FPT_T(bh), FPT_T(bl));
                 FPT_END
-                FPT_MMA3(FPT_T(s)[n], FPT_T(ah), FPT_T(al), FPT_T(bh), FPT_T(bl));
+                FPT_MB_MMA(FPT_T(s)[n], FPT_T(ah), FPT_T(al), FPT_T(bh), FPT_T(bl));
                 FPT_EACH
                 fpt_mb_b_rows(vh, vl, LD, 8 * n, 8 * kk, fpt_l, FPT_T(bh), FPT_T(bl));
                 FPT_END
-                FPT_MMA3(FPT_T(dp)[n], FPT_T(gh), FPT_T(gl), FPT_T(bh), FPT_T(bl));
+                FPT_MB_MMA(FPT_T(dp)[n], FPT_T(gh), FPT_T(gl), FPT_T(bh), FPT_T(bl));
             }
         }
         /* dS = scale P (dP M - D), in place of S. */
@@ -242,13 +246,13 @@ FPT_MB_FN void FPT_MB_NAME(bwd_q)(const float *q, const float *k, const float *v
         /* dQ += dS K. */
         FPT_UNROLL for (int kc = 0; kc < NS; kc++) {
             FPT_EACH
-            fpt_mb_a_of_c(FPT_T(s)[kc], FPT_T(ah), FPT_T(al));
+            fpt_mb_a_of_c(FPT_T(s)[kc], FPT_T(ah), FPT_T(al), FPT_MB_TERMS);
             FPT_END
             FPT_UNROLL for (int n = 0; n < ND; n++) {
                 FPT_EACH
                 fpt_mb_b_perm(kh, kl, LD, 8 * kc, 8 * n, fpt_l, FPT_T(bh), FPT_T(bl));
                 FPT_END
-                FPT_MMA3(FPT_T(acc)[n], FPT_T(ah), FPT_T(al), FPT_T(bh), FPT_T(bl));
+                FPT_MB_MMA(FPT_T(acc)[n], FPT_T(ah), FPT_T(al), FPT_T(bh), FPT_T(bl));
             }
         }
     }
@@ -298,9 +302,9 @@ FPT_MB_FN void FPT_MB_NAME(bwd_kv)(const float *q, const float *k, const float *
     FPT_SYNC(); /* the block before is done with shared memory */
     FPT_EACH
     fpt_mb_load_split(kh_s, kl_s, k + b * g.tk * g.sk + h * g.d, g.sk, j0, nv, FPT_MB_ROWS, g.d, LD, fpt_tid,
-                      FPT_MB_THREADS);
+                      FPT_MB_THREADS, FPT_MB_TERMS);
     fpt_mb_load_split(vh_s, vl_s, v + b * g.tk * g.sv + h * g.d, g.sv, j0, nv, FPT_MB_ROWS, g.d, LD, fpt_tid,
-                      FPT_MB_THREADS);
+                      FPT_MB_THREADS, FPT_MB_TERMS);
     FPT_UNROLL for (int n = 0; n < ND; n++) for (int e = 0; e < 4; e++) FPT_T(ak)[n][e] = FPT_T(av)[n][e] = 0.0f;
     FPT_END
     for (int64_t i0 = blo; i0 < bhi; i0 += NC) {
@@ -308,9 +312,9 @@ FPT_MB_FN void FPT_MB_NAME(bwd_kv)(const float *q, const float *k, const float *
         FPT_SYNC();
         FPT_EACH
         fpt_mb_load_split(qh_s, ql_s, q + b * g.tq * g.sq + h * g.d, g.sq, i0, nq, NC, g.d, LD, fpt_tid,
-                          FPT_MB_THREADS);
+                          FPT_MB_THREADS, FPT_MB_TERMS);
         fpt_mb_load_split(oh_s, ol_s, dout + b * g.tq * g.so + h * g.d, g.so, i0, nq, NC, g.d, LD, fpt_tid,
-                          FPT_MB_THREADS);
+                          FPT_MB_THREADS, FPT_MB_TERMS);
         fpt_ab_kv_columns(&g, keylen, lse, dd, b, h, i0, nq, NC, sl, sd, ql, qh, fpt_tid, FPT_MB_THREADS);
         FPT_UNROLL for (int n = 0; n < NS; n++) for (int e = 0; e < 4; e++) FPT_T(s)[n][e] = FPT_T(dp)[n][e] = 0.0f;
         FPT_END
@@ -325,11 +329,11 @@ FPT_MB_FN void FPT_MB_NAME(bwd_kv)(const float *q, const float *k, const float *
                 FPT_EACH
                 fpt_mb_b_rows(qh_s, ql_s, LD, 8 * n, 8 * kk, fpt_l, FPT_T(bh), FPT_T(bl));
                 FPT_END
-                FPT_MMA3(FPT_T(s)[n], FPT_T(kh), FPT_T(kl), FPT_T(bh), FPT_T(bl));
+                FPT_MB_MMA(FPT_T(s)[n], FPT_T(kh), FPT_T(kl), FPT_T(bh), FPT_T(bl));
                 FPT_EACH
                 fpt_mb_b_rows(oh_s, ol_s, LD, 8 * n, 8 * kk, fpt_l, FPT_T(bh), FPT_T(bl));
                 FPT_END
-                FPT_MMA3(FPT_T(dp)[n], FPT_T(vh), FPT_T(vl), FPT_T(bh), FPT_T(bl));
+                FPT_MB_MMA(FPT_T(dp)[n], FPT_T(vh), FPT_T(vl), FPT_T(bh), FPT_T(bl));
             }
         }
         /* P M in place of S^T, dS in place of dP^T (0 where the query does not see the key). */
@@ -351,18 +355,18 @@ FPT_MB_FN void FPT_MB_NAME(bwd_kv)(const float *q, const float *k, const float *
         /* dV += (P M)^T dO and dK += dS^T Q. */
         FPT_UNROLL for (int kc = 0; kc < NS; kc++) {
             FPT_EACH
-            fpt_mb_a_of_c(FPT_T(s)[kc], FPT_T(kh), FPT_T(kl));
-            fpt_mb_a_of_c(FPT_T(dp)[kc], FPT_T(vh), FPT_T(vl));
+            fpt_mb_a_of_c(FPT_T(s)[kc], FPT_T(kh), FPT_T(kl), FPT_MB_TERMS);
+            fpt_mb_a_of_c(FPT_T(dp)[kc], FPT_T(vh), FPT_T(vl), FPT_MB_TERMS);
             FPT_END
             FPT_UNROLL for (int n = 0; n < ND; n++) {
                 FPT_EACH
                 fpt_mb_b_perm(oh_s, ol_s, LD, 8 * kc, 8 * n, fpt_l, FPT_T(bh), FPT_T(bl));
                 FPT_END
-                FPT_MMA3(FPT_T(av)[n], FPT_T(kh), FPT_T(kl), FPT_T(bh), FPT_T(bl));
+                FPT_MB_MMA(FPT_T(av)[n], FPT_T(kh), FPT_T(kl), FPT_T(bh), FPT_T(bl));
                 FPT_EACH
                 fpt_mb_b_perm(qh_s, ql_s, LD, 8 * kc, 8 * n, fpt_l, FPT_T(bh), FPT_T(bl));
                 FPT_END
-                FPT_MMA3(FPT_T(ak)[n], FPT_T(vh), FPT_T(vl), FPT_T(bh), FPT_T(bl));
+                FPT_MB_MMA(FPT_T(ak)[n], FPT_T(vh), FPT_T(vl), FPT_T(bh), FPT_T(bl));
             }
         }
     }

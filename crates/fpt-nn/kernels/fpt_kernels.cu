@@ -438,31 +438,31 @@ FPT_ATTN_KERNELS(16, 16)
 
 #include "fpt_attn_mma.h"
 
-// The three kernels for heads of up to DK dims (fpt_attn_mma_fwd_f32_d64, ...: src/cuda/attn.rs
-// names them from the head width), 128 lanes a block, each block striding over the tiles of
+// The three kernels for heads of up to DK dims in T TF32 terms a product (fpt_attn_mma3_fwd_f32_d64,
+// ...: src/cuda/attn.rs names them from the head width and the family), 128 lanes a block, each block striding over the tiles of
 // 64 rows; the arguments are the SIMT kernels' (the dK, dV pass finds its thirds of dqkv).
 // Both families read their dropout seed from seed_at when it is not null (a replayed step's
 // slot, src/replay.rs), from the geometry otherwise.
-#define FPT_MB_KERNELS(DK)                                                                                    \
+#define FPT_MB_KERNELS(DK, T)                                                                                    \
     extern "C" __global__ void __launch_bounds__(FPT_MB_THREADS)                                              \
-        fpt_attn_mma_fwd_f32_d##DK(const float *q, const float *k, const float *v, float *o, float *lse,      \
+        fpt_attn_mma##T##_fwd_f32_d##DK(const float *q, const float *k, const float *v, float *o, float *lse,      \
                                    const uint32_t *keylen, fpt_attn_geom g, const uint64_t *seed_at) {        \
         extern __shared__ float fpt_mb_smem[];                                                                \
         if (seed_at) g.seed = *seed_at;                                                                       \
         const int64_t blocks = g.batch * g.heads * ((g.tq + FPT_MB_ROWS - 1) / FPT_MB_ROWS);                  \
         for (int64_t blk = blockIdx.x; blk < blocks; blk += gridDim.x)                                        \
-            fpt_mb_fwd_##DK(q, k, v, o, lse, keylen, &g, fpt_mb_smem, blk);                                   \
+            fpt_mb_fwd_##DK##_x##T(q, k, v, o, lse, keylen, &g, fpt_mb_smem, blk);                                   \
     }                                                                                                         \
-    extern "C" __global__ void __launch_bounds__(FPT_MB_THREADS) fpt_attn_mma_bwd_q_f32_d##DK(                \
+    extern "C" __global__ void __launch_bounds__(FPT_MB_THREADS) fpt_attn_mma##T##_bwd_q_f32_d##DK(                \
         const float *q, const float *k, const float *v, const float *o, const float *dout, const float *lse,  \
         float *dd, float *dq, const uint32_t *keylen, fpt_attn_geom g, const uint64_t *seed_at) {             \
         extern __shared__ float fpt_mb_smem[];                                                                \
         if (seed_at) g.seed = *seed_at;                                                                       \
         const int64_t blocks = g.batch * g.heads * ((g.tq + FPT_MB_ROWS - 1) / FPT_MB_ROWS);                  \
         for (int64_t blk = blockIdx.x; blk < blocks; blk += gridDim.x)                                        \
-            fpt_mb_bwd_q_##DK(q, k, v, o, dout, lse, dd, dq, keylen, &g, fpt_mb_smem, blk);                   \
+            fpt_mb_bwd_q_##DK##_x##T(q, k, v, o, dout, lse, dd, dq, keylen, &g, fpt_mb_smem, blk);                   \
     }                                                                                                         \
-    extern "C" __global__ void __launch_bounds__(FPT_MB_THREADS) fpt_attn_mma_bwd_kv_f32_d##DK(               \
+    extern "C" __global__ void __launch_bounds__(FPT_MB_THREADS) fpt_attn_mma##T##_bwd_kv_f32_d##DK(               \
         const float *q, const float *k, const float *v, const float *dout, const float *lse, const float *dd, \
         float *dqkv, const uint32_t *keylen, fpt_attn_geom g, const uint64_t *seed_at) {                      \
         extern __shared__ float fpt_mb_smem[];                                                                \
@@ -470,11 +470,13 @@ FPT_ATTN_KERNELS(16, 16)
         float *dk = dqkv + g.heads * g.d, *dv = dqkv + 2 * g.heads * g.d;                                     \
         const int64_t blocks = g.batch * g.heads * ((g.tk + FPT_MB_ROWS - 1) / FPT_MB_ROWS);                  \
         for (int64_t blk = blockIdx.x; blk < blocks; blk += gridDim.x)                                        \
-            fpt_mb_bwd_kv_##DK(q, k, v, dout, lse, dd, dk, dv, keylen, &g, fpt_mb_smem, blk);                 \
+            fpt_mb_bwd_kv_##DK##_x##T(q, k, v, dout, lse, dd, dk, dv, keylen, &g, fpt_mb_smem, blk);                 \
     }
 
-FPT_MB_KERNELS(32)
-FPT_MB_KERNELS(64)
+FPT_MB_KERNELS(32, 3)
+FPT_MB_KERNELS(64, 3)
+FPT_MB_KERNELS(32, 1)
+FPT_MB_KERNELS(64, 1)
 
 // ---- the layer-norm LSTM (fpt_lstm.h) ------------------------------------------------
 

@@ -19,18 +19,22 @@ static float *mb_smem(int kind, int64_t d) {
     return bytes > 0 ? (float *)calloc((size_t)bytes / 4, sizeof(float)) : 0;
 }
 
-/* fpt_attn_mma_fwd_f32_d{32,64} over the host grid; returns 0, or 1 when the head is too
- * wide or scratch memory ran out. */
-int fpt_host_attn_mma_fwd_f32(const float *q, const float *k, const float *v, float *o, float *lse,
-                              const uint32_t *keylen, const fpt_attn_geom *g) {
+/* The forward over the host grid, products in `terms` TF32 terms (3 or 1); returns 0, or 1
+ * when the head is too wide or scratch memory ran out. */
+static int mb_fwd(const float *q, const float *k, const float *v, float *o, float *lse, const uint32_t *keylen,
+                  const fpt_attn_geom *g, int terms) {
     const int64_t dk = fpt_mb_dk(g->d);
     float *smem = mb_smem(FPT_AB_FWD, g->d);
     if (!smem) return 1;
     for (int64_t blk = 0; blk < mb_blocks(g, g->tq); blk++) {
-        if (dk == 32)
-            fpt_mb_fwd_32(q, k, v, o, lse, keylen, g, smem, blk);
+        if (dk == 32 && terms == 3)
+            fpt_mb_fwd_32_x3(q, k, v, o, lse, keylen, g, smem, blk);
+        else if (terms == 3)
+            fpt_mb_fwd_64_x3(q, k, v, o, lse, keylen, g, smem, blk);
+        else if (dk == 32)
+            fpt_mb_fwd_32_x1(q, k, v, o, lse, keylen, g, smem, blk);
         else
-            fpt_mb_fwd_64(q, k, v, o, lse, keylen, g, smem, blk);
+            fpt_mb_fwd_64_x1(q, k, v, o, lse, keylen, g, smem, blk);
     }
     free(smem);
     return 0;
@@ -38,27 +42,59 @@ int fpt_host_attn_mma_fwd_f32(const float *q, const float *k, const float *v, fl
 
 /* The two backward passes over the host grid (dq, dk, dv: the packed gradient's thirds,
  * rows of stride g->sg); returns 0, or 1 when the head is too wide or memory ran out. */
-int fpt_host_attn_mma_bwd_f32(const float *q, const float *k, const float *v, const float *o, const float *dout,
-                              const float *lse, float *dd, float *dq, float *dk, float *dv, const uint32_t *keylen,
-                              const fpt_attn_geom *g) {
+static int mb_bwd(const float *q, const float *k, const float *v, const float *o, const float *dout, const float *lse,
+                  float *dd, float *dq, float *dk, float *dv, const uint32_t *keylen, const fpt_attn_geom *g,
+                  int terms) {
     const int64_t w = fpt_mb_dk(g->d);
     float *smem = mb_smem(FPT_AB_BWD_Q, g->d);
     if (!smem) return 1;
     for (int64_t blk = 0; blk < mb_blocks(g, g->tq); blk++) {
-        if (w == 32)
-            fpt_mb_bwd_q_32(q, k, v, o, dout, lse, dd, dq, keylen, g, smem, blk);
+        if (w == 32 && terms == 3)
+            fpt_mb_bwd_q_32_x3(q, k, v, o, dout, lse, dd, dq, keylen, g, smem, blk);
+        else if (terms == 3)
+            fpt_mb_bwd_q_64_x3(q, k, v, o, dout, lse, dd, dq, keylen, g, smem, blk);
+        else if (w == 32)
+            fpt_mb_bwd_q_32_x1(q, k, v, o, dout, lse, dd, dq, keylen, g, smem, blk);
         else
-            fpt_mb_bwd_q_64(q, k, v, o, dout, lse, dd, dq, keylen, g, smem, blk);
+            fpt_mb_bwd_q_64_x1(q, k, v, o, dout, lse, dd, dq, keylen, g, smem, blk);
     }
     free(smem);
     smem = mb_smem(FPT_AB_BWD_KV, g->d);
     if (!smem) return 1;
     for (int64_t blk = 0; blk < mb_blocks(g, g->tk); blk++) {
-        if (w == 32)
-            fpt_mb_bwd_kv_32(q, k, v, dout, lse, dd, dk, dv, keylen, g, smem, blk);
+        if (w == 32 && terms == 3)
+            fpt_mb_bwd_kv_32_x3(q, k, v, dout, lse, dd, dk, dv, keylen, g, smem, blk);
+        else if (terms == 3)
+            fpt_mb_bwd_kv_64_x3(q, k, v, dout, lse, dd, dk, dv, keylen, g, smem, blk);
+        else if (w == 32)
+            fpt_mb_bwd_kv_32_x1(q, k, v, dout, lse, dd, dk, dv, keylen, g, smem, blk);
         else
-            fpt_mb_bwd_kv_64(q, k, v, dout, lse, dd, dk, dv, keylen, g, smem, blk);
+            fpt_mb_bwd_kv_64_x1(q, k, v, dout, lse, dd, dk, dv, keylen, g, smem, blk);
     }
     free(smem);
     return 0;
+}
+
+/* The entry points src/ops/attention_tiled.rs calls: three TF32 terms (FPT_ATTENTION=mma)
+ * and one (FPT_ATTENTION=mma-tf32). */
+int fpt_host_attn_mma_fwd_f32(const float *q, const float *k, const float *v, float *o, float *lse,
+                              const uint32_t *keylen, const fpt_attn_geom *g) {
+    return mb_fwd(q, k, v, o, lse, keylen, g, 3);
+}
+
+int fpt_host_attn_mma1_fwd_f32(const float *q, const float *k, const float *v, float *o, float *lse,
+                               const uint32_t *keylen, const fpt_attn_geom *g) {
+    return mb_fwd(q, k, v, o, lse, keylen, g, 1);
+}
+
+int fpt_host_attn_mma_bwd_f32(const float *q, const float *k, const float *v, const float *o, const float *dout,
+                              const float *lse, float *dd, float *dq, float *dk, float *dv, const uint32_t *keylen,
+                              const fpt_attn_geom *g) {
+    return mb_bwd(q, k, v, o, dout, lse, dd, dq, dk, dv, keylen, g, 3);
+}
+
+int fpt_host_attn_mma1_bwd_f32(const float *q, const float *k, const float *v, const float *o, const float *dout,
+                               const float *lse, float *dd, float *dq, float *dk, float *dv, const uint32_t *keylen,
+                               const fpt_attn_geom *g) {
+    return mb_bwd(q, k, v, o, dout, lse, dd, dq, dk, dv, keylen, g, 1);
 }

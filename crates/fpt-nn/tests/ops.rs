@@ -669,7 +669,11 @@ fn tiled_attention_draws_its_masks_from_the_seed_slots() -> Result<()> {
         dropout: Some((0.3, 77)),
     };
     let qkv = Var::from_tensor(&randn(&[b, t, 3 * heads * d], 6, DType::F32)?)?;
-    for kernels in [ops::TiledKernels::Simt, ops::TiledKernels::Mma] {
+    for kernels in [
+        ops::TiledKernels::Simt,
+        ops::TiledKernels::Mma,
+        ops::TiledKernels::MmaTf32,
+    ] {
         let step = || -> Result<Tensor> {
             let y = ops::attention_tiled_packed_with(qkv.as_tensor(), spec, None, kernels)?;
             let g = loss(&y, 2)?.backward()?;

@@ -285,7 +285,8 @@ pub fn agreement(device: &Device) -> Result<Vec<KernelCheck>> {
     // Attention tiled in blocks (its CUDA kernels on a GPU; on the CPU the same bodies over
     // the host grid), with dropout and padding: values and the packed gradient. Heads of 8,
     // 32 (MiniLM's tiles) and 64 (GPT-2's), over several tiles of rows and keys; the
-    // tensor-core kernels (`attention_mma`, heads up to 64) on the same cases.
+    // tensor-core kernels (`attention_mma`, heads up to 64; `attention_mma-tf32` their one-term
+    // products, the same TF32 operands on both sides) on the same cases.
     for (t, c, heads, mask, lens) in [
         (33usize, 32usize, 4usize, Mask::Causal, None),
         (64, 32, 4, Mask::None, Some([64u32, 40])),
@@ -300,8 +301,12 @@ pub fn agreement(device: &Device) -> Result<Vec<KernelCheck>> {
             mask,
             dropout: Some((0.1, 11)),
         };
-        for (what, kernels) in [("tiled", TiledKernels::Simt), ("mma", TiledKernels::Mma)] {
-            if kernels == TiledKernels::Mma && c / heads > 64 {
+        for (what, kernels) in [
+            ("tiled", TiledKernels::Simt),
+            ("mma", TiledKernels::Mma),
+            ("mma-tf32", TiledKernels::MmaTf32),
+        ] {
+            if kernels != TiledKernels::Simt && c / heads > 64 {
                 continue;
             }
             op_check(

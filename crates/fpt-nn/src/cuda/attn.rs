@@ -20,7 +20,8 @@ const MAX_BLOCKS: i64 = 65_535;
 /// A kernel's launch over the tiles of `t` rows (queries, or keys for the dK, dV pass):
 /// the config and the name of the kernel compiled for the plan's tiles
 /// (`fpt_kernels.cu`'s `FPT_ATTN_KERNELS`: `fpt_attn_fwd_f32_64x32`, ...), or for the
-/// tensor-core family the head width's (`FPT_MB_KERNELS`: `fpt_attn_mma_fwd_f32_d64`, ...).
+/// tensor-core families the head width's and the terms' (`FPT_MB_KERNELS`:
+/// `fpt_attn_mma3_fwd_f32_d64`, `fpt_attn_mma1_...`).
 fn tiles(g: &AttnGeom, kernel: AttnKernel, t: i64, kernels: TiledKernels) -> Result<(LaunchConfig, String)> {
     let base = match kernel {
         AttnKernel::Forward => "fwd_f32",
@@ -32,10 +33,11 @@ fn tiles(g: &AttnGeom, kernel: AttnKernel, t: i64, kernels: TiledKernels) -> Res
             let (rows, cols, bytes) = plan(kernel, g.d as usize)?;
             (rows, 256, bytes, format!("fpt_attn_{base}_{rows}x{cols}"))
         }
-        TiledKernels::Mma => {
+        TiledKernels::Mma | TiledKernels::MmaTf32 => {
             let bytes = mma_smem(kernel, g.d as usize)?;
             let dk = if g.d <= 32 { 32 } else { 64 };
-            (64, 128, bytes, format!("fpt_attn_mma_{base}_d{dk}"))
+            let terms = if kernels == TiledKernels::Mma { 3 } else { 1 };
+            (64, 128, bytes, format!("fpt_attn_mma{terms}_{base}_d{dk}"))
         }
     };
     let blocks = g.batch * g.heads * ((t + rows as i64 - 1) / rows as i64);

@@ -3,8 +3,8 @@
 //! ([`super::attention_recomputed`]), the composed candle ops otherwise. `FPT_ATTENTION=tiled`
 //! runs the attention tiled over keys ([`super::attention_tiled`]) on every device instead
 //! (f32): its CUDA kernels on a GPU, their host-grid bodies on the CPU (a reference there,
-//! one thread); `FPT_ATTENTION=mma` the same op on the tensor-core kernels. Neither is the
-//! default until a GPU has measured it. The dispatch lives
+//! one thread); `FPT_ATTENTION=mma` the same op on the tensor-core kernels (`mma-tf32`: one
+//! TF32 term a product). None is the default until a GPU has measured it. The dispatch lives
 //! here so that the two implementations depend one way: the recomputed node uses the
 //! composed ops; neither knows of the other's dispatch.
 
@@ -86,7 +86,8 @@ pub fn attention_packed_last(qkv: &Tensor, spec: AttentionSpec, last: usize) -> 
 }
 
 /// Whether `FPT_ATTENTION` asks for the attention tiled over keys, and on which kernels:
-/// `tiled` (the SIMT ones) or `mma` (the tensor-core ones); unset, empty or `auto` keep the
+/// `tiled` (the SIMT ones), `mma` (the tensor-core ones) or `mma-tf32` (those with one TF32
+/// term a product, for bf16 runs); unset, empty or `auto` keep the
 /// dispatch above (None); anything else is refused, naming the variable.
 pub fn tiled_requested() -> Result<Option<TiledKernels>> {
     static CHOICE: std::sync::OnceLock<std::result::Result<Option<TiledKernels>, String>> = std::sync::OnceLock::new();
@@ -100,9 +101,14 @@ pub fn tiled_requested() -> Result<Option<TiledKernels>> {
 fn parse_attention(v: Option<&str>) -> std::result::Result<Option<TiledKernels>, String> {
     match v.map(str::trim) {
         Some("mma") => Ok(Some(TiledKernels::Mma)),
+        Some("mma-tf32") => Ok(Some(TiledKernels::MmaTf32)),
         v => super::parse_switch("FPT_ATTENTION", v, "tiled", "attention tiled over keys on every device")
             .map(|on| on.then_some(TiledKernels::Simt))
-            .map_err(|e| format!("{e}, or `mma` (the tiled attention on the tensor cores)")),
+            .map_err(|e| {
+                format!(
+                    "{e}, or `mma` (the tiled attention on the tensor cores) or `mma-tf32` (there in one TF32 term)"
+                )
+            }),
     }
 }
 
@@ -127,6 +133,7 @@ mod tests {
         assert_eq!(a(Some("auto")), Ok(None));
         assert_eq!(a(Some("tiled")), Ok(Some(Simt)));
         assert_eq!(a(Some(" mma ")), Ok(Some(Mma)));
+        assert_eq!(a(Some("mma-tf32")), Ok(Some(MmaTf32)));
         let e = a(Some("flash")).unwrap_err();
         assert!(e.contains("flash") && e.contains("tiled") && e.contains("mma"), "{e}");
     }

@@ -67,6 +67,10 @@ pub enum TiledKernels {
     /// (mma.sync m16n8k8, TF32 operands split in three: f32's accuracy); heads up to
     /// [`MMA_MAX_HEAD_DIM`] dims.
     Mma,
+    /// The same kernels with one TF32 product each (operands rounded to 10 bits of
+    /// mantissa, sums in f32: about 2^-11 relative, finer than bf16's 2^-8), a third of the
+    /// tensor-core work: for runs whose frozen products are bf16's (`FPT_ATTENTION=mma-tf32`).
+    MmaTf32,
 }
 
 /// The widest head the tensor-core kernels take (`fpt_attn_mma.h`'s FPT_MB_MAX_D).
@@ -93,7 +97,7 @@ impl AttnGeom {
         for k in [AttnKernel::Forward, AttnKernel::BackwardQ, AttnKernel::BackwardKv] {
             match kernels {
                 TiledKernels::Simt => plan(k, d).map(|_| ())?,
-                TiledKernels::Mma => mma_smem(k, d).map(|_| ())?,
+                TiledKernels::Mma | TiledKernels::MmaTf32 => mma_smem(k, d).map(|_| ())?,
             }
         }
         let (kind, band) = spec.mask.kernel_kind();
@@ -228,6 +232,29 @@ extern "C" {
         keylen: *const u32,
         g: *const AttnGeom,
     ) -> i32;
+    fn fpt_host_attn_mma1_fwd_f32(
+        q: *const f32,
+        k: *const f32,
+        v: *const f32,
+        o: *mut f32,
+        lse: *mut f32,
+        keylen: *const u32,
+        g: *const AttnGeom,
+    ) -> i32;
+    fn fpt_host_attn_mma1_bwd_f32(
+        q: *const f32,
+        k: *const f32,
+        v: *const f32,
+        o: *const f32,
+        dout: *const f32,
+        lse: *const f32,
+        dd: *mut f32,
+        dq: *mut f32,
+        dk: *mut f32,
+        dv: *mut f32,
+        keylen: *const u32,
+        g: *const AttnGeom,
+    ) -> i32;
     fn fpt_host_attn_mma_bwd_f32(
         q: *const f32,
         k: *const f32,
@@ -257,6 +284,7 @@ fn host_fns(kernels: TiledKernels) -> (HostFwd, HostBwd) {
     match kernels {
         TiledKernels::Simt => (fpt_host_attn_fwd_f32, fpt_host_attn_bwd_f32),
         TiledKernels::Mma => (fpt_host_attn_mma_fwd_f32, fpt_host_attn_mma_bwd_f32),
+        TiledKernels::MmaTf32 => (fpt_host_attn_mma1_fwd_f32, fpt_host_attn_mma1_bwd_f32),
     }
 }
 

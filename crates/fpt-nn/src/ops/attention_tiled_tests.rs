@@ -81,7 +81,12 @@ fn tiled_attention_equals_the_composed_ops_forward_and_backward() -> Result<()> 
         (2, 19, 2, Mask::Band(3), Some((0.3, 5)), None),
     ];
     for (case, (b, t, h, mask, dropout, lens)) in cases.into_iter().enumerate() {
-        for kernels in [TiledKernels::Simt, TiledKernels::Mma] {
+        for kernels in [TiledKernels::Simt, TiledKernels::Mma, TiledKernels::MmaTf32] {
+            // One TF32 term a product: operands to 2^-11, so the bounds are wider.
+            let (fwd, grad) = match kernels {
+                TiledKernels::MmaTf32 => (4e-3, 1e-2),
+                _ => (2e-5, 1e-4),
+            };
             // Head widths: 40 (tiles of 32 rows), GPT-2's 64, 24, 16, 8, MiniLM's 32, 128, 30.
             let d = [40, 40, 40, 64, 24, 16, 8, 32, 128, 30][case];
             let seed = case as u64;
@@ -96,7 +101,7 @@ fn tiled_attention_equals_the_composed_ops_forward_and_backward() -> Result<()> 
             let qkv = Var::from_vec(Rng::new(seed).normal_vec(b * t * 3 * c, 0.0, 1.0), (b, t, 3 * c), &dev)?;
             let up = Tensor::from_vec(Rng::new(100 + seed).normal_vec(b * t * c, 0.0, 1.0), (b, t, c), &dev)?;
             let keylen = lens.as_ref().map(|l| Tensor::new(l.as_slice(), &dev)).transpose()?;
-            if kernels == TiledKernels::Mma && d > MMA_MAX_HEAD_DIM {
+            if kernels != TiledKernels::Simt && d > MMA_MAX_HEAD_DIM {
                 let e = attention_tiled_packed_with(qkv.as_tensor(), spec, keylen.as_ref(), kernels).unwrap_err();
                 assert!(
                     e.to_string().contains("FPT_ATTENTION=mma") && e.to_string().contains("128 dims"),
@@ -107,7 +112,7 @@ fn tiled_attention_equals_the_composed_ops_forward_and_backward() -> Result<()> 
             let ours = attention_tiled_packed_with(qkv.as_tensor(), spec, keylen.as_ref(), kernels)?;
             let want = reference(qkv.as_tensor(), spec, lens.as_deref())?;
             let e = max_rel(&ours, &want);
-            assert!(e < 2e-5, "case {case}: forward {e}");
+            assert!(e < fwd, "case {case}: forward {e}");
             let g_ours = (ours * &up)?
                 .sum_all()?
                 .backward()?
@@ -121,7 +126,7 @@ fn tiled_attention_equals_the_composed_ops_forward_and_backward() -> Result<()> 
                 .unwrap()
                 .clone();
             let e = max_rel(&g_ours, &g_want);
-            assert!(e < 1e-4, "case {case}: gradient {e}");
+            assert!(e < grad, "case {case}: gradient {e}");
             if lens.is_none() {
                 let third = |i: usize| qkv.as_tensor().narrow(2, i * c, c);
                 let composed = super::super::attention_composed(&third(0)?, &third(1)?, &third(2)?, spec)?;
@@ -129,7 +134,7 @@ fn tiled_attention_equals_the_composed_ops_forward_and_backward() -> Result<()> 
                     &attention_tiled_packed_with(qkv.as_tensor(), spec, None, kernels)?,
                     &composed,
                 );
-                assert!(e < 2e-5, "case {case}: against attention_composed {e}");
+                assert!(e < fwd, "case {case}: against attention_composed {e}");
             }
         }
     }
