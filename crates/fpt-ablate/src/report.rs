@@ -571,15 +571,17 @@ impl Report {
                                     });
                                 }
                             }
-                            // Every run ended at its baseline (flat there past its floor).
+                            // Every run ended at its baseline (not rising there past its floor).
                             let ended: Vec<usize> = runs
                                 .iter()
-                                .filter_map(|(o, _)| o.result.as_ref().filter(|r| r.ended_at_baseline).map(|r| r.steps))
+                                .filter_map(|(o, _)| {
+                                    o.result.as_ref().filter(|r| r.ended_at_baseline_now()).map(|r| r.steps)
+                                })
                                 .collect();
                             if r.at_baseline.is_some() && !ended.is_empty() && ended.len() == runs.len() {
                                 let steps: Vec<String> = ended.iter().map(|s| s.to_string()).collect();
                                 r.ended_at_baseline = Some(format!(
-                                    "ended at baseline after {} steps (flat at the task's trivial baseline across the last half of its steps, past its row's Table 6 count)",
+                                    "ended at baseline after {} steps (at the task's trivial baseline and not rising across the last half of its steps, past its row's Table 6 count: flat there, or its training loss never below the trivial predictor's)",
                                     steps.join(", ")
                                 ));
                             }

@@ -59,7 +59,7 @@ fn read_row(dir: &Path) -> Option<Row> {
         Err(e) => ("DAMAGED".to_string(), e),
         Ok(Some((true, step))) => {
             let r = fpt_train::finished_result(dir)?;
-            let call = if r.ended_at_baseline {
+            let call = if r.ended_at_baseline_now() {
                 format!("ended at baseline after {step} steps")
             } else if r.converged == Some(true) {
                 let ceiling = r.plateau.as_ref().is_some_and(|p| p.ceiling == Some(true));

@@ -319,6 +319,26 @@ pub fn convergence(evals: &[EvalScores], min_window: usize, floor: Option<usize>
     Some(p)
 }
 
+/// Whether a run has ended at its task's trivial baseline (`result.json`'s
+/// `ended_at_baseline`; the campaign stops it there and lets it decide a claim as the side
+/// that did not learn): at or past its floor (the paper's Table 6 count, which must be set),
+/// at the baseline at its last evaluation, not rising over its last half, and either flat by
+/// the rule ([`Plateau::converged`]) or never, at any evaluation interval of the whole run,
+/// below the trivial predictor's training loss. The second way is for a degenerate predictor
+/// that hops between classes from one evaluation to the next (Random / ListOps seed 0 of the
+/// converge campaign, 2026-11-29: every prediction one class, 17.5% against the majority
+/// class's 17.5% at step 15000, its last half's gain -0.05 points but 95% from -1.28 to +1.17,
+/// so never flat by the one-point bound): its evaluations scatter by which class it names,
+/// not by anything it learned, and its training loss says it learned nothing at any step.
+pub fn ended_at_baseline(plateau: Option<&Plateau>, baseline: Option<&crate::outcomes::BaselineCheck>) -> bool {
+    let (Some(p), Some(b)) = (plateau, baseline) else {
+        return false;
+    };
+    let past_floor = p.floor.is_some_and(|f| p.to_step >= f);
+    let never_learned = b.lowest_train_loss.is_none_or(|l| l >= b.loss);
+    past_floor && !b.left && !p.rising && (p.converged() || never_learned)
+}
+
 /// Drops from the front of `evals` what [`convergence`] can no longer need, now or at any
 /// later evaluation: everything before the window of the earliest of the last `min_window`
 /// evaluations (the flat call looks back that many), keeping at least `2 * min_window + 1`
@@ -654,5 +674,47 @@ mod tests {
         assert!(p(0.001, -0.004, 0.006, 3, Some(40000))
             .describe()
             .starts_with("flat, but before its floor (40000 steps): "));
+    }
+
+    /// The committed Random / ListOps seed 0 record of the converge campaign (step 15000,
+    /// its cap: every prediction one class, never below the trivial predictor's training
+    /// loss, its last half's interval too wide for the flat call) has ended at its baseline;
+    /// the same run rising, before its floor, without a floor, off its baseline or having
+    /// once brought its training loss below the trivial predictor's has not; a flat run at
+    /// its baseline past its floor has, whatever its training loss did.
+    #[test]
+    fn a_run_that_never_learned_ended_at_its_baseline_though_not_flat() {
+        let plateau: Plateau = serde_json::from_value(serde_json::json!({
+            "from_step": 7000, "to_step": 15000, "window": 8, "gain": -0.0005333333333333323,
+            "interval": [-0.012777462953886163, 0.011710796287219499], "rising": false,
+            "floor": 6000, "rule": "trend", "flat_for": 0, "hold": 3
+        }))
+        .unwrap();
+        let baseline: crate::outcomes::BaselineCheck = serde_json::from_value(serde_json::json!({
+            "kind": "majority-class", "describe": "majority class 9 (17.5% of the evaluated labels)",
+            "accuracy": 0.1755, "loss": 2.2486441927995733, "margin": -0.0005,
+            "margin_interval": [-0.02645335639477246, 0.025453356394772458], "top_prediction_share": 1.0,
+            "lowest_train_loss": 2.2501814655065537, "left": false,
+            "reasons": ["training loss never below the trivial predictor's 2.2486 (lowest 2.2502)"]
+        }))
+        .unwrap();
+        assert_eq!(plateau.call(), "unsettled");
+        assert!(ended_at_baseline(Some(&plateau), Some(&baseline)));
+        let with = |f: &dyn Fn(&mut Plateau, &mut crate::outcomes::BaselineCheck)| {
+            let (mut p, mut b) = (plateau.clone(), baseline.clone());
+            f(&mut p, &mut b);
+            ended_at_baseline(Some(&p), Some(&b))
+        };
+        assert!(!with(&|p, _| p.rising = true));
+        assert!(!with(&|p, _| p.to_step = 5000));
+        assert!(!with(&|p, _| p.floor = None));
+        assert!(!with(&|_, b| b.left = true));
+        assert!(!with(&|_, b| b.lowest_train_loss = Some(2.1)));
+        assert!(with(&|p, b| {
+            p.flat_for = Some(3);
+            p.interval = (-0.004, 0.004);
+            b.lowest_train_loss = Some(2.1);
+        }));
+        assert!(!ended_at_baseline(None, Some(&baseline)) && !ended_at_baseline(Some(&plateau), None));
     }
 }

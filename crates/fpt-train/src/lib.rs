@@ -297,6 +297,16 @@ pub struct RunResult {
     pub provenance: Option<selfcheck::Provenance>,
 }
 
+impl RunResult {
+    /// Whether the run ended at its task's baseline by the rule as it stands
+    /// ([`convergence::ended_at_baseline`] on the record's plateau and baseline check), or by
+    /// the record's own flag: so a record written before the rule's second way (a run that
+    /// never learned at all) reads by it too, without retraining anything.
+    pub fn ended_at_baseline_now(&self) -> bool {
+        self.ended_at_baseline || convergence::ended_at_baseline(self.plateau.as_ref(), self.baseline.as_ref())
+    }
+}
+
 /// What the loop reports while it runs.
 #[derive(Debug)]
 pub enum Event<'a> {

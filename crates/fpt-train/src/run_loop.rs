@@ -203,7 +203,7 @@ pub(crate) fn run_loop(
                 );
             }
             let judged = (t.stop_on_plateau || t.early_stop_within_noise) && t.early_stop_patience.is_some();
-            let (tolerance, at_baseline) = if judged {
+            let (tolerance, check) = if judged {
                 let tally = &last_tally.as_ref().expect("just evaluated").1;
                 let base = match &stop_baseline {
                     Some(b) => b,
@@ -214,11 +214,12 @@ pub(crate) fn run_loop(
                 let noise = 1.96 * std::f64::consts::SQRT_2 * outcomes::standard_error(&out.scores());
                 (
                     t.convergence_tolerance.max(noise),
-                    !outcomes::judge(base, &out, &losses).left,
+                    Some(outcomes::judge(base, &out, &losses)),
                 )
             } else {
-                (t.convergence_tolerance, false)
+                (t.convergence_tolerance, None)
             };
+            let at_baseline = check.as_ref().is_some_and(|c| !c.left);
             if t.stop_at_accuracy.is_some_and(|a| rec.test_accuracy >= a) && step < t.steps {
                 // The target reached (a task pretrained until solved).
                 stopped_early = true;
@@ -229,11 +230,16 @@ pub(crate) fn run_loop(
                 // evaluations, and at or past the spec's floor. Off the baseline it has
                 // converged; at it, it has ended there, but only with a floor (the paper's
                 // count for its row and task): a plateau before learning is not an end.
+                // Also ended at its baseline when it never learned at all (its training loss
+                // never below the trivial predictor's) and is not rising past its floor
+                // ([`crate::convergence::ended_at_baseline`]).
                 let window = plateau_window(t);
-                let flat = run.evals.len() > window
-                    && outcomes::convergence(&run.recent, window, t.converge_floor).is_some_and(|p| p.converged());
+                let call =
+                    outcomes::convergence(&run.recent, window, t.converge_floor).filter(|_| run.evals.len() > window);
+                let flat = call.as_ref().is_some_and(|p| p.converged());
+                let ended = crate::convergence::ended_at_baseline(call.as_ref(), check.as_ref());
                 if let Some(p) = t.early_stop_patience {
-                    if flat && (!at_baseline || t.converge_floor.is_some()) && step < t.steps {
+                    if ((flat && (!at_baseline || t.converge_floor.is_some())) || ended) && step < t.steps {
                         run.stale_evals = p;
                         stopped_early = true;
                         on_event(&Event::StoppedEarly(step));
@@ -365,9 +371,9 @@ pub(crate) fn run_loop(
         Some(_) => None,
     };
     let converged = Some(plateau.as_ref().is_some_and(|p| p.converged()));
-    // Ended at its baseline: converged by the rule, with a floor, and at the baseline.
-    let ended_at_baseline =
-        converged == Some(true) && t.converge_floor.is_some() && baseline.as_ref().is_some_and(|b| !b.left);
+    // Ended at its baseline: past its floor, at the baseline, not rising, and flat by the rule
+    // or never below the trivial predictor's training loss.
+    let ended_at_baseline = crate::convergence::ended_at_baseline(plateau.as_ref(), baseline.as_ref());
     let result = RunResult {
         task: spec.task.name.to_string(),
         backbone: spec.backbone.source.clone(),
@@ -414,7 +420,7 @@ pub(crate) fn run_loop(
     write_result(out_dir, &result)?;
     let ended = match (&diverged, stopped_early, result.converged) {
         (Some(_), _, _) => "diverged",
-        (None, _, _) if result.ended_at_baseline => "ended at its baseline (flat there past its floor)",
+        (None, _, _) if result.ended_at_baseline => "ended at its baseline (not rising there past its floor)",
         (None, true, _) => "ended: stopped early (converged or target reached)",
         (None, false, Some(true)) => "ended at its cap, converged",
         (None, false, _) => "ended at its cap, not converged",

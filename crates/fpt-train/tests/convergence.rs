@@ -157,8 +157,9 @@ fn a_run_an_earlier_rule_stopped_is_reopened_and_continues_from_its_checkpoint()
 }
 
 /// A run that does not learn (a learning rate too small to move it off chance on Bit XOR)
-/// ends at its baseline once it is flat there past its floor: it stops, and says so. Without
-/// a floor it trains on to its cap (a plateau before learning is not an end).
+/// ends at its baseline past its floor, not rising there and never below the trivial
+/// predictor's training loss: it stops, and says so. Without a floor it trains on to its cap
+/// (a plateau before learning is not an end).
 #[test]
 fn a_run_flat_at_its_baseline_past_its_floor_ended_there() {
     let mut spec = xor(1500, 50);
@@ -172,7 +173,11 @@ fn a_run_flat_at_its_baseline_past_its_floor_ended_there() {
         "{} steps: {curve:?}",
         r.steps
     );
-    assert!(r.ended_at_baseline && r.converged == Some(true), "{r:?}");
+    assert!(r.ended_at_baseline && r.ended_at_baseline_now(), "{r:?}");
+    assert!(
+        r.plateau.as_ref().is_some_and(|p| !p.rising && p.to_step >= 400),
+        "{r:?}"
+    );
     assert!(r.baseline.as_ref().is_some_and(|b| !b.left));
     spec.train.converge_floor = None;
     spec.train.steps = 600;
