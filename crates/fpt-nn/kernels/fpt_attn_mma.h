@@ -323,6 +323,43 @@ FPT_HD int64_t fpt_mb_smem_bytes(int kind, int64_t d) {
     return 4 * (4 * FPT_MB_ROWS * ld + 4 * FPT_MB_BWD_COLS * ld + 4 * FPT_MB_BWD_COLS);
 }
 
+/* The bodies' two product loops, expanded inside a body (they use its ND, NS and LD, its
+ * FPT_MB_MMA and FPT_MB_TERMS, and its per-lane B fragments bh, bl):
+ * FPT_MB_SCORES: the backward's two score products of the warp's 16 own rows against the
+ * inner tile's rows, S += X Z^T and DP += Y W^T (X, Y: split words of the own operands, whose
+ * A fragments go to AX.., AY..; Z, W: the tile's); FPT_MB_ACCUM: ACC += A(C) T over the
+ * tile's rows, the A fragments made from the accumulators C (permuted order) in AH, AL and
+ * the B from the tile's split rows T (fpt_mb_b_perm). */
+#define FPT_MB_SCORES(S, DP, XH, XL, YH, YL, ZH, ZL, WH, WL, AXH, AXL, AYH, AYL)                        \
+    FPT_UNROLL for (int kk = 0; kk < ND; kk++) {                                                        \
+        FPT_EACH                                                                                        \
+        fpt_mb_a(XH + 16 * fpt_w * LD, XL + 16 * fpt_w * LD, LD, 8 * kk, fpt_l, FPT_T(AXH), FPT_T(AXL)); \
+        fpt_mb_a(YH + 16 * fpt_w * LD, YL + 16 * fpt_w * LD, LD, 8 * kk, fpt_l, FPT_T(AYH), FPT_T(AYL)); \
+        FPT_END                                                                                         \
+        FPT_UNROLL for (int n = 0; n < NS; n++) {                                                       \
+            FPT_EACH                                                                                    \
+            fpt_mb_b_rows(ZH, ZL, LD, 8 * n, 8 * kk, fpt_l, FPT_T(bh), FPT_T(bl));                      \
+            FPT_END                                                                                     \
+            FPT_MB_MMA(FPT_T(S)[n], FPT_T(AXH), FPT_T(AXL), FPT_T(bh), FPT_T(bl));                      \
+            FPT_EACH                                                                                    \
+            fpt_mb_b_rows(WH, WL, LD, 8 * n, 8 * kk, fpt_l, FPT_T(bh), FPT_T(bl));                      \
+            FPT_END                                                                                     \
+            FPT_MB_MMA(FPT_T(DP)[n], FPT_T(AYH), FPT_T(AYL), FPT_T(bh), FPT_T(bl));                     \
+        }                                                                                               \
+    }
+#define FPT_MB_ACCUM(ACC, C, TH, TL, AH, AL)                                                            \
+    FPT_UNROLL for (int kc = 0; kc < NS; kc++) {                                                        \
+        FPT_EACH                                                                                        \
+        fpt_mb_a_of_c(FPT_T(C)[kc], FPT_T(AH), FPT_T(AL), FPT_MB_TERMS);                                \
+        FPT_END                                                                                         \
+        FPT_UNROLL for (int n = 0; n < ND; n++) {                                                       \
+            FPT_EACH                                                                                    \
+            fpt_mb_b_perm(TH, TL, LD, 8 * kc, 8 * n, fpt_l, FPT_T(bh), FPT_T(bl));                      \
+            FPT_END                                                                                     \
+            FPT_MB_MMA(FPT_T(ACC)[n], FPT_T(AH), FPT_T(AL), FPT_T(bh), FPT_T(bl));                      \
+        }                                                                                               \
+    }
+
 /* Names of the bodies for the head width FPT_MB_DK and FPT_MB_TERMS TF32 terms a product:
  * fpt_mb_fwd_64_x3, ... */
 #define FPT_MB_CAT2(a, b) a##b

@@ -119,17 +119,7 @@ FPT_MB_FN void FPT_MB_NAME(fwd)(const float *q, const float *k, const float *v, 
         FPT_T(l)[1] += FPT_T(red)[1];
         FPT_END
         /* O += P V, the probabilities (dropped out) straight from S's accumulators. */
-        FPT_UNROLL for (int kc = 0; kc < NS; kc++) {
-            FPT_EACH
-            fpt_mb_a_of_c(FPT_T(s)[kc], FPT_T(ah), FPT_T(al), FPT_MB_TERMS);
-            FPT_END
-            FPT_UNROLL for (int n = 0; n < ND; n++) {
-                FPT_EACH
-                fpt_mb_b_perm(vh, vl, LD, 8 * kc, 8 * n, fpt_l, FPT_T(bh), FPT_T(bl));
-                FPT_END
-                FPT_MB_MMA(FPT_T(acc)[n], FPT_T(ah), FPT_T(al), FPT_T(bh), FPT_T(bl));
-            }
-        }
+        FPT_MB_ACCUM(acc, s, vh, vl, ah, al);
     }
     FPT_EACH
     const int t = fpt_l & 3;
@@ -212,22 +202,7 @@ FPT_MB_FN void FPT_MB_NAME(bwd_q)(const float *q, const float *k, const float *v
         FPT_END
         FPT_SYNC();
         /* S = Q K^T and dP = dO V^T. */
-        FPT_UNROLL for (int kk = 0; kk < ND; kk++) {
-            FPT_EACH
-            fpt_mb_a(qh + 16 * fpt_w * LD, ql + 16 * fpt_w * LD, LD, 8 * kk, fpt_l, FPT_T(ah), FPT_T(al));
-            fpt_mb_a(oh + 16 * fpt_w * LD, ol + 16 * fpt_w * LD, LD, 8 * kk, fpt_l, FPT_T(gh), FPT_T(gl));
-            FPT_END
-            FPT_UNROLL for (int n = 0; n < NS; n++) {
-                FPT_EACH
-                fpt_mb_b_rows(kh, kl, LD, 8 * n, 8 * kk, fpt_l, FPT_T(bh), FPT_T(bl));
-                FPT_END
-                FPT_MB_MMA(FPT_T(s)[n], FPT_T(ah), FPT_T(al), FPT_T(bh), FPT_T(bl));
-                FPT_EACH
-                fpt_mb_b_rows(vh, vl, LD, 8 * n, 8 * kk, fpt_l, FPT_T(bh), FPT_T(bl));
-                FPT_END
-                FPT_MB_MMA(FPT_T(dp)[n], FPT_T(gh), FPT_T(gl), FPT_T(bh), FPT_T(bl));
-            }
-        }
+        FPT_MB_SCORES(s, dp, qh, ql, oh, ol, kh, kl, vh, vl, ah, al, gh, gl);
         /* dS = scale P (dP M - D), in place of S. */
         FPT_EACH
         const int t = fpt_l & 3;
@@ -244,17 +219,7 @@ FPT_MB_FN void FPT_MB_NAME(bwd_q)(const float *q, const float *k, const float *v
         }
         FPT_END
         /* dQ += dS K. */
-        FPT_UNROLL for (int kc = 0; kc < NS; kc++) {
-            FPT_EACH
-            fpt_mb_a_of_c(FPT_T(s)[kc], FPT_T(ah), FPT_T(al), FPT_MB_TERMS);
-            FPT_END
-            FPT_UNROLL for (int n = 0; n < ND; n++) {
-                FPT_EACH
-                fpt_mb_b_perm(kh, kl, LD, 8 * kc, 8 * n, fpt_l, FPT_T(bh), FPT_T(bl));
-                FPT_END
-                FPT_MB_MMA(FPT_T(acc)[n], FPT_T(ah), FPT_T(al), FPT_T(bh), FPT_T(bl));
-            }
-        }
+        FPT_MB_ACCUM(acc, s, kh, kl, ah, al);
     }
     FPT_EACH
     const int t = fpt_l & 3;
@@ -320,22 +285,7 @@ FPT_MB_FN void FPT_MB_NAME(bwd_kv)(const float *q, const float *k, const float *
         FPT_END
         FPT_SYNC();
         /* S^T = K Q^T and dP^T = V dO^T: the warp's 16 keys against the tile's queries. */
-        FPT_UNROLL for (int kk = 0; kk < ND; kk++) {
-            FPT_EACH
-            fpt_mb_a(kh_s + 16 * fpt_w * LD, kl_s + 16 * fpt_w * LD, LD, 8 * kk, fpt_l, FPT_T(kh), FPT_T(kl));
-            fpt_mb_a(vh_s + 16 * fpt_w * LD, vl_s + 16 * fpt_w * LD, LD, 8 * kk, fpt_l, FPT_T(vh), FPT_T(vl));
-            FPT_END
-            FPT_UNROLL for (int n = 0; n < NS; n++) {
-                FPT_EACH
-                fpt_mb_b_rows(qh_s, ql_s, LD, 8 * n, 8 * kk, fpt_l, FPT_T(bh), FPT_T(bl));
-                FPT_END
-                FPT_MB_MMA(FPT_T(s)[n], FPT_T(kh), FPT_T(kl), FPT_T(bh), FPT_T(bl));
-                FPT_EACH
-                fpt_mb_b_rows(oh_s, ol_s, LD, 8 * n, 8 * kk, fpt_l, FPT_T(bh), FPT_T(bl));
-                FPT_END
-                FPT_MB_MMA(FPT_T(dp)[n], FPT_T(vh), FPT_T(vl), FPT_T(bh), FPT_T(bl));
-            }
-        }
+        FPT_MB_SCORES(s, dp, kh_s, kl_s, vh_s, vl_s, qh_s, ql_s, oh_s, ol_s, kh, kl, vh, vl);
         /* P M in place of S^T, dS in place of dP^T (0 where the query does not see the key). */
         FPT_EACH
         const int t = fpt_l & 3;
@@ -353,22 +303,8 @@ FPT_MB_FN void FPT_MB_NAME(bwd_kv)(const float *q, const float *k, const float *
         }
         FPT_END
         /* dV += (P M)^T dO and dK += dS^T Q. */
-        FPT_UNROLL for (int kc = 0; kc < NS; kc++) {
-            FPT_EACH
-            fpt_mb_a_of_c(FPT_T(s)[kc], FPT_T(kh), FPT_T(kl), FPT_MB_TERMS);
-            fpt_mb_a_of_c(FPT_T(dp)[kc], FPT_T(vh), FPT_T(vl), FPT_MB_TERMS);
-            FPT_END
-            FPT_UNROLL for (int n = 0; n < ND; n++) {
-                FPT_EACH
-                fpt_mb_b_perm(oh_s, ol_s, LD, 8 * kc, 8 * n, fpt_l, FPT_T(bh), FPT_T(bl));
-                FPT_END
-                FPT_MB_MMA(FPT_T(av)[n], FPT_T(kh), FPT_T(kl), FPT_T(bh), FPT_T(bl));
-                FPT_EACH
-                fpt_mb_b_perm(qh_s, ql_s, LD, 8 * kc, 8 * n, fpt_l, FPT_T(bh), FPT_T(bl));
-                FPT_END
-                FPT_MB_MMA(FPT_T(ak)[n], FPT_T(vh), FPT_T(vl), FPT_T(bh), FPT_T(bl));
-            }
-        }
+        FPT_MB_ACCUM(av, s, oh_s, ol_s, kh, kl);
+        FPT_MB_ACCUM(ak, dp, qh_s, ql_s, vh, vl);
     }
     FPT_EACH
     const int t = fpt_l & 3;
