@@ -52,18 +52,30 @@ fn tiles(g: &AttnGeom, kernel: AttnKernel, t: i64, kernels: TiledKernels) -> Res
 /// The shared memory a block may take without opting in.
 const SMEM_DEFAULT: u32 = 48 * 1024;
 
-/// Opts kernel `f` in to `bytes` of dynamic shared memory when that is past the 48 KiB any
-/// block may take (the tensor-core backward's passes: ~104 KiB at 64 dims; an H100 or H200
-/// gives a block up to 227 KiB, and the driver refuses more, naming it).
-fn opt_in(f: &CudaFunction, bytes: u32) -> Result<()> {
-    if bytes > SMEM_DEFAULT {
-        use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute;
-        f.set_attribute(
-            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            bytes as i32,
-        )
-        .w()?;
+/// Opts kernel `name` (loaded as `f` on `dev`) in to `bytes` of dynamic shared memory when
+/// that is past the 48 KiB any block may take (the tensor-core backward's passes: ~104 KiB
+/// at 64 dims; an H100 or H200 gives a block up to 227 KiB, and the driver refuses more,
+/// naming it). Once per kernel and device: the call can wait on the device's copies, which
+/// a step being captured into a graph must not, so the first (eager) call sets it.
+fn opt_in(dev: &candle_core::CudaDevice, name: &str, f: &CudaFunction, bytes: u32) -> Result<()> {
+    use std::collections::HashSet;
+    use std::sync::Mutex;
+    static DONE: Mutex<Option<HashSet<(candle_core::cuda_backend::DeviceId, String, u32)>>> = Mutex::new(None);
+    if bytes <= SMEM_DEFAULT {
+        return Ok(());
     }
+    let key = (dev.id(), name.to_string(), bytes);
+    let mut done = DONE.lock().unwrap_or_else(|e| e.into_inner());
+    if done.as_ref().is_some_and(|d| d.contains(&key)) {
+        return Ok(());
+    }
+    use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute;
+    f.set_attribute(
+        CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        bytes as i32,
+    )
+    .w()?;
+    done.get_or_insert_with(HashSet::new).insert(key);
     Ok(())
 }
 
@@ -100,7 +112,7 @@ pub(crate) fn attn_fwd(
     let lse = output(&dev, (g.batch * g.heads * g.tq) as usize)?;
     let (cfg, name) = tiles(g, AttnKernel::Forward, g.tq, kernels)?;
     let f = dev.get_or_load_custom_func(&name, MODULE, PTX)?;
-    opt_in(&f, cfg.shared_mem_bytes)?;
+    opt_in(&dev, &name, &f, cfg.shared_mem_bytes)?;
     seeded(g, |seed_at| {
         let mut b = f.builder();
         let null = 0u64;
@@ -147,8 +159,8 @@ pub(crate) fn attn_bwd(
     let (cfg_kv, name_kv) = tiles(g, AttnKernel::BackwardKv, g.tk, kernels)?;
     let f_q = dev.get_or_load_custom_func(&name_q, MODULE, PTX)?;
     let f_kv = dev.get_or_load_custom_func(&name_kv, MODULE, PTX)?;
-    opt_in(&f_q, cfg_q.shared_mem_bytes)?;
-    opt_in(&f_kv, cfg_kv.shared_mem_bytes)?;
+    opt_in(&dev, &name_q, &f_q, cfg_q.shared_mem_bytes)?;
+    opt_in(&dev, &name_kv, &f_kv, cfg_kv.shared_mem_bytes)?;
     seeded(g, |seed_at| {
         let mut b = f_q.builder();
         b.arg(&q).arg(&k).arg(&v).arg(&ov).arg(&gv).arg(lse).arg(&dd).arg(&dqkv);
