@@ -94,12 +94,18 @@ FPT_HD uint32_t fpt_attn_bkey(const fpt_attn_geom *g, int64_t b, int64_t h) {
     return g->thr > 0 ? fpt_block_key(g->seed, (uint64_t)(b * g->heads + h)) : 0u;
 }
 
-/* The dropout multiplier of (query i, key j) in the tile of the block keyed `key`: element
- * i * tk + j of its block of the mask (fpt_dropout_mult with the key drawn); 1 when off. */
-FPT_HD float fpt_attn_mult_k(const fpt_attn_geom *g, uint32_t key, int64_t i, int64_t j) {
+/* The dropout multiplier of element `idx` (i * tk + j, modulo 2^32) of the block keyed
+ * `key`: fpt_dropout_mult with the key drawn; 1 when off. */
+FPT_HD float fpt_attn_mult_at(const fpt_attn_geom *g, uint32_t key, uint32_t idx) {
     if (g->thr <= 0) return 1.0f;
-    uint32_t x = fpt_mask_hash(key, (uint32_t)(i * g->tk + j));
+    uint32_t x = fpt_mask_hash(key, idx);
     return ((int32_t)(x >> 8) < (int32_t)g->thr) ? 0.0f : (float)g->keep;
+}
+
+/* The dropout multiplier of (query i, key j) in the tile of the block keyed `key`: element
+ * i * tk + j of its block of the mask. */
+FPT_HD float fpt_attn_mult_k(const fpt_attn_geom *g, uint32_t key, int64_t i, int64_t j) {
+    return fpt_attn_mult_at(g, key, (uint32_t)(i * g->tk + j));
 }
 
 /* Lane's share of loading rows row0 .. row0 + n (of which `valid` exist) of an operand's
@@ -220,13 +226,18 @@ FPT_HD float fpt_ab_fwd_probs(const fpt_attn_geom *g, uint32_t key, const float 
 /* ---- the backward ---------------------------------------------------------------------- */
 
 /* The pair (query i, key j)'s P M (what multiplies dO into dV) in *pd and dS = scale P (dP
- * M - D) in *ds, from the score s = q.k (unscaled), dp = dO.V, the row's lse and D. */
-FPT_HD void fpt_ab_pair(const fpt_attn_geom *g, uint32_t key, float s, float dp, float lse, float dd, int64_t i,
-                        int64_t j, float *pd, float *ds) {
+ * M - D) in *ds, from the score s = q.k (unscaled), dp = dO.V, the row's lse and D; _m with
+ * the pair's dropout multiplier m already drawn. */
+FPT_HD void fpt_ab_pair_m(const fpt_attn_geom *g, float m, float s, float dp, float lse, float dd, float *pd,
+                          float *ds) {
     float p = expf(s * (float)g->scale - lse);
-    float m = fpt_attn_mult_k(g, key, i, j);
     *pd = p * m;
     *ds = p * (dp * m - dd) * (float)g->scale;
+}
+
+FPT_HD void fpt_ab_pair(const fpt_attn_geom *g, uint32_t key, float s, float dp, float lse, float dd, int64_t i,
+                        int64_t j, float *pd, float *ds) {
+    fpt_ab_pair_m(g, fpt_attn_mult_k(g, key, i, j), s, dp, lse, dd, pd, ds);
 }
 
 /* dQ pass: the lane's dS of query i (range lo..hi, lse, D) against key tile j0 into w. */

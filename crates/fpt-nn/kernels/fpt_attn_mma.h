@@ -142,6 +142,10 @@ FPT_HD void fpt_mb_load_split(uint32_t *hi, uint32_t *lo, const float *src, int6
     }
 }
 
+/* A key offset from a tile's first key as a column of the tile, clamped to [-1, 1 << 20]
+ * so that it fits 32 bits and compares as the offset does against columns 0..31. */
+FPT_HD int fpt_mb_col(int64_t x) { return x < -1 ? -1 : (x > (1 << 20) ? (1 << 20) : (int)x); }
+
 /* ---- fragments (lane l of a warp: g = l / 4, t = l % 4), from split shared rows ------- */
 
 /* A of rows 0..15 and columns k0..k0+7 of a row-major tile (ld words a row). */

@@ -76,11 +76,13 @@ FPT_MB_FN void FPT_MB_NAME(fwd)(const float *q, const float *k, const float *v, 
         FPT_EACH
         const int t = fpt_l & 3;
         for (int r = 0; r < 2; r++) {
+            /* The row's visible keys as columns of this tile (32-bit from here on). */
+            const int clo = fpt_mb_col(FPT_T(lo)[r] - j0), chi = fpt_mb_col(FPT_T(hi)[r] - j0);
             float mx = -INFINITY;
             FPT_UNROLL for (int n = 0; n < NS; n++) for (int e = 0; e < 2; e++) {
-                const int64_t j = j0 + 8 * n + 2 * t + e;
+                const int c = 8 * n + 2 * t + e;
                 float y = FPT_T(s)[n][2 * r + e];
-                y = (j >= FPT_T(lo)[r] && j < FPT_T(hi)[r]) ? y * scale : -INFINITY;
+                y = (c >= clo && c < chi) ? y * scale : -INFINITY;
                 FPT_T(s)[n][2 * r + e] = y;
                 mx = fmaxf(mx, y);
             }
@@ -93,15 +95,16 @@ FPT_MB_FN void FPT_MB_NAME(fwd)(const float *q, const float *k, const float *v, 
         const int t = fpt_l & 3;
         for (int r = 0; r < 2; r++) {
             const int64_t i = i0 + 16 * fpt_w + (fpt_l >> 2) + 8 * r;
+            const uint32_t base = (uint32_t)(i * g.tk + j0); /* the mask's index of column 0 */
             const float mn = fmaxf(FPT_T(m)[r], FPT_T(red)[r]);
             const float alpha = mn == -INFINITY ? 1.0f : expf(FPT_T(m)[r] - mn);
             float sum = 0.0f;
             FPT_UNROLL for (int n = 0; n < NS; n++) for (int e = 0; e < 2; e++) {
-                const int64_t j = j0 + 8 * n + 2 * t + e;
+                const int c = 8 * n + 2 * t + e;
                 const float y = FPT_T(s)[n][2 * r + e];
                 const float p = y == -INFINITY ? 0.0f : expf(y - mn);
                 sum += p;
-                FPT_T(s)[n][2 * r + e] = p == 0.0f ? 0.0f : p * fpt_attn_mult_k(&g, key, i, j);
+                FPT_T(s)[n][2 * r + e] = p == 0.0f ? 0.0f : p * fpt_attn_mult_at(&g, key, base + (uint32_t)c);
             }
             FPT_T(m)[r] = mn;
             FPT_T(l)[r] *= alpha;
@@ -208,12 +211,14 @@ FPT_MB_FN void FPT_MB_NAME(bwd_q)(const float *q, const float *k, const float *v
         const int t = fpt_l & 3;
         for (int r = 0; r < 2; r++) {
             const int64_t i = i0 + 16 * fpt_w + (fpt_l >> 2) + 8 * r;
+            const int clo = fpt_mb_col(FPT_T(lo)[r] - j0), chi = fpt_mb_col(FPT_T(hi)[r] - j0);
+            const uint32_t base = (uint32_t)(i * g.tk + j0);
             FPT_UNROLL for (int n = 0; n < NS; n++) for (int e = 0; e < 2; e++) {
-                const int64_t j = j0 + 8 * n + 2 * t + e;
+                const int c = 8 * n + 2 * t + e;
                 float pd = 0.0f, ds = 0.0f;
-                if (j >= FPT_T(lo)[r] && j < FPT_T(hi)[r] && FPT_T(rl)[r] != -INFINITY)
-                    fpt_ab_pair(&g, key, FPT_T(s)[n][2 * r + e], FPT_T(dp)[n][2 * r + e], FPT_T(rl)[r],
-                                FPT_T(dsum)[r], i, j, &pd, &ds);
+                if (c >= clo && c < chi && FPT_T(rl)[r] != -INFINITY)
+                    fpt_ab_pair_m(&g, fpt_attn_mult_at(&g, key, base + (uint32_t)c), FPT_T(s)[n][2 * r + e],
+                                  FPT_T(dp)[n][2 * r + e], FPT_T(rl)[r], FPT_T(dsum)[r], &pd, &ds);
                 FPT_T(s)[n][2 * r + e] = ds;
             }
         }
@@ -291,12 +296,13 @@ FPT_MB_FN void FPT_MB_NAME(bwd_kv)(const float *q, const float *k, const float *
         const int t = fpt_l & 3;
         for (int r = 0; r < 2; r++) {
             const int64_t j = j0 + 16 * fpt_w + (fpt_l >> 2) + 8 * r;
+            const uint32_t base = (uint32_t)(i0 * g.tk + j); /* the mask's index of query column 0 */
             FPT_UNROLL for (int n = 0; n < NS; n++) for (int e = 0; e < 2; e++) {
                 const int c = 8 * n + 2 * t + e;
                 float pd = 0.0f, ds = 0.0f;
                 if (j < j0 + nv && c < nq && j >= ql[c] && j < qh[c] && sl[c] != -INFINITY)
-                    fpt_ab_pair(&g, key, FPT_T(s)[n][2 * r + e], FPT_T(dp)[n][2 * r + e], sl[c], sd[c], i0 + c, j,
-                                &pd, &ds);
+                    fpt_ab_pair_m(&g, fpt_attn_mult_at(&g, key, base + (uint32_t)c * (uint32_t)g.tk),
+                                  FPT_T(s)[n][2 * r + e], FPT_T(dp)[n][2 * r + e], sl[c], sd[c], &pd, &ds);
                 FPT_T(s)[n][2 * r + e] = pd;
                 FPT_T(dp)[n][2 * r + e] = ds;
             }
