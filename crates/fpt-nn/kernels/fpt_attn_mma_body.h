@@ -34,7 +34,7 @@ FPT_MB_FN void FPT_MB_NAME(fwd)(const float *q, const float *k, const float *v, 
     FPT_MB_TV(uint32_t, bl, [2]);
     FPT_SYNC(); /* the block before is done with shared memory */
     FPT_EACH
-    for (int r = 0; r < 2; r++) {
+    FPT_UNROLL for (int r = 0; r < 2; r++) {
         const int64_t i = i0 + 16 * fpt_w + (fpt_l >> 2) + 8 * r;
         int64_t a = 0, z = 0;
         if (i < i0 + nv) fpt_attn_keys(&g, keylen, b, i, &a, &z);
@@ -75,7 +75,7 @@ FPT_MB_FN void FPT_MB_NAME(fwd)(const float *q, const float *k, const float *v, 
         /* The rows' maxima over this tile (masked scores -inf), then the probabilities. */
         FPT_EACH
         const int t = fpt_l & 3;
-        for (int r = 0; r < 2; r++) {
+        FPT_UNROLL for (int r = 0; r < 2; r++) {
             /* The row's visible keys as columns of this tile (32-bit from here on). */
             const int clo = fpt_mb_col(FPT_T(lo)[r] - j0), chi = fpt_mb_col(FPT_T(hi)[r] - j0);
             float mx = -INFINITY;
@@ -93,7 +93,7 @@ FPT_MB_FN void FPT_MB_NAME(fwd)(const float *q, const float *k, const float *v, 
         FPT_QUAD(fmaxf, FPT_T(red)[1]);
         FPT_EACH
         const int t = fpt_l & 3;
-        for (int r = 0; r < 2; r++) {
+        FPT_UNROLL for (int r = 0; r < 2; r++) {
             const int64_t i = i0 + 16 * fpt_w + (fpt_l >> 2) + 8 * r;
             const uint32_t base = (uint32_t)(i * g.tk + j0); /* the mask's index of column 0 */
             const float mn = fmaxf(FPT_T(m)[r], FPT_T(red)[r]);
@@ -126,7 +126,7 @@ FPT_MB_FN void FPT_MB_NAME(fwd)(const float *q, const float *k, const float *v, 
     }
     FPT_EACH
     const int t = fpt_l & 3;
-    for (int r = 0; r < 2; r++) {
+    FPT_UNROLL for (int r = 0; r < 2; r++) {
         const int64_t i = i0 + 16 * fpt_w + (fpt_l >> 2) + 8 * r;
         if (i >= i0 + nv) continue;
         const float ll = FPT_T(l)[r], mul = ll > 0.0f ? 1.0f / ll : 0.0f;
@@ -171,7 +171,7 @@ FPT_MB_FN void FPT_MB_NAME(bwd_q)(const float *q, const float *k, const float *v
     FPT_SYNC(); /* the block before is done with shared memory */
     FPT_EACH
     const int t = fpt_l & 3;
-    for (int r = 0; r < 2; r++) {
+    FPT_UNROLL for (int r = 0; r < 2; r++) {
         const int64_t i = i0 + 16 * fpt_w + (fpt_l >> 2) + 8 * r;
         int64_t a = 0, z = 0;
         float part = 0.0f;
@@ -209,7 +209,7 @@ FPT_MB_FN void FPT_MB_NAME(bwd_q)(const float *q, const float *k, const float *v
         /* dS = scale P (dP M - D), in place of S. */
         FPT_EACH
         const int t = fpt_l & 3;
-        for (int r = 0; r < 2; r++) {
+        FPT_UNROLL for (int r = 0; r < 2; r++) {
             const int64_t i = i0 + 16 * fpt_w + (fpt_l >> 2) + 8 * r;
             const int clo = fpt_mb_col(FPT_T(lo)[r] - j0), chi = fpt_mb_col(FPT_T(hi)[r] - j0);
             const uint32_t base = (uint32_t)(i * g.tk + j0);
@@ -228,7 +228,7 @@ FPT_MB_FN void FPT_MB_NAME(bwd_q)(const float *q, const float *k, const float *v
     }
     FPT_EACH
     const int t = fpt_l & 3;
-    for (int r = 0; r < 2; r++) {
+    FPT_UNROLL for (int r = 0; r < 2; r++) {
         const int64_t i = i0 + 16 * fpt_w + (fpt_l >> 2) + 8 * r;
         if (i >= i0 + nv) continue;
         float *row = dq + (b * g.tq + i) * g.sg + h * g.d;
@@ -294,7 +294,7 @@ FPT_MB_FN void FPT_MB_NAME(bwd_kv)(const float *q, const float *k, const float *
         /* P M in place of S^T, dS in place of dP^T (0 where the query does not see the key). */
         FPT_EACH
         const int t = fpt_l & 3;
-        for (int r = 0; r < 2; r++) {
+        FPT_UNROLL for (int r = 0; r < 2; r++) {
             const int64_t j = j0 + 16 * fpt_w + (fpt_l >> 2) + 8 * r;
             const uint32_t base = (uint32_t)(i0 * g.tk + j); /* the mask's index of query column 0 */
             FPT_UNROLL for (int n = 0; n < NS; n++) for (int e = 0; e < 2; e++) {
@@ -314,7 +314,7 @@ FPT_MB_FN void FPT_MB_NAME(bwd_kv)(const float *q, const float *k, const float *
     }
     FPT_EACH
     const int t = fpt_l & 3;
-    for (int r = 0; r < 2; r++) {
+    FPT_UNROLL for (int r = 0; r < 2; r++) {
         const int64_t j = j0 + 16 * fpt_w + (fpt_l >> 2) + 8 * r;
         if (j >= j0 + nv) continue;
         float *rk = dk + (b * g.tk + j) * g.sg + h * g.d, *rv = dv + (b * g.tk + j) * g.sg + h * g.d;
