@@ -392,8 +392,8 @@ fn bench_processes_timed_at_once_share_their_window() {
     assert!(!out.status.success() && err.contains("one shape"), "{err}");
 }
 
-/// `FPT_ATTENTION=tiled` and `=mma` train through the attention tiled over keys (here the
-/// host-grid bodies of its SIMT and its tensor-core kernels): two steps of a small causal GPT-2 end where the default fused op's end (the
+/// `FPT_ATTENTION=tiled`, `=mma` and `=mma-tf32` train through the attention tiled over keys
+/// (here the host-grid bodies of its SIMT and its tensor-core kernels): two steps of a small causal GPT-2 end where the default fused op's end (the
 /// backbone's dropouts off: the fused op draws the last block's attention mask for its
 /// read-out rows only, the tiled op for every row, as the GPU's default does). Two steps,
 /// because the two sum in different orders (gradients within 1e-6 relative) and Adam
@@ -436,18 +436,24 @@ fn the_tiled_attention_trains_as_the_default_does() {
             })
             .collect()
     };
-    for (choice, out) in [("auto", "default"), ("tiled", "tiled"), ("mma", "mma")] {
+    for (choice, out) in [
+        ("auto", "default"),
+        ("tiled", "tiled"),
+        ("mma", "mma"),
+        ("mma-tf32", "mma-tf32"),
+    ] {
         let o = train(choice, out);
         assert!(o.status.success(), "{choice}: {}", stderr(&o));
     }
     let a = losses("default");
     assert_eq!(a.len(), 2);
-    for other in ["tiled", "mma"] {
+    // One TF32 term a product: its operands to 2^-11, so its losses within 1e-3.
+    for (other, within) in [("tiled", 1e-6), ("mma", 1e-6), ("mma-tf32", 1e-3)] {
         let b = losses(other);
         assert_eq!(b.len(), 2);
         for (x, y) in a.iter().zip(&b) {
             assert!(
-                (x - y).abs() <= 1e-6 * x.abs().max(1.0),
+                (x - y).abs() <= within * x.abs().max(1.0),
                 "default {a:?} vs {other} {b:?}"
             );
         }
