@@ -524,6 +524,7 @@ pub fn status(cells: &[Cell], rows: &[String], cols: &[String], out: &Path, task
                     100.0 * r.test_accuracy,
                     r.steps,
                     match r.converged {
+                        _ if r.ended_at_baseline_now() => "ended at baseline".to_string(),
                         Some(true) if r.plateau.as_ref().is_some_and(|p| p.ceiling == Some(true)) => {
                             "converged at its ceiling".to_string()
                         }
