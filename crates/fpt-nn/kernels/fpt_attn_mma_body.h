@@ -1,6 +1,7 @@
 /* The three bodies of fpt_attn_mma.h for heads of up to FPT_MB_DK dims, each product in
- * FPT_MB_TERMS TF32 terms (FPT_MB_MMA; included once per width and count). Each runs one block's tile: `blk` as fpt_ab_locate reads it, `smem` its shared
- * memory (fpt_mb_smem_bytes). Semantics as fpt_attn.h's kernels: the same masks, dropout
+ * FPT_MB_TERMS TF32 terms (FPT_MB_MMA; included once per width and count). Each runs one
+ * block's tile: `blk` as fpt_ab_locate reads it, `smem` its shared memory
+ * (fpt_mb_smem_bytes). Semantics as fpt_attn.h's kernels: the same masks, dropout
  * multipliers, log-sum-exp and D, so the op around them (src/ops/attention_tiled.rs) takes
  * either family. Within a warp, lane l's rows are g = l / 4 and g + 8 of the warp's 16
  * (r = 0, 1 below) and its columns of each 8-wide tile 2t and 2t + 1 (t = l % 4). */
