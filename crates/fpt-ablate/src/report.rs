@@ -608,13 +608,19 @@ impl Report {
                                     }
                                 }
                             }
-                            // Converged only when every seed's run did, by the rule.
+                            // Converged only when every seed's run did, by the rule; a run that
+                            // ended at its baseline has ended (where it ends is known), flat
+                            // or not.
                             let conv: Vec<Option<bool>> = runs
                                 .iter()
                                 .map(|(o, _)| {
-                                    o.result
-                                        .as_ref()
-                                        .and_then(|r| crate::convergence::converged_by_rule(r, &o.evals, floor).0)
+                                    o.result.as_ref().and_then(|r| {
+                                        if r.ended_at_baseline_now() {
+                                            Some(true)
+                                        } else {
+                                            crate::convergence::converged_by_rule(r, &o.evals, floor).0
+                                        }
+                                    })
                                 })
                                 .collect();
                             r.converged = if conv.contains(&Some(false)) {
