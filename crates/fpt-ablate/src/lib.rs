@@ -34,6 +34,7 @@ mod render;
 pub mod report;
 pub mod reproduce;
 mod runner;
+mod seeds;
 pub mod site;
 mod site_campaign;
 mod site_html;
