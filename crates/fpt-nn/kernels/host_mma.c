@@ -19,23 +19,27 @@ static float *mb_smem(int kind, int64_t d) {
     return bytes > 0 ? (float *)calloc((size_t)bytes / 4, sizeof(float)) : 0;
 }
 
+/* Each body's instances, indexed [head width is 64][three TF32 terms]. */
+typedef void (*mb_fwd_fn)(const float *, const float *, const float *, float *, float *, const uint32_t *,
+                          const fpt_attn_geom *, float *, int64_t);
+typedef void (*mb_bwd_q_fn)(const float *, const float *, const float *, const float *, const float *, const float *,
+                            float *, float *, const uint32_t *, const fpt_attn_geom *, float *, int64_t);
+typedef void (*mb_bwd_kv_fn)(const float *, const float *, const float *, const float *, const float *,
+                             const float *, float *, float *, const uint32_t *, const fpt_attn_geom *, float *, int64_t);
+static const mb_fwd_fn MB_FWD[2][2] = {{fpt_mb_fwd_32_x1, fpt_mb_fwd_32_x3}, {fpt_mb_fwd_64_x1, fpt_mb_fwd_64_x3}};
+static const mb_bwd_q_fn MB_BWD_Q[2][2] = {{fpt_mb_bwd_q_32_x1, fpt_mb_bwd_q_32_x3},
+                                           {fpt_mb_bwd_q_64_x1, fpt_mb_bwd_q_64_x3}};
+static const mb_bwd_kv_fn MB_BWD_KV[2][2] = {{fpt_mb_bwd_kv_32_x1, fpt_mb_bwd_kv_32_x3},
+                                             {fpt_mb_bwd_kv_64_x1, fpt_mb_bwd_kv_64_x3}};
+
 /* The forward over the host grid, products in `terms` TF32 terms (3 or 1); returns 0, or 1
  * when the head is too wide or scratch memory ran out. */
 static int mb_fwd(const float *q, const float *k, const float *v, float *o, float *lse, const uint32_t *keylen,
                   const fpt_attn_geom *g, int terms) {
-    const int64_t dk = fpt_mb_dk(g->d);
+    const mb_fwd_fn body = MB_FWD[fpt_mb_dk(g->d) == 64][terms == 3];
     float *smem = mb_smem(FPT_AB_FWD, g->d);
     if (!smem) return 1;
-    for (int64_t blk = 0; blk < mb_blocks(g, g->tq); blk++) {
-        if (dk == 32 && terms == 3)
-            fpt_mb_fwd_32_x3(q, k, v, o, lse, keylen, g, smem, blk);
-        else if (terms == 3)
-            fpt_mb_fwd_64_x3(q, k, v, o, lse, keylen, g, smem, blk);
-        else if (dk == 32)
-            fpt_mb_fwd_32_x1(q, k, v, o, lse, keylen, g, smem, blk);
-        else
-            fpt_mb_fwd_64_x1(q, k, v, o, lse, keylen, g, smem, blk);
-    }
+    for (int64_t blk = 0; blk < mb_blocks(g, g->tq); blk++) body(q, k, v, o, lse, keylen, g, smem, blk);
     free(smem);
     return 0;
 }
@@ -45,32 +49,16 @@ static int mb_fwd(const float *q, const float *k, const float *v, float *o, floa
 static int mb_bwd(const float *q, const float *k, const float *v, const float *o, const float *dout, const float *lse,
                   float *dd, float *dq, float *dk, float *dv, const uint32_t *keylen, const fpt_attn_geom *g,
                   int terms) {
-    const int64_t w = fpt_mb_dk(g->d);
+    const int wide = fpt_mb_dk(g->d) == 64, three = terms == 3;
     float *smem = mb_smem(FPT_AB_BWD_Q, g->d);
     if (!smem) return 1;
-    for (int64_t blk = 0; blk < mb_blocks(g, g->tq); blk++) {
-        if (w == 32 && terms == 3)
-            fpt_mb_bwd_q_32_x3(q, k, v, o, dout, lse, dd, dq, keylen, g, smem, blk);
-        else if (terms == 3)
-            fpt_mb_bwd_q_64_x3(q, k, v, o, dout, lse, dd, dq, keylen, g, smem, blk);
-        else if (w == 32)
-            fpt_mb_bwd_q_32_x1(q, k, v, o, dout, lse, dd, dq, keylen, g, smem, blk);
-        else
-            fpt_mb_bwd_q_64_x1(q, k, v, o, dout, lse, dd, dq, keylen, g, smem, blk);
-    }
+    for (int64_t blk = 0; blk < mb_blocks(g, g->tq); blk++)
+        MB_BWD_Q[wide][three](q, k, v, o, dout, lse, dd, dq, keylen, g, smem, blk);
     free(smem);
     smem = mb_smem(FPT_AB_BWD_KV, g->d);
     if (!smem) return 1;
-    for (int64_t blk = 0; blk < mb_blocks(g, g->tk); blk++) {
-        if (w == 32 && terms == 3)
-            fpt_mb_bwd_kv_32_x3(q, k, v, dout, lse, dd, dk, dv, keylen, g, smem, blk);
-        else if (terms == 3)
-            fpt_mb_bwd_kv_64_x3(q, k, v, dout, lse, dd, dk, dv, keylen, g, smem, blk);
-        else if (w == 32)
-            fpt_mb_bwd_kv_32_x1(q, k, v, dout, lse, dd, dk, dv, keylen, g, smem, blk);
-        else
-            fpt_mb_bwd_kv_64_x1(q, k, v, dout, lse, dd, dk, dv, keylen, g, smem, blk);
-    }
+    for (int64_t blk = 0; blk < mb_blocks(g, g->tk); blk++)
+        MB_BWD_KV[wide][three](q, k, v, dout, lse, dd, dk, dv, keylen, g, smem, blk);
     free(smem);
     return 0;
 }

@@ -200,76 +200,47 @@ type HostBwd = unsafe extern "C" fn(
 extern "C" {
     fn fpt_host_attn_plan(kind: i32, d: i64, rows: *mut i64, cols: *mut i64) -> i64;
     fn fpt_host_attn_mma_smem(kind: i32, d: i64) -> i64;
-    fn fpt_host_attn_fwd_f32(
-        q: *const f32,
-        k: *const f32,
-        v: *const f32,
-        o: *mut f32,
-        lse: *mut f32,
-        keylen: *const u32,
-        g: *const AttnGeom,
-    ) -> i32;
-    fn fpt_host_attn_bwd_f32(
-        q: *const f32,
-        k: *const f32,
-        v: *const f32,
-        o: *const f32,
-        dout: *const f32,
-        lse: *const f32,
-        dd: *mut f32,
-        dq: *mut f32,
-        dk: *mut f32,
-        dv: *mut f32,
-        keylen: *const u32,
-        g: *const AttnGeom,
-    ) -> i32;
-    fn fpt_host_attn_mma_fwd_f32(
-        q: *const f32,
-        k: *const f32,
-        v: *const f32,
-        o: *mut f32,
-        lse: *mut f32,
-        keylen: *const u32,
-        g: *const AttnGeom,
-    ) -> i32;
-    fn fpt_host_attn_mma1_fwd_f32(
-        q: *const f32,
-        k: *const f32,
-        v: *const f32,
-        o: *mut f32,
-        lse: *mut f32,
-        keylen: *const u32,
-        g: *const AttnGeom,
-    ) -> i32;
-    fn fpt_host_attn_mma1_bwd_f32(
-        q: *const f32,
-        k: *const f32,
-        v: *const f32,
-        o: *const f32,
-        dout: *const f32,
-        lse: *const f32,
-        dd: *mut f32,
-        dq: *mut f32,
-        dk: *mut f32,
-        dv: *mut f32,
-        keylen: *const u32,
-        g: *const AttnGeom,
-    ) -> i32;
-    fn fpt_host_attn_mma_bwd_f32(
-        q: *const f32,
-        k: *const f32,
-        v: *const f32,
-        o: *const f32,
-        dout: *const f32,
-        lse: *const f32,
-        dd: *mut f32,
-        dq: *mut f32,
-        dk: *mut f32,
-        dv: *mut f32,
-        keylen: *const u32,
-        g: *const AttnGeom,
-    ) -> i32;
 }
+
+/// Declares each family's host-grid forward and backward (kernels/host_grid.c, kernels/host_mma.c), whose
+/// signatures are [`HostFwd`] and [`HostBwd`].
+macro_rules! host_bodies {
+    ($(($fwd:ident, $bwd:ident)),* $(,)?) => {
+        extern "C" {
+            $(
+                fn $fwd(
+                    q: *const f32,
+                    k: *const f32,
+                    v: *const f32,
+                    o: *mut f32,
+                    lse: *mut f32,
+                    keylen: *const u32,
+                    g: *const AttnGeom,
+                ) -> i32;
+                fn $bwd(
+                    q: *const f32,
+                    k: *const f32,
+                    v: *const f32,
+                    o: *const f32,
+                    dout: *const f32,
+                    lse: *const f32,
+                    dd: *mut f32,
+                    dq: *mut f32,
+                    dk: *mut f32,
+                    dv: *mut f32,
+                    keylen: *const u32,
+                    g: *const AttnGeom,
+                ) -> i32;
+            )*
+        }
+    };
+}
+
+host_bodies!(
+    (fpt_host_attn_fwd_f32, fpt_host_attn_bwd_f32),
+    (fpt_host_attn_mma_fwd_f32, fpt_host_attn_mma_bwd_f32),
+    (fpt_host_attn_mma1_fwd_f32, fpt_host_attn_mma1_bwd_f32),
+);
 
 /// Notes the dropout seed the kernels draw their masks from (in a replayed step it must be
 /// one of the step's slots: `crate::replay`; on a GPU the kernels read it from there).
