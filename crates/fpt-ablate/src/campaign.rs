@@ -10,7 +10,7 @@
 //! the runs back. [`status`] says what is done, what is pending and at which step, and the
 //! hours left at the pace measured.
 
-use crate::{io, run_dir, runs_of, AblateError, Cell, Result};
+use crate::{io, run_dir, runs_of, AblateError, CampaignOrder, Cell, Result};
 use std::path::{Path, PathBuf};
 
 /// Where a campaign's committed copies live under the results directory.
@@ -493,9 +493,9 @@ fn secs_per_step(dir: &Path) -> Option<f64> {
 
 /// Every run of `cells` (the table's row and column labels to name them) with its state,
 /// in the order the campaign trains them.
-pub fn status(cells: &[Cell], rows: &[String], cols: &[String], out: &Path, task_order: &[String]) -> Vec<RunState> {
+pub fn status(cells: &[Cell], rows: &[String], cols: &[String], out: &Path, order: &CampaignOrder) -> Vec<RunState> {
     let mut todo = runs_of(cells);
-    crate::runner::order_for_campaign(&mut todo, task_order);
+    crate::runner::order_for_campaign(&mut todo, order);
     let name = |key: &str| {
         cells.iter().find_map(|c| {
             let own = matches!(&c.plan, crate::Plan::Run { key: k, .. } if k == key);

@@ -46,7 +46,7 @@ pub use expand::{at_scale, describe, expand, expand_unchecked, scale_of, spec_ke
 pub use here::assets;
 pub use report::Report;
 pub(crate) use runner::run_one;
-pub use runner::{command_for, run, run_dir, runs_of, RunOptions, Trained};
+pub use runner::{command_for, run, run_dir, runs_of, CampaignOrder, RunOptions, Trained};
 pub use tables::{list, load_scales, load_table};
 
 use fpt_spec::table::{CellSettings, Metric, ScaleSettings, TableSpec};

@@ -275,7 +275,7 @@ pub fn reproduce(req: &Request, on: &mut (dyn FnMut(Progress) + Send)) -> Result
             .collect();
         // A campaign scale trains in its own order (`campaign_order`).
         let mut opts = req.opts.clone();
-        opts.task_order = crate::scale_of(&table, &scales, &req.scale)?.campaign_order;
+        opts.campaign = crate::runner::CampaignOrder::of(&crate::scale_of(&table, &scales, &req.scale)?);
         let trained = run(&to_train, &req.out, &opts, &mut |line| on(Progress::Line { id, line }))?;
         let dir = Report::from_runs(&table, &label, &report_cells, &req.out, sources).write(&req.out)?;
         if !req.precision.is_f32() {

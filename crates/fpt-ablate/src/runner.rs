@@ -23,10 +23,10 @@ pub struct RunOptions {
     pub device: Option<candle_core::Device>,
     /// Train each run in a child process (CPU only; see [`worker`]).
     pub workers: Option<worker::Workers>,
-    /// A campaign's order (the scale's `campaign_order`, task names): when set, runs go by
-    /// row kind (FPT and Random, then the Bit row, then the critics' and other rows), then
-    /// seed, then this task order ([`order_for_campaign`]); otherwise by key.
-    pub task_order: Vec<String>,
+    /// A campaign's order (the scale's `campaign_order` and `campaign_later`): when set,
+    /// runs go by row kind (FPT and Random, then the Bit row, then the critics' and other
+    /// rows), then seed, then task ([`order_for_campaign`]); otherwise by key.
+    pub campaign: CampaignOrder,
     /// Train only these runs (keys; empty: every run): a lent GPU takes some of a campaign's
     /// runs while the CPU trains others.
     pub only: Vec<String>,
@@ -82,10 +82,10 @@ pub fn run(cells: &[Cell], out: &Path, opts: &RunOptions, log: &mut (dyn FnMut(&
         todo.retain(|(key, _)| opts.only.contains(key));
     }
     todo.retain(|(key, _)| !opts.skip.contains(key));
-    if opts.task_order.is_empty() {
+    if opts.campaign.is_empty() {
         order_for_builds(&mut todo);
     } else {
-        order_for_campaign(&mut todo, &opts.task_order);
+        order_for_campaign(&mut todo, &opts.campaign);
     }
     if opts.deadline.is_some() {
         fpt_train::stop::set_deadline(opts.deadline);
@@ -274,26 +274,61 @@ pub(crate) fn order_for_builds(todo: &mut [(String, RunSpec)]) {
     }
 }
 
-/// A campaign's order ([`RunOptions::task_order`]): the paper's FPT and Random rows first,
-/// every seed of them (by seed, then `task_order`, tasks not in it after those in it); then
-/// the Bit row by seed; then the critics' rows and every other model by seed; then key.
-/// The claims the campaign decides need three seeds of FPT and Random before any other row.
-pub(crate) fn order_for_campaign(todo: &mut [(String, RunSpec)], task_order: &[String]) {
+/// A campaign's order of runs: a scale's `campaign_order` (tasks) and `campaign_later`
+/// (tasks whose seeds past the first wait behind the Bit row).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CampaignOrder {
+    /// Tasks in the order their runs train within a row kind and seed; tasks not named
+    /// train after those named.
+    pub tasks: Vec<String>,
+    /// Tasks whose seeds past the first train after the Bit row (and a critic's after the
+    /// critics' other runs).
+    pub later: Vec<String>,
+}
+
+impl CampaignOrder {
+    /// The order a scale sets.
+    pub fn of(scale: &fpt_spec::table::ScaleSettings) -> CampaignOrder {
+        CampaignOrder {
+            tasks: scale.campaign_order.clone(),
+            later: scale.campaign_later.clone(),
+        }
+    }
+
+    /// No campaign order: runs go by key.
+    pub fn is_empty(&self) -> bool {
+        self.tasks.is_empty() && self.later.is_empty()
+    }
+}
+
+/// A campaign's order ([`RunOptions::campaign`]): the paper's FPT and Random rows first,
+/// every seed of them (by seed, then task in `order.tasks`, tasks not in it after those in
+/// it); then the Bit row by seed; then the paper's rows' seeds past the first of the tasks in
+/// `order.later`, then the Bit row's; then the critics' rows and every other model by seed
+/// (their `later` seeds last); then key. The claims the campaign decides need three seeds of
+/// FPT and Random before any other row.
+pub(crate) fn order_for_campaign(todo: &mut [(String, RunSpec)], order: &CampaignOrder) {
     let rank = |spec: &RunSpec| {
         // The critics' rows (no block at all, or attention-only blocks) after the paper's.
         let critic = spec.backbone.depth == Some(0) || spec.backbone.shape.attention_only == Some(true);
-        let task = task_order
-            .iter()
-            .position(|t| *t == spec.task.name.to_string())
-            .unwrap_or(task_order.len());
+        let name = spec.task.name.to_string();
+        let task = order.tasks.iter().position(|t| *t == name).unwrap_or(order.tasks.len());
         let seed = spec.train.seed;
-        let group = match spec.backbone.init {
-            _ if critic => 2,
+        let later = seed > 0 && order.later.contains(&name);
+        let tier = match spec.backbone.init {
+            _ if critic => 4,
             fpt_spec::Init::Pretrained | fpt_spec::Init::Random if spec.model == fpt_spec::ModelKind::Fpt => 0,
             fpt_spec::Init::BitPretrained => 1,
-            _ => 2,
+            _ => 4,
         };
-        (group, seed, task)
+        // A later task's seeds past the first: the paper's rows' (tier 2) after the Bit
+        // row's other runs, the Bit row's (3) after them, a critic's (5) after the rest.
+        let tier = match (tier, later) {
+            (t, false) => t,
+            (4, true) => 5,
+            (t, true) => t + 2,
+        };
+        (tier, seed, task)
     };
     todo.sort_by(|a, b| rank(&a.1).cmp(&rank(&b.1)).then_with(|| a.0.cmp(&b.0)));
 }
@@ -368,19 +403,74 @@ mod tests {
                 }
             }
         }
-        let order: Vec<String> = ["mnist", "bit-memory", "listops"].map(String::from).to_vec();
-        order_for_campaign(&mut todo, &order);
-        let names: Vec<&str> = todo.iter().map(|(n, _)| n.as_str()).collect();
-        let at = |n: &str| {
+        let tasks: Vec<String> = ["mnist", "bit-memory", "listops"].map(String::from).to_vec();
+        let order = |later: &[&str]| {
+            let mut todo = todo.clone();
+            order_for_campaign(
+                &mut todo,
+                &CampaignOrder {
+                    tasks: tasks.clone(),
+                    later: later.iter().map(|s| s.to_string()).collect(),
+                },
+            );
+            todo.into_iter().map(|(n, _)| n).collect::<Vec<String>>()
+        };
+        let names = order(&[]);
+        let at = |names: &[String], n: &str| {
             names
                 .iter()
                 .position(|x| *x == n)
                 .unwrap_or_else(|| panic!("{n} in {names:?}"))
         };
-        assert!(at("FPT / listops / 0") < at("FPT / mnist / 1"), "{names:?}");
-        assert!(at("Random / mnist / 1") < at("Random / bit-memory / 1"), "{names:?}");
-        assert!(at("Random / listops / 2") < at("Bit / mnist / 0"), "{names:?}");
-        assert!(at("Bit / listops / 2") < at("w/o LLM / mnist / 0"), "{names:?}");
+        assert!(
+            at(&names, "FPT / listops / 0") < at(&names, "FPT / mnist / 1"),
+            "{names:?}"
+        );
+        assert!(
+            at(&names, "Random / mnist / 1") < at(&names, "Random / bit-memory / 1"),
+            "{names:?}"
+        );
+        assert!(
+            at(&names, "Random / listops / 2") < at(&names, "Bit / mnist / 0"),
+            "{names:?}"
+        );
+        assert!(
+            at(&names, "Bit / listops / 2") < at(&names, "w/o LLM / mnist / 0"),
+            "{names:?}"
+        );
+        assert_eq!(names.len(), 36);
+
+        // ListOps later: its first seed where it was, its others behind the Bit row's other
+        // runs (the paper's rows' first, then the Bit row's), a critic's behind the critics'.
+        let names = order(&["listops"]);
+        assert!(
+            at(&names, "FPT / listops / 0") < at(&names, "FPT / mnist / 1"),
+            "{names:?}"
+        );
+        assert!(
+            at(&names, "Random / mnist / 2") < at(&names, "Random / listops / 1"),
+            "{names:?}"
+        );
+        assert!(
+            at(&names, "Bit / bit-memory / 2") < at(&names, "FPT / listops / 1"),
+            "{names:?}"
+        );
+        assert!(
+            at(&names, "Bit / listops / 0") < at(&names, "Bit / mnist / 1"),
+            "{names:?}"
+        );
+        assert!(
+            at(&names, "Random / listops / 2") < at(&names, "Bit / listops / 1"),
+            "{names:?}"
+        );
+        assert!(
+            at(&names, "Bit / listops / 2") < at(&names, "w/o LLM / mnist / 0"),
+            "{names:?}"
+        );
+        assert!(
+            at(&names, "w/o LLM / bit-memory / 2") < at(&names, "w/o LLM / listops / 1"),
+            "{names:?}"
+        );
         assert_eq!(names.len(), 36);
     }
 }

@@ -41,9 +41,7 @@ fn the_campaign_page_says_what_status_says() {
     let cells = fpt_ablate::expand_unchecked(&table, &scales, "converge").unwrap();
     let rows: Vec<String> = table.rows.iter().map(|r| r.label.clone()).collect();
     let cols: Vec<String> = table.cols.iter().map(|c| c.label.clone()).collect();
-    let order = fpt_ablate::scale_of(&table, &scales, "converge")
-        .unwrap()
-        .campaign_order;
+    let order = fpt_ablate::CampaignOrder::of(&fpt_ablate::scale_of(&table, &scales, "converge").unwrap());
     let (mut seen, mut calls, mut callable) = (0, 0, 0);
     for s in fpt_ablate::campaign::status(&cells, &rows, &cols, &results, &order) {
         if s.state == "not started" {

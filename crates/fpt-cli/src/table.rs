@@ -143,7 +143,7 @@ pub fn run_table(a: RunTableArgs) -> Result<()> {
             let table = fpt_ablate::at_scale(&fpt_ablate::load_table(&a.tables, id)?, &scales, &a.scale)?;
             // The runs this machine can train (cells it cannot are not the campaign's).
             let cells = fpt_ablate::expand(&table, &scales, &a.scale)?;
-            let order = fpt_ablate::scale_of(&table, &scales, &a.scale)?.campaign_order;
+            let order = fpt_ablate::CampaignOrder::of(&fpt_ablate::scale_of(&table, &scales, &a.scale)?);
             let rows: Vec<String> = table.rows.iter().map(|r| r.label.clone()).collect();
             let cols: Vec<String> = table.cols.iter().map(|c| c.label.clone()).collect();
             let states = fpt_ablate::campaign::status(&cells, &rows, &cols, &a.out, &order);

@@ -499,10 +499,15 @@ pub struct ScaleSettings {
     /// never the base scale's: a spread measured at another budget is not this scale's.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub own_seed_spread_only: bool,
-    /// A campaign's order of tasks (`fpt run-table` trains by seed, then row kind, then
+    /// A campaign's order of tasks (`fpt run-table` trains by row kind, then seed, then
     /// this order); empty: by run key.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub campaign_order: Vec<String>,
+    /// Tasks whose seeds past the first wait, in a campaign, behind the Bit row's runs: their
+    /// first seed trains in `campaign_order`, their others once the other tasks' three seeds
+    /// and the Bit row are trained (long runs that no claim the campaign must decide needs).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub campaign_later: Vec<String>,
 }
 
 /// A task's accuracy spread across seeds at a scale, as measured.
@@ -557,6 +562,11 @@ impl ScaleSettings {
                 self.campaign_order.clone()
             } else {
                 over.campaign_order.clone()
+            },
+            campaign_later: if over.campaign_later.is_empty() {
+                self.campaign_later.clone()
+            } else {
+                over.campaign_later.clone()
             },
         }
     }
