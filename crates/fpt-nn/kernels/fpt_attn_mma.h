@@ -263,7 +263,9 @@ static void fpt_mb_host_mma3(float *c[32], const uint32_t *ah[32], const uint32_
     fpt_mb_host_mma(c, ah, bh);
 }
 
-#define FPT_MMA3(C, AH, AL, BH, BL)                                                         \
+/* One warp-wide product a warp, its 32 lanes' fragments gathered: TERMS 3 (hi x lo, lo x hi,
+ * hi x hi) or 1 (hi x hi; the lo operands are not read). */
+#define FPT_MB_HOST_MMA(TERMS, C, AH, AL, BH, BL)                                           \
     for (int fpt_wm = 0; fpt_wm < FPT_MB_WARPS; fpt_wm++) {                                 \
         float *fpt_c[32];                                                                   \
         const uint32_t *fpt_ah[32], *fpt_al[32], *fpt_bh[32], *fpt_bl[32];                  \
@@ -271,24 +273,17 @@ static void fpt_mb_host_mma3(float *c[32], const uint32_t *ah[32], const uint32_
             const int fpt_tid = fpt_wm * 32 + fpt_lm;                                       \
             fpt_c[fpt_lm] = C;                                                              \
             fpt_ah[fpt_lm] = AH;                                                            \
-            fpt_al[fpt_lm] = AL;                                                            \
             fpt_bh[fpt_lm] = BH;                                                            \
-            fpt_bl[fpt_lm] = BL;                                                            \
+            fpt_al[fpt_lm] = (TERMS) == 3 ? (AL) : 0;                                       \
+            fpt_bl[fpt_lm] = (TERMS) == 3 ? (BL) : 0;                                       \
         }                                                                                   \
-        fpt_mb_host_mma3(fpt_c, fpt_ah, fpt_al, fpt_bh, fpt_bl);                            \
+        if ((TERMS) == 3)                                                                   \
+            fpt_mb_host_mma3(fpt_c, fpt_ah, fpt_al, fpt_bh, fpt_bl);                        \
+        else                                                                                \
+            fpt_mb_host_mma(fpt_c, fpt_ah, fpt_bh);                                         \
     }
-#define FPT_MMA1(C, AH, AL, BH, BL)                                                         \
-    for (int fpt_wm = 0; fpt_wm < FPT_MB_WARPS; fpt_wm++) {                                 \
-        float *fpt_c[32];                                                                   \
-        const uint32_t *fpt_ah[32], *fpt_bh[32];                                            \
-        for (int fpt_lm = 0; fpt_lm < 32; fpt_lm++) {                                       \
-            const int fpt_tid = fpt_wm * 32 + fpt_lm;                                       \
-            fpt_c[fpt_lm] = C;                                                              \
-            fpt_ah[fpt_lm] = AH;                                                            \
-            fpt_bh[fpt_lm] = BH;                                                            \
-        }                                                                                   \
-        fpt_mb_host_mma(fpt_c, fpt_ah, fpt_bh);                                             \
-    }
+#define FPT_MMA3(C, AH, AL, BH, BL) FPT_MB_HOST_MMA(3, C, AH, AL, BH, BL)
+#define FPT_MMA1(C, AH, AL, BH, BL) FPT_MB_HOST_MMA(1, C, AH, AL, BH, BL)
 #define FPT_QUAD(OP, X)                                                                     \
     for (int fpt_q = 0; fpt_q < FPT_MB_THREADS; fpt_q += 4) {                               \
         float fpt_v[4], fpt_u[4];                                                           \
