@@ -278,8 +278,8 @@ pub(crate) fn order_for_builds(todo: &mut [(String, RunSpec)]) {
 /// (tasks whose seeds past the first wait behind the Bit row).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CampaignOrder {
-    /// Tasks in the order their runs train within a row kind and seed; tasks not named
-    /// train after those named.
+    /// Tasks in the order their runs train within a row kind (first seeds, then each task's
+    /// other seeds together); tasks not named train after those named.
     pub tasks: Vec<String>,
     /// Tasks whose seeds past the first train after the Bit row (and a critic's after the
     /// critics' other runs).
@@ -302,11 +302,12 @@ impl CampaignOrder {
 }
 
 /// A campaign's order ([`RunOptions::campaign`]): the paper's FPT and Random rows first,
-/// every seed of them (by seed, then task in `order.tasks`, tasks not in it after those in
-/// it); then the Bit row by seed; then the paper's rows' seeds past the first of the tasks in
-/// `order.later`, then the Bit row's; then the critics' rows and every other model by seed
-/// (their `later` seeds last); then key. The claims the campaign decides need three seeds of
-/// FPT and Random before any other row.
+/// every seed of them (every task's first seed, then the other seeds task by task, tasks in
+/// `order.tasks`' order, those not in it after those in it); then the Bit row the same way;
+/// then the paper's rows' seeds past the first of the tasks in `order.later`, then the Bit
+/// row's; then the critics' rows and every other model the same way (their `later` seeds
+/// last); then key. The claims the campaign decides need three seeds of FPT and Random
+/// before any other row.
 pub(crate) fn order_for_campaign(todo: &mut [(String, RunSpec)], order: &CampaignOrder) {
     let rank = |spec: &RunSpec| {
         // The critics' rows (no block at all, or attention-only blocks) after the paper's.
@@ -328,7 +329,11 @@ pub(crate) fn order_for_campaign(todo: &mut [(String, RunSpec)], order: &Campaig
             (4, true) => 5,
             (t, true) => t + 2,
         };
-        (tier, seed, task)
+        // Every task's first seed first; then its other seeds claim by claim (task, then
+        // seed): a claim needs all of one task's seeds, so its cells end together, and the
+        // tasks named first (the cheapest claims) decide before the dearest begins.
+        let group = if seed == 0 { 0 } else { 1 + task };
+        (tier, group, seed, task)
     };
     todo.sort_by(|a, b| rank(&a.1).cmp(&rank(&b.1)).then_with(|| a.0.cmp(&b.0)));
 }
@@ -428,6 +433,16 @@ mod tests {
         );
         assert!(
             at(&names, "Random / mnist / 1") < at(&names, "Random / bit-memory / 1"),
+            "{names:?}"
+        );
+        // Past the first seed, claim by claim: all of MNIST's seeds before Bit Memory's
+        // second, and every task's first seed before any second.
+        assert!(
+            at(&names, "Random / mnist / 2") < at(&names, "FPT / bit-memory / 1"),
+            "{names:?}"
+        );
+        assert!(
+            at(&names, "Random / listops / 0") < at(&names, "FPT / mnist / 1"),
             "{names:?}"
         );
         assert!(
