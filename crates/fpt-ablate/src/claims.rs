@@ -13,9 +13,9 @@
 //! A pair is left out of the comparison, and named, when a cell is at its trivial baseline
 //! (but for a `b` of "a beats b" that ended there: flat at it past its row's Table 6 count,
 //! the model that did not learn);
-//! when a cell on either side did not reach its plateau (a still-rising cell is a lower
-//! bound, and the claims take only where runs end, since `dc8d0ae`), or its convergence was
-//! not recorded; when both cells sit at the task's
+//! when a cell on either side did not reach its plateau and is no bound either (not yet
+//! flat, stopped before its row's Table 6 count, diverged), or its convergence was not
+//! recorded; when both cells sit at the task's
 //! ceiling (100% within their noise: the pair says nothing about the difference); and when
 //! both ran one seed and no seed spread was measured for a cell's backbone and task (the
 //! spread of another backbone is never borrowed); and when a cell's model is not what its
@@ -26,6 +26,12 @@
 //! error (the binomial error of its evaluation; the standard error of the seeds' mean where
 //! it ran several), in both cases with the task's measured seed spread where a pair ran one
 //! seed each.
+//!
+//! A cell whose runs ended at their step cap still rising ([`Convergence::Rising`]) is a
+//! lower bound of where it ends, and is used as one: with weight +1 in the compared sum it
+//! makes the sum a lower bound (the verdict may be `holds`, never `fails`: the interval is
+//! open above), with weight -1 an upper bound (`fails`, never `holds`). Pairs bounded
+//! opposite ways are left out (the way fewer pairs are bounded), so a mean is bounded one way.
 
 use crate::bootstrap;
 use fpt_spec::table::{Claim, ClaimKind, Select, TableSpec};
@@ -57,10 +63,27 @@ pub enum Convergence {
     /// On a plateau (or a number that is not a training outcome, such as the paper's).
     #[default]
     Reached,
-    /// At least one run ended at its cap still rising: the number is a lower bound.
+    /// Every run that did not reach its plateau ended at its cap still rising by the rule
+    /// (its last half gained half a point or more, or its gain's interval lies above 0): the
+    /// number is a lower bound of where the cell ends. It decides a claim only where a lower
+    /// bound can: "a beats b" holds on a rising `a`, fails on a rising `b`.
     Rising,
+    /// Not converged, and not a bound either: not yet flat (its gain's interval straddles
+    /// 0 too widely to call), stopped before its row's Table 6 count, evaluated fewer than
+    /// three times, or diverged.
+    NotConverged,
     /// Not recorded (a run from before fpt recorded it).
     Unknown,
+}
+
+/// Which way the numbers of a comparison are bounds of where its cells end: a rising cell
+/// with weight +1 makes the compared sum a lower bound, with weight -1 an upper one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Bound {
+    /// The true sum is at least the estimate: the claim can hold, never fail, on it.
+    Lower,
+    /// The true sum is at most the estimate: the claim can fail, never hold, on it.
+    Upper,
 }
 
 /// One cell's numbers as a claim sees them.
@@ -203,7 +226,11 @@ fn name(s: &Select) -> String {
 /// Why a pair is left out (the words of the verdicts).
 const AT_BASELINE: &str = "at their trivial baseline";
 const RISING: &str =
-    "not converged (still rising across the last half of its steps, not yet flat there, stopped before its row's Table 6 count, or evaluated fewer than three times; only converged cells decide a claim)";
+    "not converged (not yet flat across the last half of its steps, stopped before its row's Table 6 count, evaluated fewer than three times, or diverged; only converged cells, and cells still rising at their cap as the lower bounds they are, decide a claim)";
+const MIXED_BOUNDS: &str =
+    "still rising at their caps on both sides (a lower bound on each side bounds the difference neither way)";
+const OTHER_WAY: &str =
+    "still rising at their caps, bounding their pair the other way than most bounded pairs (a mean of bounds both ways is bounded neither way)";
 const UNKNOWN_CONVERGENCE: &str =
     "convergence not known by the rule (a run from before fpt recorded it the way the rule needs)";
 const AT_CEILING: &str = "both at the task's ceiling";
@@ -319,7 +346,7 @@ fn compare<'v>(
         (Some(pa), pb) => pair_name_or(table, pa, &pb),
         _ => String::new(),
     };
-    let mut kept: Vec<(String, Vec<Term>)> = Vec::new();
+    let mut kept: Vec<(String, Vec<Term>, Option<Bound>)> = Vec::new();
     // (why, cell) of every cell whose pair is left out.
     let mut excluded: Vec<(&'static str, String)> = Vec::new();
     'pairs: for (i, &pa) in sa.iter().enumerate() {
@@ -368,16 +395,27 @@ fn compare<'v>(
                 }
             }
         }
-        // Only converged cells decide a claim, on either side: a still-rising cell is a
-        // lower bound, and one not judged by the rule says nothing of where it ends. The
-        // cells that must not be beaten are named first.
+        // Converged cells decide a claim, and cells still rising at their cap as the lower
+        // bounds they are (one way only); a cell not converged otherwise, or not judged by
+        // the rule, says nothing of where it ends. The cells that must not be beaten are
+        // named first.
         let behind = terms.iter().filter(|t| t.w < 0.0);
+        let mut bounds: Vec<Bound> = Vec::new();
         for t in behind.chain(terms.iter().filter(|t| t.w >= 0.0)) {
             if let Some(at) = t.at {
                 match t.value.convergence {
-                    Convergence::Rising => out.push((RISING, label(at))),
+                    Convergence::Rising => bounds.push(if t.w > 0.0 { Bound::Lower } else { Bound::Upper }),
+                    Convergence::NotConverged => out.push((RISING, label(at))),
                     Convergence::Unknown => out.push((UNKNOWN_CONVERGENCE, label(at))),
                     Convergence::Reached => {}
+                }
+            }
+        }
+        let bound = bounds.first().copied();
+        if bounds.iter().any(|b| Some(*b) != bound) {
+            for t in terms.iter().filter(|t| t.value.convergence == Convergence::Rising) {
+                if let Some(at) = t.at {
+                    out.push((MIXED_BOUNDS, label(at)));
                 }
             }
         }
@@ -414,13 +452,43 @@ fn compare<'v>(
             excluded.extend(out);
             continue;
         }
-        kept.push((group, terms));
+        kept.push((group, terms, bound));
     }
+    // Pairs bounded opposite ways make a mean bounded neither way: kept are the exact pairs
+    // and the pairs bounded the way most bounded pairs are (a tie: the lower); the others
+    // are left out and named.
+    let lower = kept.iter().filter(|k| k.2 == Some(Bound::Lower)).count();
+    let upper = kept.iter().filter(|k| k.2 == Some(Bound::Upper)).count();
+    let bound = match (lower, upper) {
+        (0, 0) => None,
+        (l, u) if l >= u => Some(Bound::Lower),
+        _ => Some(Bound::Upper),
+    };
+    kept.retain(|(_, terms, b)| {
+        let off = b.is_some() && *b != bound;
+        if off {
+            for t in terms.iter().filter(|t| t.value.convergence == Convergence::Rising) {
+                if let Some(at) = t.at {
+                    excluded.push((OTHER_WAY, label(at)));
+                }
+            }
+        }
+        !off
+    });
     let left_out = if excluded.is_empty() {
         String::new()
     } else {
         let mut parts = Vec::new();
-        for why in [AT_BASELINE, UNFIT, RISING, UNKNOWN_CONVERGENCE, AT_CEILING, NO_SPREAD] {
+        for why in [
+            AT_BASELINE,
+            UNFIT,
+            RISING,
+            MIXED_BOUNDS,
+            OTHER_WAY,
+            UNKNOWN_CONVERGENCE,
+            AT_CEILING,
+            NO_SPREAD,
+        ] {
             let mut who: Vec<&str> = excluded
                 .iter()
                 .filter(|(w, _)| *w == why)
@@ -447,7 +515,7 @@ fn compare<'v>(
         };
     }
     let k = kept.len() as f64;
-    let sums: Vec<Vec<(f64, &CellValue)>> = kept.iter().map(|(_, t)| merged(t)).collect();
+    let sums: Vec<Vec<(f64, &CellValue)>> = kept.iter().map(|(_, t, _)| merged(t)).collect();
     // A ratio is of numbers without per-example outcomes (steps): never resampled.
     let resampled = !ratio && sums.iter().flatten().all(|(_, v)| !v.runs.is_empty());
     let (mean, (lo, hi), how) = if resampled {
@@ -482,6 +550,13 @@ fn compare<'v>(
         )
     };
     let exact = !resampled && lo == hi;
+    // A bound is open on one side: the true value may lie anywhere beyond it that way.
+    let (lo_v, hi_v) = match bound {
+        Some(Bound::Lower) => (lo, f64::INFINITY),
+        Some(Bound::Upper) => (f64::NEG_INFINITY, hi),
+        None => (lo, hi),
+    };
+    let (lo, hi, shown) = (lo_v, hi_v, (lo, hi));
     let (verdict, need) = match claim.kind {
         ClaimKind::Comparable => {
             let w = claim.within.unwrap_or(0.0);
@@ -518,15 +593,41 @@ fn compare<'v>(
     } else {
         String::new()
     };
-    let names: Vec<&str> = kept.iter().map(|(n, _)| n.as_str()).collect();
+    let names: Vec<&str> = kept.iter().map(|(n, _, _)| n.as_str()).collect();
     let interval = match exact {
         true => String::new(),
-        false => format!(", 95% interval {} to {} ({how}", show(lo), show(hi)),
+        false => format!(", 95% interval {} to {} ({how}", show(shown.0), show(shown.1)),
+    };
+    // The cells whose numbers are lower bounds, and what that makes of the estimate.
+    let mut rising: Vec<String> = Vec::new();
+    for t in kept.iter().flat_map(|(_, t, _)| t.iter()) {
+        if let (Some(at), Convergence::Rising) = (t.at, t.value.convergence) {
+            if !rising.contains(&label(at)) {
+                rising.push(label(at));
+            }
+        }
+    }
+    let (word, bound_note) = match bound {
+        Some(Bound::Lower) => (
+            "at least ",
+            format!(
+                "; a lower bound: {} ended at the step cap still rising, so it can hold here, not fail",
+                rising.join(", ")
+            ),
+        ),
+        Some(Bound::Upper) => (
+            "at most ",
+            format!(
+                "; an upper bound: {} ended at the step cap still rising, on the side to be beaten, so it can fail here, not hold",
+                rising.join(", ")
+            ),
+        ),
+        None => ("", String::new()),
     };
     Comparison {
         verdict: Some(verdict),
         detail: format!(
-            "{head}: {}{interval}{}mean over {} of {} pairs: {}{spread}; {need}){left_out}",
+            "{head}: {word}{}{interval}{}mean over {} of {} pairs: {}{spread}; {need}{bound_note}){left_out}",
             show(mean),
             if exact { " (" } else { "; " },
             kept.len(),

@@ -15,17 +15,59 @@ pub fn converged_by_rule(
     evals: &[fpt_train::EvalRecord],
     floor: Option<usize>,
 ) -> (Option<bool>, String) {
+    let (call, words) = call_by_rule(res, evals, floor);
+    (call.converged(), words)
+}
+
+/// What the rule says of a finished run ([`call_by_rule`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Call {
+    /// Flat across the last half of its steps, past its floor (or ended at its ceiling).
+    Converged,
+    /// Still rising at its end (its last half gained half a point or more, or the gain's
+    /// interval lies above 0): its number is a lower bound of where it would end.
+    Rising,
+    /// Not converged and no bound: not yet flat, stopped before its floor, evaluated fewer
+    /// than three times, or diverged.
+    NotConverged,
+    /// The rule cannot be applied to its records.
+    Unknown,
+}
+
+impl Call {
+    /// Converged (`Some(true)`), not (`Some(false)`), or not known.
+    pub fn converged(self) -> Option<bool> {
+        match self {
+            Call::Converged => Some(true),
+            Call::Rising | Call::NotConverged => Some(false),
+            Call::Unknown => None,
+        }
+    }
+}
+
+/// [`converged_by_rule`], telling a run still rising at its end (a lower bound) from one
+/// not converged otherwise.
+pub fn call_by_rule(
+    res: &fpt_train::RunResult,
+    evals: &[fpt_train::EvalRecord],
+    floor: Option<usize>,
+) -> (Call, String) {
     let floor = floor.or(res.plateau.as_ref().and_then(|p| p.floor));
     if res.diverged {
-        return (Some(false), "diverged: no plateau".into());
+        return (Call::NotConverged, "diverged: no plateau".into());
     }
     if let Some(p) = res.plateau.as_ref().filter(|p| p.rule.as_deref() == Some("trend")) {
-        return (Some(p.converged()), plateau_words(p));
+        let call = match (p.converged(), p.rising) {
+            (true, _) => Call::Converged,
+            (false, true) => Call::Rising,
+            (false, false) => Call::NotConverged,
+        };
+        return (call, plateau_words(p));
     }
     // Too few evaluations for any trend (the rule's window needs three).
     if res.plateau.is_none() && evals.len() < 3 {
         return (
-            Some(false),
+            Call::NotConverged,
             format!(
                 "not converged: evaluated {} time(s); the trend rule needs three evaluations in the last half of a run",
                 evals.len()
@@ -34,11 +76,11 @@ pub fn converged_by_rule(
     }
     // Still rising by its own test: a lower bound, whatever else is said of it.
     if let Some(p) = res.plateau.as_ref().filter(|p| p.rising) {
-        return (Some(false), plateau_words(p));
+        return (Call::Rising, plateau_words(p));
     }
     if let Some(f) = floor.filter(|&f| res.steps < f) {
         return (
-            Some(false),
+            Call::NotConverged,
             format!(
                 "not converged: it stopped at step {}, before step {f}, the paper's Table 6 count for its row and task",
                 res.steps
@@ -53,7 +95,7 @@ pub fn converged_by_rule(
         if let Some((gain, (lo, hi))) = fpt_train::outcomes::accuracy_trend(&points) {
             if gain >= fpt_train::outcomes::RISING_GAIN || lo > 0.0 {
                 return (
-                    Some(false),
+                    Call::Rising,
                     format!(
                         "not converged: still rising by the trend of its last half ({:+.1} points from step {} to step {} on the line through its {} evaluations; 95% interval {:+.1} to {:+.1})",
                         100.0 * gain,
@@ -77,7 +119,7 @@ pub fn converged_by_rule(
             let half = 1.96 * (sd(last.test_accuracy) + sd(first.test_accuracy)) / n.sqrt();
             if gain - half > 0.0 {
                 return (
-                    Some(false),
+                    Call::Rising,
                     format!(
                         "not converged: {:+.1} points from step {} to step {} (the last half of its steps; at least {:+.1} by the widest interval the two accuracies allow)",
                         100.0 * gain,
@@ -93,7 +135,7 @@ pub fn converged_by_rule(
         Some("half") => "called converged by the earlier rule (two evaluations, paired over the examples), which one low evaluation could make; the trend rule (every evaluation of the last half) cannot be re-derived: the run kept the per-example outcomes of its last evaluations only",
         _ => "convergence cannot be re-derived by the rule (the trend of the last half of the run, over the examples): the run kept the per-example outcomes of its last evaluations only",
     };
-    (None, why.into())
+    (Call::Unknown, why.into())
 }
 
 /// The plateau test of a run in words (a cell's `curve`).

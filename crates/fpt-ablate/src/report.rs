@@ -86,6 +86,10 @@ pub struct CellReport {
     /// number is then a lower bound), absent where not recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub converged: Option<bool>,
+    /// Not converged, but every run that is not ended at its cap still rising by the rule:
+    /// the number is a lower bound of where the cell ends, and decides a claim one way.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub lower_bound: bool,
     /// Why the cell's model is not what its row claims (a Bit backbone that did not learn
     /// Bit Memory, or whose pretraining was not recorded): no claim rests on it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -350,6 +354,7 @@ impl Report {
                 ended_at_baseline: None,
                 seed_sd: None,
                 converged: None,
+                lower_bound: false,
                 unfit: None,
                 outcomes: Vec::new(),
             };
@@ -564,18 +569,18 @@ impl Report {
                             // Converged only when every seed's run did, by the rule; a run that
                             // ended at its baseline has ended (where it ends is known), flat
                             // or not.
-                            let conv: Vec<Option<bool>> = runs
+                            use crate::convergence::Call;
+                            let calls: Vec<Call> = runs
                                 .iter()
-                                .map(|(o, _)| {
-                                    o.result.as_ref().and_then(|r| {
-                                        if r.ended_at_baseline_now() {
-                                            Some(true)
-                                        } else {
-                                            crate::convergence::converged_by_rule(r, &o.evals, floor).0
-                                        }
-                                    })
+                                .map(|(o, _)| match o.result.as_ref() {
+                                    Some(r) if r.ended_at_baseline_now() => Call::Converged,
+                                    Some(r) => crate::convergence::call_by_rule(r, &o.evals, floor).0,
+                                    None => Call::Unknown,
                                 })
                                 .collect();
+                            let conv: Vec<Option<bool>> = calls.iter().map(|c| c.converged()).collect();
+                            r.lower_bound = calls.contains(&Call::Rising)
+                                && calls.iter().all(|c| matches!(c, Call::Rising | Call::Converged));
                             r.converged = if conv.contains(&Some(false)) {
                                 Some(false)
                             } else if conv.iter().all(|c| *c == Some(true)) {
@@ -642,7 +647,8 @@ impl Report {
                         // Whether the runs reached their plateau matters for what they learned.
                         convergence: match (learned, cell.converged) {
                             (false, _) | (true, Some(true)) => crate::claims::Convergence::Reached,
-                            (true, Some(false)) => crate::claims::Convergence::Rising,
+                            (true, Some(false)) if cell.lower_bound => crate::claims::Convergence::Rising,
+                            (true, Some(false)) => crate::claims::Convergence::NotConverged,
                             (true, None) => crate::claims::Convergence::Unknown,
                         },
                         at_ceiling,

@@ -87,7 +87,7 @@ fn a_gap_leaves_out_pairs_as_a_beats_b_does() {
             }),
             ("FPT", 3) => Some(CellValue {
                 convergence: match fpt_rising {
-                    true => fpt_ablate::claims::Convergence::Rising,
+                    true => fpt_ablate::claims::Convergence::NotConverged,
                     false => fpt_ablate::claims::Convergence::Reached,
                 },
                 ..cell(90.0, 0.5)
@@ -249,5 +249,94 @@ fn claims_about_a_failure_say_so() {
     assert_eq!(
         failures,
         ["table4", "table4", "table4", "table5", "table5", "table11", "table12", "table12"]
+    );
+}
+
+/// A cell that ended at its cap still rising is a lower bound: it decides "a beats b" one
+/// way only. On the side to be beaten (Random / MNIST) its bound makes the difference an
+/// upper bound: the claim can fail, never hold; on the winning side it can hold, never fail.
+/// A cell not converged otherwise (not yet flat) still leaves its pair out.
+#[test]
+fn a_cell_still_rising_at_its_cap_decides_one_way() {
+    use fpt_ablate::claims::Convergence;
+    let t = table("table2");
+    let c = claim(&t, "Language pretraining beats random initialisation on MNIST");
+    let row = |r: usize| t.rows[r].label.clone();
+    let mnist = t.cols.iter().position(|c| c.label == "MNIST").unwrap();
+    let v = |fpt: (f64, Convergence), random: (f64, Convergence)| {
+        check(&t, c, &|r, col| match (row(r).as_str(), col == mnist) {
+            ("FPT", true) => Some(CellValue {
+                convergence: fpt.1,
+                ..cell(fpt.0, 0.2)
+            }),
+            ("Random", true) => Some(CellValue {
+                convergence: random.1,
+                ..cell(random.0, 0.2)
+            }),
+            _ => None,
+        })
+    };
+    let (done, up, not) = (Convergence::Reached, Convergence::Rising, Convergence::NotConverged);
+    // Random still rising and already above FPT: FPT cannot end ahead of it.
+    let fails = v((96.7, done), (97.5, up));
+    assert_eq!(fails.verdict, "fails", "{}", fails.detail);
+    assert!(fails.detail.contains("at most -0.8"), "{}", fails.detail);
+    assert!(
+        fails.detail.contains("an upper bound: Random / MNIST"),
+        "{}",
+        fails.detail
+    );
+    // Random still rising below FPT: it may yet pass it; nothing is decided.
+    let open = v((96.7, done), (94.0, up));
+    assert_eq!(open.verdict, "inconclusive", "{}", open.detail);
+    // The same numbers converged decide it.
+    assert_eq!(v((96.7, done), (94.0, done)).verdict, "holds");
+    // FPT still rising above a converged Random: it holds; below, nothing is decided.
+    assert_eq!(v((96.7, up), (94.0, done)).verdict, "holds");
+    assert_eq!(v((94.0, up), (96.7, done)).verdict, "inconclusive");
+    // Both rising: each a lower bound, the difference bounded neither way.
+    let both = v((96.7, up), (94.0, up));
+    assert_eq!(both.verdict, "undecided", "{}", both.detail);
+    assert!(both.detail.contains("on both sides"), "{}", both.detail);
+    // Not yet flat is no bound: left out, as before.
+    let flat = v((96.7, done), (90.0, not));
+    assert_eq!(flat.verdict, "undecided", "{}", flat.detail);
+    assert!(flat.detail.contains("not converged"), "{}", flat.detail);
+}
+
+/// A mean over pairs bounded both ways is bounded neither way: the pairs bounded the way
+/// fewer are (a tie: the upper ones) are left out and named, the rest decide.
+#[test]
+fn a_mean_keeps_the_pairs_bounded_one_way() {
+    use fpt_ablate::claims::Convergence;
+    let t = table("table2");
+    let c = claim(
+        &t,
+        "Language pretraining beats random initialisation (FPT vs Random, mean",
+    );
+    let row = |r: usize| t.rows[r].label.clone();
+    let col = |c: usize| t.cols[c].label.clone();
+    let v = check(&t, c, &|r, k| match (row(r).as_str(), col(k).as_str()) {
+        // Bit Memory: FPT rising (a lower bound of the difference).
+        ("FPT", "Bit Memory") => Some(CellValue {
+            convergence: Convergence::Rising,
+            ..cell(99.0, 0.3)
+        }),
+        ("Random", "Bit Memory") => Some(cell(75.0, 0.3)),
+        // MNIST: Random rising (an upper bound): the other way, left out.
+        ("FPT", "MNIST") => Some(cell(96.0, 0.2)),
+        ("Random", "MNIST") => Some(CellValue {
+            convergence: Convergence::Rising,
+            ..cell(95.0, 0.2)
+        }),
+        _ => None,
+    });
+    assert_eq!(v.verdict, "holds", "{}", v.detail);
+    assert!(v.detail.contains("at least +24.0"), "{}", v.detail);
+    assert!(v.detail.contains("mean over 1 of 7 pairs: Bit Memory"), "{}", v.detail);
+    assert!(
+        v.detail.contains("the other way than most bounded pairs") && v.detail.contains("Random / MNIST"),
+        "{}",
+        v.detail
     );
 }
