@@ -647,7 +647,8 @@ impl Report {
                         // Whether the runs reached their plateau matters for what they learned.
                         convergence: match (learned, cell.converged) {
                             (false, _) | (true, Some(true)) => crate::claims::Convergence::Reached,
-                            (true, Some(false)) if cell.lower_bound => crate::claims::Convergence::Rising,
+                            // Only an accuracy is a lower bound while it rises (a speedup is not).
+                            (true, Some(false)) if accuracy && cell.lower_bound => crate::claims::Convergence::Rising,
                             (true, Some(false)) => crate::claims::Convergence::NotConverged,
                             (true, None) => crate::claims::Convergence::Unknown,
                         },
