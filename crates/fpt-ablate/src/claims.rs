@@ -607,19 +607,29 @@ fn compare<'v>(
             }
         }
     }
+    // A claim that the value lies within a margin can only fail on a bound; one that it
+    // exceeds something can hold on a lower bound and fail on an upper one.
+    let within = claim.kind == ClaimKind::Comparable || (ratio && claim.within.is_some());
+    let can = |lower: bool| match (within, lower) {
+        (true, _) => "so it can fail here, not hold",
+        (false, true) => "so it can hold here, not fail",
+        (false, false) => "so it can fail here, not hold",
+    };
     let (word, bound_note) = match bound {
         Some(Bound::Lower) => (
             "at least ",
             format!(
-                "; a lower bound: {} ended at the step cap still rising, so it can hold here, not fail",
-                rising.join(", ")
+                "; a lower bound: {} ended at the step cap still rising, {}",
+                rising.join(", "),
+                can(true)
             ),
         ),
         Some(Bound::Upper) => (
             "at most ",
             format!(
-                "; an upper bound: {} ended at the step cap still rising, on the side to be beaten, so it can fail here, not hold",
-                rising.join(", ")
+                "; an upper bound: {} ended at the step cap still rising, subtracted, {}",
+                rising.join(", "),
+                can(false)
             ),
         ),
         None => ("", String::new()),

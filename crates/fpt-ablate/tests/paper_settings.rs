@@ -644,6 +644,7 @@ fn claims_leave_out_rising_ceiling_and_spreadless_pairs() {
     });
     assert_eq!(v.verdict, "inconclusive", "{}", v.detail);
     assert!(v.detail.contains("at least +0.0"), "{}", v.detail);
+    assert!(v.detail.contains("so it can fail here, not hold"), "{}", v.detail);
     // Both at 100%: the pair is left out (here XOR); the rest decide.
     let v = check(claim, &|r, c| match (r, c) {
         ("FPT", 0..=3) => Some(ours(if c == 1 { 100.0 } else { 90.0 }, Reached, 3, true)),
