@@ -17,7 +17,8 @@
 //! flat, stopped before its row's Table 6 count, diverged), or its convergence was not
 //! recorded; when both cells sit at the task's
 //! ceiling (100% within their noise: the pair says nothing about the difference); and when
-//! both ran one seed and no seed spread was measured for a cell's backbone and task (the
+//! both ran one seed (a cell against a number: that cell) and no seed spread was measured
+//! for a cell's backbone and task (the
 //! spread of another backbone is never borrowed); and when a cell's model is not what its
 //! row names (a Bit backbone that did not learn Bit Memory). Every verdict
 //! names the pairs it used, its estimate and its interval: a paired, stratified bootstrap
@@ -236,7 +237,7 @@ const UNKNOWN_CONVERGENCE: &str =
 const AT_CEILING: &str = "both at the task's ceiling";
 const UNFIT: &str =
     "not the model its row names (a Bit backbone that did not learn Bit Memory, or whose pretraining was not recorded)";
-const NO_SPREAD: &str = "one seed each and no seed spread measured for the backbone and task";
+const NO_SPREAD: &str = "one seed (each) and no seed spread measured for the backbone and task";
 
 /// A pair's name, or the cell's where it is compared with a number.
 fn pair_name_or(table: &TableSpec, pa: (usize, usize), pb: &Option<(usize, usize)>) -> String {
@@ -444,8 +445,11 @@ fn compare<'v>(
                 names
             })
             .join(" vs ");
-        let one_seed = terms.iter().all(|t| t.value.seeds == 1);
-        if one_seed && terms.iter().any(|t| !t.value.spread_known) {
+        // The cells of the pair (a number it is compared with has no seeds): a single seed
+        // of one cell against a number swings with the seed as much as a pair does.
+        let cells = || terms.iter().filter(|t| t.at.is_some());
+        let one_seed = cells().all(|t| t.value.seeds == 1);
+        if one_seed && cells().any(|t| !t.value.spread_known) {
             out.push((NO_SPREAD, group.clone()));
         }
         if !out.is_empty() {

@@ -340,3 +340,29 @@ fn a_mean_keeps_the_pairs_bounded_one_way() {
         v.detail
     );
 }
+
+/// One seed of a cell against a number swings with the seed as a pair does: without a
+/// measured seed spread it decides nothing; with one, or with several seeds, it does.
+#[test]
+fn one_seed_against_a_number_needs_a_seed_spread() {
+    let t = table("table2");
+    let c = claim(&t, "The frozen pretrained transformer solves XOR");
+    let row = |r: usize| t.rows[r].label.clone();
+    let xor = t.cols.iter().position(|c| c.label == "XOR").unwrap();
+    let v = |seeds: usize, spread_known: bool| {
+        check(&t, c, &|r, col| match (row(r).as_str(), col == xor) {
+            ("FPT", true) => Some(CellValue {
+                seeds,
+                spread_known,
+                seed_sd: if spread_known { 0.1 } else { 0.0 },
+                ..cell(100.0, 0.01)
+            }),
+            _ => None,
+        })
+    };
+    let alone = v(1, false);
+    assert_eq!(alone.verdict, "undecided", "{}", alone.detail);
+    assert!(alone.detail.contains("no seed spread measured"), "{}", alone.detail);
+    assert_eq!(v(1, true).verdict, "holds", "{}", v(1, true).detail);
+    assert_eq!(v(3, false).verdict, "holds", "{}", v(3, false).detail);
+}

@@ -660,7 +660,7 @@ fn claims_leave_out_rising_ceiling_and_spreadless_pairs() {
         _ => None,
     });
     assert!(
-        v.detail.contains("one seed each and no seed spread measured"),
+        v.detail.contains("one seed (each) and no seed spread measured"),
         "{}",
         v.detail
     );
