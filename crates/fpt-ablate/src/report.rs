@@ -86,8 +86,9 @@ pub struct CellReport {
     /// number is then a lower bound), absent where not recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub converged: Option<bool>,
-    /// Not converged, but every run that is not ended at its cap still rising by the rule:
-    /// the number is a lower bound of where the cell ends, and decides a claim one way.
+    /// Not converged, but every run of it that did not converge ended at its cap still
+    /// rising by the rule: the number is a lower bound of where the cell ends, and decides a
+    /// claim one way only.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub lower_bound: bool,
     /// Why the cell's model is not what its row claims (a Bit backbone that did not learn
