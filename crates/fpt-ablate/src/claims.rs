@@ -300,6 +300,14 @@ fn merged<'t, 'v>(terms: &'t [Term<'v>]) -> Vec<(f64, &'t CellValue<'v>)> {
     out.into_iter().map(|(w, _, v)| (w, v)).collect()
 }
 
+/// The cells among `terms` still rising at their cap (lower bounds).
+fn rising_cells<'t>(terms: &'t [Term]) -> impl Iterator<Item = Cell> + 't {
+    terms
+        .iter()
+        .filter(|t| t.value.convergence == Convergence::Rising)
+        .filter_map(|t| t.at)
+}
+
 /// A group of terms' weighted sum.
 fn sum_of(terms: &[(f64, &CellValue)]) -> f64 {
     terms.iter().fold(0.0, |acc, (w, v)| acc + w * v.value)
@@ -414,11 +422,7 @@ fn compare<'v>(
         }
         let bound = bounds.first().copied();
         if bounds.iter().any(|b| Some(*b) != bound) {
-            for t in terms.iter().filter(|t| t.value.convergence == Convergence::Rising) {
-                if let Some(at) = t.at {
-                    out.push((MIXED_BOUNDS, label(at)));
-                }
-            }
+            out.extend(rising_cells(&terms).map(|at| (MIXED_BOUNDS, label(at))));
         }
         for t in &terms {
             if let (Some(at), Some(_)) = (t.at, &t.value.unfit) {
@@ -471,11 +475,7 @@ fn compare<'v>(
     kept.retain(|(_, terms, b)| {
         let off = b.is_some() && *b != bound;
         if off {
-            for t in terms.iter().filter(|t| t.value.convergence == Convergence::Rising) {
-                if let Some(at) = t.at {
-                    excluded.push((OTHER_WAY, label(at)));
-                }
-            }
+            excluded.extend(rising_cells(terms).map(|at| (OTHER_WAY, label(at))));
         }
         !off
     });
@@ -604,11 +604,9 @@ fn compare<'v>(
     };
     // The cells whose numbers are lower bounds, and what that makes of the estimate.
     let mut rising: Vec<String> = Vec::new();
-    for t in kept.iter().flat_map(|(_, t, _)| t.iter()) {
-        if let (Some(at), Convergence::Rising) = (t.at, t.value.convergence) {
-            if !rising.contains(&label(at)) {
-                rising.push(label(at));
-            }
+    for at in kept.iter().flat_map(|(_, t, _)| rising_cells(t)) {
+        if !rising.contains(&label(at)) {
+            rising.push(label(at));
         }
     }
     // A claim that the value lies within a margin can only fail on a bound; one that it
