@@ -585,10 +585,18 @@ fn compare<'v>(
             (v, format!("needed > {}", claim.by))
         }
     };
-    // How a number of the comparison reads: points (signed), or a factor.
+    // How a number of the comparison reads: points (signed), or a factor; an interval
+    // narrower than the shown digits gets more of them, so that it never reads as none
+    // (+1.0 to +1.0).
+    let width = (shown.1 - shown.0).abs();
+    let digits = match width {
+        w if w > 0.0 && w < 0.01 => 3,
+        w if w > 0.0 && w < 0.1 => 2,
+        _ => 1,
+    };
     let show = |d: f64| match ratio {
         true => format!("x{:.2}", d.exp()),
-        false => format!("{d:+.1}"),
+        false => format!("{d:+.digits$}"),
     };
     let spread = if kept.len() > 1 {
         let d: Vec<f64> = sums.iter().map(|t| sum_of(t)).collect();

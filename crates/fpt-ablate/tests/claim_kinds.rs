@@ -366,3 +366,37 @@ fn one_seed_against_a_number_needs_a_seed_spread() {
     assert_eq!(v(1, true).verdict, "holds", "{}", v(1, true).detail);
     assert_eq!(v(3, false).verdict, "holds", "{}", v(3, false).detail);
 }
+
+/// A narrow interval is shown with the digits that tell its ends apart: three seeds at 100%
+/// with a standard error of 0.01 points give a half-width of 1.96 x 0.01 = 0.0196 against
+/// 99%, which one decimal would print as "+1.0 to +1.0", as though there were none.
+#[test]
+fn a_narrow_interval_is_shown_with_the_digits_that_separate_its_ends() {
+    let t = table("table2");
+    let c = claim(&t, "The frozen pretrained transformer solves XOR");
+    let row = |r: usize| t.rows[r].label.clone();
+    let xor = t.cols.iter().position(|c| c.label == "XOR").unwrap();
+    let v = |se: f64| {
+        check(&t, c, &|r, col| match (row(r).as_str(), col == xor) {
+            ("FPT", true) => Some(CellValue {
+                seeds: 3,
+                ..cell(100.0, se)
+            }),
+            _ => None,
+        })
+    };
+    let narrow = v(0.01);
+    assert_eq!(narrow.verdict, "holds", "{}", narrow.detail);
+    assert!(
+        narrow.detail.contains("+1.00, 95% interval +0.98 to +1.02"),
+        "{}",
+        narrow.detail
+    );
+    // A half-width of 1.96 points reads with one decimal, as everywhere else.
+    let wide = v(1.0);
+    assert!(
+        wide.detail.contains("+1.0, 95% interval -1.0 to +3.0"),
+        "{}",
+        wide.detail
+    );
+}
