@@ -171,6 +171,32 @@ fn line_end_words(evals: &[fpt_train::EvalRecord], p: &fpt_train::outcomes::Plat
     }
 }
 
+/// A run's baseline check as its steps to convergence read it: a run that ended less than
+/// `tolerance` (the spec's `convergence_tolerance`, in 0..1) above its task's trivial
+/// baseline has a count that measures no speed. Its steps to convergence are those of the
+/// first evaluation from which every later one stays within `tolerance` of the best; when
+/// the whole gain over the baseline is under `tolerance`, every evaluation at or above the
+/// baseline already is, so the count marks where the run reached its baseline, not how fast
+/// it learned (Random / Bit Memory of the converge campaign: 0.28 points over copying the
+/// visible bits, "converged" at 1000, its first evaluation, against FPT's 4000 to 99.9%). Such a run is at its
+/// baseline for a step count, with the reason; every other check is returned as it is.
+pub fn steps_measure_nothing(
+    mut b: fpt_train::outcomes::BaselineCheck,
+    tolerance: f64,
+) -> fpt_train::outcomes::BaselineCheck {
+    if b.left && b.margin < tolerance {
+        b.reasons.push(format!(
+            "{:+.2} points over the baseline's {:.1}% ({}), less than the {:.1}-point tolerance that defines its steps to convergence: every evaluation at or above the baseline is within it of the best, so the count marks where it reached its baseline, not how fast it learned",
+            100.0 * b.margin,
+            100.0 * b.accuracy,
+            b.describe,
+            100.0 * tolerance
+        ));
+        b.left = false;
+    }
+    b
+}
+
 /// The plateau test of a run in words (a cell's `curve`).
 pub fn plateau_words(p: &fpt_train::outcomes::Plateau) -> String {
     let what = if p.rising {
@@ -267,7 +293,47 @@ pub fn diverged_words(res: &fpt_train::RunResult) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::line_end;
+    use super::{line_end, steps_measure_nothing};
+    use fpt_train::outcomes::BaselineCheck;
+
+    fn check(margin: f64) -> BaselineCheck {
+        BaselineCheck {
+            kind: fpt_tasks::BaselineKind::MajorityClass,
+            describe: "the majority class".into(),
+            accuracy: 0.749,
+            loss: 0.5,
+            margin,
+            margin_interval: (margin - 0.001, margin + 0.001),
+            top_prediction_share: None,
+            lowest_train_loss: None,
+            left: true,
+            reasons: vec![],
+            classes_only_in_eval: vec![],
+        }
+    }
+
+    /// Random / Bit Memory of the converge campaign ended 0.28 points above copying the
+    /// visible bits, left by its interval, but under the 1-point tolerance of its steps to
+    /// convergence: for a step count it is at its baseline. A run 2 points over it is not,
+    /// and one already at its baseline keeps its own reasons only.
+    #[test]
+    fn a_gain_under_the_tolerance_makes_no_speed() {
+        let near = steps_measure_nothing(check(0.0028), 0.01);
+        assert!(!near.left);
+        assert_eq!(near.reasons.len(), 1);
+        assert!(
+            near.reasons[0].contains("+0.28 points over the baseline's 74.9%"),
+            "{:?}",
+            near.reasons
+        );
+        assert!(near.reasons[0].contains("1.0-point tolerance"), "{:?}", near.reasons);
+        let learned = steps_measure_nothing(check(0.02), 0.01);
+        assert!(learned.left && learned.reasons.is_empty());
+        let mut at = check(0.0);
+        at.left = false;
+        at.reasons.push("within the uncertainty".into());
+        assert_eq!(steps_measure_nothing(at.clone(), 0.01), at);
+    }
 
     /// On a straight line the line ends at the last point; on a flat stretch that ends on a
     /// low evaluation (FPT / MNIST seed 0 of the converge campaign: 96.69, 97.39, 96.70 at

@@ -506,7 +506,19 @@ impl Report {
                                     | Metric::Speedup
                             );
                             let checks: Vec<_> = match learning {
-                                true => runs.iter().filter_map(|(o, sp)| baselines.check(o, sp)).collect(),
+                                true => runs
+                                    .iter()
+                                    .filter_map(|(o, sp)| {
+                                        let b = baselines.check(o, sp)?;
+                                        Some(match c.metric {
+                                            Metric::StepsToConvergence => crate::convergence::steps_measure_nothing(
+                                                b,
+                                                sp.train.convergence_tolerance,
+                                            ),
+                                            _ => b,
+                                        })
+                                    })
+                                    .collect(),
                                 false => Vec::new(),
                             };
                             if !checks.is_empty() {
