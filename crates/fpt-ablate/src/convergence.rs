@@ -178,8 +178,9 @@ fn line_end_words(evals: &[fpt_train::EvalRecord], p: &fpt_train::outcomes::Plat
 /// the whole gain over the baseline is under `tolerance`, every evaluation at or above the
 /// baseline already is, so the count marks where the run reached its baseline, not how fast
 /// it learned (Random / Bit Memory of the converge campaign: 0.28 points over copying the
-/// visible bits, "converged" at 1000, its first evaluation, against FPT's 4000 to 99.9%). Such a run is at its
-/// baseline for a step count, with the reason; every other check is returned as it is.
+/// visible bits, "converged" at 1000, its first evaluation, against FPT's 4000 to 99.9%).
+/// Such a run is at its baseline for a step count, with the reason; every other check is
+/// returned as it is.
 pub fn steps_measure_nothing(
     mut b: fpt_train::outcomes::BaselineCheck,
     tolerance: f64,
